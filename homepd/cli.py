@@ -1,0 +1,51 @@
+"""The ``homepd`` command line.
+
+Each command lives in its own module, which exposes ``register(subparsers)``;
+the parser it adds sets ``func(args) -> int`` as its default.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from homepd.errors import HomepdError
+
+# module names under homepd/ that add commands, in help order
+COMMAND_MODULES = ("run_cmd", "models", "bench", "probe")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="homepd",
+        description="Single-box LLM serving: colocated chunked prefill vs. disaggregated prefill/decode, measured.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"homepd.{name}")
+        except ModuleNotFoundError as exc:  # a command not built yet
+            if exc.name != f"homepd.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except HomepdError as exc:
+        print(f"homepd: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

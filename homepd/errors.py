@@ -1,0 +1,34 @@
+"""The small tree of errors homepd raises at its edges.
+
+Every message says what is wrong and, where it helps, what to do about it.
+Missing hardware is never an error (it is ``None``/NA); these are for things a
+user or a caller got wrong, or a part that failed.
+"""
+
+
+class HomepdError(Exception):
+    """Base of every error homepd raises on purpose."""
+
+
+class ConfigError(HomepdError):
+    """A bad option, flag or environment variable."""
+
+
+class ModelError(HomepdError):
+    """A model that cannot be found, fetched, verified or loaded."""
+
+
+class RequestError(HomepdError):
+    """A request refused before it reaches a worker (too long, bad sampling)."""
+
+
+class WorkerError(HomepdError):
+    """A worker process failed or died while holding requests."""
+
+
+class EngineError(HomepdError):
+    """The engine is not in a state to do what was asked."""
+
+
+class SlotError(HomepdError):
+    """A shared-memory KV slot that is corrupted or does not match."""

@@ -1,0 +1,220 @@
+"""The one module that touches llama-cpp-python (its low-level ctypes API).
+
+``LlamaModel`` is a loaded GGUF (optionally vocab-only, for tokenizing in the
+controller); ``LlamaContext`` is one context with ``n_seq_max`` sequences over
+a unified KV cache, a reusable batch, and per-sequence KV state export/import
+into caller-given buffers.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as C
+
+from homepd.errors import ModelError, WorkerError
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        C.llama_backend_init()
+        if os.environ.get("HOMEPD_LLAMA_LOG", "") != "1":
+            C.llama_log_set(_silent_log, ctypes.c_void_p(0))
+        _backend_ready = True
+
+
+@C.llama_log_callback
+def _silent_log(level, text, user_data):  # pragma: no cover - called from C
+    return None
+
+
+def supports_gpu_offload() -> bool:
+    _init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
+class LlamaModel:
+    """A loaded GGUF model (weights on CPU or offloaded with ``n_gpu_layers``)."""
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False):
+        _init_backend()
+        self.path = Path(path)
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        params.use_mmap = True
+        self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise ModelError(f"llama.cpp could not load {self.path} (corrupt or unsupported GGUF?)")
+        self._vocab = C.llama_model_get_vocab(self._model)
+        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train = C.llama_model_n_ctx_train(self._model)
+        self.bos_id = C.llama_vocab_bos(self._vocab)
+        self.eos_id = C.llama_vocab_eos(self._vocab)
+        self.size_bytes = int(C.llama_model_size(self._model))
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+        self._pieces: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self._model:
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_to_piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        """The token's special text (e.g. '<|im_end|>'), for chat templates."""
+        if token < 0:
+            return ""
+        text = C.llama_vocab_get_text(self._vocab, token)
+        return text.decode("utf-8", errors="replace") if text else ""
+
+    def chat_template(self) -> str | None:
+        tmpl = C.llama_model_chat_template(self._model, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    token: int
+    pos: int
+    seq_id: int
+    wants_logits: bool
+
+
+class LlamaContext:
+    """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache."""
+
+    def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, n_seq_max: int,
+                 n_threads: int, n_ubatch: int | None = None):
+        self.model = model
+        params = C.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_ubatch or 512, n_batch)
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        # why: without kv_unified, llama.cpp splits n_ctx into n_seq_max equal
+        # streams and a long prompt fails with llama_decode() == 1.
+        params.kv_unified = True
+        params.no_perf = True
+        self._ctx = C.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise ModelError(f"llama.cpp could not create a context (n_ctx={n_ctx}) for {model.path}")
+        self.n_ctx = C.llama_n_ctx(self._ctx)
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self._mem = C.llama_get_memory(self._ctx)
+        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        self._logit_flags = np.ctypeslib.as_array(
+            ctypes.cast(self._batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
+        self._seq_ptrs = [self._batch.seq_id[i] for i in range(n_batch)]
+        self._nseq[:] = 1
+        self._logit_rows: list[int] = []
+
+    def close(self) -> None:
+        if self._ctx:
+            C.llama_batch_free(self._batch)
+            C.llama_free(self._ctx)
+            self._ctx = None
+
+    def decode(self, tokens: list[int], positions: list[int], seq_ids: list[int],
+               wants_logits: list[bool]) -> None:
+        """Run one llama_decode over a mixed batch; logits are kept for the flagged rows."""
+        n = len(tokens)
+        assert 0 < n <= self.n_batch and len(positions) == len(seq_ids) == len(wants_logits) == n
+        self._tok[:n] = tokens
+        self._pos[:n] = positions
+        self._logit_flags[:n] = wants_logits
+        ptrs = self._seq_ptrs
+        for i, sid in enumerate(seq_ids):
+            ptrs[i][0] = sid
+        self._batch.n_tokens = n
+        rc = C.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise WorkerError(f"llama_decode returned {rc} for a batch of {n} tokens "
+                              f"(1 = no KV slot: context {self.n_ctx} too small for what is running)")
+
+    def logits(self, row: int) -> np.ndarray:
+        """Logits of batch row ``row`` of the last decode (a view; copy to keep)."""
+        ptr = C.llama_get_logits_ith(self._ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def seq_rm(self, seq_id: int) -> None:
+        C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self._mem, True)
+
+    # KV state of one sequence ------------------------------------------------
+    def state_size(self, seq_id: int) -> int:
+        return int(C.llama_state_seq_get_size(self._ctx, seq_id))
+
+    def state_get(self, seq_id: int, buffer) -> int:
+        """Write seq_id's KV state into ``buffer`` (a writable buffer, e.g. a shared-memory view)."""
+        size = len(buffer) if not isinstance(buffer, memoryview) else buffer.nbytes
+        ptr = (ctypes.c_uint8 * size).from_buffer(buffer)
+        try:
+            n = int(C.llama_state_seq_get_data(self._ctx, ptr, size, seq_id))
+        finally:
+            del ptr
+        if n == 0:
+            raise WorkerError(f"llama_state_seq_get_data wrote nothing for sequence {seq_id} (buffer {size} bytes)")
+        return n
+
+    def state_set(self, seq_id: int, buffer, n_bytes: int) -> int:
+        """Load a KV state (from ``llama_state_seq_get_data``) into seq_id."""
+        ptr = (ctypes.c_uint8 * n_bytes).from_buffer(buffer)
+        try:
+            n = int(C.llama_state_seq_set_data(self._ctx, ptr, n_bytes, seq_id))
+        finally:
+            del ptr
+        if n == 0:
+            raise WorkerError(f"llama_state_seq_set_data refused {n_bytes} bytes for sequence {seq_id}")
+        return n

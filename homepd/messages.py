@@ -1,0 +1,96 @@
+"""Typed messages between the controller and worker processes (pickled over a Pipe).
+
+Small frozen dataclasses, never method names as strings.  Times are
+``time.monotonic()`` seconds, comparable across processes on one box.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from homepd.sampling import SamplingParams
+
+
+# controller -> worker ----------------------------------------------------------
+@dataclass(frozen=True)
+class SubmitRequest:
+    """A tokenized request for the worker's waiting queue."""
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# worker -> controller ----------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerReady:
+    """Sent once the model and context are loaded."""
+    pid: int
+    role: str
+    model_size_bytes: int
+    n_ctx: int
+    load_s: float
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One llama_decode step: what shared it and how long it took (the step log)."""
+    worker_role: str
+    index: int
+    t_start_s: float
+    t_end_s: float
+    decode_request_ids: tuple[str, ...]
+    prefill: tuple[tuple[str, int], ...]  # (request_id, prompt tokens in this step)
+
+    @property
+    def n_decode_tokens(self) -> int:
+        return len(self.decode_request_ids)
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        return sum(n for _, n in self.prefill)
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.t_end_s - self.t_start_s) * 1e3
+
+
+@dataclass(frozen=True)
+class TokenOut:
+    request_id: str
+    token_id: int
+    text: str
+    t_s: float
+
+
+@dataclass(frozen=True)
+class RequestDone:
+    """A request left the worker: finished ('stop', 'length'), cancelled, or failed (error set)."""
+    request_id: str
+    reason: str
+    t_s: float
+    text: str = ""  # text held back until the end (stop-string look-ahead)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: StepRecord
+    prefill_started: tuple[str, ...] = ()
+    prefill_ended: tuple[str, ...] = ()
+    tokens: tuple[TokenOut, ...] = ()
+    done: tuple[RequestDone, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class WorkerFatal:
+    """The worker hit an unrecoverable error and is exiting."""
+    error: str

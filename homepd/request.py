@@ -1,0 +1,120 @@
+"""The request lifecycle: an explicit state machine with a timestamp at each transition.
+
+All timestamps are ``time.monotonic()`` seconds (CLOCK_MONOTONIC, shared by
+every process on the box), so worker-side and controller-side times compare.
+Metrics (queue wait, TTFT, TPOT, transfer time) fall out of the record.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"          # arrived, not yet admitted to a worker sequence
+    PREFILLING = "prefilling"    # prompt being evaluated
+    TRANSFERRING = "transferring"  # KV state moving prefill -> decode worker
+    DECODING = "decoding"        # generating tokens
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RequestState.FINISHED, RequestState.FAILED, RequestState.CANCELLED)
+
+
+_ALLOWED: dict[RequestState, set[RequestState]] = {
+    RequestState.WAITING: {RequestState.PREFILLING},
+    RequestState.PREFILLING: {RequestState.TRANSFERRING, RequestState.DECODING, RequestState.FINISHED},
+    RequestState.TRANSFERRING: {RequestState.DECODING, RequestState.FINISHED},
+    RequestState.DECODING: {RequestState.FINISHED, RequestState.TRANSFERRING},
+    RequestState.FINISHED: set(),
+    RequestState.FAILED: set(),
+    RequestState.CANCELLED: set(),
+}
+for _state in RequestState:
+    if not _state.is_terminal:
+        _ALLOWED[_state] |= {RequestState.FAILED, RequestState.CANCELLED}
+
+
+class LifecycleError(AssertionError):
+    """An illegal transition: an internal bug, never a user error."""
+
+
+@dataclass
+class Lifecycle:
+    """State plus the time of every transition and every generated token."""
+
+    request_id: str
+    arrived_s: float
+    state: RequestState = RequestState.WAITING
+    admitted_s: float | None = None
+    prefill_start_s: float | None = None
+    prefill_end_s: float | None = None
+    transfer_start_s: float | None = None
+    transfer_end_s: float | None = None
+    first_token_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    ended_s: float | None = None
+    error: str | None = None
+    finish_reason: str | None = None
+    n_prompt_tokens: int = 0
+
+    def advance(self, new: RequestState, at_s: float) -> None:
+        """Move to ``new``; the only place the state changes."""
+        if new is self.state:
+            return
+        if new not in _ALLOWED[self.state]:
+            raise LifecycleError(f"request {self.request_id}: {self.state.value} -> {new.value} is not allowed")
+        self.state = new
+        if new is RequestState.PREFILLING:
+            self.admitted_s = self.admitted_s if self.admitted_s is not None else at_s
+            self.prefill_start_s = self.prefill_start_s if self.prefill_start_s is not None else at_s
+        elif new is RequestState.TRANSFERRING:
+            self.transfer_start_s = at_s
+        elif new.is_terminal:
+            self.ended_s = at_s
+
+    def add_token(self, at_s: float) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = at_s
+        self.token_times_s.append(at_s)
+
+    # derived metrics ---------------------------------------------------
+    @property
+    def queue_wait_s(self) -> float | None:
+        return None if self.admitted_s is None else self.admitted_s - self.arrived_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrived_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first."""
+        t = self.token_times_s
+        return None if len(t) < 2 else (t[-1] - t[0]) / (len(t) - 1)
+
+    @property
+    def itl_s(self) -> list[float]:
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def transfer_s(self) -> float | None:
+        if self.transfer_start_s is None or self.transfer_end_s is None:
+            return None
+        return self.transfer_end_s - self.transfer_start_s
+
+    def to_dict(self) -> dict:
+        return {
+            "request_id": self.request_id, "state": self.state.value, "arrived_s": self.arrived_s,
+            "admitted_s": self.admitted_s, "prefill_start_s": self.prefill_start_s,
+            "prefill_end_s": self.prefill_end_s, "transfer_start_s": self.transfer_start_s,
+            "transfer_end_s": self.transfer_end_s, "first_token_s": self.first_token_s,
+            "ended_s": self.ended_s, "n_prompt_tokens": self.n_prompt_tokens,
+            "n_output_tokens": len(self.token_times_s), "queue_wait_s": self.queue_wait_s,
+            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "finish_reason": self.finish_reason,
+            "error": self.error,
+        }

@@ -1,0 +1,195 @@
+"""A worker process: owns one model + context and runs its own step loop.
+
+The loop is nano-vllm's three lines: schedule, run, postprocess.  The role
+decides what a request does when its prompt is done: ``colocated`` keeps
+decoding it here; the ``prefill`` and ``decode`` roles (disaggregation) plug
+in through ``Role`` hooks without changing the loop.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+
+from homepd.messages import (CancelRequest, RequestDone, Shutdown, StepRecord, StepReport, SubmitRequest,
+                             TokenOut, WorkerFatal, WorkerReady)
+from homepd.sampling import TokenSampler
+from homepd.scheduler import Scheduler, StepPlan
+from homepd.sequence import Sequence
+from homepd.textstream import TextStream
+
+ROLES = ("colocated", "prefill", "decode")
+FAULTS = ("swap_seq", "stale_token")  # test-only scheduling bugs (see tests/test_teacher_forced.py)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str
+    model_path: str
+    n_ctx: int
+    n_seq_max: int
+    chunk: int | None
+    n_threads: int
+    cpu_cores: tuple[int, ...] | None = None
+    gpu_index: int | None = None
+    n_gpu_layers: int = 0
+    fault: str | None = None
+
+    @property
+    def n_batch(self) -> int:
+        return self.n_ctx if self.chunk is None else max(self.chunk, self.n_seq_max)
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    """Process entry point (spawn start method)."""
+    if spec.cpu_cores:
+        os.sched_setaffinity(0, spec.cpu_cores)
+    # why: must be set before llama.cpp initialises its CUDA backend
+    os.environ["CUDA_VISIBLE_DEVICES"] = "" if spec.gpu_index is None else str(spec.gpu_index)
+    try:
+        t0 = time.monotonic()
+        from homepd.llm import LlamaContext, LlamaModel
+        model = LlamaModel(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.gpu_index is not None else 0)
+        ctx = LlamaContext(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
+                           n_threads=spec.n_threads)
+        conn.send(WorkerReady(pid=os.getpid(), role=spec.role, model_size_bytes=model.size_bytes,
+                              n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0))
+        WorkerLoop(spec, model, ctx, conn).run()
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass
+    except BaseException as exc:  # report, then die: the controller restarts us
+        try:
+            conn.send(WorkerFatal(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except Exception:
+            pass
+        raise SystemExit(1)
+
+
+class WorkerLoop:
+    def __init__(self, spec: WorkerSpec, model, ctx, conn):
+        self.spec, self.model, self.ctx, self.conn = spec, model, ctx, conn
+        self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
+                                   chunk=spec.chunk)
+        self.samplers: dict[int, TokenSampler] = {}
+        self.streams: dict[int, TextStream] = {}
+        self.parent_pid = os.getppid()
+        self.n_steps = 0
+        self.running = True
+
+    # inbox ------------------------------------------------------------------
+    def run(self) -> None:
+        while self.running:
+            self.drain_inbox(block=not self.scheduler.has_work)
+            if not self.running:
+                break
+            plan = self.scheduler.schedule()
+            if not plan.is_empty:
+                self.step(plan)
+
+    def drain_inbox(self, block: bool) -> None:
+        while block and not self.conn.poll(0.5):
+            if os.getppid() != self.parent_pid:  # controller gone: never outlive it
+                self.running = False
+                return
+        while self.running and self.conn.poll(0):
+            self.handle(self.conn.recv())
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, SubmitRequest):
+            seq = Sequence(request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params)
+            self.samplers[id(seq)] = TokenSampler(msg.params)
+            self.streams[id(seq)] = TextStream(msg.params.stop)
+            self.scheduler.add(seq)
+        elif isinstance(msg, CancelRequest):
+            seq = self.scheduler.find(msg.request_id)
+            if seq is not None:
+                self.finish(seq)
+                self.conn.send(RequestDone(msg.request_id, "cancelled", time.monotonic()))
+        elif isinstance(msg, Shutdown):
+            self.running = False
+        else:
+            raise AssertionError(f"unknown message {msg!r}")
+
+    # one step -----------------------------------------------------------------
+    def step(self, plan: StepPlan) -> None:
+        tokens, positions, seq_ids, wants = [], [], [], []
+        rows: dict[int, int] = {}  # id(seq) -> batch row with its logits
+        for i, seq in enumerate(plan.decode):
+            rows[id(seq)] = len(tokens)
+            tokens.append(self._decode_token(seq))
+            positions.append(seq.next_decode_pos)
+            seq_ids.append(self._decode_seq_id(plan, i))
+            wants.append(True)
+        for sl in plan.prefill:
+            tokens.extend(sl.seq.prompt_ids[sl.start:sl.stop])
+            positions.extend(range(sl.start, sl.stop))
+            seq_ids.extend([sl.seq.seq_id] * sl.n_tokens)
+            wants.extend([False] * sl.n_tokens)
+            if sl.completes_prompt:
+                wants[-1] = True
+                rows[id(sl.seq)] = len(tokens) - 1
+        started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
+        t_start = time.monotonic()
+        try:
+            self.ctx.decode(tokens, positions, seq_ids, wants)
+        except Exception as exc:
+            for seq in [*plan.decode, *(sl.seq for sl in plan.prefill)]:
+                self.finish(seq)
+                self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
+            return
+        sampled = {key: self.samplers[key].sample(self.ctx.logits(row)) for key, row in rows.items()}
+        t_end = time.monotonic()
+        got_token = self.scheduler.postprocess(plan, sampled)
+        self.n_steps += 1
+        record = StepRecord(
+            worker_role=self.spec.role, index=self.n_steps, t_start_s=t_start, t_end_s=t_end,
+            decode_request_ids=tuple(s.request_id for s in plan.decode),
+            prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill))
+        outs, done = [], []
+        for seq in got_token:
+            out, fin = self.emit(seq, t_end)
+            if out is not None:
+                outs.append(out)
+            if fin is not None:
+                done.append(fin)
+        self.conn.send(StepReport(
+            step=record, prefill_started=started,
+            prefill_ended=tuple(sl.seq.request_id for sl in plan.prefill if sl.completes_prompt),
+            tokens=tuple(outs), done=tuple(done)))
+
+    def emit(self, seq: Sequence, t_s: float) -> tuple[TokenOut | None, RequestDone | None]:
+        """Turn seq's newest token into an output event; decide whether seq is finished."""
+        token = seq.output_ids[-1]
+        stream = self.streams[id(seq)]
+        if self.model.is_eog(token) and not seq.params.ignore_eos:
+            return None, self._done(seq, "stop", t_s, stream.flush())
+        text = stream.feed(self.model.token_to_piece(token))
+        out = TokenOut(seq.request_id, token, text, t_s)
+        if stream.stopped:
+            return out, self._done(seq, "stop", t_s, "")
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            return out, self._done(seq, "length", t_s, stream.flush())
+        return out, None
+
+    def _done(self, seq: Sequence, reason: str, t_s: float, text: str) -> RequestDone:
+        self.finish(seq)
+        return RequestDone(seq.request_id, reason, t_s, text=text)
+
+    def finish(self, seq: Sequence) -> None:
+        if seq.seq_id is not None and not seq.is_finished:
+            self.ctx.seq_rm(seq.seq_id)
+        self.scheduler.release(seq)
+        self.samplers.pop(id(seq), None)
+        self.streams.pop(id(seq), None)
+
+    # test-only fault injection: deliberate scheduling bugs ----------------------
+    def _decode_token(self, seq: Sequence) -> int:
+        if self.spec.fault == "stale_token" and len(seq.output_ids) >= 2:
+            return seq.output_ids[-2]  # feeds the previous token again: duplicated, newest dropped
+        return seq.output_ids[-1]
+
+    def _decode_seq_id(self, plan: StepPlan, i: int) -> int:
+        if self.spec.fault == "swap_seq" and len(plan.decode) >= 2:
+            return plan.decode[(i + 1) % len(plan.decode)].seq_id  # token lands in another sequence
+        return plan.decode[i].seq_id
