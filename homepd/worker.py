@@ -42,11 +42,13 @@ class WorkerSpec:
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
-    """Process entry point (spawn start method)."""
+    """Run a worker on ``conn`` until told to stop or the controller is gone.
+
+    CUDA_VISIBLE_DEVICES is already set by the spawner (it must be, before
+    llama.cpp initialises its CUDA backend).
+    """
     if spec.cpu_cores:
         os.sched_setaffinity(0, spec.cpu_cores)
-    # why: must be set before llama.cpp initialises its CUDA backend
-    os.environ["CUDA_VISIBLE_DEVICES"] = "" if spec.gpu_index is None else str(spec.gpu_index)
     try:
         t0 = time.monotonic()
         from homepd.llm import LlamaContext, LlamaModel
@@ -193,3 +195,15 @@ class WorkerLoop:
         if self.spec.fault == "swap_seq" and len(plan.decode) >= 2:
             return plan.decode[(i + 1) % len(plan.decode)].seq_id  # token lands in another sequence
         return plan.decode[i].seq_id
+
+
+if __name__ == "__main__":  # started by homepd.workers.spawn_worker
+    import sys
+    from multiprocessing.connection import Connection
+
+    _conn = Connection(int(sys.argv[1]))
+    try:
+        _spec = _conn.recv()
+    except EOFError:
+        raise SystemExit(0)
+    worker_main(_spec, _conn)

@@ -1,0 +1,65 @@
+"""Engine configuration: frozen data, validated once at the edge."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from homepd.errors import ConfigError
+
+MODES = ("colocated", "disaggregated")
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL_NAME      # catalog name or a local GGUF path
+    mode: str = "colocated"
+    n_ctx: int = 4096                   # KV cells shared by all sequences (unified KV)
+    n_seq_max: int = 8                  # concurrent sequences per worker
+    chunk: int | None = 256             # prefill token budget per step; None = unchunked
+    n_threads: int | None = None        # None = every usable core
+    cpu_cores: tuple[int, ...] | None = None
+    gpu_index: int | None = None
+    n_gpu_layers: int = 0
+    models_dir: str | None = None
+    fault: str | None = None            # test-only scheduling bug, see worker.FAULTS
+
+    def validated(self) -> "EngineConfig":
+        """Return self if consistent, else raise ConfigError naming the option."""
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("n_ctx", "n_seq_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_ctx < 16:
+            raise ConfigError(f"n_ctx={self.n_ctx} is too small (at least 16)")
+        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
+            raise ConfigError(f"chunk must be a positive integer or None (unchunked), got {self.chunk!r}")
+        if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
+            raise ConfigError(f"n_threads must be a positive integer, got {self.n_threads!r}")
+        if self.cpu_cores is not None:
+            usable = os.sched_getaffinity(0)
+            missing = sorted(set(self.cpu_cores) - usable)
+            if not self.cpu_cores or missing:
+                raise ConfigError(f"cpu_cores {list(self.cpu_cores)} not usable here (usable: {sorted(usable)})")
+        return self
+
+    @property
+    def effective_n_threads(self) -> int:
+        if self.n_threads is not None:
+            return self.n_threads
+        return len(self.cpu_cores) if self.cpu_cores else len(os.sched_getaffinity(0))
+
+
+def parse_chunk(text: str) -> int | None:
+    """CLI form of chunk: an integer, or 'none'/'off' for the unchunked baseline."""
+    if text.lower() in ("none", "off", "unchunked"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"chunk must be an integer or 'none', got {text!r}") from None
+    if value < 1:
+        raise ConfigError(f"chunk must be >= 1, got {value}")
+    return value

@@ -1,0 +1,162 @@
+"""Controller-side handle on one worker process: spawn, send, read, stop.
+
+A reader thread blocks on the pipe and hands every message to the asyncio
+loop; when the pipe closes (the worker exited or was killed) it reports the
+exit at once.  Each (re)start is a new generation: late messages from an
+older process are dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from multiprocessing.connection import Connection
+
+from homepd.errors import WorkerError
+from homepd.messages import Shutdown, WorkerReady
+
+STOP_TIMEOUT_S = 5.0
+
+
+def spawn_worker(spec) -> tuple[subprocess.Popen, Connection]:
+    """Start ``python -m homepd.worker`` on one end of a socketpair and send it its spec.
+
+    # why: a fresh interpreter (the spawn start method's effect) without
+    # multiprocessing re-importing the caller's __main__, so any caller (a
+    # script, the TUI, a notebook) can start workers.
+    """
+    parent_sock, child_sock = socket.socketpair()
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = "" if spec.gpu_index is None else str(spec.gpu_index)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "homepd.worker", str(child_sock.fileno())],
+                                   pass_fds=[child_sock.fileno()], env=env, stdin=subprocess.DEVNULL)
+    finally:
+        child_sock.close()
+    conn = Connection(parent_sock.detach())
+    conn.send(spec)
+    return process, conn
+
+
+class WorkerHandle:
+    def __init__(self, role: str, spec, loop: asyncio.AbstractEventLoop, on_message, on_exit):
+        self.role, self.spec, self.loop = role, spec, loop
+        self._on_message, self._on_exit = on_message, on_exit
+        self.process = None
+        self.conn = None
+        self.generation = 0
+        self.ready: WorkerReady | None = None
+        self._ready_future: asyncio.Future | None = None
+        self._send_lock = threading.Lock()
+        self.in_flight: set[str] = set()
+        self.backlog: deque = deque()  # (request_id, message) held while (re)starting
+        self.restarts = -1
+        self.last_error: str | None = None
+        self.stopping = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    async def start(self) -> None:
+        """Spawn the process and wait until its model is loaded."""
+        self.generation += 1
+        self.restarts += 1
+        self.ready = None
+        self._ready_future = self.loop.create_future()
+        process, parent_conn = await asyncio.to_thread(spawn_worker, self.spec)
+        self.process, self.conn = process, parent_conn
+        threading.Thread(target=self._read, args=(parent_conn, process, self.generation), daemon=True,
+                         name=f"homepd-read-{self.role}").start()
+        await self._ready_future
+
+    def _read(self, conn, process, generation: int) -> None:
+        try:
+            while True:
+                msg = conn.recv()
+                self.loop.call_soon_threadsafe(self._deliver, generation, msg)
+        except (EOFError, OSError):
+            pass
+        except Exception as exc:  # an unpicklable message: treat as a dead worker
+            self.last_error = f"bad message from worker: {exc}"
+        try:
+            exitcode = process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # pipe closed but still running: finish it off
+            process.kill()
+            exitcode = process.wait()
+        try:
+            self.loop.call_soon_threadsafe(self._exited, generation, exitcode)
+        except RuntimeError:  # loop closed: the engine is gone
+            pass
+
+    def _deliver(self, generation: int, msg) -> None:
+        if generation != self.generation:
+            return
+        if isinstance(msg, WorkerReady):
+            self.ready = msg
+            while self.backlog:
+                _, queued = self.backlog.popleft()
+                self.send(queued)
+            if not self._ready_future.done():
+                self._ready_future.set_result(msg)
+        self._on_message(self, msg)
+
+    def _exited(self, generation: int, exitcode: int | None) -> None:
+        if generation != self.generation:
+            return
+        if self._ready_future is not None and not self._ready_future.done():
+            self._ready_future.set_exception(WorkerError(
+                f"{self.role} worker failed to start (exit code {exitcode}): {self.last_error or 'no message'}"))
+            return
+        if not self.stopping:
+            self._on_exit(self, exitcode)
+
+    def send_request(self, request_id: str, msg) -> None:
+        self.in_flight.add(request_id)
+        if self.ready is None:
+            self.backlog.append((request_id, msg))
+        else:
+            self.send(msg)
+
+    def drop_backlog(self, request_id: str) -> bool:
+        for item in list(self.backlog):
+            if item[0] == request_id:
+                self.backlog.remove(item)
+                return True
+        return False
+
+    def send(self, msg) -> None:
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+        except (BrokenPipeError, OSError):
+            pass  # the reader thread reports the death
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self.process is None:
+            return
+        self.send(Shutdown())
+        try:
+            await asyncio.to_thread(self.process.wait, STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            await asyncio.to_thread(self.process.wait)
+        self.conn.close()
+
+    def describe(self) -> dict:
+        return {
+            "role": self.role, "pid": self.pid, "alive": self.is_alive, "ready": self.ready is not None,
+            "restarts": max(self.restarts, 0), "n_threads": self.spec.n_threads,
+            "cpu_cores": list(self.spec.cpu_cores) if self.spec.cpu_cores else None,
+            "gpu_index": self.spec.gpu_index, "in_flight": sorted(self.in_flight),
+            "backlog": len(self.backlog),
+        }
