@@ -119,9 +119,9 @@ class WorkerLoop:
         rows: dict[int, int] = {}  # id(seq) -> batch row with its logits
         for i, seq in enumerate(plan.decode):
             rows[id(seq)] = len(tokens)
-            tokens.append(self._decode_token(seq))
+            tokens.append(self._decode_token(plan, i))
             positions.append(seq.next_decode_pos)
-            seq_ids.append(self._decode_seq_id(plan, i))
+            seq_ids.append(seq.seq_id)
             wants.append(True)
         for sl in plan.prefill:
             tokens.extend(sl.seq.prompt_ids[sl.start:sl.stop])
@@ -186,16 +186,13 @@ class WorkerLoop:
         self.streams.pop(id(seq), None)
 
     # test-only fault injection: deliberate scheduling bugs ----------------------
-    def _decode_token(self, seq: Sequence) -> int:
+    def _decode_token(self, plan: StepPlan, i: int) -> int:
+        seq = plan.decode[i]
         if self.spec.fault == "stale_token" and len(seq.output_ids) >= 2:
             return seq.output_ids[-2]  # feeds the previous token again: duplicated, newest dropped
-        return seq.output_ids[-1]
-
-    def _decode_seq_id(self, plan: StepPlan, i: int) -> int:
         if self.spec.fault == "swap_seq" and len(plan.decode) >= 2:
-            return plan.decode[(i + 1) % len(plan.decode)].seq_id  # token lands in another sequence
-        return plan.decode[i].seq_id
-
+            return plan.decode[(i + 1) % len(plan.decode)].output_ids[-1]  # another sequence's token
+        return seq.output_ids[-1]
 
 if __name__ == "__main__":  # started by homepd.workers.spawn_worker
     import sys
