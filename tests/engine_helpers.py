@@ -1,0 +1,34 @@
+"""Helpers for tests that drive the real engine with real worker processes."""
+from __future__ import annotations
+
+import asyncio
+
+from homepd.config import EngineConfig
+from homepd.engine import Engine
+from homepd.sampling import SamplingParams
+
+# Four prompts of different lengths (5 to ~60 tokens with SmolLM2's tokenizer).
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea and the wind at night.",
+    "List three uses of a paperclip in an office, and explain each one briefly in one sentence "
+    "for a new employee who has never seen one.",
+    "Once upon a time, in a small village at the edge of a dark forest, there lived an old woodcutter "
+    "and his three daughters. Every morning he would walk into the forest with his axe, and every "
+    "evening he would return with a bundle of wood. One day, he did not return. The eldest daughter said",
+]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=240))
+
+
+async def generate_all(config: EngineConfig, prompts: list[str], params: SamplingParams):
+    """Submit all prompts at once; return (token ids per prompt, engine step log, records)."""
+    async with Engine(config) as engine:
+        streams = [await engine.submit(p, params=params) for p in prompts]
+        results = await asyncio.gather(*(s.collect() for s in streams))
+        tokens = [[e.token_id for e in events if e.kind == "token"] for events, _ in results]
+        for events, _ in results:
+            assert events[-1].kind == "done", events[-1]
+        return tokens, list(engine.step_log), [s.lifecycle for s in streams]
