@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -113,14 +112,6 @@ class LlamaModel:
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
 
 
-@dataclass(frozen=True)
-class BatchEntry:
-    token: int
-    pos: int
-    seq_id: int
-    wants_logits: bool
-
-
 class LlamaContext:
     """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache."""
 
@@ -153,13 +144,14 @@ class LlamaContext:
             ctypes.cast(self._batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
         self._seq_ptrs = [self._batch.seq_id[i] for i in range(n_batch)]
         self._nseq[:] = 1
-        self._logit_rows: list[int] = []
+        self._row_type = ctypes.c_float * model.n_vocab
 
     def close(self) -> None:
         if self._ctx:
             C.llama_batch_free(self._batch)
             C.llama_free(self._ctx)
             self._ctx = None
+
 
     def decode(self, tokens: list[int], positions: list[int], seq_ids: list[int],
                wants_logits: list[bool]) -> None:
@@ -181,7 +173,10 @@ class LlamaContext:
     def logits(self, row: int) -> np.ndarray:
         """Logits of batch row ``row`` of the last decode (a view; copy to keep)."""
         ptr = C.llama_get_logits_ith(self._ctx, row)
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        if not ptr:
+            raise WorkerError(f"no logits for batch row {row}")
+        # why: np.ctypeslib.as_array builds a new ctypes type per call (~20 us per token)
+        return np.frombuffer(self._row_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
 
     def seq_rm(self, seq_id: int) -> None:
         C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)

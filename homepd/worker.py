@@ -8,6 +8,7 @@ in through ``Role`` hooks without changing the loop.
 from __future__ import annotations
 
 import os
+import select
 import time
 import traceback
 from dataclasses import dataclass
@@ -76,6 +77,9 @@ class WorkerLoop:
         self.samplers: dict[int, TokenSampler] = {}
         self.streams: dict[int, TextStream] = {}
         self.parent_pid = os.getppid()
+        # why: Connection.poll builds a selector per call; a poll object is ~1 us
+        self._inbox = select.poll()
+        self._inbox.register(conn.fileno(), select.POLLIN)
         self.n_steps = 0
         self.running = True
 
@@ -90,11 +94,11 @@ class WorkerLoop:
                 self.step(plan)
 
     def drain_inbox(self, block: bool) -> None:
-        while block and not self.conn.poll(0.5):
+        while block and not self._inbox.poll(500):
             if os.getppid() != self.parent_pid:  # controller gone: never outlive it
                 self.running = False
                 return
-        while self.running and self.conn.poll(0):
+        while self.running and self._inbox.poll(0):
             self.handle(self.conn.recv())
 
     def handle(self, msg) -> None:
