@@ -26,9 +26,10 @@ SCHEMA_VERSION = 1
 POWERCAP_ROOT = Path("/sys/class/powercap")
 CPU_SYSFS_ROOT = Path("/sys/devices/system/cpu")
 NVIDIA_PROC_DIR = Path("/proc/driver/nvidia/gpus")
-# quoted by the README ("GPU build"); the version matches pyproject's pin
+# quoted by the README ("GPU build")
 CUDA_REBUILD_COMMAND = (
-    'CMAKE_ARGS="-DGGML_CUDA=ON" uv pip install --reinstall --no-cache llama-cpp-python==0.3.36'
+    "uv sync --reinstall-package llama-cpp-python "
+    "--config-settings-package llama-cpp-python:cmake.define.GGML_CUDA=ON"
 )
 
 

@@ -1,0 +1,129 @@
+"""``homepd run``: serve an arrival trace (or one prompt) on the engine and report.
+
+The main job on a fresh clone: pulls the default model if needed, starts the
+engine, replays a short/long/mixed trace with real arrival times, streams
+nothing but a progress line, then prints per-request latencies, run figures
+and the live prefill->decode interference measured on the step log.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from homepd.config import DEFAULT_MODEL_NAME, MODES, EngineConfig, parse_chunk
+from homepd.metrics import summarize
+from homepd.sampling import SamplingParams
+from homepd.trace import PRESETS, make_trace
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Engine flags shared by commands that start an engine."""
+    p.add_argument("--model", default=DEFAULT_MODEL_NAME, help="catalog name or local GGUF path")
+    p.add_argument("--mode", choices=MODES, default="colocated")
+    p.add_argument("--chunk", type=parse_chunk, default=256, help="prefill chunk (tokens per step) or 'none'")
+    p.add_argument("--n-ctx", type=int, default=4096, help="KV cells shared by all sequences")
+    p.add_argument("--n-seq-max", type=int, default=8, help="concurrent sequences per worker")
+    p.add_argument("--threads", type=int, default=None, help="n_threads (default: all usable cores)")
+    p.add_argument("--models-dir", default=None, help="where catalog models are stored")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, mode=args.mode, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max,
+                        chunk=args.chunk, n_threads=args.threads, models_dir=args.models_dir).validated()
+
+
+async def replay(engine, trace, on_done=None) -> list:
+    """Submit each trace request at its arrival offset; wait for all; return their lifecycles."""
+    t0 = time.monotonic()
+
+    async def one(req):
+        await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
+        stream = await engine.submit(messages=req.messages, params=SamplingParams(max_tokens=req.max_tokens))
+        await stream.collect()
+        if on_done:
+            on_done(stream)
+        return stream.lifecycle
+
+    return list(await asyncio.gather(*(one(r) for r in trace)))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from homepd.engine import Engine
+
+    config = engine_config(args)
+    print(f"homepd: starting {config.mode} engine on {config.model} (chunk={config.chunk}, "
+          f"n_ctx={config.n_ctx}, n_threads={config.effective_n_threads}) ...", file=sys.stderr)
+    async with Engine(config) as engine:
+        if args.prompt is not None:
+            stream = await engine.submit(args.prompt, params=SamplingParams(max_tokens=args.max_tokens))
+            async for event in stream:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+                if event.kind == "error":
+                    print(f"\nhomepd: error: {event.error}", file=sys.stderr)
+                    return 1
+            lc = stream.lifecycle
+            print(f"\n[{lc.n_prompt_tokens} prompt tokens, {len(lc.token_times_s)} generated, "
+                  f"TTFT {lc.ttft_s * 1e3:.0f} ms, TPOT {(lc.tpot_s or 0) * 1e3:.1f} ms, {lc.finish_reason}]",
+                  file=sys.stderr)
+            return 0
+        trace = make_trace(args.trace, n_requests=args.requests, rate_per_s=args.rate,
+                           max_tokens=args.max_tokens, seed=args.seed)
+        done = 0
+
+        def progress(stream):
+            nonlocal done
+            done += 1
+            print(f"\r  {done}/{len(trace)} requests done", end="", file=sys.stderr, flush=True)
+
+        records = await replay(engine, trace, progress)
+        print(file=sys.stderr)
+        steps = list(engine.step_log)
+    summary = summarize(records, steps)
+    if args.json:
+        print(json.dumps({"config": {"mode": config.mode, "model": config.model, "chunk": config.chunk,
+                                     "n_ctx": config.n_ctx, "n_threads": config.effective_n_threads,
+                                     "trace": args.trace},
+                          "summary": summary, "requests": [r.to_dict() for r in records]}))
+        return 0 if summary["n_failed"] == 0 else 1
+    _print_report(trace, records, summary)
+    return 0 if summary["n_failed"] == 0 else 1
+
+
+def _fmt(x, spec=".0f") -> str:
+    return "NA" if x is None else format(x, spec)
+
+
+def _print_report(trace, records, summary) -> None:
+    print(f"{'request':<14}{'kind':<7}{'prompt':>7}{'out':>5}{'queue ms':>10}{'TTFT ms':>9}{'TPOT ms':>9}  finish")
+    for req, r in zip(trace, records):
+        qw = None if r.queue_wait_s is None else r.queue_wait_s * 1e3
+        print(f"{r.request_id[-14:]:<14}{req.kind:<7}{r.n_prompt_tokens:>7}{len(r.token_times_s):>5}"
+              f"{_fmt(qw):>10}{_fmt(r.ttft_s and r.ttft_s * 1e3):>9}{_fmt(r.tpot_s and r.tpot_s * 1e3, '.1f'):>9}"
+              f"  {r.finish_reason or r.state.value}{' ' + r.error if r.error else ''}")
+    s = summary
+    print(f"\n{s['n_finished']}/{s['n_requests']} finished in {s['span_s']:.1f} s; "
+          f"prompt {_fmt(s['prompt_tok_s'], '.0f')} tok/s, output {_fmt(s['output_tok_s'], '.1f')} tok/s")
+    print(f"TTFT p50/p95 {_fmt(s['ttft_ms_p50'])}/{_fmt(s['ttft_ms_p95'])} ms   "
+          f"TPOT p50/p95 {_fmt(s['tpot_ms_p50'], '.1f')}/{_fmt(s['tpot_ms_p95'], '.1f')} ms   "
+          f"ITL p95/max {_fmt(s['itl_ms_p95'], '.1f')}/{_fmt(s['itl_ms_max'], '.1f')} ms")
+    print(f"steps {s['n_steps']}, at most {s['max_prompt_tokens_per_step']} prompt tokens in one step; "
+          f"interference: decode-only step {_fmt(s['interference_decode_only_ms'], '.1f')} ms, "
+          f"with prompt tokens {_fmt(s['interference_mixed_ms'], '.1f')} ms "
+          f"(x{_fmt(s['interference_slowdown'], '.2f')})")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="serve an arrival trace (or one --prompt) and report latencies")
+    add_engine_options(p)
+    p.add_argument("--trace", choices=PRESETS, default="mixed", help="arrival trace preset")
+    p.add_argument("--requests", type=int, default=8, help="requests in the trace")
+    p.add_argument("--rate", type=float, default=2.0, help="mean arrivals per second")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt", default=None, help="run this one prompt instead, streaming its text")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=lambda args: asyncio.run(_run(args)))
