@@ -38,6 +38,8 @@ class WorkerReady:
     model_size_bytes: int
     n_ctx: int
     load_s: float
+    state_bytes_per_token: int = 0   # KV state growth per token (llama_state_seq_get_size)
+    state_overhead_bytes: int = 0    # KV state size of an empty-ish sequence, without the tokens
 
 
 @dataclass(frozen=True)
@@ -94,3 +96,48 @@ class StepReport:
 class WorkerFatal:
     """The worker hit an unrecoverable error and is exiting."""
     error: str
+
+
+# disaggregation: KV handoff through shared-memory slots ---------------------------
+@dataclass(frozen=True)
+class AttachSlots:
+    """Controller -> prefill and decode workers: the KV slot pool to attach to."""
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KVHandoff:
+    """A request whose prompt is done and whose KV state sits in ``slot``.
+
+    Prefill worker -> controller when exported; controller -> decode worker to
+    import.  Carries everything the decode side needs to continue the request
+    exactly: outputs so far, the sampler (its RNG state) and the text stream
+    (held-back text and partial UTF-8).
+    """
+    request_id: str
+    slot: int
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    params: SamplingParams
+    sampler: object        # homepd.sampling.TokenSampler
+    stream: object         # homepd.textstream.TextStream
+    n_bytes: int
+    n_tokens: int
+    slot_wait_s: float     # prompt done -> slot acquired (back-pressure)
+    export_start_s: float
+    export_end_s: float
+
+
+@dataclass(frozen=True)
+class KVImported:
+    """Decode worker -> controller: the request's KV is loaded; its slot is free again."""
+    request_id: str
+    slot: int
+    import_start_s: float
+    import_end_s: float
+
+
+@dataclass(frozen=True)
+class SlotFreed:
+    """Controller -> prefill worker: a slot went back to FREE (wakes a waiting export)."""
+    slot: int
