@@ -23,6 +23,12 @@ class EngineConfig:
     n_gpu_layers: int = 0
     models_dir: str | None = None
     fault: str | None = None            # test-only scheduling bug, see worker.FAULTS
+    # disaggregated mode: per-role placement (None = from the placement plan) and KV slots
+    prefill_cores: tuple[int, ...] | None = None
+    decode_cores: tuple[int, ...] | None = None
+    prefill_threads: int | None = None
+    decode_threads: int | None = None
+    n_slots: int = 4
 
     def validated(self) -> "EngineConfig":
         """Return self if consistent, else raise ConfigError naming the option."""
@@ -36,13 +42,17 @@ class EngineConfig:
             raise ConfigError(f"n_ctx={self.n_ctx} is too small (at least 16)")
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
             raise ConfigError(f"chunk must be a positive integer or None (unchunked), got {self.chunk!r}")
-        if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
-            raise ConfigError(f"n_threads must be a positive integer, got {self.n_threads!r}")
-        if self.cpu_cores is not None:
-            usable = os.sched_getaffinity(0)
-            missing = sorted(set(self.cpu_cores) - usable)
-            if not self.cpu_cores or missing:
-                raise ConfigError(f"cpu_cores {list(self.cpu_cores)} not usable here (usable: {sorted(usable)})")
+        for name in ("n_threads", "prefill_threads", "decode_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        usable = os.sched_getaffinity(0)
+        for name in ("cpu_cores", "prefill_cores", "decode_cores"):
+            cores = getattr(self, name)
+            if cores is not None and (not cores or set(cores) - usable):
+                raise ConfigError(f"{name} {list(cores)} not usable here (usable: {sorted(usable)})")
+        if not isinstance(self.n_slots, int) or self.n_slots < 1:
+            raise ConfigError(f"n_slots must be a positive integer, got {self.n_slots!r}")
         return self
 
     @property

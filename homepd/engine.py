@@ -16,12 +16,16 @@ from dataclasses import dataclass, replace
 from homepd.chat import render_chat
 from homepd.config import EngineConfig
 from homepd.errors import EngineError, RequestError
-from homepd.messages import CancelRequest, RequestDone, StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady
+from homepd.kvslot_header import SlotState
+from homepd.messages import (AttachSlots, CancelRequest, KVHandoff, KVImported, RequestDone, SlotFreed, StepRecord,
+                             StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.request import Lifecycle, RequestState
 from homepd.sampling import SamplingParams
 from homepd.workers import WorkerHandle
 
 MAX_RECORDS = 10_000
+SLOT_SLACK_BYTES = 1 << 20
+KV_BYTES_PER_TOKEN_GUESS = 64 << 10  # for the placement plan's memory check, before a worker measures it
 MAX_STEP_LOG = 100_000
 _ids = itertools.count(1)
 
@@ -73,35 +77,94 @@ class Engine:
         self.step_log: deque[StepRecord] = deque(maxlen=MAX_STEP_LOG)
         self.worker_events: list[dict] = []  # deaths and restarts, for recovery metrics
         self.workers: dict[str, WorkerHandle] = {}
+        self.pool = None                           # KV slot pool (disaggregated), owned here
+        self.in_slot: dict[str, KVHandoff] = {}    # handed off, KV in a slot, not yet imported
+        self.cancelling: set[str] = set()
+        self.placement: dict[str, dict] = {}
+        self.model_fingerprint = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
     # lifecycle of the engine -----------------------------------------------------
     async def start(self) -> None:
+        from homepd.kvslot_segment import cleanup_stale_segments
         from homepd.llm import LlamaModel
-        from homepd.models import resolve_model
+        from homepd.models import fingerprint, resolve_model
 
         self._loop = asyncio.get_running_loop()
         self.model_path = str(await asyncio.to_thread(resolve_model, self.config.model, self.config.models_dir))
+        self.model_fingerprint = await asyncio.to_thread(fingerprint, self.model_path)
         self.tokenizer = await asyncio.to_thread(LlamaModel, self.model_path, 0, True)
         roles = ["colocated"] if self.config.mode == "colocated" else ["prefill", "decode"]
+        if self.config.mode == "disaggregated":
+            await asyncio.to_thread(cleanup_stale_segments)  # segments of dead controllers
+        self.placement = self._placements(roles)
         for role in roles:
             self.workers[role] = WorkerHandle(role, self._spec_for(role), self._loop, self._on_message,
                                               self._on_exit)
-        await asyncio.gather(*(h.start() for h in self.workers.values()))
+        try:
+            await asyncio.gather(*(h.start() for h in self.workers.values()))
+            if self.config.mode == "disaggregated":
+                self._create_slots()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _placements(self, roles: list[str]) -> dict[str, dict]:
+        """Where each worker runs: config overrides, else (disaggregated) the placement plan."""
+        c = self.config
+        if c.mode == "colocated":
+            return {"colocated": {"cpu_cores": c.cpu_cores, "n_threads": c.effective_n_threads,
+                                  "gpu": None if c.gpu_index is None else str(c.gpu_index),
+                                  "n_gpu_layers": c.n_gpu_layers}}
+        from homepd.placement import plan_placement
+        from homepd.probe import probe
+
+        plan = plan_placement(probe(), model_bytes=os.path.getsize(self.model_path),
+                              kv_bytes=c.n_ctx * KV_BYTES_PER_TOKEN_GUESS).disaggregated
+        overrides = {"prefill": (c.prefill_cores, c.prefill_threads), "decode": (c.decode_cores, c.decode_threads)}
+        if not plan.feasible and not all(cores for cores, _ in overrides.values()):
+            raise EngineError(f"disaggregated serving is not feasible on this box: {plan.reason}")
+        out = {}
+        for role in roles:
+            cores, threads = overrides[role]
+            if cores:  # placed by hand: on the CPU, on these cores
+                out[role] = {"cpu_cores": tuple(cores), "n_threads": threads or len(cores), "gpu": None,
+                             "n_gpu_layers": 0}
+            else:
+                planned = getattr(plan, role)
+                out[role] = {"cpu_cores": planned.cpu_cores or None, "n_threads": threads or planned.n_threads,
+                             "gpu": planned.cuda_visible_devices or None, "n_gpu_layers": planned.n_gpu_layers}
+        return out
 
     def _spec_for(self, role: str):
         from homepd.worker import WorkerSpec
-        c = self.config
+        c, place = self.config, self.placement[role]
+        n_gpu_layers = place["n_gpu_layers"]
         return WorkerSpec(role=role, model_path=self.model_path, n_ctx=c.n_ctx, n_seq_max=c.n_seq_max,
-                          chunk=c.chunk, n_threads=c.effective_n_threads, cpu_cores=c.cpu_cores,
-                          gpu_index=c.gpu_index, n_gpu_layers=c.n_gpu_layers, fault=c.fault)
+                          chunk=c.chunk, n_threads=place["n_threads"], cpu_cores=place["cpu_cores"],
+                          gpu_index=None if place["gpu"] is None else 0,
+                          n_gpu_layers=999 if n_gpu_layers < 0 else n_gpu_layers, fault=c.fault,
+                          cuda_visible_devices=place["gpu"] or "", model_fingerprint=self.model_fingerprint)
+
+    def _create_slots(self) -> None:
+        """The KV slot pool, sized from the prefill worker's measured state bytes per token."""
+        from homepd.kvslots import SlotPool
+
+        ready = self.workers["prefill"].ready
+        capacity = ready.state_overhead_bytes + ready.state_bytes_per_token * self.config.n_ctx + SLOT_SLACK_BYTES
+        self.pool = SlotPool.create(self.config.n_slots, capacity)
+        for handle in self.workers.values():
+            handle.send(AttachSlots(tuple(self.pool.names)))
 
     async def stop(self) -> None:
         self._stopping = True
         await asyncio.gather(*(h.stop() for h in self.workers.values()))
         for rid in list(self.streams):
             self._end(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
+        if self.pool is not None:
+            self.pool.close()  # the owner unlinks
+            self.pool = None
         if self.tokenizer is not None:
             self.tokenizer.close()
             self.tokenizer = None
@@ -157,6 +220,7 @@ class Engine:
         """Cancel a running request; True if it was running."""
         if request_id not in self.streams:
             return False
+        self.cancelling.add(request_id)
         for handle in self.workers.values():
             if request_id in handle.in_flight:
                 if handle.drop_backlog(request_id):
@@ -174,6 +238,10 @@ class Engine:
             self._on_step(handle, msg)
         elif isinstance(msg, RequestDone):
             self._on_done(msg)
+        elif isinstance(msg, KVHandoff):
+            self._on_handoff(msg)
+        elif isinstance(msg, KVImported):
+            self._on_imported(msg)
         elif isinstance(msg, WorkerReady):
             pass  # the handle keeps it
         elif isinstance(msg, WorkerFatal):
@@ -185,10 +253,11 @@ class Engine:
         for rid in report.prefill_started:
             if rid in self.streams:
                 self.records[rid].advance(RequestState.PREFILLING, step.t_start_s)
+        after_prefill = RequestState.TRANSFERRING if handle.role == "prefill" else RequestState.DECODING
         for rid in report.prefill_ended:
             if rid in self.streams:
                 self.records[rid].prefill_end_s = step.t_end_s
-                self.records[rid].advance(RequestState.DECODING, step.t_end_s)
+                self.records[rid].advance(after_prefill, step.t_end_s)
         for tok in report.tokens:
             stream = self.streams.get(tok.request_id)
             if stream is not None:
@@ -196,6 +265,30 @@ class Engine:
                 stream.queue.put_nowait(Event("token", tok.request_id, tok.t_s, tok.token_id, tok.text))
         for done in report.done:
             self._on_done(done)
+
+    def _on_handoff(self, msg: KVHandoff) -> None:
+        """Prefill worker exported a request's KV into a slot: route it to the decode worker."""
+        rid = msg.request_id
+        self.workers["prefill"].in_flight.discard(rid)
+        if rid not in self.streams or rid in self.cancelling:
+            self.pool.reset_stale(msg.slot)  # nobody wants it any more
+            self.workers["prefill"].send(SlotFreed(msg.slot))
+            self._end(rid, RequestState.CANCELLED, time.monotonic(), reason="cancelled")
+            return
+        lc = self.records[rid]
+        lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
+        lc.kv_export_s = msg.export_end_s - msg.export_start_s
+        self.in_slot[rid] = msg
+        self.workers["decode"].send_request(rid, msg)
+
+    def _on_imported(self, msg: KVImported) -> None:
+        self.in_slot.pop(msg.request_id, None)
+        self.workers["prefill"].send(SlotFreed(msg.slot))
+        lc = self.records.get(msg.request_id)
+        if lc is not None and msg.request_id in self.streams:
+            lc.kv_import_s = msg.import_end_s - msg.import_start_s
+            lc.transfer_end_s = msg.import_end_s
+            lc.advance(RequestState.DECODING, msg.import_end_s)
 
     def _on_done(self, done: RequestDone) -> None:
         state = {"cancelled": RequestState.CANCELLED, "error": RequestState.FAILED}.get(done.reason,
@@ -205,6 +298,9 @@ class Engine:
     def _end(self, rid: str, state: RequestState, t_s: float, reason: str | None = None, text: str = "",
              error: str | None = None) -> None:
         stream = self.streams.pop(rid, None)
+        self.cancelling.discard(rid)
+        if self.in_slot.pop(rid, None) is not None:  # its slot was freed by the decode worker
+            self.workers["prefill"].send(SlotFreed(-1))
         if stream is None:
             return
         for handle in self.workers.values():
@@ -223,17 +319,45 @@ class Engine:
             return
         now = time.monotonic()
         cause = f"exit code {exitcode}" + (f": {handle.last_error}" if handle.last_error else "")
-        lost = sorted(handle.in_flight)
-        self.worker_events.append({"role": handle.role, "pid": handle.pid, "died_s": now,
-                                   "exitcode": exitcode, "failed_requests": lost})
+        resumable = self._recover_slots(handle)
+        lost = sorted(handle.in_flight - set(resumable))
+        self.worker_events.append({"role": handle.role, "pid": handle.pid, "died_s": now, "exitcode": exitcode,
+                                   "failed_requests": lost, "resumed_requests": sorted(resumable)})
         for rid in lost:
             self._end(rid, RequestState.FAILED, now,
                       error=f"{handle.role} worker (pid {handle.pid}) died ({cause}); request failed — retry it")
         handle.last_error = None
+        handle.in_flight.clear()
+        handle.backlog.clear()
+        for rid in resumable:  # KV still in its slot: the restarted decode worker imports it, no new prefill
+            handle.send_request(rid, self.in_slot[rid])
         asyncio.ensure_future(self._restart(handle))
 
+    def _recover_slots(self, handle: WorkerHandle) -> list[str]:
+        """Put the dead worker's slots back in order; return requests whose KV is still in a slot."""
+        if self.pool is None:
+            return []
+        for slot in self.pool.slots_held_by(handle.pid):
+            state = self.pool.state(slot).name
+            if handle.role == "decode" and state == "READING":
+                self.pool.reset_stale(slot, to=SlotState.READY)  # intact: re-import it
+            elif state in ("WRITING", "READING"):
+                self.pool.reset_stale(slot)
+        if handle.role != "decode":
+            return []
+        return [rid for rid in sorted(handle.in_flight) if rid in self.in_slot and rid in self.streams]
+
     async def _restart(self, handle: WorkerHandle) -> None:
-        await handle.start()
+        try:
+            await handle.start()
+        except Exception as exc:  # could not come back: fail what waits for it
+            for rid in sorted(handle.in_flight):
+                self._end(rid, RequestState.FAILED, time.monotonic(), error=f"{handle.role} worker restart failed: {exc}")
+            return
+        if self.pool is not None:
+            handle.send(AttachSlots(tuple(self.pool.names)))
+            if handle.role == "prefill":
+                handle.send(SlotFreed(-1))  # wake it: slots may have freed while it was down
         self.worker_events.append({"role": handle.role, "pid": handle.pid, "restarted_s": time.monotonic()})
 
     # state -----------------------------------------------------------------------------
@@ -248,6 +372,9 @@ class Engine:
             "n_ctx": self.config.n_ctx,
             "chunk": self.config.chunk,
             "workers": [h.describe() for h in self.workers.values()],
+            "kv_slots": None if self.pool is None else {
+                "n_slots": len(self.pool), "capacity_bytes": self.pool.capacity_bytes,
+                "occupancy": self.pool.occupancy(), "in_slot": sorted(self.in_slot)},
             "requests": by_state,
             "n_steps": len(self.step_log),
             "worker_events": list(self.worker_events),

@@ -60,6 +60,11 @@ class Lifecycle:
     error: str | None = None
     finish_reason: str | None = None
     n_prompt_tokens: int = 0
+    # KV handoff (disaggregated): bytes moved and where the transfer time went
+    kv_bytes: int | None = None
+    kv_slot_wait_s: float | None = None
+    kv_export_s: float | None = None
+    kv_import_s: float | None = None
 
     def advance(self, new: RequestState, at_s: float) -> None:
         """Move to ``new``; the only place the state changes."""
@@ -115,6 +120,7 @@ class Lifecycle:
             "transfer_end_s": self.transfer_end_s, "first_token_s": self.first_token_s,
             "ended_s": self.ended_s, "n_prompt_tokens": self.n_prompt_tokens,
             "n_output_tokens": len(self.token_times_s), "queue_wait_s": self.queue_wait_s,
-            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "finish_reason": self.finish_reason,
-            "error": self.error,
+            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "transfer_s": self.transfer_s,
+            "kv_bytes": self.kv_bytes, "kv_slot_wait_s": self.kv_slot_wait_s, "kv_export_s": self.kv_export_s,
+            "kv_import_s": self.kv_import_s, "finish_reason": self.finish_reason, "error": self.error,
         }

@@ -50,12 +50,13 @@ class StepPlan:
 class Scheduler:
     """Owns the waiting queue, the running set and the free llama.cpp sequence ids."""
 
-    def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None):
+    def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.chunk = chunk
+        self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_seq_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
@@ -98,7 +99,7 @@ class Scheduler:
     # the policy ------------------------------------------------------------
     def schedule(self) -> StepPlan:
         """Decide the next step's composition; admits waiting requests as room allows."""
-        decode = tuple(s for s in self.running if not s.is_prefilling)
+        decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
         budget = self.n_batch if self.chunk is None else self.chunk
         budget = min(budget, self.n_batch) - len(decode)
         prefilling = [s for s in self.running if s.is_prefilling]

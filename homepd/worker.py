@@ -36,6 +36,8 @@ class WorkerSpec:
     gpu_index: int | None = None
     n_gpu_layers: int = 0
     fault: str | None = None
+    cuda_visible_devices: str = ""      # "" hides every GPU; else an index or UUID
+    model_fingerprint: str = ""        # identity checked on every KV slot (disaggregation)
 
     @property
     def n_batch(self) -> int:
@@ -56,9 +58,17 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         model = LlamaModel(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.gpu_index is not None else 0)
         ctx = LlamaContext(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
                            n_threads=spec.n_threads)
+        per_token, overhead = measure_state_bytes(ctx, model) if spec.role != "colocated" else (0, 0)
         conn.send(WorkerReady(pid=os.getpid(), role=spec.role, model_size_bytes=model.size_bytes,
-                              n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0))
-        WorkerLoop(spec, model, ctx, conn).run()
+                              n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0,
+                              state_bytes_per_token=per_token, state_overhead_bytes=overhead))
+        loop = WorkerLoop(spec, model, ctx, conn)
+        try:
+            loop.run()
+        except (EOFError, BrokenPipeError):
+            loop.running, loop.controller_gone = False, True
+        if loop.controller_gone:
+            loop.abandon()
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass
     except BaseException as exc:  # report, then die: the controller restarts us
@@ -69,11 +79,25 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         raise SystemExit(1)
 
 
+def measure_state_bytes(ctx, model) -> tuple[int, int]:
+    """KV state bytes per token and fixed overhead, from a 1- and a 2-token sequence."""
+    token = model.bos_id if model.bos_id >= 0 else 0
+    ctx.decode([token], [0], [0], [False])
+    one = ctx.state_size(0)
+    ctx.decode([token], [1], [0], [False])
+    two = ctx.state_size(0)
+    ctx.seq_rm(0)
+    return two - one, one - (two - one)
+
+
 class WorkerLoop:
     def __init__(self, spec: WorkerSpec, model, ctx, conn):
+        from homepd.handoff import DecodeHandoff, PrefillHandoff
+
         self.spec, self.model, self.ctx, self.conn = spec, model, ctx, conn
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
-                                   chunk=spec.chunk)
+                                   chunk=spec.chunk, decodes=spec.role != "prefill")
+        self.handoff = {"prefill": PrefillHandoff, "decode": DecodeHandoff}.get(spec.role, lambda _: None)(self)
         self.samplers: dict[int, TokenSampler] = {}
         self.streams: dict[int, TextStream] = {}
         self.parent_pid = os.getppid()
@@ -82,24 +106,39 @@ class WorkerLoop:
         self._inbox.register(conn.fileno(), select.POLLIN)
         self.n_steps = 0
         self.running = True
+        self.controller_gone = False
 
     # inbox ------------------------------------------------------------------
     def run(self) -> None:
+        idle = True
         while self.running:
-            self.drain_inbox(block=not self.scheduler.has_work)
+            self.drain_inbox(block=idle)
             if not self.running:
                 break
+            if self.handoff is not None:
+                self.handoff.pump()
             plan = self.scheduler.schedule()
-            if not plan.is_empty:
+            idle = plan.is_empty
+            if not idle:
                 self.step(plan)
 
     def drain_inbox(self, block: bool) -> None:
         while block and not self._inbox.poll(500):
             if os.getppid() != self.parent_pid:  # controller gone: never outlive it
-                self.running = False
+                self.running, self.controller_gone = False, True
                 return
         while self.running and self._inbox.poll(0):
-            self.handle(self.conn.recv())
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.running, self.controller_gone = False, True
+                return
+            self.handle(msg)
+
+    def abandon(self) -> None:
+        """The controller died: leave nothing behind (its KV slots included)."""
+        if self.handoff is not None:
+            self.handoff.abandon()
 
     def handle(self, msg) -> None:
         if isinstance(msg, SubmitRequest):
@@ -110,11 +149,15 @@ class WorkerLoop:
         elif isinstance(msg, CancelRequest):
             seq = self.scheduler.find(msg.request_id)
             if seq is not None:
+                if self.handoff is not None:
+                    self.handoff.forget(seq)
                 self.finish(seq)
                 self.conn.send(RequestDone(msg.request_id, "cancelled", time.monotonic()))
+            elif self.handoff is not None:
+                self.handoff.cancel(msg.request_id)
         elif isinstance(msg, Shutdown):
             self.running = False
-        else:
+        elif self.handoff is None or not self.handoff.handle(msg):
             raise AssertionError(f"unknown message {msg!r}")
 
     # one step -----------------------------------------------------------------
@@ -176,6 +219,8 @@ class WorkerLoop:
             return out, self._done(seq, "stop", t_s, "")
         if len(seq.output_ids) >= seq.params.max_tokens:
             return out, self._done(seq, "length", t_s, stream.flush())
+        if self.spec.role == "prefill" and len(seq.output_ids) == 1:
+            self.handoff.prompt_done(seq, t_s)
         return out, None
 
     def _done(self, seq: Sequence, reason: str, t_s: float, text: str) -> RequestDone:
@@ -183,7 +228,8 @@ class WorkerLoop:
         return RequestDone(seq.request_id, reason, t_s, text=text)
 
     def finish(self, seq: Sequence) -> None:
-        if seq.seq_id is not None and not seq.is_finished:
+        """Seq leaves this worker (done, cancelled, failed or handed off): free its KV and sequence id."""
+        if seq.seq_id is not None and not seq.is_finished and seq in self.scheduler.running:
             self.ctx.seq_rm(seq.seq_id)
         self.scheduler.release(seq)
         self.samplers.pop(id(seq), None)

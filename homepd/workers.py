@@ -120,6 +120,7 @@ class WorkerHandle:
             self._ready_future.set_exception(WorkerError(
                 f"{self.role} worker failed to start (exit code {exitcode}): {self.last_error or 'no message'}"))
             return
+        self.ready = None  # requests sent from now on wait in the backlog for the restart
         if not self.stopping:
             self._on_exit(self, exitcode)
 
