@@ -1,0 +1,201 @@
+"""Disaggregated failures: refused slots, killed workers (with resume), killed controller, /dev/shm hygiene."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from homepd.config import EngineConfig
+from homepd.engine import Engine
+from homepd.kvslot_header import SlotHeader
+from homepd.kvslot_segment import parse_segment_name
+from homepd.kvslots import SlotPool
+from homepd.llm import LlamaContext, LlamaModel
+from homepd.messages import KVHandoff, KVImported, RequestDone
+from homepd.models import fingerprint
+from homepd.sampling import SamplingParams, TokenSampler
+from homepd.textstream import TextStream
+from homepd.worker import WorkerLoop, WorkerSpec
+
+from engine_helpers import PROMPTS, run
+
+
+def shm_segments_of_dead_owners() -> list[str]:
+    out = []
+    for name in os.listdir("/dev/shm"):
+        parsed = parse_segment_name(name)
+        if parsed and not psutil.pid_exists(parsed[0]):
+            out.append(name)
+    return out
+
+
+def disagg(path, **kw) -> EngineConfig:
+    base = dict(model=str(path), mode="disaggregated", n_ctx=2048, n_seq_max=4, chunk=64,
+                prefill_threads=1, decode_threads=1)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+class Outbox:
+    """Stands in for the worker's pipe in an in-process decode loop."""
+    def __init__(self):
+        self.sent = []
+        r, w = os.pipe()
+        self._fds = (r, w)
+
+    def fileno(self):
+        return self._fds[0]
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+    def close(self):
+        for fd in self._fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("bad", ["fingerprint", "n_ctx", "checksum"])
+def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path, bad):
+    fp = fingerprint(default_model_path)
+    model = LlamaModel(default_model_path)
+    spec = WorkerSpec(role="decode", model_path=str(default_model_path), n_ctx=512, n_seq_max=2, chunk=64,
+                      n_threads=1, model_fingerprint=fp)
+    ctx = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=2, n_threads=1)
+    ids = model.tokenize(PROMPTS[1])
+    ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
+    n = ctx.state_size(0)
+    ctx.seq_rm(0)
+    outbox = Outbox()
+    loop = WorkerLoop(spec, model, ctx, outbox)
+    with SlotPool.create(1, n + 4096) as pool:
+        loop.handoff.pool = SlotPool.attach(list(pool.names))
+        slot = pool.acquire_free()
+        ctx2 = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=1, n_threads=1)
+        ctx2.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
+        ctx2.state_get(0, pool.payload(slot, n, "r1"))
+        ctx2.close()
+        header = SlotHeader("r1", "0" * 64 if bad == "fingerprint" else fp, 1024 if bad == "n_ctx" else 512,
+                            len(ids), n)
+        pool.publish(slot, header)
+        if bad == "checksum":
+            pool._bufs[slot][4096 + 100] ^= 0xFF  # flip a payload byte inside the fully checked head
+        params = SamplingParams(max_tokens=4)
+        loop.handle(KVHandoff("r1", slot, tuple(ids), (42,), params, TokenSampler(params), TextStream(), n,
+                              len(ids), 0.0, 0.0, 0.0))
+        loop.handoff.pump()
+        (done,) = outbox.sent
+        assert isinstance(done, RequestDone) and done.reason == "error"
+        assert "KV import refused" in done.error and bad.replace("_", "") in done.error.replace("_", "").lower()
+        assert pool.state(slot).name == "FREE"           # the slot is usable again
+        assert loop.scheduler.free_seq_ids and not loop.scheduler.running  # the sequence too
+        loop.handoff.pool.close()
+    outbox.close()
+    ctx.close()
+    model.close()
+
+
+@pytest.mark.parametrize("victim", ["decode", "prefill"])
+def test_kill_9_during_three_streams_ends_all_and_engine_recovers(default_model_path, victim):
+    async def scenario():
+        async with Engine(disagg(default_model_path)) as engine:
+            pid = engine.workers[victim].pid
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=100, ignore_eos=True))
+                       for p in PROMPTS[:3]]
+            for s in streams:  # two tokens each: the second comes from the decode worker
+                assert (await s.__anext__()).kind == "token"
+                assert (await s.__anext__()).kind == "token"
+            if victim == "prefill":
+                # keep the prefill worker busy with a long prompt when it dies
+                late = await engine.submit(" ".join(PROMPTS * 4), params=SamplingParams(max_tokens=4))
+                streams.append(late)
+            killed = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=5)
+            for events, _ in ends:
+                assert events[-1].kind in ("error", "done")
+                if events[-1].kind == "error":
+                    assert f"pid {pid}" in events[-1].error and victim in events[-1].error
+                assert events[-1].t_s - killed < 5
+            again = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=4, ignore_eos=True))
+            events, _ = await asyncio.wait_for(again.collect(), timeout=60)
+            assert events[-1].kind == "done" and sum(e.kind == "token" for e in events) == 4
+            assert not shm_segments_of_dead_owners()
+            return pid, engine.snapshot(), [e[0][-1].kind for e in ends]
+
+    pid, snap, kinds = run(scenario())
+    assert not psutil.pid_exists(pid)
+    assert any("died_s" in e and e["role"] == victim for e in snap["worker_events"])
+    assert "error" in kinds  # requests it held are not silently lost
+    assert not shm_segments_of_dead_owners()
+
+
+def test_decode_death_resumes_requests_whose_kv_is_still_in_a_slot(default_model_path):
+    """n_seq_max=1: while one request decodes, the next ones wait in READY slots; kill the decode
+    worker and those are imported by the restarted worker — no second prefill."""
+    async def scenario():
+        async with Engine(disagg(default_model_path, n_seq_max=1, n_slots=3)) as engine:
+            pid = engine.workers["decode"].pid
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=60, ignore_eos=True))
+                       for p in PROMPTS[:3]]
+            assert (await streams[0].__anext__()).kind == "token"
+            while len(engine.in_slot) < 2:  # both others exported, waiting for the decode sequence
+                await asyncio.sleep(0.01)
+            waiting = sorted(engine.in_slot)
+            os.kill(pid, signal.SIGKILL)
+            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
+            prefill_counts = {s.request_id: sum(1 for st in engine.step_log for rid, _ in st.prefill
+                                                if rid == s.request_id and st.worker_role == "prefill")
+                              for s in streams}
+            firsts = {s.request_id: s.lifecycle.prefill_start_s for s in streams}
+            return streams, ends, waiting, engine.snapshot(), prefill_counts, firsts
+
+    streams, ends, waiting, snap, prefill_counts, _ = run(scenario())
+    by_id = {s.request_id: e for s, e in zip(streams, ends)}
+    assert ends[0][0][-1].kind == "error"  # it was decoding: its KV died with the worker
+    for rid in waiting:
+        events, _ = by_id[rid]
+        assert events[-1].kind == "done" and sum(e.kind == "token" for e in events) == 60
+    died = [e for e in snap["worker_events"] if "died_s" in e]
+    assert sorted(died[0]["resumed_requests"]) == waiting
+    # prompts were prefilled in chunks of 64 at most; the resumed ones were not prefilled again
+    for rid in waiting:
+        assert prefill_counts[rid] == 1
+
+
+CONTROLLER = """
+import asyncio, sys
+from homepd.config import EngineConfig
+from homepd.engine import Engine
+from homepd.sampling import SamplingParams
+async def main():
+    engine = Engine(EngineConfig(model=sys.argv[1], mode="disaggregated", n_ctx=512, prefill_threads=1,
+                                 decode_threads=1))
+    await engine.start()
+    s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=300, ignore_eos=True))
+    await s.__anext__()
+    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.pool.names, flush=True)
+    await asyncio.sleep(3600)   # stands for a controller busy forever; the test kills it
+asyncio.run(main())
+"""
+
+
+def test_killed_controller_leaves_no_worker_and_no_segment(default_model_path):
+    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(default_model_path)], stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        prefill_pid, decode_pid, *names = ctl.stdout.readline().split()
+        assert names and all(os.path.exists(f"/dev/shm/{n}") for n in names)
+        workers = [psutil.Process(int(prefill_pid)), psutil.Process(int(decode_pid))]
+        ctl.kill()
+        ctl.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive
+        assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+    finally:
+        ctl.kill()
