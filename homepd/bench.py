@@ -58,8 +58,70 @@ async def _interleaved_runs(config: EngineConfig, model, prompt_ids: list[int], 
     return engine_runs, raw_runs
 
 
+def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
+    """KV handoff through a pre-faulted shared-memory slot vs a plain memcpy of the same bytes.
+
+    Prefills ``n_tokens`` into sequence 0, then per repeat: export (``state_get``
+    into the slot payload), publish (header + sampled checksum), open (header
+    checks), import into sequence 1 (``state_set``), and ``np.copyto`` of the
+    same bytes between two warm buffers.  Best of ``repeat`` for each.
+    """
+    import numpy as np
+
+    from homepd.kvslot_header import SlotExpectation, SlotHeader
+    from homepd.kvslots import SlotPool
+    from homepd.llm import LlamaContext
+
+    # why: room for the source sequence and its imported copy side by side
+    ctx = LlamaContext(model, n_ctx=2 * n_tokens + 64, n_batch=512, n_seq_max=2, n_threads=n_threads)
+    try:
+        ids = (make_prompt(model, n_tokens))
+        for start in range(0, len(ids), 512):
+            stop = min(len(ids), start + 512)
+            ctx.decode(ids[start:stop], list(range(start, stop)), [0] * (stop - start), [False] * (stop - start))
+        n_bytes = ctx.state_size(0)
+        fp = "0" * 64
+        times = {"export": [], "import": [], "memcpy": [], "publish": [], "open": []}
+        with SlotPool.create(1, n_bytes + 4096) as pool:
+            warm = np.empty(n_bytes, dtype=np.uint8)
+            warm[:] = 1  # touch every page: a warm destination, like the pre-faulted slot
+            for _ in range(repeat + 1):
+                slot = pool.acquire_free()
+                t0 = time.perf_counter()
+                ctx.state_get(0, pool.payload(slot, n_bytes, "bench"))
+                t1 = time.perf_counter()
+                pool.publish(slot, SlotHeader("bench", fp, ctx.n_ctx, n_tokens, n_bytes))
+                t2 = time.perf_counter()
+                _, view = pool.open_ready(slot, SlotExpectation("bench", fp, ctx.n_ctx))
+                t3 = time.perf_counter()
+                ctx.state_set(1, view, n_bytes)
+                t4 = time.perf_counter()
+                np.copyto(warm, np.frombuffer(view, dtype=np.uint8, count=n_bytes))
+                t5 = time.perf_counter()
+                del view
+                pool.release(slot)
+                ctx.seq_rm(1)
+                for key, dt in (("export", t1 - t0), ("publish", t2 - t1), ("open", t3 - t2),
+                                ("import", t4 - t3), ("memcpy", t5 - t4)):
+                    times[key].append(dt)
+    finally:
+        ctx.close()
+    best = {k: min(v[1:]) for k, v in times.items()}  # the first round warms the context's own buffers
+    return {
+        "kv_tokens": n_tokens, "kv_bytes": n_bytes,
+        "kv_export_ms": best["export"] * 1e3, "kv_import_ms": best["import"] * 1e3,
+        "kv_publish_ms": best["publish"] * 1e3, "kv_open_ms": best["open"] * 1e3,
+        "memcpy_ms": best["memcpy"] * 1e3,
+        "kv_export_gb_s": n_bytes / best["export"] / 1e9, "kv_import_gb_s": n_bytes / best["import"] / 1e9,
+        "memcpy_gb_s": n_bytes / best["memcpy"] / 1e9,
+        # one memcpy of the bytes / (export + import): 0.5 is the two-copy ideal
+        "kv_handoff_ratio": best["memcpy"] / (best["export"] + best["import"]),
+        "kv_handoff_ratio_with_checks": best["memcpy"] / sum(best[k] for k in ("export", "publish", "open", "import")),
+    }
+
+
 def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, chunk: int | None,
-                 repeat: int, n_ctx: int = 2048) -> dict:
+                 repeat: int, n_ctx: int = 2048, kv_tokens: int = 0) -> dict:
     """Run the engine-vs-raw benchmark; return a flat dict of figures (medians over ``repeat``)."""
     from homepd.llm import LlamaModel
     from homepd.models import resolve_model
@@ -70,6 +132,7 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
     try:
         prompt_ids = make_prompt(llm, n_prompt)
         engine, raw = asyncio.run(_interleaved_runs(config, llm, prompt_ids, n_gen, repeat))
+        handoff = bench_handoff(llm, kv_tokens, config.effective_n_threads, repeat) if kv_tokens else {}
     finally:
         llm.close()
     med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
@@ -81,6 +144,7 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
     }
     out["prompt_ratio"] = out["engine_prompt_tok_s"] / out["raw_prompt_tok_s"]
     out["decode_ratio"] = out["engine_decode_tok_s"] / out["raw_decode_tok_s"]
+    out.update(handoff)
     return out
 
 
@@ -94,19 +158,30 @@ def register(subparsers) -> None:
     e.add_argument("--gen-tokens", type=int, default=128)
     e.add_argument("--chunk", type=parse_chunk, default=512, help="prefill chunk, or 'none'")
     e.add_argument("--repeat", type=int, default=3)
+    e.add_argument("--kv-tokens", type=int, default=2048,
+                   help="prompt length for the KV handoff figures (0 = skip them)")
     e.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     e.set_defaults(func=_run_engine)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    out = bench_engine(args.model, args.threads, args.prompt_tokens, args.gen_tokens, args.chunk, args.repeat)
+    out = bench_engine(args.model, args.threads, args.prompt_tokens, args.gen_tokens, args.chunk, args.repeat,
+                       kv_tokens=args.kv_tokens)
     print(f"model {out['model']}  n_threads={out['n_threads']}  chunk={out['chunk']}  "
           f"prompt={out['n_prompt_tokens']} tok  gen={out['n_gen_tokens']} tok  (median of {out['repeat']})")
     print(f"  prompt  engine {out['engine_prompt_tok_s']:8.1f} tok/s   raw {out['raw_prompt_tok_s']:8.1f} tok/s"
           f"   ratio {out['prompt_ratio']:.3f}")
     print(f"  decode  engine {out['engine_decode_tok_s']:8.1f} tok/s   raw {out['raw_decode_tok_s']:8.1f} tok/s"
           f"   ratio {out['decode_ratio']:.3f}")
+    if "kv_bytes" in out:
+        print(f"  KV handoff of {out['kv_tokens']} tokens = {out['kv_bytes'] / 1e6:.1f} MB through a shared-memory slot:")
+        print(f"    export {out['kv_export_ms']:.2f} ms ({out['kv_export_gb_s']:.2f} GB/s)   "
+              f"import {out['kv_import_ms']:.2f} ms ({out['kv_import_gb_s']:.2f} GB/s)   "
+              f"memcpy {out['memcpy_ms']:.2f} ms ({out['memcpy_gb_s']:.2f} GB/s)")
+        print(f"    memcpy / (export + import) = {out['kv_handoff_ratio']:.2f} (0.5 ideal); with header "
+              f"checks (publish {out['kv_publish_ms']:.2f} ms, open {out['kv_open_ms']:.2f} ms): "
+              f"{out['kv_handoff_ratio_with_checks']:.2f}")
     if args.json:
         print(json.dumps(out))
     return 0
