@@ -73,3 +73,33 @@ def parse_chunk(text: str) -> int | None:
     if value < 1:
         raise ConfigError(f"chunk must be >= 1, got {value}")
     return value
+
+
+def env_default(option: str, default, parse=str):
+    """Default for CLI flag ``--option`` from ``HOMEPD_OPTION`` (the flag itself wins).
+
+    A value that does not parse is a ConfigError naming the variable.
+    """
+    name = "HOMEPD_" + option.upper().replace("-", "_")
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"environment variable {name}={raw!r} is not valid: {exc}") from None
+
+
+def parse_cores(text: str) -> tuple[int, ...]:
+    """CPU list like '0-3,6' -> (0, 1, 2, 3, 6)."""
+    cores: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cores.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            cores.append(int(part))
+    if not cores:
+        raise ConfigError(f"empty CPU list {text!r}")
+    return tuple(cores)

@@ -143,7 +143,6 @@ class Engine:
         n_gpu_layers = place["n_gpu_layers"]
         return WorkerSpec(role=role, model_path=self.model_path, n_ctx=c.n_ctx, n_seq_max=c.n_seq_max,
                           chunk=c.chunk, n_threads=place["n_threads"], cpu_cores=place["cpu_cores"],
-                          gpu_index=None if place["gpu"] is None else 0,
                           n_gpu_layers=999 if n_gpu_layers < 0 else n_gpu_layers, fault=c.fault,
                           cuda_visible_devices=place["gpu"] or "", model_fingerprint=self.model_fingerprint)
 

@@ -63,6 +63,8 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord]) -> dict:
     n_out = sum(len(r.token_times_s) for r in done)
     span_s = (max(r.ended_s for r in done) - min(r.arrived_s for r in done)) if done else 0.0
     inter = interference(steps)
+    moved = [r for r in done if r.kv_bytes]
+    transfer = [r.transfer_s * 1e3 for r in moved if r.transfer_s is not None]
     return {
         "n_requests": len(records), "n_finished": len(done),
         "n_failed": sum(r.state.value == "failed" for r in records),
@@ -78,4 +80,11 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord]) -> dict:
         "max_prompt_tokens_per_step": max((s.n_prompt_tokens for s in steps), default=0),
         "interference_decode_only_ms": inter.decode_only_ms, "interference_mixed_ms": inter.mixed_ms,
         "interference_slowdown": inter.slowdown,
+        # disaggregated: the KV handoff
+        "kv_bytes_mean": statistics.mean(r.kv_bytes for r in moved) if moved else None,
+        "kv_transfer_ms_p50": percentile(transfer, 50), "kv_transfer_ms_p95": percentile(transfer, 95),
+        "kv_export_ms_p50": percentile([r.kv_export_s * 1e3 for r in moved if r.kv_export_s is not None], 50),
+        "kv_import_ms_p50": percentile([r.kv_import_s * 1e3 for r in moved if r.kv_import_s is not None], 50),
+        "kv_slot_wait_ms_p95": percentile([r.kv_slot_wait_s * 1e3 for r in moved
+                                           if r.kv_slot_wait_s is not None], 95),
     }

@@ -13,26 +13,41 @@ import json
 import sys
 import time
 
-from homepd.config import DEFAULT_MODEL_NAME, MODES, EngineConfig, parse_chunk
+from homepd.config import DEFAULT_MODEL_NAME, MODES, EngineConfig, env_default, parse_chunk, parse_cores
 from homepd.metrics import summarize
 from homepd.sampling import SamplingParams
 from homepd.trace import PRESETS, make_trace
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
-    """Engine flags shared by commands that start an engine."""
-    p.add_argument("--model", default=DEFAULT_MODEL_NAME, help="catalog name or local GGUF path")
-    p.add_argument("--mode", choices=MODES, default="colocated")
-    p.add_argument("--chunk", type=parse_chunk, default=256, help="prefill chunk (tokens per step) or 'none'")
-    p.add_argument("--n-ctx", type=int, default=4096, help="KV cells shared by all sequences")
-    p.add_argument("--n-seq-max", type=int, default=8, help="concurrent sequences per worker")
-    p.add_argument("--threads", type=int, default=None, help="n_threads (default: all usable cores)")
-    p.add_argument("--models-dir", default=None, help="where catalog models are stored")
+    """Engine flags shared by commands that start an engine; each also reads HOMEPD_<FLAG>."""
+    def opt(flag: str, default, parse=str, **kw):
+        p.add_argument(f"--{flag}", type=parse, default=env_default(flag, default, parse), **kw)
+
+    opt("model", DEFAULT_MODEL_NAME, help="catalog name or local GGUF path")
+    opt("mode", "colocated", choices=MODES)
+    opt("chunk", 256, parse_chunk, help="prefill chunk (tokens per step) or 'none'")
+    opt("n-ctx", 4096, int, help="KV cells shared by all sequences")
+    opt("n-seq-max", 8, int, help="concurrent sequences per worker")
+    opt("threads", None, int, help="n_threads (colocated; default: all usable cores)")
+    opt("cores", None, parse_cores, help="CPU list for the colocated worker, e.g. 0-3")
+    opt("prefill-cores", None, parse_cores, help="disaggregated: prefill worker's CPUs (default: placement plan)")
+    opt("decode-cores", None, parse_cores, help="disaggregated: decode worker's CPUs (default: placement plan)")
+    opt("prefill-threads", None, int, help="disaggregated: prefill n_threads")
+    opt("decode-threads", None, int, help="disaggregated: decode n_threads")
+    opt("slots", 4, int, help="disaggregated: shared-memory KV slots (back-pressure bound)")
+    opt("gpu", None, int, help="colocated: GPU index to offload to (needs a CUDA build)")
+    opt("n-gpu-layers", -1, int, help="layers to offload with --gpu (-1 = all)")
+    opt("models-dir", None, help="where catalog models are stored")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, mode=args.mode, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max,
-                        chunk=args.chunk, n_threads=args.threads, models_dir=args.models_dir).validated()
+    return EngineConfig(
+        model=args.model, mode=args.mode, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, chunk=args.chunk,
+        n_threads=args.threads, cpu_cores=args.cores, gpu_index=args.gpu,
+        n_gpu_layers=args.n_gpu_layers if args.gpu is not None else 0, models_dir=args.models_dir,
+        prefill_cores=args.prefill_cores, decode_cores=args.decode_cores, prefill_threads=args.prefill_threads,
+        decode_threads=args.decode_threads, n_slots=args.slots).validated()
 
 
 async def replay(engine, trace, on_done=None) -> list:
@@ -55,8 +70,12 @@ async def _run(args: argparse.Namespace) -> int:
 
     config = engine_config(args)
     print(f"homepd: starting {config.mode} engine on {config.model} (chunk={config.chunk}, "
-          f"n_ctx={config.n_ctx}, n_threads={config.effective_n_threads}) ...", file=sys.stderr)
+          f"n_ctx={config.n_ctx}) ...", file=sys.stderr)
     async with Engine(config) as engine:
+        for w in engine.snapshot()["workers"]:
+            where = f"GPU {w['cuda_visible_devices']}" if w["cuda_visible_devices"] else "CPU"
+            print(f"  {w['role']} worker pid {w['pid']}: {where}, cores {w['cpu_cores'] or 'all'}, "
+                  f"n_threads={w['n_threads']}", file=sys.stderr)
         if args.prompt is not None:
             stream = await engine.submit(args.prompt, params=SamplingParams(max_tokens=args.max_tokens))
             async for event in stream:
@@ -114,6 +133,11 @@ def _print_report(trace, records, summary) -> None:
           f"interference: decode-only step {_fmt(s['interference_decode_only_ms'], '.1f')} ms, "
           f"with prompt tokens {_fmt(s['interference_mixed_ms'], '.1f')} ms "
           f"(x{_fmt(s['interference_slowdown'], '.2f')})")
+    if s["kv_bytes_mean"]:
+        print(f"KV handoff: {s['kv_bytes_mean'] / 1e6:.1f} MB per request on average; transfer (prompt done -> "
+              f"imported) p50/p95 {_fmt(s['kv_transfer_ms_p50'], '.1f')}/{_fmt(s['kv_transfer_ms_p95'], '.1f')} ms; "
+              f"export {_fmt(s['kv_export_ms_p50'], '.2f')} ms, import {_fmt(s['kv_import_ms_p50'], '.2f')} ms, "
+              f"slot wait p95 {_fmt(s['kv_slot_wait_ms_p95'], '.1f')} ms")
 
 
 def register(subparsers) -> None:

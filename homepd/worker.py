@@ -33,7 +33,6 @@ class WorkerSpec:
     chunk: int | None
     n_threads: int
     cpu_cores: tuple[int, ...] | None = None
-    gpu_index: int | None = None
     n_gpu_layers: int = 0
     fault: str | None = None
     cuda_visible_devices: str = ""      # "" hides every GPU; else an index or UUID
@@ -55,7 +54,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     try:
         t0 = time.monotonic()
         from homepd.llm import LlamaContext, LlamaModel
-        model = LlamaModel(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.gpu_index is not None else 0)
+        model = LlamaModel(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.cuda_visible_devices else 0)
         ctx = LlamaContext(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
                            n_threads=spec.n_threads)
         per_token, overhead = measure_state_bytes(ctx, model) if spec.role != "colocated" else (0, 0)

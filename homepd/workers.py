@@ -31,7 +31,7 @@ def spawn_worker(spec) -> tuple[subprocess.Popen, Connection]:
     """
     parent_sock, child_sock = socket.socketpair()
     env = dict(os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = "" if spec.gpu_index is None else str(spec.gpu_index)
+    env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices  # "" hides every GPU from a CPU worker
     try:
         process = subprocess.Popen([sys.executable, "-m", "homepd.worker", str(child_sock.fileno())],
                                    pass_fds=[child_sock.fileno()], env=env, stdin=subprocess.DEVNULL)
@@ -167,6 +167,7 @@ class WorkerHandle:
             "role": self.role, "pid": self.pid, "alive": self.is_alive, "ready": self.ready is not None,
             "restarts": max(self.restarts, 0), "n_threads": self.spec.n_threads,
             "cpu_cores": list(self.spec.cpu_cores) if self.spec.cpu_cores else None,
-            "gpu_index": self.spec.gpu_index, "in_flight": sorted(self.in_flight),
+            "cuda_visible_devices": self.spec.cuda_visible_devices, "n_gpu_layers": self.spec.n_gpu_layers,
+            "in_flight": sorted(self.in_flight),
             "backlog": len(self.backlog),
         }
