@@ -68,8 +68,10 @@ class RequestStream:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, sampler=None):
+        """``sampler``: an optional running ``homepd.sampler.Sampler``; worker pids are registered with it."""
         self.config = config.validated()
+        self.sampler = sampler
         self.model_path: str | None = None
         self.tokenizer = None
         self.records: OrderedDict[str, Lifecycle] = OrderedDict()
@@ -104,6 +106,8 @@ class Engine:
                                               self._on_exit)
         try:
             await asyncio.gather(*(h.start() for h in self.workers.values()))
+            for handle in self.workers.values():
+                self._register(handle)
             if self.config.mode == "disaggregated":
                 self._create_slots()
         except BaseException:
@@ -136,6 +140,10 @@ class Engine:
                 out[role] = {"cpu_cores": planned.cpu_cores or None, "n_threads": threads or planned.n_threads,
                              "gpu": planned.cuda_visible_devices or None, "n_gpu_layers": planned.n_gpu_layers}
         return out
+
+    def _register(self, handle: WorkerHandle) -> None:
+        if self.sampler is not None and handle.pid is not None:
+            self.sampler.register_process(handle.pid, handle.role)
 
     def _spec_for(self, role: str):
         from homepd.worker import WorkerSpec
@@ -326,6 +334,8 @@ class Engine:
             self._end(rid, RequestState.FAILED, now,
                       error=f"{handle.role} worker (pid {handle.pid}) died ({cause}); request failed — retry it")
         handle.last_error = None
+        if self.sampler is not None:
+            self.sampler.unregister_process(handle.pid)
         handle.in_flight.clear()
         handle.backlog.clear()
         for rid in resumable:  # KV still in its slot: the restarted decode worker imports it, no new prefill
@@ -353,6 +363,7 @@ class Engine:
             for rid in sorted(handle.in_flight):
                 self._end(rid, RequestState.FAILED, time.monotonic(), error=f"{handle.role} worker restart failed: {exc}")
             return
+        self._register(handle)
         if self.pool is not None:
             handle.send(AttachSlots(tuple(self.pool.names)))
             if handle.role == "prefill":

@@ -66,12 +66,35 @@ async def replay(engine, trace, on_done=None) -> list:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from homepd.sampler import Sampler
+
+    with Sampler(period_s=0.5) as sampler:
+        return await _run_sampled(args, sampler)
+
+
+def memory_and_energy(sampler, t0_s: float, t1_s: float) -> dict:
+    """Per worker role, peak RSS/USS/PSS during [t0, t1]; energy per source (None = NA on this box)."""
+    from homepd.sampler import energy_by_source_j
+
+    history = [s for s in sampler.history() if t0_s <= s.t_mono_s <= t1_s] or list(sampler.history())[-1:]
+    workers: dict[str, dict] = {}
+    for snap in history:
+        for p in snap.processes:
+            w = workers.setdefault(p.role, {"rss_bytes": None, "uss_bytes": None, "pss_bytes": None})
+            for key in w:
+                value = getattr(p, key)
+                if value is not None and (w[key] is None or value > w[key]):
+                    w[key] = value
+    return {"workers": workers, "energy_j": energy_by_source_j(list(sampler.history()), t0_s, t1_s)}
+
+
+async def _run_sampled(args: argparse.Namespace, sampler) -> int:
     from homepd.engine import Engine
 
     config = engine_config(args)
     print(f"homepd: starting {config.mode} engine on {config.model} (chunk={config.chunk}, "
           f"n_ctx={config.n_ctx}) ...", file=sys.stderr)
-    async with Engine(config) as engine:
+    async with Engine(config, sampler=sampler) as engine:
         for w in engine.snapshot()["workers"]:
             where = f"GPU {w['cuda_visible_devices']}" if w["cuda_visible_devices"] else "CPU"
             print(f"  {w['role']} worker pid {w['pid']}: {where}, cores {w['cpu_cores'] or 'all'}, "
@@ -98,7 +121,12 @@ async def _run(args: argparse.Namespace) -> int:
             done += 1
             print(f"\r  {done}/{len(trace)} requests done", end="", file=sys.stderr, flush=True)
 
+        t0 = time.monotonic()
         records = await replay(engine, trace, progress)
+        sampler.sample_once()
+        hardware = memory_and_energy(sampler, t0, time.monotonic())
+        slots = engine.snapshot()["kv_slots"]
+        hardware["kv_slot_bytes"] = slots["n_slots"] * slots["capacity_bytes"] if slots else 0
         print(file=sys.stderr)
         steps = list(engine.step_log)
     summary = summarize(records, steps)
@@ -106,9 +134,11 @@ async def _run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": {"mode": config.mode, "model": config.model, "chunk": config.chunk,
                                      "n_ctx": config.n_ctx, "n_threads": config.effective_n_threads,
                                      "trace": args.trace},
-                          "summary": summary, "requests": [r.to_dict() for r in records]}))
+                          "summary": summary, "hardware": hardware,
+                          "requests": [r.to_dict() for r in records]}))
         return 0 if summary["n_failed"] == 0 else 1
     _print_report(trace, records, summary)
+    _print_hardware(hardware)
     return 0 if summary["n_failed"] == 0 else 1
 
 
@@ -138,6 +168,19 @@ def _print_report(trace, records, summary) -> None:
               f"imported) p50/p95 {_fmt(s['kv_transfer_ms_p50'], '.1f')}/{_fmt(s['kv_transfer_ms_p95'], '.1f')} ms; "
               f"export {_fmt(s['kv_export_ms_p50'], '.2f')} ms, import {_fmt(s['kv_import_ms_p50'], '.2f')} ms, "
               f"slot wait p95 {_fmt(s['kv_slot_wait_ms_p95'], '.1f')} ms")
+
+
+def _print_hardware(hardware: dict) -> None:
+    mb = lambda b: "NA" if b is None else f"{b / 2**20:.0f}"  # noqa: E731
+    for role, w in hardware["workers"].items():
+        print(f"{role} worker memory (peak MiB): RSS {mb(w['rss_bytes'])}, PSS {mb(w['pss_bytes'])}, "
+              f"USS {mb(w['uss_bytes'])} (USS = not shared: what a second copy costs)")
+    if hardware.get("kv_slot_bytes"):
+        print(f"KV slots: {mb(hardware['kv_slot_bytes'])} MiB of pre-faulted shared memory "
+              f"(mapped by both workers: counted in their RSS, split in their PSS)")
+    energy = {k: v for k, v in hardware["energy_j"].items() if v is not None}
+    print("energy: " + (", ".join(f"{k} {v:.1f} J" for k, v in energy.items()) if energy
+                        else "NA (no RAPL counters or GPU energy readable on this box)"))
 
 
 def register(subparsers) -> None:

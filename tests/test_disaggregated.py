@@ -127,22 +127,22 @@ def test_concurrent_disaggregated_requests_pass_teacher_forced_check(default_mod
 
 
 def test_slot_exhaustion_makes_prefill_wait_not_fail(default_model_path):
+    """One slot, one decode sequence: request 0 decodes for long; request 1 is exported and sits in
+    the only slot (the decode worker has no free sequence); request 2's prompt finishes and must
+    wait for a slot — until request 0 ends and request 1 is imported."""
     cfg = disagg(default_model_path, n_slots=1, n_seq_max=1)
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    lengths = [200, 24, 24]
 
     async def scenario():
         async with Engine(cfg) as engine:
-            streams = [await engine.submit(p, params=params) for p in PROMPTS[:3]]
-            seen_full = False
-            pending = [asyncio.ensure_future(s.collect()) for s in streams]
-            while not all(p.done() for p in pending):
-                occ = engine.snapshot()["kv_slots"]["occupancy"]
-                seen_full |= occ["FREE"] == 0
-                await asyncio.wait(pending, timeout=0.005)
-            return [p.result() for p in pending], [s.lifecycle for s in streams], seen_full
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=n, ignore_eos=True))
+                       for p, n in zip(PROMPTS[:3], lengths)]
+            results = await asyncio.gather(*(s.collect() for s in streams))
+            return results, [s.lifecycle for s in streams]
 
-    results, lcs, seen_full = run(scenario())
-    for events, _ in results:
-        assert events[-1].kind == "done" and sum(e.kind == "token" for e in events) == 24
-    assert seen_full
-    assert max(lc.kv_slot_wait_s for lc in lcs) > 0.05  # somebody waited for the one slot
+    results, lcs = run(scenario())
+    for (events, _), n in zip(results, lengths):
+        assert events[-1].kind == "done" and sum(e.kind == "token" for e in events) == n
+    # request 2 waited for the slot while request 0 was still decoding
+    assert lcs[2].kv_slot_wait_s > 0.05
+    assert lcs[2].kv_slot_wait_s >= lcs[0].ended_s - lcs[2].prefill_end_s - 0.05
