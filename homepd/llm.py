@@ -193,23 +193,28 @@ class LlamaContext:
 
     def state_get(self, seq_id: int, buffer) -> int:
         """Write seq_id's KV state into ``buffer`` (a writable buffer, e.g. a shared-memory view)."""
-        size = len(buffer) if not isinstance(buffer, memoryview) else buffer.nbytes
-        ptr = (ctypes.c_uint8 * size).from_buffer(buffer)
-        try:
-            n = int(C.llama_state_seq_get_data(self._ctx, ptr, size, seq_id))
-        finally:
-            del ptr
+        size = memoryview(buffer).nbytes
+        n = self._with_bytes(buffer, size, lambda ptr: C.llama_state_seq_get_data(self._ctx, ptr, size, seq_id))
         if n == 0:
             raise WorkerError(f"llama_state_seq_get_data wrote nothing for sequence {seq_id} (buffer {size} bytes)")
         return n
 
     def state_set(self, seq_id: int, buffer, n_bytes: int) -> int:
         """Load a KV state (from ``llama_state_seq_get_data``) into seq_id."""
-        ptr = (ctypes.c_uint8 * n_bytes).from_buffer(buffer)
-        try:
-            n = int(C.llama_state_seq_set_data(self._ctx, ptr, n_bytes, seq_id))
-        finally:
-            del ptr
+        n = self._with_bytes(buffer, n_bytes, lambda ptr: C.llama_state_seq_set_data(self._ctx, ptr, n_bytes, seq_id))
         if n == 0:
             raise WorkerError(f"llama_state_seq_set_data refused {n_bytes} bytes for sequence {seq_id}")
         return n
+
+    @staticmethod
+    def _with_bytes(buffer, n_bytes: int, call) -> int:
+        """Call ``call(ptr)`` with a uint8 pointer onto ``buffer``, no copy.
+
+        # why: the ctypes array pins the buffer's export; it must be gone before
+        # the caller releases the memoryview (the KV slot does so on hand-over).
+        """
+        ptr = (ctypes.c_uint8 * n_bytes).from_buffer(buffer)
+        try:
+            return int(call(ptr))
+        finally:
+            del ptr

@@ -32,3 +32,27 @@ async def generate_all(config: EngineConfig, prompts: list[str], params: Samplin
         for events, _ in results:
             assert events[-1].kind == "done", events[-1]
         return tokens, list(engine.step_log), [s.lifecycle for s in streams]
+
+
+def start_controller_and_kill_it(script: str, *args: str, before_kill=None) -> tuple[list[str], list]:
+    """Run ``script`` (a controller that prints its worker pids and names, then idles) in a child
+    process, kill -9 it once it printed (after ``before_kill(words)``), and return
+    (printed words, psutil workers still alive 10 s later)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    ctl = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        words = ctl.stdout.readline().split()
+        workers = [psutil.Process(int(w)) for w in words if w.isdigit()]
+        assert workers, words
+        if before_kill is not None:
+            before_kill(words)
+        ctl.kill()
+        ctl.wait()
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        return words, alive
+    finally:
+        ctl.kill()

@@ -23,7 +23,7 @@ from homepd.sampling import SamplingParams, TokenSampler
 from homepd.textstream import TextStream
 from homepd.worker import WorkerLoop, WorkerSpec
 
-from engine_helpers import PROMPTS, run
+from engine_helpers import PROMPTS, run, start_controller_and_kill_it
 
 
 def shm_segments_of_dead_owners() -> list[str]:
@@ -186,16 +186,10 @@ asyncio.run(main())
 
 
 def test_killed_controller_leaves_no_worker_and_no_segment(default_model_path):
-    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(default_model_path)], stdout=subprocess.PIPE,
-                           text=True)
-    try:
-        prefill_pid, decode_pid, *names = ctl.stdout.readline().split()
-        assert names and all(os.path.exists(f"/dev/shm/{n}") for n in names)
-        workers = [psutil.Process(int(prefill_pid)), psutil.Process(int(decode_pid))]
-        ctl.kill()
-        ctl.wait()
-        gone, alive = psutil.wait_procs(workers, timeout=10)
-        assert not alive
-        assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
-    finally:
-        ctl.kill()
+    def segments_exist(words):
+        assert words[2:] and all(os.path.exists(f"/dev/shm/{n}") for n in words[2:])
+
+    words, alive = start_controller_and_kill_it(CONTROLLER, str(default_model_path), before_kill=segments_exist)
+    names = words[2:]
+    assert not alive
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)  # the workers unlinked them

@@ -16,7 +16,7 @@ from homepd.engine import Engine
 from homepd.errors import ModelError, RequestError
 from homepd.sampling import SamplingParams
 
-from engine_helpers import PROMPTS, run
+from engine_helpers import PROMPTS, run, start_controller_and_kill_it
 
 
 def config(path, **kw) -> EngineConfig:
@@ -164,14 +164,5 @@ asyncio.run(main())
 
 
 def test_killed_controller_leaves_no_worker_behind(default_model_path):
-    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(default_model_path)], stdout=subprocess.PIPE,
-                           text=True)
-    try:
-        worker_pid = int(ctl.stdout.readline())
-        worker = psutil.Process(worker_pid)
-        ctl.kill()
-        ctl.wait()
-        gone, alive = psutil.wait_procs([worker], timeout=10)
-        assert worker in gone and not alive
-    finally:
-        ctl.kill()
+    words, alive = start_controller_and_kill_it(CONTROLLER, str(default_model_path))
+    assert len(words) == 1 and not alive
