@@ -25,7 +25,7 @@ from homepd.workers import WorkerHandle
 
 MAX_RECORDS = 10_000
 SLOT_SLACK_BYTES = 1 << 20
-KV_BYTES_PER_TOKEN_GUESS = 64 << 10  # for the placement plan's memory check, before a worker measures it
+KV_BYTES_PER_TOKEN_GUESS = 64 << 10  # placement plan's memory check when the GGUF header does not say
 MAX_STEP_LOG = 100_000
 _ids = itertools.count(1)
 
@@ -124,8 +124,11 @@ class Engine:
         from homepd.placement import plan_placement
         from homepd.probe import probe
 
-        plan = plan_placement(probe(), model_bytes=os.path.getsize(self.model_path),
-                              kv_bytes=c.n_ctx * KV_BYTES_PER_TOKEN_GUESS).disaggregated
+        from homepd.gguf import read_gguf_header
+
+        header = read_gguf_header(self.model_path)
+        per_token = header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS
+        plan = plan_placement(probe(), model_bytes=header.size_bytes, kv_bytes=c.n_ctx * per_token).disaggregated
         overrides = {"prefill": (c.prefill_cores, c.prefill_threads), "decode": (c.decode_cores, c.decode_threads)}
         if not plan.feasible and not all(cores for cores, _ in overrides.values()):
             raise EngineError(f"disaggregated serving is not feasible on this box: {plan.reason}")

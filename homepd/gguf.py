@@ -46,6 +46,10 @@ GGML_BLOCK_SIZES = {
 
 # the few string/uint keys worth keeping; every other value is skipped, not read
 _KEPT_KEYS = ("general.architecture", "general.name", "general.alignment", "tokenizer.chat_template")
+# architecture hyper-parameters ("<arch>.block_count", ...) kept for the KV size estimate
+_KEPT_SUFFIXES = (".block_count", ".embedding_length", ".context_length", ".attention.head_count",
+                  ".attention.head_count_kv", ".attention.key_length", ".attention.value_length")
+KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default K and V cache type is f16
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,24 @@ class GgufHeader:
     architecture: str | None
     name: str | None
     has_chat_template: bool
+    hparams: dict = None  # "<arch>.<suffix>" -> value, for the suffixes in _KEPT_SUFFIXES
+
+    @property
+    def kv_bytes_per_token(self) -> int | None:
+        """KV cache bytes one token takes (f16 K and V, every layer), None if the header does not say.
+
+        An upper bound for models with sliding-window layers (their cache stops growing).
+        """
+        arch = self.architecture
+        hp = self.hparams or {}
+        get = lambda suffix: hp.get(f"{arch}{suffix}")  # noqa: E731
+        n_layer, n_embd, n_head = get(".block_count"), get(".embedding_length"), get(".attention.head_count")
+        n_head_kv = get(".attention.head_count_kv") or n_head
+        if not all(isinstance(v, int) and v > 0 for v in (n_layer, n_embd, n_head, n_head_kv)):
+            return None
+        head_dim = n_embd // n_head
+        k_len, v_len = get(".attention.key_length") or head_dim, get(".attention.value_length") or head_dim
+        return n_layer * n_head_kv * (k_len + v_len) * KV_BYTES_PER_ELEMENT
 
 
 class _Cursor:
@@ -162,8 +184,9 @@ def _parse(cur: _Cursor) -> GgufHeader:
     for i in range(n_kv):
         key = cur.string(count_fmt, f"key #{i}", keep=True)
         value_type = cur.unpack("I", f"the type of key {key!r}")
-        kept_value = _read_value(cur, value_type, count_fmt, key, keep=key in _KEPT_KEYS)
-        if key in _KEPT_KEYS:
+        keep = key in _KEPT_KEYS or key.endswith(_KEPT_SUFFIXES)
+        kept_value = _read_value(cur, value_type, count_fmt, key, keep=keep)
+        if keep:
             kept[key] = kept_value
 
     alignment = kept.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
@@ -208,6 +231,7 @@ def _parse(cur: _Cursor) -> GgufHeader:
         architecture=kept.get("general.architecture"),
         name=kept.get("general.name"),
         has_chat_template="tokenizer.chat_template" in kept,
+        hparams={k: v for k, v in kept.items() if k.endswith(_KEPT_SUFFIXES)},
     )
 
 

@@ -302,11 +302,31 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "probe", help="show this box's CPU, RAM, GPUs, llama.cpp build and placement plan")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--model-bytes", type=_size, default=0,
-                        help="model weight size for the placement plan (e.g. 1.1G); default 0")
-    parser.add_argument("--kv-bytes", type=_size, default=0,
-                        help="KV cache size for the configured context and sequences; default 0")
+    parser.add_argument("--model", default=None,
+                        help="catalog name or GGUF path whose size (and KV size per token, from its header) "
+                             "the placement plan uses; default: the default model if it is present")
+    parser.add_argument("--n-ctx", type=int, default=4096, help="context (KV cells) for the KV size; default 4096")
+    parser.add_argument("--model-bytes", type=_size, default=None,
+                        help="model weight size for the placement plan (e.g. 1.1G); overrides --model")
+    parser.add_argument("--kv-bytes", type=_size, default=None,
+                        help="KV cache size for the configured context and sequences; overrides --model")
     parser.set_defaults(func=run)
+
+
+def model_sizes(model: str | None, n_ctx: int) -> tuple[int, int, str | None]:
+    """(model bytes, KV bytes for n_ctx, the path used) of a model present on disk; never pulls."""
+    from homepd.errors import HomepdError
+    from homepd.gguf import read_gguf_header
+    from homepd.models import DEFAULT_MODEL, resolve_model
+
+    try:
+        path = resolve_model(model or DEFAULT_MODEL, pull=False)
+    except HomepdError:
+        if model is not None:
+            raise
+        return 0, 0, None  # the default model is not pulled yet: sizes unknown
+    header = read_gguf_header(path)
+    return header.size_bytes, (header.kv_bytes_per_token or 0) * n_ctx, str(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -315,7 +335,9 @@ def run(args: argparse.Namespace) -> int:
     from homepd.placement import plan_placement, render_plan_text
 
     box = probe()
-    plan = plan_placement(box, args.model_bytes, args.kv_bytes)
+    model_bytes, kv_bytes, _ = model_sizes(args.model, args.n_ctx)
+    plan = plan_placement(box, model_bytes if args.model_bytes is None else args.model_bytes,
+                          kv_bytes if args.kv_bytes is None else args.kv_bytes)
     if args.json:
         print(to_json(box, plan))
     else:

@@ -206,10 +206,15 @@ def test_cli_json_is_one_object_with_real_cpu_and_plan(capsys):
     assert data["placement"]["memory"]["worker_bytes"] == GIB + (256 << 20)
 
 
-def test_cli_text(capsys):
+def test_cli_text(capsys, default_model_path):
     out = run_cli(["probe"], capsys)
     assert out.startswith("host ") and "\nRAM " in out and "colocated:" in out
-    assert "disaggregated:" in out and "model size is 0" in out
+    # the plan uses the default model's size and its header's KV bytes for 4096 tokens
+    mib = default_model_path.stat().st_size / 2**20
+    assert "disaggregated:" in out and f"model {mib:.1f} MiB + KV 90.0 MiB" in out
+    assert "model size is 0" not in out
+    out = run_cli(["probe", "--model-bytes", "0", "--kv-bytes", "0"], capsys)
+    assert "model size is 0" in out
 
 
 @pytest.mark.parametrize("text,expected", [("123", 123), ("800M", 800 << 20),
