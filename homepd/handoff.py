@@ -111,7 +111,7 @@ class DecodeHandoff(_SlotRole):
         for msg in list(self.pending):
             if msg.request_id == request_id:
                 self.pending.remove(msg)
-                if self.pool is not None:
+                if self.pool is not None and self.pool.request_in(msg.slot) == request_id:
                     self.pool.reset_stale(msg.slot)
                 self.loop.conn.send(RequestDone(request_id, "cancelled", time.monotonic()))
 
@@ -135,8 +135,9 @@ class DecodeHandoff(_SlotRole):
             except HomepdError as exc:
                 self._fail(msg.request_id, f"KV import refused: {exc}")
                 loop.finish(seq)
-                if self.pool.state(msg.slot).name != "FREE":
-                    self.pool.reset_stale(msg.slot)
+                if self.pool.state(msg.slot).name in ("READY", "READING") and \
+                        self.pool.request_in(msg.slot) in (msg.request_id, None):
+                    self.pool.reset_stale(msg.slot)  # never free a slot that already holds another request
                 continue
             self.pool.release(msg.slot)
             loop.samplers[id(seq)] = msg.sampler

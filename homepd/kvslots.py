@@ -27,7 +27,7 @@ from homepd.errors import SlotError
 from homepd.kvslot_header import (BODY_OFFSET, HEADER_BYTES, HEADER_CRC_OFFSET, HOLDER_PID_OFFSET,
                                   LAYOUT_VERSION, MAGIC, PREFIX, STATE_OFFSET, VERIFY_KINDS,
                                   SlotExpectation, SlotHeader, SlotState, check_header,
-                                  header_checksum, pack_body, payload_checksum)
+                                  header_checksum, pack_body, payload_checksum, unpack_body)
 from homepd.kvslot_segment import (attach_segment, create_segment, new_token, parse_segment_name,
                                    segment_name, unlink_segment)
 
@@ -229,6 +229,15 @@ class SlotPool:
     def holder_pid(self, slot: int) -> int:
         """The process that last took the slot: ``acquire_free``, ``payload`` or ``open_ready`` (0: none yet)."""
         return int.from_bytes(self._bufs[slot][HOLDER_PID_OFFSET:HOLDER_PID_OFFSET + 4], "little")
+
+    def request_in(self, slot: int) -> str | None:
+        """The request id a READY or READING slot's (intact) header names; None otherwise."""
+        if self.state(slot) not in (SlotState.READY, SlotState.READING):
+            return None
+        buf = self._bufs[slot]
+        if header_checksum(buf) != int.from_bytes(buf[HEADER_CRC_OFFSET:HEADER_CRC_OFFSET + 4], "little"):
+            return None
+        return unpack_body(buf[BODY_OFFSET:HEADER_BYTES]).request_id
 
     def slots_held_by(self, pid: int) -> list[int]:
         """WRITING / READING slots whose holder is ``pid``: what a dead worker left behind."""

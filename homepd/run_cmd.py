@@ -109,7 +109,8 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
                     return 1
             lc = stream.lifecycle
             print(f"\n[{lc.n_prompt_tokens} prompt tokens, {len(lc.token_times_s)} generated, "
-                  f"TTFT {lc.ttft_s * 1e3:.0f} ms, TPOT {(lc.tpot_s or 0) * 1e3:.1f} ms, {lc.finish_reason}]",
+                  f"TTFT {_fmt(lc.ttft_s and lc.ttft_s * 1e3)} ms, TPOT {_fmt(lc.tpot_s and lc.tpot_s * 1e3, '.1f')} ms, "
+                  f"{lc.finish_reason}]",
                   file=sys.stderr)
             return 0
         trace = make_trace(args.trace, n_requests=args.requests, rate_per_s=args.rate,

@@ -14,6 +14,7 @@ import numpy as np
 from homepd.errors import RequestError
 
 MAX_STOP_STRINGS = 8
+MIN_TEMPERATURE = 1e-3  # below it (but above 0) logits/temperature overflow; 0 means greedy
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,9 @@ class SamplingParams:
 
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise bad("max_tokens", "must be an integer >= 1")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "must be a finite number >= 0 (0 = greedy)")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0 \
+                or 0 < self.temperature < MIN_TEMPERATURE:
+            raise bad("temperature", f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise bad("top_k", "must be an integer >= 0 (0 = off)")
         if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):

@@ -66,21 +66,25 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def cells_needed(self, seq: Sequence) -> int:
+        """KV cells reserved for seq: the prompt alone on a prefill-only worker, else prompt + outputs."""
+        return seq.n_ctx_needed if self.decodes else seq.n_prompt
+
     def can_admit(self, seq: Sequence) -> bool:
-        return bool(self.free_seq_ids) and self.n_ctx_reserved + seq.n_ctx_needed <= self.n_ctx
+        return bool(self.free_seq_ids) and self.n_ctx_reserved + self.cells_needed(seq) <= self.n_ctx
 
     def admit(self, seq: Sequence) -> None:
         """Give seq a sequence id and reserve its worst-case KV cells."""
         assert self.can_admit(seq)
         seq.seq_id = self.free_seq_ids.pop()
-        self.n_ctx_reserved += seq.n_ctx_needed
+        self.n_ctx_reserved += self.cells_needed(seq)
         self.running.append(seq)
 
     def release(self, seq: Sequence) -> None:
         """Take seq out (finished, cancelled or handed off); its sequence id becomes free."""
         if seq in self.running:
             self.running.remove(seq)
-            self.n_ctx_reserved -= seq.n_ctx_needed
+            self.n_ctx_reserved -= self.cells_needed(seq)
             self.free_seq_ids.append(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)

@@ -186,8 +186,19 @@ class WorkerLoop:
                 self.finish(seq)
                 self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
             return
-        sampled = {key: self.samplers[key].sample(self.ctx.logits(row)) for key, row in rows.items()}
+        sampled, failed = {}, []
+        for seq in [*plan.decode, *(sl.seq for sl in plan.prefill if sl.completes_prompt)]:
+            try:
+                sampled[id(seq)] = self.samplers[id(seq)].sample(self.ctx.logits(rows[id(seq)]))
+            except Exception as exc:  # e.g. NaN logits: fail this request, not the worker
+                failed.append((seq, f"sampling failed: {exc}"))
         t_end = time.monotonic()
+        if failed:
+            plan = StepPlan(decode=tuple(q for q in plan.decode if id(q) in sampled),
+                            prefill=tuple(sl for sl in plan.prefill if not sl.completes_prompt or id(sl.seq) in sampled))
+            for seq, error in failed:
+                self.finish(seq)
+                self.conn.send(RequestDone(seq.request_id, "error", t_end, error=error))
         got_token = self.scheduler.postprocess(plan, sampled)
         self.n_steps += 1
         record = StepRecord(

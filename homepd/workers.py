@@ -8,6 +8,7 @@ older process are dropped.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from homepd.errors import WorkerError
 from homepd.messages import Shutdown, WorkerReady
 
 STOP_TIMEOUT_S = 5.0
+log = logging.getLogger("homepd.workers")
 
 
 def spawn_worker(spec) -> tuple[subprocess.Popen, Connection]:
@@ -56,6 +58,7 @@ class WorkerHandle:
         self.backlog: deque = deque()  # (request_id, message) held while (re)starting
         self.restarts = -1
         self.last_error: str | None = None
+        self.failed: str | None = None  # set when it could not be (re)started: no more work for it
         self.stopping = False
 
     @property
@@ -74,6 +77,10 @@ class WorkerHandle:
         self._ready_future = self.loop.create_future()
         process, parent_conn = await asyncio.to_thread(spawn_worker, self.spec)
         self.process, self.conn = process, parent_conn
+        if self.stopping:  # stopped while it was being spawned: do not leave it behind
+            process.kill()
+            await asyncio.to_thread(process.wait)
+            raise WorkerError(f"{self.role} worker start cancelled: the engine is stopping")
         # why: reading on the loop itself (no reader thread) costs no thread
         # wake-up or GIL hand-off per token, which on a 2-core box is CPU taken
         # straight from llama.cpp's threads.
@@ -83,15 +90,21 @@ class WorkerHandle:
     def _readable(self, conn, process, generation: int) -> None:
         try:
             # one message per callback: the loop calls again while data is pending
-            self._deliver(generation, conn.recv())
-            return
+            msg = conn.recv()
         except (EOFError, OSError):
-            pass
+            msg = None
         except Exception as exc:  # an unpicklable message: treat as a dead worker
             self.last_error = f"bad message from worker: {exc}"
             process.kill()
+            msg = None
+        if msg is not None:
+            try:
+                self._deliver(generation, msg)
+            except Exception:  # a controller bug must not kill a healthy worker
+                log.exception("homepd: error handling %s from the %s worker", type(msg).__name__, self.role)
+            return
         self.loop.remove_reader(conn.fileno())
-        asyncio.ensure_future(self._reap(process, generation))
+        self._reaper = asyncio.ensure_future(self._reap(process, generation))  # referenced until done
 
     async def _reap(self, process, generation: int) -> None:
         try:
@@ -110,6 +123,7 @@ class WorkerHandle:
                 _, queued = self.backlog.popleft()
                 self.send(queued)
             if not self._ready_future.done():
+                self.failed = None
                 self._ready_future.set_result(msg)
         self._on_message(self, msg)
 

@@ -144,9 +144,9 @@ def test_decode_death_resumes_requests_whose_kv_is_still_in_a_slot(default_model
             streams = [await engine.submit(p, params=SamplingParams(max_tokens=60, ignore_eos=True))
                        for p in PROMPTS[:3]]
             assert (await streams[0].__anext__()).kind == "token"
-            while len(engine.in_slot) < 2:  # both others exported, waiting for the decode sequence
+            while len(engine.kv.in_slot) < 2:  # both others exported, waiting for the decode sequence
                 await asyncio.sleep(0.01)
-            waiting = sorted(engine.in_slot)
+            waiting = sorted(engine.kv.in_slot)
             os.kill(pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
             prefill_counts = {s.request_id: sum(1 for st in engine.step_log for rid, _ in st.prefill
@@ -179,7 +179,7 @@ async def main():
     await engine.start()
     s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=300, ignore_eos=True))
     await s.__anext__()
-    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.pool.names, flush=True)
+    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.kv.pool.names, flush=True)
     await asyncio.sleep(3600)   # stands for a controller busy forever; the test kills it
 asyncio.run(main())
 """

@@ -166,3 +166,30 @@ asyncio.run(main())
 def test_killed_controller_leaves_no_worker_behind(default_model_path):
     words, alive = start_controller_and_kill_it(CONTROLLER, str(default_model_path))
     assert len(words) == 1 and not alive
+
+
+def test_worker_that_cannot_restart_refuses_new_work_clearly(default_model_path, tmp_path):
+    import shutil
+
+    from homepd.errors import EngineError
+
+    copy = tmp_path / "model.gguf"
+    shutil.copy(default_model_path, copy)
+
+    async def scenario():
+        async with Engine(config(copy)) as engine:
+            handle = engine.workers["colocated"]
+            stream = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=300, ignore_eos=True))
+            await stream.__anext__()
+            copy.write_bytes(b"GGUF")  # the model is gone from under us: no restart can load it
+            os.kill(handle.pid, signal.SIGKILL)
+            events, _ = await stream.collect()
+            assert events[-1].kind == "error"
+            while not handle.failed:  # three attempts with back-off, then it gives up
+                await asyncio.sleep(0.05)
+            with pytest.raises(EngineError, match="could not be restarted"):
+                await engine.submit(PROMPTS[0])
+            return engine.snapshot()
+
+    snap = run(scenario())
+    assert snap["workers"][0]["alive"] is False

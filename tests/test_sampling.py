@@ -60,3 +60,9 @@ def test_text_stream_releases_held_back_tail_at_flush():
     assert out == "abc"  # the last len("</s>")-1 chars are held: they could still become "</s>"
     assert out + ts.flush() == "abc</x"
     assert not ts.stopped
+
+
+def test_tiny_positive_temperature_is_refused():
+    with pytest.raises(RequestError, match="temperature"):
+        SamplingParams(temperature=1e-320).validated()
+    assert SamplingParams(temperature=1e-3).validated().temperature == 1e-3

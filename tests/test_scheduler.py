@@ -125,3 +125,14 @@ def test_every_prompt_token_is_scheduled_exactly_once_in_order(chunk):
     for q in seqs:
         assert seen[q.request_id] == list(range(q.n_prompt))
         assert len(q.output_ids) == q.params.max_tokens
+
+
+def test_prefill_only_worker_reserves_the_prompt_not_the_outputs():
+    s = Scheduler(n_seq_max=4, n_ctx=4096, n_batch=64, chunk=64, decodes=False)
+    for i in range(4):
+        s.add(seq(f"r{i}", 50, max_tokens=4000))  # would reserve ~4050 cells each on a decoding worker
+    while s.waiting or any(q.is_prefilling for q in s.running):
+        plan = run_step(s)
+        assert not plan.decode  # a prefill worker never decodes
+    assert len(s.running) == 4 and s.n_ctx_reserved == 200  # all four fit: prompts only
+    assert all(len(q.output_ids) == 1 for q in s.running)  # first tokens, waiting for hand-off
