@@ -2,10 +2,12 @@
 
 Everything here is derived, never measured twice: TTFT, TPOT, queue wait come
 from ``Lifecycle`` timestamps; interference comes from the step log — how much
-longer a step that carries decode tokens takes when prompt tokens share it.
+longer a decode step takes when prompt tokens share it (colocated) or when the
+prefill worker runs at the same time (disaggregated).
 """
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -25,30 +27,53 @@ def percentile(values: list[float], q: float) -> float | None:
 
 @dataclass(frozen=True)
 class Interference:
-    """Decode-step slowdown caused by prompt tokens sharing the step."""
+    """How much longer decode steps take when prefill work disturbs them.
+
+    Colocated: a decode step is disturbed when prompt tokens share it.
+    Disaggregated: when a prefill step of the other worker ran at the same time
+    (shared memory bandwidth, caches, SMT siblings or the GPU).
+    """
     decode_only_steps: int
     mixed_steps: int
-    decode_only_ms: float | None   # median duration of steps with decode tokens only
-    mixed_ms: float | None         # median duration of steps with decode and prompt tokens
-    mixed_prompt_tokens: float | None  # mean prompt tokens in the mixed steps
+    decode_only_ms: float | None   # median duration of undisturbed decode steps
+    mixed_ms: float | None         # median duration of disturbed decode steps
+    mixed_prompt_tokens: float | None  # mean prompt tokens in (or beside) the disturbed steps
+    slowdown: float | None         # disturbed / undisturbed, matched on decode batch size; 1.0 = none
 
-    @property
-    def slowdown(self) -> float | None:
-        """mixed_ms / decode_only_ms: 1.0 = no interference."""
-        if not self.decode_only_ms or self.mixed_ms is None:
-            return None
-        return self.mixed_ms / self.decode_only_ms
+
+def _overlapping_prefill(step: StepRecord, starts: list[float], spans: list[StepRecord]) -> StepRecord | None:
+    # why: one prefill worker's steps are disjoint and ordered, so only the last
+    # one starting before this step ends can overlap it
+    i = bisect.bisect_left(starts, step.t_end_s) - 1
+    return spans[i] if i >= 0 and spans[i].t_end_s > step.t_start_s else None
 
 
 def interference(steps: list[StepRecord]) -> Interference:
     """Interference of prefill on decode, measured on the live step log."""
-    only = [s.duration_ms for s in steps if s.n_decode_tokens and not s.n_prompt_tokens]
-    mixed = [s for s in steps if s.n_decode_tokens and s.n_prompt_tokens]
+    spans = sorted((s for s in steps if s.worker_role == "prefill"), key=lambda s: s.t_start_s)
+    starts = [s.t_start_s for s in spans]
+    alone: dict[int, list[float]] = {}
+    mixed: dict[int, list[float]] = {}
+    prompt_tokens: list[int] = []
+    for s in steps:
+        if not s.n_decode_tokens:
+            continue
+        beside = None if s.n_prompt_tokens else _overlapping_prefill(s, starts, spans)
+        if s.n_prompt_tokens or beside is not None:
+            mixed.setdefault(s.n_decode_tokens, []).append(s.duration_ms)
+            prompt_tokens.append(s.n_prompt_tokens or beside.n_prompt_tokens)
+        else:
+            alone.setdefault(s.n_decode_tokens, []).append(s.duration_ms)
+    matched = [(len(mixed[n]), statistics.median(mixed[n]) / statistics.median(alone[n]))
+               for n in mixed if n in alone]
+    all_alone = [d for ds in alone.values() for d in ds]
+    all_mixed = [d for ds in mixed.values() for d in ds]
     return Interference(
-        decode_only_steps=len(only), mixed_steps=len(mixed),
-        decode_only_ms=statistics.median(only) if only else None,
-        mixed_ms=statistics.median(s.duration_ms for s in mixed) if mixed else None,
-        mixed_prompt_tokens=statistics.mean(s.n_prompt_tokens for s in mixed) if mixed else None)
+        decode_only_steps=len(all_alone), mixed_steps=len(all_mixed),
+        decode_only_ms=statistics.median(all_alone) if all_alone else None,
+        mixed_ms=statistics.median(all_mixed) if all_mixed else None,
+        mixed_prompt_tokens=statistics.mean(prompt_tokens) if prompt_tokens else None,
+        slowdown=sum(w * r for w, r in matched) / sum(w for w, _ in matched) if matched else None)
 
 
 def summarize(records: list[Lifecycle], steps: list[StepRecord]) -> dict:
@@ -81,6 +106,7 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord]) -> dict:
         "max_prompt_tokens_per_step": max((s.n_prompt_tokens for s in steps), default=0),
         "interference_decode_only_ms": inter.decode_only_ms, "interference_mixed_ms": inter.mixed_ms,
         "interference_slowdown": inter.slowdown,
+        "interference_kind": "concurrent" if any(s.worker_role == "prefill" for s in steps) else "same_step",
         # disaggregated: the KV handoff
         "kv_bytes_mean": statistics.mean(r.kv_bytes for r in moved) if moved else None,
         "kv_transfer_ms_p50": percentile(transfer, 50), "kv_transfer_ms_p95": percentile(transfer, 95),

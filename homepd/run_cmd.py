@@ -161,9 +161,10 @@ def _print_report(trace, records, summary) -> None:
           f"TPOT p50/p95 {_fmt(s['tpot_ms_p50'], '.1f')}/{_fmt(s['tpot_ms_p95'], '.1f')} ms   "
           f"ITL p95/max {_fmt(s['itl_ms_p95'], '.1f')}/{_fmt(s['itl_ms_max'], '.1f')} ms")
     print(f"steps {s['n_steps']}, at most {s['max_prompt_tokens_per_step']} prompt tokens in one step; "
-          f"interference: decode-only step {_fmt(s['interference_decode_only_ms'], '.1f')} ms, "
-          f"with prompt tokens {_fmt(s['interference_mixed_ms'], '.1f')} ms "
-          f"(x{_fmt(s['interference_slowdown'], '.2f')})")
+          f"interference: decode step alone {_fmt(s['interference_decode_only_ms'], '.1f')} ms, "
+          f"{'beside a prefill step' if s['interference_kind'] == 'concurrent' else 'with prompt tokens'} "
+          f"{_fmt(s['interference_mixed_ms'], '.1f')} ms (x{_fmt(s['interference_slowdown'], '.2f')} "
+          f"at equal batch size)")
     if s["kv_bytes_mean"]:
         print(f"KV handoff: {s['kv_bytes_mean'] / 1e6:.1f} MB per request on average; transfer (prompt done -> "
               f"imported) p50/p95 {_fmt(s['kv_transfer_ms_p50'], '.1f')}/{_fmt(s['kv_transfer_ms_p95'], '.1f')} ms; "
