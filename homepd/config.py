@@ -29,6 +29,9 @@ class EngineConfig:
     prefill_threads: int | None = None
     decode_threads: int | None = None
     n_slots: int = 4
+    # when a worker dies: resume its requests (from their KV slot, else by re-prefilling prompt + output
+    # on the restarted worker) instead of ending them with an error
+    resume: bool = True
 
     def validated(self) -> "EngineConfig":
         """Return self if consistent, else raise ConfigError naming the option."""
@@ -103,3 +106,13 @@ def parse_cores(text: str) -> tuple[int, ...]:
     if not cores:
         raise ConfigError(f"empty CPU list {text!r}")
     return tuple(cores)
+
+
+def parse_bool(text: str) -> bool:
+    """'1/true/yes/on' or '0/false/no/off' (any case)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"expected a boolean (on/off, true/false, 1/0), got {text!r}")

@@ -156,7 +156,7 @@ class Engine:
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
         lifecycle = Lifecycle(request_id=rid, arrived_s=time.monotonic(), n_prompt_tokens=len(ids))
-        stream = RequestStream(rid, lifecycle)
+        stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.streams[rid] = stream
         self._entry_worker().send_request(rid, SubmitRequest(rid, tuple(ids), params))
         return stream
@@ -212,6 +212,7 @@ class Engine:
         for tok in report.tokens:
             stream = self.streams.get(tok.request_id)
             if stream is not None:
+                stream.token_ids.append(tok.token_id)
                 stream.lifecycle.add_token(tok.t_s)
                 stream.queue.put_nowait(Event("token", tok.request_id, tok.t_s, tok.token_id, tok.text))
         for done in report.done:
@@ -286,19 +287,50 @@ class Engine:
         for rid in sorted(held & self.cancelling):  # the cancel died with the worker: honour it
             self._end(rid, RequestState.CANCELLED, now, reason="cancelled")
         wanted = {rid for rid in held if rid in self.streams}
-        resumed = self.kv.recover(handle.role, pid, wanted) if self.kv is not None else []
-        lost = sorted(wanted - set(resumed))
+        from_slot = self.kv.recover(handle.role, pid, wanted) if self.kv is not None and self.config.resume else []
+        if self.kv is not None and not self.config.resume:
+            self.kv.recover(handle.role, pid, set())  # slots back in order, nothing resumed
+        recomputed = [rid for rid in sorted(wanted - set(from_slot)) if self.config.resume and self._resumable(rid)]
+        lost = sorted(wanted - set(from_slot) - set(recomputed))
         self.worker_events.append({"role": handle.role, "pid": pid, "died_s": now, "exitcode": exitcode,
-                                   "failed_requests": lost, "resumed_requests": resumed})
+                                   "failed_requests": lost, "resumed_requests": from_slot,
+                                   "recomputed_requests": recomputed})
         for rid in lost:
             self._end(rid, RequestState.FAILED, now,
                       error=f"{handle.role} worker (pid {pid}) died ({cause}); request failed — retry it")
         handle.last_error = None
         if self.sampler is not None:
             self.sampler.unregister_process(pid)
-        for rid in resumed:  # KV intact in its slot: the restarted decode worker imports it, no new prefill
+        for rid in from_slot:  # KV intact in its slot: the restarted decode worker imports it, no new prefill
+            self._note_resume(rid, "slot")
             handle.send_request(rid, self.kv.in_slot[rid])
+        for rid in recomputed:  # KV lost: prefill prompt + output again on the (restarted) entry worker
+            self._note_resume(rid, "recompute")
+            self._entry_worker().send_request(rid, self._recompute_request(rid))
         self._spawn_task(self._restart(handle))
+
+    def _resumable(self, rid: str) -> bool:
+        stream = self.streams[rid]
+        return len(stream.prompt_ids) + len(stream.token_ids) < self.config.n_ctx \
+            and len(stream.token_ids) < stream.params.max_tokens
+
+    def _note_resume(self, rid: str, how: str) -> None:
+        lc = self.streams[rid].lifecycle
+        lc.n_resumes += 1
+        lc.resumed_by.append(how)
+
+    def _recompute_request(self, rid: str) -> SubmitRequest:
+        """The request again, its output so far appended to the prompt, with the text stream rebuilt."""
+        from homepd.textstream import TextStream
+
+        stream = self.streams[rid]
+        text = TextStream(stream.params.stop)
+        for token in stream.token_ids:
+            text.feed(self.tokenizer.token_to_piece(token))
+        params = replace(stream.params, max_tokens=stream.params.max_tokens - len(stream.token_ids))
+        if self.kv is not None:
+            self.kv.drop(rid)  # a stale slot entry must not be imported later
+        return SubmitRequest(rid, stream.prompt_ids + tuple(stream.token_ids), params, stream=text)
 
     async def _restart(self, handle: WorkerHandle) -> None:
         error = None

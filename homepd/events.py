@@ -22,9 +22,13 @@ class Event:
 class RequestStream:
     """Async iterator over a request's events; ends after its 'done' or 'error' event."""
 
-    def __init__(self, request_id: str, lifecycle: Lifecycle):
+    def __init__(self, request_id: str, lifecycle: Lifecycle, prompt_ids: tuple[int, ...] = (),
+                 params=None):
         self.request_id = request_id
         self.lifecycle = lifecycle
+        self.prompt_ids = prompt_ids   # kept to resume the request by recompute
+        self.params = params
+        self.token_ids: list[int] = []  # every token streamed so far
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self._ended = False
 

@@ -13,10 +13,17 @@ from homepd.sampling import SamplingParams
 # controller -> worker ----------------------------------------------------------
 @dataclass(frozen=True)
 class SubmitRequest:
-    """A tokenized request for the worker's waiting queue."""
+    """A tokenized request for the worker's waiting queue.
+
+    A request resumed by recompute (its KV died with a worker) comes back with
+    its earlier output appended to ``prompt_ids``, the remaining ``max_tokens``,
+    and ``stream``: the text stream rebuilt from that output (held-back text
+    and partial UTF-8 included), so text and stop strings continue seamlessly.
+    """
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    stream: object | None = None   # homepd.textstream.TextStream
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,9 @@ class RequestState(enum.Enum):
 _ALLOWED: dict[RequestState, set[RequestState]] = {
     RequestState.WAITING: {RequestState.PREFILLING},
     RequestState.PREFILLING: {RequestState.TRANSFERRING, RequestState.DECODING, RequestState.FINISHED},
-    RequestState.TRANSFERRING: {RequestState.DECODING, RequestState.FINISHED},
-    RequestState.DECODING: {RequestState.FINISHED, RequestState.TRANSFERRING},
+    # a worker death sends a request back to PREFILLING when it is resumed by recompute
+    RequestState.TRANSFERRING: {RequestState.DECODING, RequestState.FINISHED, RequestState.PREFILLING},
+    RequestState.DECODING: {RequestState.FINISHED, RequestState.TRANSFERRING, RequestState.PREFILLING},
     RequestState.FINISHED: set(),
     RequestState.FAILED: set(),
     RequestState.CANCELLED: set(),
@@ -65,6 +66,9 @@ class Lifecycle:
     kv_slot_wait_s: float | None = None
     kv_export_s: float | None = None
     kv_import_s: float | None = None
+    # recovery: how often a worker death interrupted it, and how it came back
+    n_resumes: int = 0
+    resumed_by: list[str] = field(default_factory=list)  # "slot" (KV re-imported) or "recompute"
 
     def advance(self, new: RequestState, at_s: float) -> None:
         """Move to ``new``; the only place the state changes."""
@@ -122,5 +126,6 @@ class Lifecycle:
             "n_output_tokens": len(self.token_times_s), "queue_wait_s": self.queue_wait_s,
             "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "transfer_s": self.transfer_s,
             "kv_bytes": self.kv_bytes, "kv_slot_wait_s": self.kv_slot_wait_s, "kv_export_s": self.kv_export_s,
-            "kv_import_s": self.kv_import_s, "finish_reason": self.finish_reason, "error": self.error,
+            "kv_import_s": self.kv_import_s, "n_resumes": self.n_resumes, "resumed_by": list(self.resumed_by),
+            "finish_reason": self.finish_reason, "error": self.error,
         }

@@ -143,7 +143,7 @@ class WorkerLoop:
         if isinstance(msg, SubmitRequest):
             seq = Sequence(request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params)
             self.samplers[id(seq)] = TokenSampler(msg.params)
-            self.streams[id(seq)] = TextStream(msg.params.stop)
+            self.streams[id(seq)] = msg.stream if msg.stream is not None else TextStream(msg.params.stop)
             self.scheduler.add(seq)
         elif isinstance(msg, CancelRequest):
             seq = self.scheduler.find(msg.request_id)

@@ -102,8 +102,9 @@ def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path
 
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 def test_kill_9_during_three_streams_ends_all_and_engine_recovers(default_model_path, victim):
+    """Without resume: what the worker held ends with an error; the rest goes on."""
     async def scenario():
-        async with Engine(disagg(default_model_path)) as engine:
+        async with Engine(disagg(default_model_path, resume=False)) as engine:
             pid = engine.workers[victim].pid
             streams = [await engine.submit(p, params=SamplingParams(max_tokens=100, ignore_eos=True))
                        for p in PROMPTS[:3]]
@@ -135,37 +136,41 @@ def test_kill_9_during_three_streams_ends_all_and_engine_recovers(default_model_
     assert not shm_segments_of_dead_owners()
 
 
-def test_decode_death_resumes_requests_whose_kv_is_still_in_a_slot(default_model_path):
-    """n_seq_max=1: while one request decodes, the next ones wait in READY slots; kill the decode
-    worker and those are imported by the restarted worker — no second prefill."""
+def test_decode_death_resumes_every_request(default_model_path):
+    """n_seq_max=1: while request 0 decodes, requests 1 and 2 wait in READY slots.  Kill the decode
+    worker: 1 and 2 are imported from their slots by the restarted worker (no second prefill); 0 lost
+    its KV and is resumed by recompute (prompt + its output prefilled again).  All complete."""
+    n_out = 60
+
     async def scenario():
         async with Engine(disagg(default_model_path, n_seq_max=1, n_slots=3)) as engine:
             pid = engine.workers["decode"].pid
-            streams = [await engine.submit(p, params=SamplingParams(max_tokens=60, ignore_eos=True))
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=n_out, ignore_eos=True))
                        for p in PROMPTS[:3]]
-            assert (await streams[0].__anext__()).kind == "token"
+            for _ in range(3):  # request 0 is decoding on the decode worker
+                assert (await streams[0].__anext__()).kind == "token"
             while len(engine.kv.in_slot) < 2:  # both others exported, waiting for the decode sequence
                 await asyncio.sleep(0.01)
             waiting = sorted(engine.kv.in_slot)
+            killed = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
-            prefill_counts = {s.request_id: sum(1 for st in engine.step_log for rid, _ in st.prefill
-                                                if rid == s.request_id and st.worker_role == "prefill")
-                              for s in streams}
-            firsts = {s.request_id: s.lifecycle.prefill_start_s for s in streams}
-            return streams, ends, waiting, engine.snapshot(), prefill_counts, firsts
+            prefills = {s.request_id: sum(1 for st in engine.step_log if st.worker_role == "prefill"
+                                          for rid, _ in st.prefill if rid == s.request_id) for s in streams}
+            return streams, ends, waiting, engine.snapshot(), prefills, killed
 
-    streams, ends, waiting, snap, prefill_counts, _ = run(scenario())
-    by_id = {s.request_id: e for s, e in zip(streams, ends)}
-    assert ends[0][0][-1].kind == "error"  # it was decoding: its KV died with the worker
-    for rid in waiting:
-        events, _ = by_id[rid]
-        assert events[-1].kind == "done" and sum(e.kind == "token" for e in events) == 60
-    died = [e for e in snap["worker_events"] if "died_s" in e]
-    assert sorted(died[0]["resumed_requests"]) == waiting
-    # prompts were prefilled in chunks of 64 at most; the resumed ones were not prefilled again
-    for rid in waiting:
-        assert prefill_counts[rid] == 1
+    streams, ends, waiting, snap, prefills, killed = run(scenario())
+    assert waiting == sorted(s.request_id for s in streams[1:])
+    for s, (events, _) in zip(streams, ends):
+        assert events[-1].kind == "done" and events[-1].finish_reason == "length"
+    assert len(streams[0].token_ids) == n_out  # 3 before the kill + the rest after recompute
+    assert streams[0].lifecycle.resumed_by == ["recompute"] and prefills[streams[0].request_id] == 2
+    for s in streams[1:]:
+        assert s.lifecycle.resumed_by == ["slot"] and prefills[s.request_id] == 1
+        assert len(s.token_ids) == n_out
+    died = [e for e in snap["worker_events"] if "died_s" in e][0]
+    assert died["resumed_requests"] == waiting and died["recomputed_requests"] == [streams[0].request_id]
+    assert died["failed_requests"] == []
 
 
 CONTROLLER = """

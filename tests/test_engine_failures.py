@@ -27,7 +27,7 @@ def config(path, **kw) -> EngineConfig:
 
 def test_kill_9_of_worker_fails_streams_fast_and_engine_recovers(default_model_path):
     async def scenario():
-        async with Engine(config(default_model_path, n_ctx=2048)) as engine:
+        async with Engine(config(default_model_path, n_ctx=2048, resume=False)) as engine:
             pid = engine.workers["colocated"].pid
             streams = [await engine.submit(p, params=SamplingParams(max_tokens=300, ignore_eos=True))
                        for p in PROMPTS[:3]]
@@ -177,7 +177,7 @@ def test_worker_that_cannot_restart_refuses_new_work_clearly(default_model_path,
     shutil.copy(default_model_path, copy)
 
     async def scenario():
-        async with Engine(config(copy)) as engine:
+        async with Engine(config(copy, resume=False)) as engine:
             handle = engine.workers["colocated"]
             stream = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=300, ignore_eos=True))
             await stream.__anext__()
