@@ -29,7 +29,10 @@ def placements(config: EngineConfig, model_path: str) -> dict[str, dict]:
 
     header = read_gguf_header(model_path)
     per_token = header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS
-    plan = plan_placement(probe(), model_bytes=header.size_bytes, kv_bytes=c.n_ctx * per_token).disaggregated
+    kv_bytes = c.n_ctx * per_token
+    # the slot pool: n_slots slots, each sized for a full-context sequence
+    plan = plan_placement(probe(), model_bytes=header.size_bytes, kv_bytes=kv_bytes,
+                          transfer_bytes=c.n_slots * kv_bytes).disaggregated
     overrides = {"prefill": (c.prefill_cores, c.prefill_threads), "decode": (c.decode_cores, c.decode_threads)}
     if not plan.feasible and not all(cores for cores, _ in overrides.values()):
         raise EngineError(f"disaggregated serving is not feasible on this box: {plan.reason}")
