@@ -28,6 +28,9 @@ MAX_RECORDS = 10_000       # finished request records kept for metrics
 MAX_STEP_LOG = 100_000
 RESTART_ATTEMPTS = 3
 RESTART_BACKOFF_S = 0.5
+MAX_RESUMES = 2             # a request whose worker died this often is failed, not resumed again
+CRASH_LOOP_DEATHS = 5       # this many deaths of one worker within CRASH_LOOP_WINDOW_S: stop restarting it
+CRASH_LOOP_WINDOW_S = 60.0
 log = logging.getLogger("homepd.engine")
 _ids = itertools.count(1)
 
@@ -281,26 +284,38 @@ class Engine:
             return
         now, pid = time.monotonic(), handle.pid
         cause = f"exit code {exitcode}" + (f": {handle.last_error}" if handle.last_error else "")
+        handle.deaths.append(now)
+        crash_loop = sum(1 for t in handle.deaths if now - t <= CRASH_LOOP_WINDOW_S) >= CRASH_LOOP_DEATHS
         held = set(handle.in_flight)
         handle.in_flight.clear()
         handle.backlog.clear()
         for rid in sorted(held & self.cancelling):  # the cancel died with the worker: honour it
             self._end(rid, RequestState.CANCELLED, now, reason="cancelled")
         wanted = {rid for rid in held if rid in self.streams}
-        from_slot = self.kv.recover(handle.role, pid, wanted) if self.kv is not None and self.config.resume else []
-        if self.kv is not None and not self.config.resume:
-            self.kv.recover(handle.role, pid, set())  # slots back in order, nothing resumed
-        recomputed = [rid for rid in sorted(wanted - set(from_slot)) if self.config.resume and self._resumable(rid)]
+        resume = self.config.resume and not crash_loop
+        if self.kv is not None:
+            from_slot = self.kv.recover(handle.role, pid, wanted if resume else set())
+            from_slot = [rid for rid in from_slot if self._resumable(rid, handle)]
+            self.workers["prefill"].send(SlotFreed(-1))  # recovery may have freed slots
+        else:
+            from_slot = []
+        recomputed = [rid for rid in sorted(wanted - set(from_slot))
+                      if resume and self._resumable(rid, self._entry_worker())]
         lost = sorted(wanted - set(from_slot) - set(recomputed))
         self.worker_events.append({"role": handle.role, "pid": pid, "died_s": now, "exitcode": exitcode,
                                    "failed_requests": lost, "resumed_requests": from_slot,
-                                   "recomputed_requests": recomputed})
+                                   "recomputed_requests": recomputed, "crash_loop": crash_loop})
         for rid in lost:
+            times = self.streams[rid].lifecycle.n_resumes
+            why = f"; it was already resumed {times} times" if times >= MAX_RESUMES else ""
             self._end(rid, RequestState.FAILED, now,
-                      error=f"{handle.role} worker (pid {pid}) died ({cause}); request failed — retry it")
+                      error=f"{handle.role} worker (pid {pid}) died ({cause}){why}; request failed — retry it")
         handle.last_error = None
         if self.sampler is not None:
             self.sampler.unregister_process(pid)
+        if crash_loop:
+            handle.failed = f"it died {CRASH_LOOP_DEATHS} times within {CRASH_LOOP_WINDOW_S:.0f} s ({cause})"
+            return
         for rid in from_slot:  # KV intact in its slot: the restarted decode worker imports it, no new prefill
             self._note_resume(rid, "slot")
             handle.send_request(rid, self.kv.in_slot[rid])
@@ -309,9 +324,11 @@ class Engine:
             self._entry_worker().send_request(rid, self._recompute_request(rid))
         self._spawn_task(self._restart(handle))
 
-    def _resumable(self, rid: str) -> bool:
+    def _resumable(self, rid: str, target: WorkerHandle) -> bool:
+        """Can rid be resumed onto ``target``: not too often, the worker usable, room left in the context."""
         stream = self.streams[rid]
-        return len(stream.prompt_ids) + len(stream.token_ids) < self.config.n_ctx \
+        return stream.lifecycle.n_resumes < MAX_RESUMES and not target.failed \
+            and len(stream.prompt_ids) + len(stream.token_ids) <= self.config.n_ctx \
             and len(stream.token_ids) < stream.params.max_tokens
 
     def _note_resume(self, rid: str, how: str) -> None:

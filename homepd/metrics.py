@@ -42,10 +42,17 @@ class Interference:
 
 
 def _overlapping_prefill(step: StepRecord, starts: list[float], spans: list[StepRecord]) -> StepRecord | None:
-    # why: one prefill worker's steps are disjoint and ordered, so only the last
-    # one starting before this step ends can overlap it
+    """The prefill step that ran during at least half of ``step``, if any."""
+    # why: one prefill worker's steps are disjoint and ordered: check the ones starting before step ends
     i = bisect.bisect_left(starts, step.t_end_s) - 1
-    return spans[i] if i >= 0 and spans[i].t_end_s > step.t_start_s else None
+    length = step.t_end_s - step.t_start_s
+    overlap, best = 0.0, None
+    while i >= 0 and spans[i].t_end_s > step.t_start_s:
+        shared = min(spans[i].t_end_s, step.t_end_s) - max(spans[i].t_start_s, step.t_start_s)
+        overlap += shared
+        best = best or spans[i]
+        i -= 1
+    return best if length > 0 and overlap >= length / 2 else None
 
 
 def interference(steps: list[StepRecord]) -> Interference:
@@ -94,6 +101,8 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord]) -> dict:
     return {
         "n_requests": len(records), "n_finished": len(done),
         "n_failed": sum(r.state.value == "failed" for r in records),
+        "n_cancelled": sum(r.state.value == "cancelled" for r in records),
+        "n_resumed": sum(r.n_resumes > 0 for r in records),
         "n_prompt_tokens": n_prompt, "n_output_tokens": n_out, "span_s": span_s,
         # prompt tokens per second of the steps that carried prompt tokens
         "prompt_tok_s": sum(s.n_prompt_tokens for s in prompt_steps) / prompt_step_s if prompt_step_s else None,

@@ -81,7 +81,7 @@ class Lifecycle:
             self.admitted_s = self.admitted_s if self.admitted_s is not None else at_s
             self.prefill_start_s = self.prefill_start_s if self.prefill_start_s is not None else at_s
         elif new is RequestState.TRANSFERRING:
-            self.transfer_start_s = at_s
+            self.transfer_start_s, self.transfer_end_s = at_s, None
         elif new.is_terminal:
             self.ended_s = at_s
 

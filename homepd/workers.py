@@ -59,6 +59,7 @@ class WorkerHandle:
         self.restarts = -1
         self.last_error: str | None = None
         self.failed: str | None = None  # set when it could not be (re)started: no more work for it
+        self.deaths: deque[float] = deque(maxlen=16)  # monotonic times of its deaths (crash-loop detection)
         self.stopping = False
 
     @property

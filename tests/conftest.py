@@ -46,3 +46,15 @@ def no_leaked_kv_segments():
     yield
     leaked = ours() - before
     assert not leaked, f"leaked shared-memory segments: {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+def no_controller_errors(caplog):
+    """The controller logs (instead of raising) errors it hits while handling a worker's message or in a
+    background task; in a test any such error is a failure."""
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="homepd")
+    yield
+    errors = [r.getMessage() for r in caplog.records if r.name.startswith("homepd") and r.levelno >= logging.ERROR]
+    assert not errors, f"controller errors: {errors}"

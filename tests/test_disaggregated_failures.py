@@ -149,8 +149,10 @@ def test_decode_death_resumes_every_request(default_model_path):
                        for p in PROMPTS[:3]]
             for _ in range(3):  # request 0 is decoding on the decode worker
                 assert (await streams[0].__anext__()).kind == "token"
-            while len(engine.kv.in_slot) < 2:  # both others exported, waiting for the decode sequence
-                await asyncio.sleep(0.01)
+            async def both_exported():  # both others wait in slots for the decode sequence
+                while len(engine.kv.in_slot) < 2:
+                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(both_exported(), timeout=30)
             waiting = sorted(engine.kv.in_slot)
             killed = time.monotonic()
             os.kill(pid, signal.SIGKILL)

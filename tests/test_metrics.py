@@ -37,8 +37,9 @@ def test_interference_is_matched_on_decode_batch_size():
 def test_disaggregated_interference_uses_concurrent_prefill_steps():
     steps = [step("prefill", 100, 50, 0, 64),                       # prefill busy 100..150 ms
              step("decode", 0, 10, 2, 0), step("decode", 10, 10, 2, 0),   # alone
-             step("decode", 95, 15, 2, 0), step("decode", 140, 15, 2, 0),  # overlap the prefill step
+             step("decode", 95, 15, 2, 0), step("decode", 140, 15, 2, 0),  # mostly beside the prefill step
+             step("decode", 148, 10, 2, 0),                          # 2 of 10 ms beside it: alone
              step("decode", 160, 10, 2, 0)]                          # alone again
     inter = interference(steps)
-    assert inter.decode_only_steps == 3 and inter.mixed_steps == 2
+    assert inter.decode_only_steps == 4 and inter.mixed_steps == 2
     assert inter.slowdown == pytest.approx(1.5) and inter.mixed_prompt_tokens == 64
