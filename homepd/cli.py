@@ -12,7 +12,7 @@ import sys
 from homepd.errors import HomepdError
 
 # module names under homepd/ that add commands, in help order
-COMMAND_MODULES = ("run_cmd", "models", "bench", "probe")
+COMMAND_MODULES = ("run_cmd", "models", "bench", "probe_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

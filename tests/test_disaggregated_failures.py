@@ -4,8 +4,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
@@ -17,7 +15,7 @@ from homepd.kvslot_header import SlotHeader
 from homepd.kvslot_segment import parse_segment_name
 from homepd.kvslots import SlotPool
 from homepd.llm import LlamaContext, LlamaModel
-from homepd.messages import KVHandoff, KVImported, RequestDone
+from homepd.messages import KVHandoff, RequestDone
 from homepd.models import fingerprint
 from homepd.sampling import SamplingParams, TokenSampler
 from homepd.textstream import TextStream

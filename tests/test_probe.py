@@ -13,6 +13,7 @@ from fake_nvml import CPU_LLAMA, CUDA_LLAMA, GIB, FakeGpu, FakeNvml, NVMLError_L
 from homepd import probe as probe_mod
 from homepd.nvml import Nvml, pcie_gb_s
 from homepd.placement import plan_placement
+from homepd import probe_cli
 from homepd.probe import CUDA_REBUILD_COMMAND, probe, probe_llama_cpp, read_rapl_zones
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "probe.md"
@@ -77,7 +78,7 @@ def test_gpu_without_power_and_energy_is_na():
     assert g.vram_total_bytes == 24 * GIB  # what the GPU does support is still read
     data = json.loads(probe_mod.to_json(box))
     assert data["gpus"][0]["power_w"] is None and data["gpus"][0]["energy_mj"] is None
-    text = probe_mod.render_text(box)
+    text = probe_cli.render_text(box)
     assert "power NA of NA" in text and "energy counter NA" in text
 
 
@@ -88,7 +89,7 @@ def test_nvml_failing_to_initialise(error):
     assert not box.nvml.is_available and box.gpus == ()
     assert str(error) in box.nvml.error
     assert box.nvml.driver_version is None and box.nvml.cuda_version is None
-    assert "no GPUs (NVML failed to initialise" in probe_mod.render_text(box)
+    assert "no GPUs (NVML failed to initialise" in probe_cli.render_text(box)
 
 
 def test_nvml_error_with_driver_present_warns(tmp_path):
@@ -114,7 +115,7 @@ def test_cpu_only_llama_with_gpu_warns_with_rebuild_command():
     assert "GGML_CUDA=ON" in CUDA_REBUILD_COMMAND and "llama-cpp-python" in CUDA_REBUILD_COMMAND
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert CUDA_REBUILD_COMMAND in readme  # the README quotes the same command
-    assert f"warning: {warning}" in probe_mod.render_text(box)
+    assert f"warning: {warning}" in probe_cli.render_text(box)
 
 
 def test_cuda_llama_reports_backends_and_cpu_only_box_does_not_warn():
@@ -191,7 +192,7 @@ def test_every_json_field_is_documented(tmp_path):
 
 def run_cli(argv, capsys):
     parser = argparse.ArgumentParser()
-    probe_mod.register(parser.add_subparsers())
+    probe_cli.register(parser.add_subparsers())
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     return capsys.readouterr().out
@@ -220,9 +221,9 @@ def test_cli_text(capsys, default_model_path):
 @pytest.mark.parametrize("text,expected", [("123", 123), ("800M", 800 << 20),
                                            ("1.5GiB", int(1.5 * GIB)), ("2g", 2 * GIB)])
 def test_size_option(text, expected):
-    assert probe_mod._size(text) == expected
+    assert probe_cli._size(text) == expected
 
 
 def test_size_option_rejects_garbage():
     with pytest.raises(argparse.ArgumentTypeError):
-        probe_mod._size("lots")
+        probe_cli._size("lots")

@@ -89,7 +89,7 @@ def test_prefill_death_resumes_a_request_waiting_for_a_slot(default_model_path):
 
 
 def test_a_request_whose_worker_keeps_dying_is_failed_after_max_resumes(default_model_path):
-    from homepd.engine import MAX_RESUMES
+    from homepd.recovery import MAX_RESUMES
 
     cfg = EngineConfig(model=str(default_model_path), n_ctx=1024, n_threads=2, chunk=64)
 
