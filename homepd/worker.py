@@ -161,44 +161,19 @@ class WorkerLoop:
 
     # one step -----------------------------------------------------------------
     def step(self, plan: StepPlan) -> None:
-        tokens, positions, seq_ids, wants = [], [], [], []
-        rows: dict[int, int] = {}  # id(seq) -> batch row with its logits
-        for i, seq in enumerate(plan.decode):
-            rows[id(seq)] = len(tokens)
-            tokens.append(self._decode_token(plan, i))
-            positions.append(seq.next_decode_pos)
-            seq_ids.append(seq.seq_id)
-            wants.append(True)
-        for sl in plan.prefill:
-            tokens.extend(sl.seq.prompt_ids[sl.start:sl.stop])
-            positions.extend(range(sl.start, sl.stop))
-            seq_ids.extend([sl.seq.seq_id] * sl.n_tokens)
-            wants.extend([False] * sl.n_tokens)
-            if sl.completes_prompt:
-                wants[-1] = True
-                rows[id(sl.seq)] = len(tokens) - 1
+        """Run one planned step: one llama_decode, sampling, and one report to the controller."""
+        tokens, positions, seq_ids, wants, rows = self._batch(plan)
         started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
         t_start = time.monotonic()
         try:
             self.ctx.decode(tokens, positions, seq_ids, wants)
-        except Exception as exc:
+        except Exception as exc:  # e.g. no KV slot: fail the step's requests, keep the worker
             for seq in [*plan.decode, *(sl.seq for sl in plan.prefill)]:
                 self.finish(seq)
                 self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
             return
-        sampled, failed = {}, []
-        for seq in [*plan.decode, *(sl.seq for sl in plan.prefill if sl.completes_prompt)]:
-            try:
-                sampled[id(seq)] = self.samplers[id(seq)].sample(self.ctx.logits(rows[id(seq)]))
-            except Exception as exc:  # e.g. NaN logits: fail this request, not the worker
-                failed.append((seq, f"sampling failed: {exc}"))
+        plan, sampled = self._sample(plan, rows)
         t_end = time.monotonic()
-        if failed:
-            plan = StepPlan(decode=tuple(q for q in plan.decode if id(q) in sampled),
-                            prefill=tuple(sl for sl in plan.prefill if not sl.completes_prompt or id(sl.seq) in sampled))
-            for seq, error in failed:
-                self.finish(seq)
-                self.conn.send(RequestDone(seq.request_id, "error", t_end, error=error))
         got_token = self.scheduler.postprocess(plan, sampled)
         self.n_steps += 1
         record = StepRecord(
@@ -216,6 +191,46 @@ class WorkerLoop:
             step=record, prefill_started=started,
             prefill_ended=tuple(sl.seq.request_id for sl in plan.prefill if sl.completes_prompt),
             tokens=tuple(outs), done=tuple(done)))
+
+    def _batch(self, plan: StepPlan):
+        """The step's batch: decode tokens first, then prompt slices; rows maps id(seq) -> its logits row."""
+        tokens, positions, seq_ids, wants = [], [], [], []
+        rows: dict[int, int] = {}
+        for i, seq in enumerate(plan.decode):
+            rows[id(seq)] = len(tokens)
+            tokens.append(self._decode_token(plan, i))
+            positions.append(seq.next_decode_pos)
+            seq_ids.append(seq.seq_id)
+            wants.append(True)
+        for sl in plan.prefill:
+            tokens.extend(sl.seq.prompt_ids[sl.start:sl.stop])
+            positions.extend(range(sl.start, sl.stop))
+            seq_ids.extend([sl.seq.seq_id] * sl.n_tokens)
+            wants.extend([False] * sl.n_tokens)
+            if sl.completes_prompt:
+                wants[-1] = True
+                rows[id(sl.seq)] = len(tokens) - 1
+        return tokens, positions, seq_ids, wants, rows
+
+    def _sample(self, plan: StepPlan, rows: dict[int, int]) -> tuple[StepPlan, dict[int, int]]:
+        """Sample every sequence that has logits; one that fails (e.g. NaN logits) fails alone.
+
+        Returns the plan without the failed sequences, and id(seq) -> token.
+        """
+        sampled, failed = {}, []
+        for seq in [*plan.decode, *(sl.seq for sl in plan.prefill if sl.completes_prompt)]:
+            try:
+                sampled[id(seq)] = self.samplers[id(seq)].sample(self.ctx.logits(rows[id(seq)]))
+            except Exception as exc:
+                failed.append((seq, f"sampling failed: {exc}"))
+        if not failed:
+            return plan, sampled
+        for seq, error in failed:
+            self.finish(seq)
+            self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=error))
+        return StepPlan(decode=tuple(q for q in plan.decode if id(q) in sampled),
+                        prefill=tuple(sl for sl in plan.prefill
+                                      if not sl.completes_prompt or id(sl.seq) in sampled)), sampled
 
     def emit(self, seq: Sequence, t_s: float) -> tuple[TokenOut | None, RequestDone | None]:
         """Turn seq's newest token into an output event; decide whether seq is finished."""
