@@ -32,6 +32,9 @@ class EngineConfig:
     # when a worker dies: resume its requests (from their KV slot, else by re-prefilling prompt + output
     # on the restarted worker) instead of ending them with an error
     resume: bool = True
+    # a worker that holds requests and sends nothing for this long is killed (then restarted and its
+    # requests resumed); 0 = never.  Must exceed the longest step (an unchunked long prompt on a CPU).
+    hang_timeout_s: float = 300.0
 
     def validated(self) -> "EngineConfig":
         """Return self if consistent, else raise ConfigError naming the option."""
@@ -54,6 +57,8 @@ class EngineConfig:
             cores = getattr(self, name)
             if cores is not None and (not cores or set(cores) - usable):
                 raise ConfigError(f"{name} {list(cores)} not usable here (usable: {sorted(usable)})")
+        if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
+            raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
         if not isinstance(self.n_slots, int) or self.n_slots < 1:
             raise ConfigError(f"n_slots must be a positive integer, got {self.n_slots!r}")
         return self

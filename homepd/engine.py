@@ -19,8 +19,8 @@ from homepd.config import EngineConfig
 from homepd.errors import EngineError, RequestError
 from homepd.events import Event, RequestStream
 from homepd.recovery import Recovery
-from homepd.messages import (CancelRequest, KVHandoff, KVImported, RequestDone, SlotFreed, StepRecord, StepReport,
-                             SubmitRequest, WorkerFatal, WorkerReady)
+from homepd.messages import (CancelRequest, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed, StepRecord,
+                             StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.request import Lifecycle, RequestState
 from homepd.sampling import SamplingParams
 from homepd.workers import WorkerHandle
@@ -77,6 +77,8 @@ class Engine(Recovery):
                 self.kv = KVRouter(self.config.n_slots, self.config.n_ctx, self.workers["prefill"].ready)
                 for handle in self.workers.values():
                     handle.send(self.kv.attach_message())
+            if self.config.hang_timeout_s:
+                self._spawn_task(self._watch_for_hangs())
         except BaseException:
             await self.stop()
             raise
@@ -191,8 +193,8 @@ class Engine(Recovery):
             self._on_handoff(msg)
         elif isinstance(msg, KVImported):
             self._on_imported(msg)
-        elif isinstance(msg, WorkerReady):
-            pass  # the handle keeps it
+        elif isinstance(msg, (WorkerReady, Heartbeat)):
+            pass  # the handle keeps the first; the second only proves it alive
         elif isinstance(msg, WorkerFatal):
             handle.last_error = msg.error.splitlines()[0] if msg.error else "unknown error"
 

@@ -52,6 +52,10 @@ class PrefillHandoff(_SlotRole):
         super().__init__(loop)
         self.waiting: deque[tuple[Sequence, float]] = deque()  # (seq, prompt done at)
 
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting)
+
     def prompt_done(self, seq: Sequence, t_s: float) -> None:
         self.waiting.append((seq, t_s))
 
@@ -97,6 +101,10 @@ class DecodeHandoff(_SlotRole):
     def __init__(self, loop):
         super().__init__(loop)
         self.pending: deque[KVHandoff] = deque()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.pending)
 
     def handle(self, msg) -> bool:
         if isinstance(msg, KVHandoff):

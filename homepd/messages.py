@@ -100,6 +100,13 @@ class StepReport:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """Sent while a worker holds requests but has no step to run (e.g. waiting for a KV slot):
+    it is alive, not hung."""
+    t_s: float
+
+
+@dataclass(frozen=True)
 class WorkerFatal:
     """The worker hit an unrecoverable error and is exiting."""
     error: str

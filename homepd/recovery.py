@@ -54,7 +54,7 @@ class Recovery:
         lost = sorted(wanted - set(from_slot) - set(recomputed))
         self.worker_events.append({"role": handle.role, "pid": pid, "died_s": now, "exitcode": exitcode,
                                    "failed_requests": lost, "resumed_requests": from_slot,
-                                   "recomputed_requests": recomputed, "crash_loop": crash_loop})
+                                   "recomputed_requests": recomputed, "crash_loop": crash_loop, "cause": cause})
         for rid in lost:
             times = self.streams[rid].lifecycle.n_resumes
             why = f"; it was already resumed {times} times" if times >= MAX_RESUMES else ""
@@ -120,3 +120,13 @@ class Recovery:
             if handle.role == "prefill":
                 handle.send(SlotFreed(-1))  # wake it: slots may have freed while it was down
         self.worker_events.append({"role": handle.role, "pid": handle.pid, "restarted_s": time.monotonic()})
+
+    async def _watch_for_hangs(self) -> None:
+        """Every second: kill a worker that holds requests but has said nothing for hang_timeout_s."""
+        timeout_s = self.config.hang_timeout_s
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            now = time.monotonic()
+            for handle in self.workers.values():
+                if handle.is_hung(now, timeout_s):
+                    handle.kill_hung(now - handle.last_heard_s)

@@ -40,6 +40,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     opt("gpu", None, int, help="colocated: GPU index to offload to (needs a CUDA build)")
     opt("n-gpu-layers", -1, int, help="layers to offload with --gpu (-1 = all)")
     opt("models-dir", None, help="where catalog models are stored")
+    opt("hang-timeout", 300.0, float, help="kill (then restart and resume) a worker silent this many seconds "
+                                           "while holding requests; 0 = never")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction,
                    default=env_default("resume", True, parse_bool),
                    help="when a worker dies, resume its requests (from their KV slot, else by recompute) "
@@ -52,7 +54,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         n_threads=args.threads, cpu_cores=args.cores, gpu_index=args.gpu,
         n_gpu_layers=args.n_gpu_layers if args.gpu is not None else 0, models_dir=args.models_dir,
         prefill_cores=args.prefill_cores, decode_cores=args.decode_cores, prefill_threads=args.prefill_threads,
-        decode_threads=args.decode_threads, n_slots=args.slots, resume=args.resume).validated()
+        decode_threads=args.decode_threads, n_slots=args.slots, resume=args.resume,
+        hang_timeout_s=args.hang_timeout).validated()
 
 
 async def replay(engine, trace, on_done=None) -> list:

@@ -13,8 +13,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from homepd.messages import (CancelRequest, RequestDone, Shutdown, StepRecord, StepReport, SubmitRequest,
-                             TokenOut, WorkerFatal, WorkerReady)
+from homepd.messages import (CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
+                             SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
 from homepd.sampling import TokenSampler
 from homepd.scheduler import Scheduler, StepPlan
 from homepd.sequence import Sequence
@@ -126,6 +126,8 @@ class WorkerLoop:
             if os.getppid() != self.parent_pid:  # controller gone: never outlive it
                 self.running, self.controller_gone = False, True
                 return
+            if self.scheduler.has_work or (self.handoff is not None and self.handoff.has_work):
+                self.conn.send(Heartbeat(time.monotonic()))  # idle but holding requests: not hung
         while self.running and self._inbox.poll(0):
             try:
                 msg = self.conn.recv()

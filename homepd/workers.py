@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from multiprocessing.connection import Connection
 
@@ -60,6 +61,7 @@ class WorkerHandle:
         self.last_error: str | None = None
         self.failed: str | None = None  # set when it could not be (re)started: no more work for it
         self.deaths: deque[float] = deque(maxlen=16)  # monotonic times of its deaths (crash-loop detection)
+        self.last_heard_s = time.monotonic()  # when its pipe last had something (hang detection)
         self.stopping = False
 
     @property
@@ -89,6 +91,7 @@ class WorkerHandle:
         await self._ready_future
 
     def _readable(self, conn, process, generation: int) -> None:
+        self.last_heard_s = time.monotonic()
         try:
             # one message per callback: the loop calls again while data is pending
             msg = conn.recv()
@@ -139,7 +142,18 @@ class WorkerHandle:
         if not self.stopping:
             self._on_exit(self, exitcode)
 
+    def is_hung(self, now_s: float, timeout_s: float) -> bool:
+        """Ready, holding requests, and silent for ``timeout_s``: a step that never ends."""
+        return self.ready is not None and bool(self.in_flight) and now_s - self.last_heard_s > timeout_s
+
+    def kill_hung(self, silent_s: float) -> None:
+        """Kill a hung worker; the closing pipe then takes the usual death path (restart, resume)."""
+        self.last_error = f"no message for {silent_s:.0f} s while holding requests (hung); killed"
+        self.process.kill()
+
     def send_request(self, request_id: str, msg) -> None:
+        if not self.in_flight:
+            self.last_heard_s = time.monotonic()  # the hang clock starts with its first work
         self.in_flight.add(request_id)
         if self.ready is None:
             self.backlog.append((request_id, msg))

@@ -108,3 +108,48 @@ def test_a_request_whose_worker_keeps_dying_is_failed_after_max_resumes(default_
     assert events[-1].kind == "error" and f"already resumed {MAX_RESUMES} times" in events[-1].error
     assert stream.lifecycle.n_resumes == MAX_RESUMES
     assert after[-1].kind == "done"  # the worker itself is fine
+
+
+@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), ("disaggregated", "decode")])
+def test_a_hung_worker_is_killed_restarted_and_its_requests_resumed(default_model_path, mode, victim):
+    """SIGSTOP stands for a worker stuck in a step (a driver hang): alive, silent."""
+    cfg = EngineConfig(model=str(default_model_path), mode=mode, n_ctx=1024, n_threads=2, chunk=64,
+                       prefill_threads=1, decode_threads=1, hang_timeout_s=2.0)
+
+    async def scenario():
+        async with Engine(cfg) as engine:
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=N_OUT, ignore_eos=True))
+                       for p in PROMPTS[:2]]
+            for s in streams:
+                await s.__anext__()
+                await s.__anext__()
+            pid = engine.workers[victim].pid
+            os.kill(pid, signal.SIGSTOP)
+            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
+            return pid, streams, ends, engine.snapshot()
+
+    pid, streams, ends, snap = run(scenario())
+    (died,) = [e for e in snap["worker_events"] if "died_s" in e]
+    assert died["pid"] == pid and "hung" in died["cause"] and died["exitcode"] == -signal.SIGKILL
+    for s, (events, _) in zip(streams, ends):
+        assert events[-1].kind == "done" and len(s.token_ids) == N_OUT and s.lifecycle.n_resumes == 1
+
+
+def test_a_worker_waiting_for_a_slot_is_not_mistaken_for_hung(default_model_path):
+    """One slot, one decode sequence, a 2 s hang timeout: the prefill worker waits far longer than 2 s
+    for a slot while request 0 decodes — it sends heartbeats and is left alone."""
+    cfg = EngineConfig(model=str(default_model_path), mode="disaggregated", n_ctx=2048, n_seq_max=1, n_slots=1,
+                       chunk=64, prefill_threads=1, decode_threads=1, hang_timeout_s=2.0)
+    lengths = [400, 4, 4]
+
+    async def scenario():
+        async with Engine(cfg) as engine:
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=n, ignore_eos=True))
+                       for p, n in zip(PROMPTS[:3], lengths)]
+            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=120)
+            return streams, ends, engine.snapshot()
+
+    streams, ends, snap = run(scenario())
+    assert all(events[-1].kind == "done" for events, _ in ends)
+    assert streams[2].lifecycle.kv_slot_wait_s > 2.0  # it really waited longer than the timeout
+    assert not [e for e in snap["worker_events"] if "died_s" in e]
