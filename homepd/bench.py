@@ -25,8 +25,7 @@ def make_prompt(tokenizer, n_tokens: int) -> list[int]:
     text = FILLER
     while len(tokenizer.tokenize(text)) < n_tokens:
         text += FILLER
-    ids = tokenizer.tokenize(text)[:n_tokens]
-    return ids
+    return tokenizer.tokenize(text)[:n_tokens]
 
 
 async def _interleaved_runs(config: EngineConfig, model, prompt_ids: list[int], n_gen: int,
@@ -75,7 +74,7 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
     # why: room for the source sequence and its imported copy side by side
     ctx = LlamaContext(model, n_ctx=2 * n_tokens + 64, n_batch=512, n_seq_max=2, n_threads=n_threads)
     try:
-        ids = (make_prompt(model, n_tokens))
+        ids = make_prompt(model, n_tokens)
         for start in range(0, len(ids), 512):
             stop = min(len(ids), start + 512)
             ctx.decode(ids[start:stop], list(range(start, stop)), [0] * (stop - start), [False] * (stop - start))

@@ -8,6 +8,9 @@ from homepd.errors import ConfigError
 
 MODES = ("colocated", "disaggregated")
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
+# test-only scheduling bugs the worker can inject, to prove the teacher-forced check catches them
+# (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again
+FAULTS = ("swap_seq", "stale_token")
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,7 @@ class EngineConfig:
     gpu_index: int | None = None
     n_gpu_layers: int = 0
     models_dir: str | None = None
-    fault: str | None = None            # test-only scheduling bug, see worker.FAULTS
+    fault: str | None = None            # test-only scheduling bug, one of FAULTS
     # disaggregated mode: per-role placement (None = from the placement plan) and KV slots
     prefill_cores: tuple[int, ...] | None = None
     decode_cores: tuple[int, ...] | None = None
@@ -57,6 +60,8 @@ class EngineConfig:
             cores = getattr(self, name)
             if cores is not None and (not cores or set(cores) - usable):
                 raise ConfigError(f"{name} {list(cores)} not usable here (usable: {sorted(usable)})")
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ConfigError(f"fault must be one of {', '.join(FAULTS)} (test-only), got {self.fault!r}")
         if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
             raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
         if not isinstance(self.n_slots, int) or self.n_slots < 1:

@@ -34,11 +34,6 @@ def _silent_log(level, text, user_data):  # pragma: no cover - called from C
     return None
 
 
-def supports_gpu_offload() -> bool:
-    _init_backend()
-    return bool(C.llama_supports_gpu_offload())
-
-
 class LlamaModel:
     """A loaded GGUF model (weights on CPU or offloaded with ``n_gpu_layers``)."""
 
@@ -105,11 +100,6 @@ class LlamaModel:
     def chat_template(self) -> str | None:
         tmpl = C.llama_model_chat_template(self._model, None)
         return tmpl.decode("utf-8") if tmpl else None
-
-    def metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
 
 
 class LlamaContext:
@@ -180,12 +170,6 @@ class LlamaContext:
 
     def seq_rm(self, seq_id: int) -> None:
         C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return int(C.llama_memory_seq_pos_max(self._mem, seq_id))
-
-    def clear(self) -> None:
-        C.llama_memory_clear(self._mem, True)
 
     # KV state of one sequence ------------------------------------------------
     def state_size(self, seq_id: int) -> int:

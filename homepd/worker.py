@@ -20,8 +20,6 @@ from homepd.scheduler import Scheduler, StepPlan
 from homepd.sequence import Sequence
 from homepd.textstream import TextStream
 
-ROLES = ("colocated", "prefill", "decode")
-FAULTS = ("swap_seq", "stale_token")  # test-only scheduling bugs (see tests/test_teacher_forced.py)
 
 
 @dataclass(frozen=True)
