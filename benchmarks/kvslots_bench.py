@@ -18,8 +18,8 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from homepd.kvslot_header import payload_checksum
-from homepd.kvslots import SlotExpectation, SlotHeader, SlotPool
+from homepd.kv.header import payload_checksum
+from homepd.kv.pool import SlotExpectation, SlotHeader, SlotPool
 
 FINGERPRINT = "0" * 64
 

@@ -1,8 +1,10 @@
 """Engine configuration: frozen data, validated once at the edge."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homepd.errors import ConfigError
 
@@ -11,68 +13,8 @@ DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 # test-only scheduling bugs the worker can inject, to prove the teacher-forced check catches them
 # (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again
 FAULTS = ("swap_seq", "stale_token")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model: str = DEFAULT_MODEL_NAME      # catalog name or a local GGUF path
-    mode: str = "colocated"
-    n_ctx: int = 4096                   # KV cells shared by all sequences (unified KV)
-    n_seq_max: int = 8                  # concurrent sequences per worker
-    chunk: int | None = 256             # prefill token budget per step; None = unchunked
-    n_threads: int | None = None        # None = every usable core
-    cpu_cores: tuple[int, ...] | None = None
-    gpu_index: int | None = None
-    n_gpu_layers: int = 0
-    models_dir: str | None = None
-    fault: str | None = None            # test-only scheduling bug, one of FAULTS
-    # disaggregated mode: per-role placement (None = from the placement plan) and KV slots
-    prefill_cores: tuple[int, ...] | None = None
-    decode_cores: tuple[int, ...] | None = None
-    prefill_threads: int | None = None
-    decode_threads: int | None = None
-    n_slots: int = 4
-    # when a worker dies: resume its requests (from their KV slot, else by re-prefilling prompt + output
-    # on the restarted worker) instead of ending them with an error
-    resume: bool = True
-    # a worker that holds requests and sends nothing for this long is killed (then restarted and its
-    # requests resumed); 0 = never.  Must exceed the longest step (an unchunked long prompt on a CPU).
-    hang_timeout_s: float = 300.0
-
-    def validated(self) -> "EngineConfig":
-        """Return self if consistent, else raise ConfigError naming the option."""
-        if self.mode not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("n_ctx", "n_seq_max"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_ctx < 16:
-            raise ConfigError(f"n_ctx={self.n_ctx} is too small (at least 16)")
-        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
-            raise ConfigError(f"chunk must be a positive integer or None (unchunked), got {self.chunk!r}")
-        for name in ("n_threads", "prefill_threads", "decode_threads"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        usable = os.sched_getaffinity(0)
-        for name in ("cpu_cores", "prefill_cores", "decode_cores"):
-            cores = getattr(self, name)
-            if cores is not None and (not cores or set(cores) - usable):
-                raise ConfigError(f"{name} {list(cores)} not usable here (usable: {sorted(usable)})")
-        if self.fault is not None and self.fault not in FAULTS:
-            raise ConfigError(f"fault must be one of {', '.join(FAULTS)} (test-only), got {self.fault!r}")
-        if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
-            raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
-        if not isinstance(self.n_slots, int) or self.n_slots < 1:
-            raise ConfigError(f"n_slots must be a positive integer, got {self.n_slots!r}")
-        return self
-
-    @property
-    def effective_n_threads(self) -> int:
-        if self.n_threads is not None:
-            return self.n_threads
-        return len(self.cpu_cores) if self.cpu_cores else len(os.sched_getaffinity(0))
+# "llama": llama.cpp; "fake": a deterministic stand-in for tests of logic that does not need the model
+BACKENDS = ("llama", "fake")
 
 
 def parse_chunk(text: str) -> int | None:
@@ -126,3 +68,114 @@ def parse_bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"expected a boolean (on/off, true/false, 1/0), got {text!r}")
+
+
+def _opt(flag: str | None, parse=str, help: str = "", **argparse_kw) -> dict:
+    """Field metadata: the CLI flag (``--flag``, env ``HOMEPD_FLAG``) that sets this field."""
+    return {"flag": flag, "parse": parse, "help": help, "argparse": argparse_kw}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine option with its one default.  ``add_config_flags`` turns the fields into
+    CLI flags and ``HOMEPD_*`` variables for every face (``run``, ``serve``, ``advise``, the app)."""
+    model: str = field(default=DEFAULT_MODEL_NAME, metadata=_opt(
+        "model", help="catalog name or local GGUF path"))
+    mode: str = field(default="colocated", metadata=_opt("mode", choices=MODES))
+    n_ctx: int = field(default=4096, metadata=_opt(
+        "n-ctx", int, "KV cells shared by all sequences (unified KV cache)"))
+    n_seq_max: int = field(default=8, metadata=_opt("n-seq-max", int, "concurrent sequences per worker"))
+    chunk: int | None = field(default=256, metadata=_opt(
+        "chunk", parse_chunk, "prefill token budget per step, or 'none' (unchunked)"))
+    n_threads: int | None = field(default=None, metadata=_opt(
+        "threads", int, "n_threads of the colocated worker (default: every usable core)"))
+    cpu_cores: tuple[int, ...] | None = field(default=None, metadata=_opt(
+        "cores", parse_cores, "CPU list for the colocated worker, e.g. 0-3"))
+    gpu_index: int | None = field(default=None, metadata=_opt(
+        "gpu", int, "colocated: GPU index to offload to (needs a CUDA build)"))
+    n_gpu_layers: int = field(default=-1, metadata=_opt(
+        "n-gpu-layers", int, "layers to offload when a worker has a GPU (-1 = all)"))
+    models_dir: str | None = field(default=None, metadata=_opt(
+        "models-dir", help="where catalog models are stored (default: XDG data dir)"))
+    # disaggregated mode: per-role placement (None = from the placement plan) and KV slots
+    prefill_cores: tuple[int, ...] | None = field(default=None, metadata=_opt(
+        "prefill-cores", parse_cores, "disaggregated: prefill worker's CPUs (default: placement plan)"))
+    decode_cores: tuple[int, ...] | None = field(default=None, metadata=_opt(
+        "decode-cores", parse_cores, "disaggregated: decode worker's CPUs (default: placement plan)"))
+    prefill_threads: int | None = field(default=None, metadata=_opt(
+        "prefill-threads", int, "disaggregated: prefill n_threads"))
+    decode_threads: int | None = field(default=None, metadata=_opt(
+        "decode-threads", int, "disaggregated: decode n_threads"))
+    n_slots: int = field(default=4, metadata=_opt(
+        "slots", int, "disaggregated: shared-memory KV slots (back-pressure bound)"))
+    # when a worker dies: resume its requests (from their KV slot, else by re-prefilling prompt + output
+    # on the restarted worker) instead of ending them with an error
+    resume: bool = field(default=True, metadata=_opt(
+        "resume", parse_bool, "when a worker dies, resume its requests (from their KV slot, else by "
+                              "recompute) instead of failing them", action=argparse.BooleanOptionalAction))
+    # a worker that holds requests and sends nothing for this long is killed (then restarted and its
+    # requests resumed); 0 = never.  Must exceed the longest step (an unchunked long prompt on a CPU).
+    hang_timeout_s: float = field(default=300.0, metadata=_opt(
+        "hang-timeout", float, "kill (then restart and resume) a worker silent this many seconds while "
+                               "holding requests; 0 = never"))
+    backend: str = field(default="llama", metadata=_opt(None))  # "fake": deterministic stand-in (tests)
+    fault: str | None = field(default=None, metadata=_opt(None))  # test-only scheduling bug, one of FAULTS
+
+    def validated(self) -> "EngineConfig":
+        """Return self if consistent, else raise ConfigError naming the option."""
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("n_ctx", "n_seq_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_ctx < 16:
+            raise ConfigError(f"n_ctx={self.n_ctx} is too small (at least 16)")
+        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
+            raise ConfigError(f"chunk must be a positive integer or None (unchunked), got {self.chunk!r}")
+        for name in ("n_threads", "prefill_threads", "decode_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        usable = os.sched_getaffinity(0)
+        for name in ("cpu_cores", "prefill_cores", "decode_cores"):
+            cores = getattr(self, name)
+            if cores is not None and (not cores or set(cores) - usable):
+                raise ConfigError(f"{name} {list(cores)} not usable here (usable: {sorted(usable)})")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ConfigError(f"fault must be one of {', '.join(FAULTS)} (test-only), got {self.fault!r}")
+        if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
+            raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
+        if not isinstance(self.n_slots, int) or self.n_slots < 1:
+            raise ConfigError(f"n_slots must be a positive integer, got {self.n_slots!r}")
+        return self
+
+    @property
+    def effective_n_threads(self) -> int:
+        if self.n_threads is not None:
+            return self.n_threads
+        return len(self.cpu_cores) if self.cpu_cores else len(os.sched_getaffinity(0))
+
+
+def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """Add one ``--flag`` per ``EngineConfig`` field that has one; each defaults to ``HOMEPD_<FLAG>``,
+    else the field's default (the flag wins over the variable)."""
+    for f in dataclasses.fields(EngineConfig):
+        meta = f.metadata
+        if not meta.get("flag") or f.name in exclude:
+            continue
+        flag, parse, kw = meta["flag"], meta["parse"], dict(meta["argparse"])
+        default = env_default(flag, f.default, parse)
+        if kw.get("action") is argparse.BooleanOptionalAction:
+            parser.add_argument(f"--{flag}", dest=f.name, default=default, help=meta["help"], **kw)
+        else:
+            parser.add_argument(f"--{flag}", dest=f.name, type=parse, default=default, help=meta["help"], **kw)
+
+
+def config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
+    """The validated ``EngineConfig`` from parsed flags (fields without a flag keep their defaults)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if hasattr(args, f.name)}
+    values.update(overrides)
+    return EngineConfig(**values).validated()

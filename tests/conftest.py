@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from homepd.models import DEFAULT_MODEL, resolve_model
+from homepd.models.catalog import DEFAULT_MODEL
+from homepd.models.resolve import resolve_model
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +33,8 @@ def no_leaked_kv_segments():
     """
     import os
 
-    from homepd.kvslot_segment import SHM_DIR, parse_segment_name, pid_alive
+    from homepd.kv.segment import SHM_DIR, parse_segment_name
+    from homepd.osutil import pid_alive
 
     def ours() -> set[str]:
         names = set()

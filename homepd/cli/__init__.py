@@ -1,0 +1,1 @@
+"""The command-line face: one module per command, each with ``register(subparsers)``."""

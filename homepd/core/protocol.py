@@ -1,0 +1,196 @@
+"""Typed messages between the controller and worker processes (pickled over a Pipe).
+
+Small frozen dataclasses, never method names as strings.  Times are
+``time.monotonic()`` seconds, comparable across processes on one box.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from homepd.core.sampling import SamplingParams
+
+
+# what a worker is started with --------------------------------------------------
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str
+    model_path: str
+    n_ctx: int
+    n_seq_max: int
+    chunk: int | None
+    n_threads: int
+    cpu_cores: tuple[int, ...] | None = None
+    n_gpu_layers: int = 0
+    fault: str | None = None
+    cuda_visible_devices: str = ""      # "" hides every GPU; else an index or UUID
+    model_fingerprint: str = ""        # identity checked on every KV slot (disaggregation)
+    backend: str = "llama"             # "llama" or "fake" (homepd.fakellm: tests without a model)
+
+    @property
+    def n_batch(self) -> int:
+        return self.n_ctx if self.chunk is None else max(self.chunk, self.n_seq_max)
+
+
+@dataclass(frozen=True)
+class RolePlacement:
+    """Where one worker role runs: pinned CPUs, threads, GPU (a CUDA_VISIBLE_DEVICES value) and offload."""
+    cpu_cores: tuple[int, ...] | None
+    n_threads: int
+    cuda_visible_devices: str | None = None
+    n_gpu_layers: int = 0
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What an engine starts with, resolved by its caller (``homepd.launch``) before ``Engine.start``:
+    a checked model file, its fingerprint, and the placement of each worker role."""
+    model_path: str
+    model_fingerprint: str
+    placements: dict[str, RolePlacement]
+
+
+# controller -> worker ----------------------------------------------------------
+@dataclass(frozen=True)
+class SubmitRequest:
+    """A tokenized request for the worker's waiting queue.
+
+    A request resumed by recompute (its KV died with a worker) comes back with
+    its earlier output appended to ``prompt_ids``, the remaining ``max_tokens``,
+    and ``stream``: the text stream rebuilt from that output (held-back text
+    and partial UTF-8 included), so text and stop strings continue seamlessly.
+    """
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    stream: object | None = None   # homepd.textstream.TextStream
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# worker -> controller ----------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerReady:
+    """Sent once the model and context are loaded."""
+    pid: int
+    role: str
+    model_size_bytes: int
+    n_ctx: int
+    load_s: float
+    state_bytes_per_token: int = 0   # KV state growth per token (llama_state_seq_get_size)
+    state_overhead_bytes: int = 0    # KV state size of an empty-ish sequence, without the tokens
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One llama_decode step: what shared it and how long it took (the step log)."""
+    worker_role: str
+    index: int
+    t_start_s: float
+    t_end_s: float
+    decode_request_ids: tuple[str, ...]
+    prefill: tuple[tuple[str, int], ...]  # (request_id, prompt tokens in this step)
+
+    @property
+    def n_decode_tokens(self) -> int:
+        return len(self.decode_request_ids)
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        return sum(n for _, n in self.prefill)
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.t_end_s - self.t_start_s) * 1e3
+
+
+@dataclass(frozen=True)
+class TokenOut:
+    request_id: str
+    token_id: int
+    text: str
+    t_s: float
+
+
+@dataclass(frozen=True)
+class RequestDone:
+    """A request left the worker: finished ('stop', 'length'), cancelled, or failed (error set)."""
+    request_id: str
+    reason: str
+    t_s: float
+    text: str = ""  # text held back until the end (stop-string look-ahead)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: StepRecord
+    prefill_started: tuple[str, ...] = ()
+    prefill_ended: tuple[str, ...] = ()
+    tokens: tuple[TokenOut, ...] = ()
+    done: tuple[RequestDone, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Sent while a worker holds requests but has no step to run (e.g. waiting for a KV slot):
+    it is alive, not hung."""
+    t_s: float
+
+
+@dataclass(frozen=True)
+class WorkerFatal:
+    """The worker hit an unrecoverable error and is exiting."""
+    error: str
+
+
+# disaggregation: KV handoff through shared-memory slots ---------------------------
+@dataclass(frozen=True)
+class AttachSlots:
+    """Controller -> prefill and decode workers: the KV slot pool to attach to."""
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KVHandoff:
+    """A request whose prompt is done and whose KV state sits in ``slot``.
+
+    Prefill worker -> controller when exported; controller -> decode worker to
+    import.  Carries everything the decode side needs to continue the request
+    exactly: outputs so far, the sampler (its RNG state) and the text stream
+    (held-back text and partial UTF-8).
+    """
+    request_id: str
+    slot: int
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    params: SamplingParams
+    sampler: object        # homepd.sampling.TokenSampler
+    stream: object         # homepd.textstream.TextStream
+    n_bytes: int
+    n_tokens: int
+    slot_wait_s: float     # prompt done -> slot acquired (back-pressure)
+    export_start_s: float
+    export_end_s: float
+
+
+@dataclass(frozen=True)
+class KVImported:
+    """Decode worker -> controller: the request's KV is loaded; its slot is free again."""
+    request_id: str
+    slot: int
+    import_start_s: float
+    import_end_s: float
+
+
+@dataclass(frozen=True)
+class SlotFreed:
+    """Controller -> prefill worker: a slot went back to FREE (wakes a waiting export)."""
+    slot: int

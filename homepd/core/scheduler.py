@@ -1,0 +1,145 @@
+"""Colocated step policy: stall-free batching with bounded prefill chunks (Sarathi-Serve).
+
+Pure policy: no llama_cpp, no pipes, no clock.  Every step first takes one
+decode token for every running sequence that has finished its prompt, then
+fills the rest of the token budget (``chunk``) with the next slices of waiting
+prompts, oldest first.  ``chunk=None`` is the unchunked baseline: whole
+prompts in one step, bounded only by the batch size.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from homepd.core.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class PrefillSlice:
+    seq: Sequence
+    start: int
+    stop: int
+
+    @property
+    def n_tokens(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.stop == self.seq.n_prompt
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    decode: tuple[Sequence, ...]
+    prefill: tuple[PrefillSlice, ...]
+
+    @property
+    def n_decode_tokens(self) -> int:
+        return len(self.decode)
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+class Scheduler:
+    """Owns the waiting queue, the running set and the free llama.cpp sequence ids."""
+
+    def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True):
+        assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
+        assert chunk is None or chunk >= 1
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.chunk = chunk
+        self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_seq_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
+        self.n_ctx_reserved = 0
+
+    # queue management ---------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def cells_needed(self, seq: Sequence) -> int:
+        """KV cells reserved for seq: the prompt alone on a prefill-only worker, else prompt + outputs."""
+        return seq.n_ctx_needed if self.decodes else seq.n_prompt
+
+    def can_admit(self, seq: Sequence) -> bool:
+        return bool(self.free_seq_ids) and self.n_ctx_reserved + self.cells_needed(seq) <= self.n_ctx
+
+    def admit(self, seq: Sequence) -> None:
+        """Give seq a sequence id and reserve its worst-case KV cells."""
+        assert self.can_admit(seq)
+        seq.seq_id = self.free_seq_ids.pop()
+        self.n_ctx_reserved += self.cells_needed(seq)
+        self.running.append(seq)
+
+    def release(self, seq: Sequence) -> None:
+        """Take seq out (finished, cancelled or handed off); its sequence id becomes free."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.n_ctx_reserved -= self.cells_needed(seq)
+            self.free_seq_ids.append(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.is_finished = True
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # the policy ------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Decide the next step's composition; admits waiting requests as room allows."""
+        decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
+        budget = self.n_batch if self.chunk is None else self.chunk
+        budget = min(budget, self.n_batch) - len(decode)
+        prefilling = [s for s in self.running if s.is_prefilling]
+        if prefilling or self.waiting:
+            # why: a prompt always advances, even when decodes fill the chunk
+            budget = max(budget, 1)
+        slices: list[PrefillSlice] = []
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            slices.append(self._slice(seq, budget))
+            budget -= slices[-1].n_tokens
+        while budget > 0 and self.waiting and self.can_admit(self.waiting[0]):
+            seq = self.waiting.popleft()
+            self.admit(seq)
+            slices.append(self._slice(seq, budget))
+            budget -= slices[-1].n_tokens
+        return StepPlan(decode=decode, prefill=tuple(slices))
+
+    @staticmethod
+    def _slice(seq: Sequence, budget: int) -> PrefillSlice:
+        stop = min(seq.n_prompt, seq.n_prefilled + budget)
+        return PrefillSlice(seq=seq, start=seq.n_prefilled, stop=stop)
+
+    def postprocess(self, plan: StepPlan, sampled: dict[int, int]) -> list[Sequence]:
+        """Apply a finished step: advance prompts, append sampled tokens (keyed by id(seq)).
+
+        Returns the sequences that received a new token this step.
+        """
+        got_token: list[Sequence] = []
+        for seq in plan.decode:
+            seq.output_ids.append(sampled[id(seq)])
+            got_token.append(seq)
+        for sl in plan.prefill:
+            sl.seq.n_prefilled = sl.stop
+            if sl.completes_prompt:
+                sl.seq.output_ids.append(sampled[id(sl.seq)])
+                got_token.append(sl.seq)
+        return got_token

@@ -1,0 +1,40 @@
+"""Per-request state inside a worker: prompt, progress, outputs, KV bookkeeping."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from homepd.core.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seq_id: int | None = None        # llama.cpp sequence id while admitted
+    n_prefilled: int = 0             # prompt tokens already in the KV cache
+    output_ids: list[int] = field(default_factory=list)
+    is_finished: bool = False
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.n_prefilled < self.n_prompt
+
+    @property
+    def n_ctx_needed(self) -> int:
+        """KV cells this request can occupy at most: prompt + outputs (the last output never enters the KV)."""
+        return self.n_prompt + self.params.max_tokens - 1
+
+    @property
+    def next_decode_pos(self) -> int:
+        """Position of the last sampled token, which the next decode step feeds."""
+        return self.n_prompt + len(self.output_ids) - 1
+
+    @property
+    def n_kv_tokens(self) -> int:
+        """Tokens currently held in this sequence's KV cache."""
+        return self.n_prefilled if self.is_prefilling else self.n_prompt + max(0, len(self.output_ids) - 1)

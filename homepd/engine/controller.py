@@ -1,0 +1,294 @@
+"""The controller: starts workers, admits and routes requests, streams tokens back.
+
+Used by every face (service, dashboard, benchmarks).  Runs on an asyncio loop
+that also reads every worker's pipe, so a worker's death (pipe EOF) is noticed
+at once.  Disaggregation's slot bookkeeping lives in ``kvrouter``.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections import OrderedDict, deque
+from dataclasses import replace
+
+from homepd.engine.prompt import render_chat
+from homepd.config import EngineConfig
+from homepd.core.protocol import EngineSetup
+from homepd.errors import EngineError, RequestError
+from homepd.engine.streams import Event, RequestStream
+from homepd.engine.recovery import Recovery
+from homepd.core.protocol import (CancelRequest, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed, StepRecord,
+                             StepReport, SubmitRequest, WorkerFatal, WorkerReady)
+from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.sampling import SamplingParams
+from homepd.engine.handles import WorkerHandle
+
+MAX_RECORDS = 10_000       # finished request records kept for metrics
+MAX_STEP_LOG = 100_000
+log = logging.getLogger("homepd.engine.controller")
+_ids = itertools.count(1)
+
+
+class Engine(Recovery):
+    def __init__(self, config: EngineConfig, setup: EngineSetup, sampler=None):
+        """``setup``: the resolved model and worker placements (``homepd.launch.prepare``).
+        ``sampler``: an optional running ``homepd.hw.monitor.Sampler``; worker pids are registered with it."""
+        self.config = config.validated()
+        self.setup = setup
+        self.sampler = sampler
+        self.model_path = setup.model_path
+        self.model_fingerprint = setup.model_fingerprint
+        self.tokenizer = None
+        self.records: OrderedDict[str, Lifecycle] = OrderedDict()  # finished requests, newest last
+        self.streams: dict[str, RequestStream] = {}                # running requests
+        self.step_log: deque[StepRecord] = deque(maxlen=MAX_STEP_LOG)
+        self.worker_events: list[dict] = []  # deaths and restarts, for recovery metrics
+        self.workers: dict[str, WorkerHandle] = {}
+        self.kv = None  # KVRouter (disaggregated)
+        self.cancelling: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+
+    # lifecycle of the engine -----------------------------------------------------
+    async def start(self) -> None:
+        from homepd.backends import model_classes
+        from homepd.engine.specs import worker_specs
+        from homepd.kv.segment import cleanup_stale_segments
+
+        self._loop = asyncio.get_running_loop()
+        model_cls, _ = model_classes(self.config.backend)
+        self.tokenizer = await asyncio.to_thread(model_cls, self.model_path, 0, True)
+        if self.config.mode == "disaggregated":
+            await asyncio.to_thread(cleanup_stale_segments)  # segments of dead controllers
+        specs = worker_specs(self.config, self.setup)
+        for role, spec in specs.items():
+            self.workers[role] = WorkerHandle(role, spec, self._loop, self._on_message, self._on_exit)
+        try:
+            await asyncio.gather(*(h.start() for h in self.workers.values()))
+            for handle in self.workers.values():
+                self._register(handle)
+            if self.config.mode == "disaggregated":
+                from homepd.kv.router import KVRouter
+
+                # sized from the prefill worker's measured KV state bytes per token
+                self.kv = KVRouter(self.config.n_slots, self.config.n_ctx, self.workers["prefill"].ready)
+                for handle in self.workers.values():
+                    handle.send(self.kv.attach_message())
+            if self.config.hang_timeout_s:
+                self._spawn_task(self._watch_for_hangs())
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _register(self, handle: WorkerHandle) -> None:
+        if self.sampler is not None and handle.pid is not None:
+            self.sampler.register_process(handle.pid, handle.role)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(h.stop() for h in self.workers.values()))
+        for rid in list(self.streams):
+            self._end(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
+        if self.kv is not None:
+            self.kv.close()
+            self.kv = None
+        if self.tokenizer is not None:
+            self.tokenizer.close()
+            self.tokenizer = None
+
+    async def __aenter__(self) -> "Engine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    def _spawn_task(self, coro) -> None:
+        """Run ``coro`` in the background, kept referenced; its failure is logged, never lost."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("engine background task failed", exc_info=t.exception())
+
+        task.add_done_callback(done)
+
+    # requests ---------------------------------------------------------------------
+    def prepare(self, prompt: str | None = None, messages: list | None = None) -> list[int]:
+        """Render and tokenize a prompt or chat; raise RequestError if it cannot run."""
+        if self.tokenizer is None:
+            raise EngineError("the engine is not started")
+        if (prompt is None) == (messages is None):
+            raise RequestError("give exactly one of prompt or messages")
+        if messages is not None:
+            t = self.tokenizer
+            prompt = render_chat(t.chat_template(), messages, t.token_text(t.bos_id), t.token_text(t.eos_id))
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError("prompt must be a non-empty string")
+        ids = self.tokenizer.tokenize(prompt, add_special=True, parse_special=True)
+        if not ids:
+            raise RequestError("prompt is empty after tokenization")
+        if len(ids) >= self.config.n_ctx:
+            raise RequestError(f"prompt is {len(ids)} tokens; the context holds {self.config.n_ctx} "
+                               f"(n_ctx) including at least one generated token — shorten it or raise n_ctx")
+        return ids
+
+    async def submit(self, prompt: str | None = None, *, messages: list | None = None,
+                     params: SamplingParams | None = None, request_id: str | None = None) -> RequestStream:
+        """Admit a request; returns its event stream.  Raises RequestError before any worker sees it."""
+        params = (params or SamplingParams()).validated()
+        ids = self.prepare(prompt, messages)
+        for handle in self.workers.values():
+            if handle.failed:
+                raise EngineError(f"the {handle.role} worker could not be restarted ({handle.failed}); "
+                                  "stop and start the engine")
+        room = self.config.n_ctx - len(ids) + 1
+        if params.max_tokens > room:
+            params = replace(params, max_tokens=room)  # ends with finish_reason 'length'
+        rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
+        if rid in self.streams:
+            raise RequestError(f"request id {rid!r} is already running")
+        lifecycle = Lifecycle(request_id=rid, arrived_s=time.monotonic(), n_prompt_tokens=len(ids))
+        stream = RequestStream(rid, lifecycle, tuple(ids), params)
+        self.streams[rid] = stream
+        self._entry_worker().send_request(rid, SubmitRequest(rid, tuple(ids), params))
+        return stream
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a running request; True if it was running.  Its stream ends with finish_reason 'cancelled'."""
+        if request_id not in self.streams:
+            return False
+        self.cancelling.add(request_id)
+        for handle in list(self.workers.values()):
+            if request_id in handle.in_flight:
+                if handle.drop_backlog(request_id):
+                    self._end(request_id, RequestState.CANCELLED, time.monotonic(), reason="cancelled")
+                else:
+                    handle.send(CancelRequest(request_id))
+        return True
+
+    def lifecycle(self, request_id: str) -> Lifecycle | None:
+        """The lifecycle of a running or recently finished request."""
+        stream = self.streams.get(request_id)
+        return stream.lifecycle if stream is not None else self.records.get(request_id)
+
+    def _entry_worker(self) -> WorkerHandle:
+        return self.workers["colocated" if self.config.mode == "colocated" else "prefill"]
+
+    # messages from workers (on the loop thread) -------------------------------------
+    def _on_message(self, handle: WorkerHandle, msg) -> None:
+        if isinstance(msg, StepReport):
+            self._on_step(handle, msg)
+        elif isinstance(msg, RequestDone):
+            self._on_done(msg)
+        elif isinstance(msg, KVHandoff):
+            self._on_handoff(msg)
+        elif isinstance(msg, KVImported):
+            self._on_imported(msg)
+        elif isinstance(msg, (WorkerReady, Heartbeat)):
+            pass  # the handle keeps the first; the second only proves it alive
+        elif isinstance(msg, WorkerFatal):
+            handle.last_error = msg.error.splitlines()[0] if msg.error else "unknown error"
+
+    def _on_step(self, handle: WorkerHandle, report: StepReport) -> None:
+        step = report.step
+        self.step_log.append(step)
+        for rid in report.prefill_started:
+            if rid in self.streams:
+                self.streams[rid].lifecycle.advance(RequestState.PREFILLING, step.t_start_s)
+        after_prefill = RequestState.TRANSFERRING if handle.role == "prefill" else RequestState.DECODING
+        for rid in report.prefill_ended:
+            if rid in self.streams:
+                lc = self.streams[rid].lifecycle
+                lc.prefill_end_s = step.t_end_s
+                lc.advance(after_prefill, step.t_end_s)
+        for tok in report.tokens:
+            stream = self.streams.get(tok.request_id)
+            if stream is not None:
+                stream.token_ids.append(tok.token_id)
+                stream.lifecycle.add_token(tok.t_s)
+                stream.queue.put_nowait(Event("token", tok.request_id, tok.t_s, tok.token_id, tok.text))
+        for done in report.done:
+            self._on_done(done)
+
+    def _on_handoff(self, msg: KVHandoff) -> None:
+        """Prefill worker exported a request's KV into a slot: route it to the decode worker."""
+        rid = msg.request_id
+        self.workers["prefill"].in_flight.discard(rid)
+        if rid not in self.streams or rid in self.cancelling:
+            self.kv.discard_export(msg)  # nobody wants it any more
+            self.workers["prefill"].send(SlotFreed(msg.slot))
+            self._end(rid, RequestState.CANCELLED, time.monotonic(), reason="cancelled")
+            return
+        lc = self.streams[rid].lifecycle
+        lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
+        lc.kv_export_s = msg.export_end_s - msg.export_start_s
+        self.kv.handed_off(msg)
+        decode = self.workers["decode"]
+        if decode.failed:
+            self._end(rid, RequestState.FAILED, time.monotonic(), error=f"decode worker is down ({decode.failed})")
+        else:
+            decode.send_request(rid, msg)
+
+    def _on_imported(self, msg: KVImported) -> None:
+        self.kv.imported(msg.request_id)
+        self.workers["prefill"].send(SlotFreed(msg.slot))
+        stream = self.streams.get(msg.request_id)
+        if stream is not None:
+            lc = stream.lifecycle
+            lc.kv_import_s = msg.import_end_s - msg.import_start_s
+            lc.transfer_end_s = msg.import_end_s
+            lc.advance(RequestState.DECODING, msg.import_end_s)
+
+    def _on_done(self, done: RequestDone) -> None:
+        state = {"cancelled": RequestState.CANCELLED, "error": RequestState.FAILED}.get(done.reason,
+                                                                                      RequestState.FINISHED)
+        self._end(done.request_id, state, done.t_s, reason=done.reason, text=done.text, error=done.error)
+
+    def _end(self, rid: str, state: RequestState, t_s: float, reason: str | None = None, text: str = "",
+             error: str | None = None) -> None:
+        """The one place a request ends: its stream gets its last event, its resources are freed."""
+        stream = self.streams.pop(rid, None)
+        self.cancelling.discard(rid)
+        if self.kv is not None and self.kv.drop(rid):
+            self.workers["prefill"].send(SlotFreed(-1))  # a slot may be free again
+        if stream is None:
+            return
+        for handle in self.workers.values():
+            handle.in_flight.discard(rid)
+            handle.drop_backlog(rid)
+        lc = stream.lifecycle
+        lc.finish_reason, lc.error = reason, error
+        lc.advance(state, t_s)
+        self.records[rid] = lc
+        while len(self.records) > MAX_RECORDS:
+            self.records.popitem(last=False)
+        if state is RequestState.FAILED:
+            stream.queue.put_nowait(Event("error", rid, t_s, text=text, error=error or "failed"))
+        else:
+            stream.queue.put_nowait(Event("done", rid, t_s, text=text, finish_reason=reason))
+
+    # state -----------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """A plain-data picture of the engine: workers, queues, KV slots, running requests."""
+        by_state: dict[str, list[str]] = {}
+        for rid, stream in self.streams.items():
+            by_state.setdefault(stream.lifecycle.state.value, []).append(rid)
+        return {
+            "mode": self.config.mode, "model": self.model_path, "n_ctx": self.config.n_ctx,
+            "chunk": self.config.chunk,
+            "workers": [h.describe() for h in self.workers.values()],
+            "kv_slots": None if self.kv is None else self.kv.describe(),
+            "requests": by_state,
+            "n_steps": len(self.step_log),
+            "worker_events": list(self.worker_events),
+        }

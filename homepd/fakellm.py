@@ -1,0 +1,136 @@
+"""A deterministic stand-in for ``homepd.llm``, behind the same interface: no model, no llama.cpp.
+
+For tests of logic that does not depend on numerics (engine, recovery, HTTP,
+TUI) in real worker processes, in milliseconds.  Selected with
+``EngineConfig(backend="fake")``.
+
+* Tokens are UTF-8 bytes (id = byte + 3); 1 is BOS, 2 is EOS.
+* The "KV cache" of a sequence is the list of tokens it holds, checked for
+  contiguous positions, bounded by ``n_ctx`` cells like a unified KV cache.
+* The next token is a pure function of the sequence's last tokens and the
+  position (printable ASCII), so output is repeatable and a scheduling bug — a
+  token fed twice, dropped, or into another sequence — changes it.
+* KV state export/import writes the token list (int32) into the caller's
+  buffer, so a disaggregated handoff goes through the real shared memory.
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from homepd.errors import WorkerError
+
+FAKE_MODEL_PATH = "fake://model"
+BOS, EOS, N_VOCAB = 1, 2, 259
+_MAGIC = b"FAKEKV01"
+_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+class FakeModel:
+    """Tokenizer and vocabulary of the fake backend; ``path`` is recorded, not read."""
+
+    def __init__(self, path: str | os.PathLike = FAKE_MODEL_PATH, n_gpu_layers: int = 0, vocab_only: bool = False):
+        self.path = path
+        self.n_vocab = N_VOCAB
+        self.n_ctx_train = 1 << 16
+        self.bos_id, self.eos_id = BOS, EOS
+        self.size_bytes = 1 << 20
+        self.add_bos = True
+
+    def close(self) -> None:
+        pass
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return ([BOS] if add_special else []) + [b + 3 for b in text.encode("utf-8")]
+
+    def token_to_piece(self, token: int) -> bytes:
+        return bytes([token - 3]) if token >= 3 else b""
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_to_piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        return {BOS: "<s>", EOS: "</s>"}.get(token, "")
+
+    def chat_template(self) -> str | None:
+        return _TEMPLATE
+
+
+def next_token(tokens: list[int]) -> int:
+    """The fake model's greedy choice after ``tokens`` (printable ASCII, never EOS)."""
+    a = tokens[-1] if tokens else 0
+    b = tokens[-2] if len(tokens) > 1 else 0
+    return 3 + 32 + (a * 7 + b * 13 + len(tokens) * 3) % 95
+
+
+class FakeContext:
+    """``n_seq_max`` sequences over ``n_ctx`` cells; ``decode`` validates positions like llama.cpp would."""
+
+    def __init__(self, model: FakeModel, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
+                 n_ubatch: int | None = None):
+        self.model = model
+        self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
+        self._seqs: dict[int, list[int]] = {}
+        self._rows: list[np.ndarray] = []
+
+    def close(self) -> None:
+        self._seqs.clear()
+
+    def decode(self, tokens: list[int], positions: list[int], seq_ids: list[int], wants_logits: list[bool]) -> None:
+        n = len(tokens)
+        assert 0 < n <= self.n_batch and len(positions) == len(seq_ids) == len(wants_logits) == n
+        used = sum(len(t) for t in self._seqs.values())
+        if used + n > self.n_ctx:
+            raise WorkerError(f"llama_decode returned 1 for a batch of {n} tokens "
+                              f"(1 = no KV slot: context {self.n_ctx} too small for what is running)")
+        rows = []
+        for token, pos, sid, wants in zip(tokens, positions, seq_ids, wants_logits):
+            if not 0 <= sid < self.n_seq_max:
+                raise WorkerError(f"sequence id {sid} out of range")
+            seq = self._seqs.setdefault(sid, [])
+            if pos != len(seq):
+                raise WorkerError(f"fake decode: sequence {sid} holds {len(seq)} tokens, got position {pos}")
+            seq.append(int(token))
+            if wants:
+                logits = np.zeros(N_VOCAB, dtype=np.float32)
+                logits[next_token(seq)] = 10.0
+                rows.append(logits)
+            else:
+                rows.append(None)
+        self._rows = rows
+
+    def logits(self, row: int) -> np.ndarray:
+        logits = self._rows[row] if 0 <= row < len(self._rows) else None
+        if logits is None:
+            raise WorkerError(f"no logits for batch row {row}")
+        return logits
+
+    def seq_rm(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    # KV state of one sequence ------------------------------------------------
+    def state_size(self, seq_id: int) -> int:
+        return len(_MAGIC) + 4 + 4 * len(self._seqs.get(seq_id, ()))
+
+    def state_get(self, seq_id: int, buffer) -> int:
+        tokens = self._seqs.get(seq_id, [])
+        data = _MAGIC + struct.pack("<I", len(tokens)) + np.asarray(tokens, dtype="<i4").tobytes()
+        view = memoryview(buffer).cast("B")
+        if len(data) > view.nbytes:
+            raise WorkerError(f"state_get: buffer of {view.nbytes} bytes, state is {len(data)}")
+        view[:len(data)] = data
+        return len(data)
+
+    def state_set(self, seq_id: int, buffer, n_bytes: int) -> int:
+        data = bytes(memoryview(buffer).cast("B")[:n_bytes])
+        if data[:len(_MAGIC)] != _MAGIC:
+            raise WorkerError(f"llama_state_seq_set_data refused {n_bytes} bytes for sequence {seq_id}")
+        (count,) = struct.unpack_from("<I", data, len(_MAGIC))
+        self._seqs[seq_id] = np.frombuffer(data, dtype="<i4", count=count, offset=len(_MAGIC) + 4).tolist()
+        return n_bytes

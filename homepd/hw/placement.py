@@ -1,0 +1,253 @@
+"""Where prefill and decode run on this box, for both architectures, and whether they fit.
+
+``plan_placement`` is pure: it reads a ``BoxProbe`` and sizes, touches no
+hardware, and returns a frozen ``PlacementPlan`` the engine turns into worker
+processes (device, pinned cores, ``n_threads``, ``n_gpu_layers``,
+``CUDA_VISIBLE_DEVICES``).  One worker needs the model weights plus the KV cache
+for the configured context and sequences; disaggregation needs that twice, plus
+host shared memory for the KV handoff.  When that does not fit, disaggregation
+is infeasible: duplicated weights and the KV transfer would cost more memory
+than the interference it removes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from homepd.hw.probe import BoxProbe, GpuInfo, fmt_bytes
+
+# why: each CUDA process holds a context (~300-500 MiB) and compute buffers on
+# top of weights and KV; two processes on one GPU pay it twice.
+VRAM_RESERVE_BYTES = 512 << 20
+# why: the OS, the engine's own process and the HTTP/TUI faces need room.
+RAM_RESERVE_BYTES = 1 << 30
+ALL_LAYERS = -1  # n_gpu_layers value that offloads every layer
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    role: str                      # "colocated", "prefill" or "decode"
+    device: str                    # "cpu" or "cuda:N" (N is the NVML index)
+    cpu_cores: tuple[int, ...]     # logical CPUs the worker is pinned to
+    n_threads: int                 # one per physical core it owns
+    n_gpu_layers: int              # 0 on CPU, -1 (all) on a GPU
+    cuda_visible_devices: str      # value for the worker's env; "" hides every GPU
+    memory_bytes: int              # weights + KV it holds on its device
+
+
+@dataclass(frozen=True)
+class ColocatedPlacement:
+    workers: tuple[WorkerPlacement, ...]  # one per replica (two on a 2-GPU box)
+    feasible: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class DisaggregatedPlacement:
+    prefill: WorkerPlacement | None
+    decode: WorkerPlacement | None
+    transfer_bytes: int            # host shared memory for the KV handoff
+    feasible: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    worker_bytes: int                    # model + KV for one worker
+    ram_available_bytes: int | None
+    fits_ram_once: bool
+    fits_ram_twice: bool                 # two workers + the KV transfer
+    gpu_indices: tuple[int, ...]         # the GPUs homepd may use, by NVML index
+    vram_free_bytes: tuple[int | None, ...]
+    fits_vram_once: tuple[bool, ...]     # per usable GPU
+    fits_vram_twice: tuple[bool, ...]    # two workers on that one GPU
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    model_bytes: int
+    kv_bytes: int
+    uses_gpus: bool
+    memory: MemoryFit
+    colocated: ColocatedPlacement
+    disaggregated: DisaggregatedPlacement
+    notes: tuple[str, ...]
+
+
+def _fits(need_bytes: int, have_bytes: int | None) -> bool:
+    return have_bytes is not None and need_bytes <= have_bytes
+
+
+def _vram_once(g: GpuInfo, worker_bytes: int) -> bool:
+    return _fits(worker_bytes + VRAM_RESERVE_BYTES, g.vram_free_bytes)
+
+
+def _vram_twice(g: GpuInfo, worker_bytes: int) -> bool:
+    return _fits(2 * (worker_bytes + VRAM_RESERVE_BYTES), g.vram_free_bytes)
+
+
+CoreGroups = tuple[tuple[int, ...], ...]  # logical CPUs, grouped by physical core
+
+
+def _split(groups: CoreGroups, n_first: int) -> tuple[CoreGroups, CoreGroups]:
+    return groups[:n_first], groups[n_first:]
+
+
+def _worker(role: str, gpu: GpuInfo | None, groups: CoreGroups,
+            memory_bytes: int) -> WorkerPlacement:
+    cores = tuple(sorted(c for g in groups for c in g))
+    if gpu is None:
+        return WorkerPlacement(role, "cpu", cores, len(groups), 0, "", memory_bytes)
+    # why: the UUID names the GPU whatever CUDA_DEVICE_ORDER is; inside the
+    # worker the chosen GPU is then device 0
+    visible = gpu.uuid or str(gpu.index)
+    return WorkerPlacement(role, f"cuda:{gpu.index}", cores, len(groups), ALL_LAYERS,
+                           visible, memory_bytes)
+
+
+def _colocated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int,
+               fit: MemoryFit) -> ColocatedPlacement:
+    roomy = [g for g in gpus if _vram_once(g, need)]
+    if len(roomy) >= 2 and len(groups) >= 2:
+        a, b = _split(groups, len(groups) // 2)
+        workers = (_worker("colocated", roomy[0], a, need), _worker("colocated", roomy[1], b, need))
+        return ColocatedPlacement(workers, True, "two colocated replicas, one per GPU; "
+                                  "requests are spread over both")
+    if roomy:
+        why = f"colocated on cuda:{roomy[0].index}"
+        others = [g for g in gpus if g is not roomy[0]]
+        if others:
+            why += "; " + "; ".join(
+                f"cuda:{g.index} has {fmt_bytes(g.vram_free_bytes)} free, too little for a "
+                "second replica" if g.vram_free_bytes is not None else
+                f"cuda:{g.index} VRAM is NA" for g in others)
+        return ColocatedPlacement((_worker("colocated", roomy[0], groups, need),), True, why)
+    worker = _worker("colocated", None, groups, need)
+    prefix = ""
+    if gpus:
+        prefix = (f"model + KV ({fmt_bytes(need)}) does not fit the free VRAM of any GPU "
+                  f"(largest {fmt_bytes(max((g.vram_free_bytes or 0) for g in gpus))}); ")
+    if fit.fits_ram_once:
+        return ColocatedPlacement((worker,), True,
+                                  prefix + f"colocated on the CPU with {worker.n_threads} threads")
+    return ColocatedPlacement((worker,), False, prefix + (
+        f"model + KV ({fmt_bytes(need)}) does not fit in RAM "
+        f"({fmt_bytes(fit.ram_available_bytes)} available, {fmt_bytes(RAM_RESERVE_BYTES)} kept "
+        "for the system); use a smaller quantisation, context or fewer sequences"))
+
+
+def _disaggregated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, transfer: int,
+                   fit: MemoryFit, ram: int | None) -> DisaggregatedPlacement:
+    def plan(prefill, decode, reason):
+        return DisaggregatedPlacement(prefill, decode, transfer, True, reason)
+
+    def refuse(reason):
+        return DisaggregatedPlacement(None, None, transfer, False, reason)
+
+    if len(groups) < 2:
+        return refuse("needs at least 2 physical cores to pin prefill and decode apart; "
+                      f"this box lets homepd use {len(groups)}")
+    if not _fits(transfer + RAM_RESERVE_BYTES, ram):
+        return refuse(f"the KV transfer needs {fmt_bytes(transfer)} of shared memory; "
+                      f"RAM has {fmt_bytes(ram)} available")
+    half_a, half_b = _split(groups, (len(groups) + 1) // 2)
+    roomy = sorted((g for g in gpus if _vram_once(g, need)),
+                   key=lambda g: g.vram_free_bytes or 0, reverse=True)
+    if len(roomy) >= 2:
+        # why: decode keeps the KV of every running sequence, so it gets the larger GPU
+        decode_gpu, prefill_gpu = roomy[0], roomy[1]
+        return plan(_worker("prefill", prefill_gpu, half_a, need),
+                    _worker("decode", decode_gpu, half_b, need),
+                    f"prefill on cuda:{prefill_gpu.index}, decode on cuda:{decode_gpu.index} "
+                    "(the one with more free VRAM, it holds every running sequence's KV); "
+                    "KV moves GPU -> host shared memory -> GPU over PCIe")
+    if roomy and _vram_twice(roomy[0], need):
+        g = roomy[0]
+        return plan(_worker("prefill", g, half_a, need), _worker("decode", g, half_b, need),
+                    f"two processes share cuda:{g.index} (its VRAM holds two copies); "
+                    "the GPU time-slices between them, so interference is reduced, not removed")
+    decode_ram = need + transfer + RAM_RESERVE_BYTES
+    if roomy and _fits(decode_ram, ram):
+        g = roomy[0]
+        one, rest = _split(groups, 1)
+        return plan(_worker("prefill", g, one, need), _worker("decode", None, rest, need),
+                    f"cuda:{g.index} holds only one copy, so prefill runs on it and decode on "
+                    f"the CPU with {len(rest)} threads; decode is slower per token there")
+    if fit.fits_ram_twice:
+        prefix = "no GPU has room for model + KV; " if gpus else ""
+        return plan(_worker("prefill", None, half_a, need), _worker("decode", None, half_b, need),
+                    prefix + f"CPU cores split: prefill pinned to {len(half_a)} physical "
+                    f"core(s), decode to {len(half_b)}")
+    where = (f"the largest GPU has {fmt_bytes(max((g.vram_free_bytes or 0) for g in gpus))} free "
+             f"VRAM (two copies need {fmt_bytes(2 * (need + VRAM_RESERVE_BYTES))}) and "
+             if gpus else "")
+    return refuse(
+        f"model + KV ({fmt_bytes(need)}) does not fit twice: {where}RAM has "
+        f"{fmt_bytes(ram)} available (needs {fmt_bytes(2 * need + transfer + RAM_RESERVE_BYTES)} "
+        "for two copies and the KV transfer); duplicated weights + KV transfer would cost more "
+        "memory than the interference disaggregation removes")
+
+
+def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
+                   transfer_bytes: int | None = None) -> PlacementPlan:
+    """Place prefill and decode for colocated and disaggregated serving on ``probe``'s box.
+
+    ``kv_bytes`` is the KV cache for the configured context and sequences, held
+    by each worker; ``transfer_bytes`` is the host shared memory for the KV
+    handoff (default ``kv_bytes``: every sequence's KV staged at once).
+    """
+    assert model_bytes >= 0 and kv_bytes >= 0
+    transfer = kv_bytes if transfer_bytes is None else transfer_bytes
+    need = model_bytes + kv_bytes
+    notes: list[str] = []
+    groups = probe.cpu.core_groups or tuple((c,) for c in probe.cpu.usable_cpus)
+    gpus = tuple(g for g in probe.gpus if g.vram_total_bytes is not None)
+    if len(gpus) < len(probe.gpus):
+        notes.append("GPUs whose VRAM NVML cannot read are left out")
+    if gpus and probe.llama_cpp.supports_gpu_offload is False:
+        notes.append("llama.cpp is CPU-only, so the GPUs are not used (see the warning above)")
+        gpus = ()
+    if model_bytes == 0:
+        notes.append("model size is 0 (not given): the memory checks are trivially true; "
+                     "pass --model-bytes and --kv-bytes")
+    ram = probe.memory.ram_available_bytes
+    fit = MemoryFit(
+        worker_bytes=need, ram_available_bytes=ram,
+        fits_ram_once=_fits(need + RAM_RESERVE_BYTES, ram),
+        fits_ram_twice=_fits(2 * need + transfer + RAM_RESERVE_BYTES, ram),
+        gpu_indices=tuple(g.index for g in gpus),
+        vram_free_bytes=tuple(g.vram_free_bytes for g in gpus),
+        fits_vram_once=tuple(_vram_once(g, need) for g in gpus),
+        fits_vram_twice=tuple(_vram_twice(g, need) for g in gpus),
+    )
+    return PlacementPlan(
+        model_bytes=model_bytes, kv_bytes=kv_bytes, uses_gpus=bool(gpus), memory=fit,
+        colocated=_colocated(gpus, groups, need, fit),
+        disaggregated=_disaggregated(gpus, groups, need, transfer, fit, ram),
+        notes=tuple(notes),
+    )
+
+
+def _worker_line(w: WorkerPlacement) -> str:
+    cores = ",".join(map(str, w.cpu_cores))
+    gpu = f", n_gpu_layers={w.n_gpu_layers}, CUDA_VISIBLE_DEVICES={w.cuda_visible_devices}" \
+        if w.device != "cpu" else ""
+    return (f"    {w.role:<9} {w.device:<7} cores [{cores}] n_threads={w.n_threads}{gpu}, "
+            f"holds {fmt_bytes(w.memory_bytes)}")
+
+
+def render_plan_text(plan: PlacementPlan) -> str:
+    """The plan as the lines ``homepd probe`` prints under the probe."""
+    m = plan.memory
+    lines = [f"placement  model {fmt_bytes(plan.model_bytes)} + KV {fmt_bytes(plan.kv_bytes)} "
+             f"= {fmt_bytes(m.worker_bytes)} per worker; fits in RAM once: "
+             f"{'yes' if m.fits_ram_once else 'no'}, twice: {'yes' if m.fits_ram_twice else 'no'}"]
+    for i, once, twice in zip(m.gpu_indices, m.fits_vram_once, m.fits_vram_twice):
+        lines.append(f"           cuda:{i} VRAM: once {'yes' if once else 'no'}, "
+                     f"twice {'yes' if twice else 'no'}")
+    c, d = plan.colocated, plan.disaggregated
+    lines.append(f"  colocated:     {'feasible' if c.feasible else 'INFEASIBLE'} - {c.reason}")
+    lines += [_worker_line(w) for w in c.workers] if c.feasible else []
+    lines.append(f"  disaggregated: {'feasible' if d.feasible else 'INFEASIBLE'} - {d.reason}")
+    lines += [_worker_line(w) for w in (d.prefill, d.decode) if w is not None]
+    lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""A worker process: owns one model + context and runs its own step loop.
+
+The loop is nano-vllm's three lines: schedule, run, postprocess.  The role
+decides what a request does when its prompt is done: ``colocated`` keeps
+decoding it here; the ``prefill`` and ``decode`` roles (disaggregation) plug
+in through ``Role`` hooks without changing the loop.
+"""
+from __future__ import annotations
+
+import os
+import select
+import time
+import traceback
+
+from homepd.core.protocol import (WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
+                             SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
+from homepd.core.sampling import TokenSampler
+from homepd.core.scheduler import Scheduler, StepPlan
+from homepd.core.sequence import Sequence
+from homepd.core.textstream import TextStream
+
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    """Run a worker on ``conn`` until told to stop or the controller is gone.
+
+    CUDA_VISIBLE_DEVICES is already set by the spawner (it must be, before
+    llama.cpp initialises its CUDA backend).
+    """
+    if spec.cpu_cores:
+        os.sched_setaffinity(0, spec.cpu_cores)
+    try:
+        t0 = time.monotonic()
+        from homepd.backends import model_classes
+
+        model_cls, context_cls = model_classes(spec.backend)
+        model = model_cls(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.cuda_visible_devices else 0)
+        ctx = context_cls(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
+                           n_threads=spec.n_threads)
+        per_token, overhead = measure_state_bytes(ctx, model) if spec.role != "colocated" else (0, 0)
+        conn.send(WorkerReady(pid=os.getpid(), role=spec.role, model_size_bytes=model.size_bytes,
+                              n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0,
+                              state_bytes_per_token=per_token, state_overhead_bytes=overhead))
+        loop = WorkerLoop(spec, model, ctx, conn)
+        try:
+            loop.run()
+        except (EOFError, BrokenPipeError):
+            loop.running, loop.controller_gone = False, True
+        if loop.controller_gone:
+            loop.abandon()
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass
+    except BaseException as exc:  # report, then die: the controller restarts us
+        try:
+            conn.send(WorkerFatal(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except Exception:
+            pass
+        raise SystemExit(1)
+
+
+def measure_state_bytes(ctx, model) -> tuple[int, int]:
+    """KV state bytes per token and fixed overhead, from a 1- and a 2-token sequence."""
+    token = model.bos_id if model.bos_id >= 0 else 0
+    ctx.decode([token], [0], [0], [False])
+    one = ctx.state_size(0)
+    ctx.decode([token], [1], [0], [False])
+    two = ctx.state_size(0)
+    ctx.seq_rm(0)
+    return two - one, one - (two - one)
+
+
+class WorkerLoop:
+    def __init__(self, spec: WorkerSpec, model, ctx, conn):
+        from homepd.worker.handoff import DecodeHandoff, PrefillHandoff
+
+        self.spec, self.model, self.ctx, self.conn = spec, model, ctx, conn
+        self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
+                                   chunk=spec.chunk, decodes=spec.role != "prefill")
+        self.handoff = {"prefill": PrefillHandoff, "decode": DecodeHandoff}.get(spec.role, lambda _: None)(self)
+        self.samplers: dict[int, TokenSampler] = {}
+        self.streams: dict[int, TextStream] = {}
+        self.parent_pid = os.getppid()
+        # why: Connection.poll builds a selector per call; a poll object is ~1 us
+        self._inbox = select.poll()
+        self._inbox.register(conn.fileno(), select.POLLIN)
+        self.n_steps = 0
+        self.running = True
+        self.controller_gone = False
+
+    # inbox ------------------------------------------------------------------
+    def run(self) -> None:
+        idle = True
+        while self.running:
+            self.drain_inbox(block=idle)
+            if not self.running:
+                break
+            if self.handoff is not None:
+                self.handoff.pump()
+            plan = self.scheduler.schedule()
+            idle = plan.is_empty
+            if not idle:
+                self.step(plan)
+
+    def drain_inbox(self, block: bool) -> None:
+        while block and not self._inbox.poll(500):
+            if os.getppid() != self.parent_pid:  # controller gone: never outlive it
+                self.running, self.controller_gone = False, True
+                return
+            if self.scheduler.has_work or (self.handoff is not None and self.handoff.has_work):
+                self.conn.send(Heartbeat(time.monotonic()))  # idle but holding requests: not hung
+        while self.running and self._inbox.poll(0):
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.running, self.controller_gone = False, True
+                return
+            self.handle(msg)
+
+    def abandon(self) -> None:
+        """The controller died: leave nothing behind (its KV slots included)."""
+        if self.handoff is not None:
+            self.handoff.abandon()
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, SubmitRequest):
+            seq = Sequence(request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params)
+            self.samplers[id(seq)] = TokenSampler(msg.params)
+            self.streams[id(seq)] = msg.stream if msg.stream is not None else TextStream(msg.params.stop)
+            self.scheduler.add(seq)
+        elif isinstance(msg, CancelRequest):
+            seq = self.scheduler.find(msg.request_id)
+            if seq is not None:
+                if self.handoff is not None:
+                    self.handoff.forget(seq)
+                self.finish(seq)
+                self.conn.send(RequestDone(msg.request_id, "cancelled", time.monotonic()))
+            elif self.handoff is not None:
+                self.handoff.cancel(msg.request_id)
+        elif isinstance(msg, Shutdown):
+            self.running = False
+        elif self.handoff is None or not self.handoff.handle(msg):
+            raise AssertionError(f"unknown message {msg!r}")
+
+    # one step -----------------------------------------------------------------
+    def step(self, plan: StepPlan) -> None:
+        """Run one planned step: one llama_decode, sampling, and one report to the controller."""
+        tokens, positions, seq_ids, wants, rows = self._batch(plan)
+        started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
+        t_start = time.monotonic()
+        try:
+            self.ctx.decode(tokens, positions, seq_ids, wants)
+        except Exception as exc:  # e.g. no KV slot: fail the step's requests, keep the worker
+            for seq in [*plan.decode, *(sl.seq for sl in plan.prefill)]:
+                self.finish(seq)
+                self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
+            return
+        plan, sampled = self._sample(plan, rows)
+        t_end = time.monotonic()
+        got_token = self.scheduler.postprocess(plan, sampled)
+        self.n_steps += 1
+        record = StepRecord(
+            worker_role=self.spec.role, index=self.n_steps, t_start_s=t_start, t_end_s=t_end,
+            decode_request_ids=tuple(s.request_id for s in plan.decode),
+            prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill))
+        outs, done = [], []
+        for seq in got_token:
+            out, fin = self.emit(seq, t_end)
+            if out is not None:
+                outs.append(out)
+            if fin is not None:
+                done.append(fin)
+        self.conn.send(StepReport(
+            step=record, prefill_started=started,
+            prefill_ended=tuple(sl.seq.request_id for sl in plan.prefill if sl.completes_prompt),
+            tokens=tuple(outs), done=tuple(done)))
+
+    def _batch(self, plan: StepPlan):
+        """The step's batch: decode tokens first, then prompt slices; rows maps id(seq) -> its logits row."""
+        tokens, positions, seq_ids, wants = [], [], [], []
+        rows: dict[int, int] = {}
+        for i, seq in enumerate(plan.decode):
+            rows[id(seq)] = len(tokens)
+            tokens.append(self._decode_token(plan, i))
+            positions.append(seq.next_decode_pos)
+            seq_ids.append(seq.seq_id)
+            wants.append(True)
+        for sl in plan.prefill:
+            tokens.extend(sl.seq.prompt_ids[sl.start:sl.stop])
+            positions.extend(range(sl.start, sl.stop))
+            seq_ids.extend([sl.seq.seq_id] * sl.n_tokens)
+            wants.extend([False] * sl.n_tokens)
+            if sl.completes_prompt:
+                wants[-1] = True
+                rows[id(sl.seq)] = len(tokens) - 1
+        return tokens, positions, seq_ids, wants, rows
+
+    def _sample(self, plan: StepPlan, rows: dict[int, int]) -> tuple[StepPlan, dict[int, int]]:
+        """Sample every sequence that has logits; one that fails (e.g. NaN logits) fails alone.
+
+        Returns the plan without the failed sequences, and id(seq) -> token.
+        """
+        sampled, failed = {}, []
+        for seq in [*plan.decode, *(sl.seq for sl in plan.prefill if sl.completes_prompt)]:
+            try:
+                sampled[id(seq)] = self.samplers[id(seq)].sample(self.ctx.logits(rows[id(seq)]))
+            except Exception as exc:
+                failed.append((seq, f"sampling failed: {exc}"))
+        if not failed:
+            return plan, sampled
+        for seq, error in failed:
+            self.finish(seq)
+            self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=error))
+        return StepPlan(decode=tuple(q for q in plan.decode if id(q) in sampled),
+                        prefill=tuple(sl for sl in plan.prefill
+                                      if not sl.completes_prompt or id(sl.seq) in sampled)), sampled
+
+    def emit(self, seq: Sequence, t_s: float) -> tuple[TokenOut | None, RequestDone | None]:
+        """Turn seq's newest token into an output event; decide whether seq is finished."""
+        token = seq.output_ids[-1]
+        stream = self.streams[id(seq)]
+        if self.model.is_eog(token) and not seq.params.ignore_eos:
+            return None, self._done(seq, "stop", t_s, stream.flush())
+        text = stream.feed(self.model.token_to_piece(token))
+        out = TokenOut(seq.request_id, token, text, t_s)
+        if stream.stopped:
+            return out, self._done(seq, "stop", t_s, "")
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            return out, self._done(seq, "length", t_s, stream.flush())
+        if self.spec.role == "prefill" and len(seq.output_ids) == 1:
+            self.handoff.prompt_done(seq, t_s)
+        return out, None
+
+    def _done(self, seq: Sequence, reason: str, t_s: float, text: str) -> RequestDone:
+        self.finish(seq)
+        return RequestDone(seq.request_id, reason, t_s, text=text)
+
+    def finish(self, seq: Sequence) -> None:
+        """Seq leaves this worker (done, cancelled, failed or handed off): free its KV and sequence id."""
+        if seq.seq_id is not None and not seq.is_finished and seq in self.scheduler.running:
+            self.ctx.seq_rm(seq.seq_id)
+        self.scheduler.release(seq)
+        self.samplers.pop(id(seq), None)
+        self.streams.pop(id(seq), None)
+
+    # test-only fault injection: deliberate scheduling bugs ----------------------
+    def _decode_token(self, plan: StepPlan, i: int) -> int:
+        seq = plan.decode[i]
+        if self.spec.fault == "stale_token" and len(seq.output_ids) >= 2:
+            return seq.output_ids[-2]  # feeds the previous token again: duplicated, newest dropped
+        if self.spec.fault == "swap_seq" and len(plan.decode) >= 2:
+            return plan.decode[(i + 1) % len(plan.decode)].output_ids[-1]  # another sequence's token
+        return seq.output_ids[-1]

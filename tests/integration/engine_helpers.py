@@ -1,0 +1,64 @@
+"""Helpers for tests that drive the real engine with real worker processes."""
+from __future__ import annotations
+
+import asyncio
+
+from homepd.config import EngineConfig
+from homepd.engine.controller import Engine
+from homepd.launch import prepare
+from homepd.core.sampling import SamplingParams
+
+# Four prompts of different lengths (5 to ~60 tokens with SmolLM2's tokenizer).
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea and the wind at night.",
+    "List three uses of a paperclip in an office, and explain each one briefly in one sentence "
+    "for a new employee who has never seen one.",
+    "Once upon a time, in a small village at the edge of a dark forest, there lived an old woodcutter "
+    "and his three daughters. Every morning he would walk into the forest with his axe, and every "
+    "evening he would return with a bundle of wood. One day, he did not return. The eldest daughter said",
+]
+
+
+def make_engine(config: EngineConfig, **kw) -> Engine:
+    """An engine on ``config`` with its model resolved (never pulled) and its workers placed."""
+    return Engine(config, prepare(config, pull=False), **kw)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=240))
+
+
+async def generate_all(config: EngineConfig, prompts: list[str], params: SamplingParams):
+    """Submit all prompts at once; return (token ids per prompt, engine step log, records)."""
+    async with make_engine(config) as engine:
+        streams = [await engine.submit(p, params=params) for p in prompts]
+        results = await asyncio.gather(*(s.collect() for s in streams))
+        tokens = [[e.token_id for e in events if e.kind == "token"] for events, _ in results]
+        for events, _ in results:
+            assert events[-1].kind == "done", events[-1]
+        return tokens, list(engine.step_log), [s.lifecycle for s in streams]
+
+
+def start_controller_and_kill_it(script: str, *args: str, before_kill=None) -> tuple[list[str], list]:
+    """Run ``script`` (a controller that prints its worker pids and names, then idles) in a child
+    process, kill -9 it once it printed (after ``before_kill(words)``), and return
+    (printed words, psutil workers still alive 10 s later)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    ctl = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        words = ctl.stdout.readline().split()
+        workers = [psutil.Process(int(w)) for w in words if w.isdigit()]
+        assert workers, words
+        if before_kill is not None:
+            before_kill(words)
+        ctl.kill()
+        ctl.wait()
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        return words, alive
+    finally:
+        ctl.kill()

@@ -1,0 +1,201 @@
+"""Disaggregated failures: refused slots, killed workers (with resume), killed controller, /dev/shm hygiene."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from homepd.config import EngineConfig
+from homepd.kv.header import SlotHeader
+from homepd.kv.segment import parse_segment_name
+from homepd.kv.pool import SlotPool
+from homepd.llm import LlamaContext, LlamaModel
+from homepd.core.protocol import KVHandoff, RequestDone
+from homepd.models.resolve import fingerprint
+from homepd.core.sampling import SamplingParams, TokenSampler
+from homepd.core.textstream import TextStream
+from homepd.core.protocol import WorkerSpec
+from homepd.worker.loop import WorkerLoop
+
+from engine_helpers import make_engine, PROMPTS, run, start_controller_and_kill_it
+
+
+def shm_segments_of_dead_owners() -> list[str]:
+    out = []
+    for name in os.listdir("/dev/shm"):
+        parsed = parse_segment_name(name)
+        if parsed and not psutil.pid_exists(parsed[0]):
+            out.append(name)
+    return out
+
+
+def disagg(path, **kw) -> EngineConfig:
+    base = dict(model=str(path), mode="disaggregated", n_ctx=2048, n_seq_max=4, chunk=64,
+                prefill_threads=1, decode_threads=1)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+class Outbox:
+    """Stands in for the worker's pipe in an in-process decode loop."""
+    def __init__(self):
+        self.sent = []
+        r, w = os.pipe()
+        self._fds = (r, w)
+
+    def fileno(self):
+        return self._fds[0]
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+    def close(self):
+        for fd in self._fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("bad", ["fingerprint", "n_ctx", "checksum"])
+def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path, bad):
+    fp = fingerprint(default_model_path)
+    model = LlamaModel(default_model_path)
+    spec = WorkerSpec(role="decode", model_path=str(default_model_path), n_ctx=512, n_seq_max=2, chunk=64,
+                      n_threads=1, model_fingerprint=fp)
+    ctx = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=2, n_threads=1)
+    ids = model.tokenize(PROMPTS[1])
+    ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
+    n = ctx.state_size(0)
+    ctx.seq_rm(0)
+    outbox = Outbox()
+    loop = WorkerLoop(spec, model, ctx, outbox)
+    with SlotPool.create(1, n + 4096) as pool:
+        loop.handoff.pool = SlotPool.attach(list(pool.names))
+        slot = pool.acquire_free()
+        ctx2 = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=1, n_threads=1)
+        ctx2.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
+        ctx2.state_get(0, pool.payload(slot, n, "r1"))
+        ctx2.close()
+        header = SlotHeader("r1", "0" * 64 if bad == "fingerprint" else fp, 1024 if bad == "n_ctx" else 512,
+                            len(ids), n)
+        pool.publish(slot, header)
+        if bad == "checksum":
+            pool._bufs[slot][4096 + 100] ^= 0xFF  # flip a payload byte inside the fully checked head
+        params = SamplingParams(max_tokens=4)
+        loop.handle(KVHandoff("r1", slot, tuple(ids), (42,), params, TokenSampler(params), TextStream(), n,
+                              len(ids), 0.0, 0.0, 0.0))
+        loop.handoff.pump()
+        (done,) = outbox.sent
+        assert isinstance(done, RequestDone) and done.reason == "error"
+        assert "KV import refused" in done.error and bad.replace("_", "") in done.error.replace("_", "").lower()
+        assert pool.state(slot).name == "FREE"           # the slot is usable again
+        assert loop.scheduler.free_seq_ids and not loop.scheduler.running  # the sequence too
+        loop.handoff.pool.close()
+    outbox.close()
+    ctx.close()
+    model.close()
+
+
+@pytest.mark.parametrize("victim", ["decode", "prefill"])
+def test_kill_9_during_three_streams_ends_all_and_engine_recovers(default_model_path, victim):
+    """Without resume: what the worker held ends with an error; the rest goes on."""
+    async def scenario():
+        async with make_engine(disagg(default_model_path, resume=False)) as engine:
+            pid = engine.workers[victim].pid
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=100, ignore_eos=True))
+                       for p in PROMPTS[:3]]
+            for s in streams:  # two tokens each: the second comes from the decode worker
+                assert (await s.__anext__()).kind == "token"
+                assert (await s.__anext__()).kind == "token"
+            if victim == "prefill":
+                # keep the prefill worker busy with a long prompt when it dies
+                late = await engine.submit(" ".join(PROMPTS * 4), params=SamplingParams(max_tokens=4))
+                streams.append(late)
+            killed = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=5)
+            for events, _ in ends:
+                assert events[-1].kind in ("error", "done")
+                if events[-1].kind == "error":
+                    assert f"pid {pid}" in events[-1].error and victim in events[-1].error
+                assert events[-1].t_s - killed < 5
+            again = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=4, ignore_eos=True))
+            events, _ = await asyncio.wait_for(again.collect(), timeout=60)
+            assert events[-1].kind == "done" and sum(e.kind == "token" for e in events) == 4
+            assert not shm_segments_of_dead_owners()
+            return pid, engine.snapshot(), [e[0][-1].kind for e in ends]
+
+    pid, snap, kinds = run(scenario())
+    assert not psutil.pid_exists(pid)
+    assert any("died_s" in e and e["role"] == victim for e in snap["worker_events"])
+    assert "error" in kinds  # requests it held are not silently lost
+    assert not shm_segments_of_dead_owners()
+
+
+def test_decode_death_resumes_every_request(default_model_path):
+    """n_seq_max=1: while request 0 decodes, requests 1 and 2 wait in READY slots.  Kill the decode
+    worker: 1 and 2 are imported from their slots by the restarted worker (no second prefill); 0 lost
+    its KV and is resumed by recompute (prompt + its output prefilled again).  All complete."""
+    n_out = 60
+
+    async def scenario():
+        async with make_engine(disagg(default_model_path, n_seq_max=1, n_slots=3)) as engine:
+            pid = engine.workers["decode"].pid
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=n_out, ignore_eos=True))
+                       for p in PROMPTS[:3]]
+            for _ in range(3):  # request 0 is decoding on the decode worker
+                assert (await streams[0].__anext__()).kind == "token"
+            async def both_exported():  # both others wait in slots for the decode sequence
+                while len(engine.kv.in_slot) < 2:
+                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(both_exported(), timeout=30)
+            waiting = sorted(engine.kv.in_slot)
+            killed = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
+            prefills = {s.request_id: sum(1 for st in engine.step_log if st.worker_role == "prefill"
+                                          for rid, _ in st.prefill if rid == s.request_id) for s in streams}
+            return streams, ends, waiting, engine.snapshot(), prefills, killed
+
+    streams, ends, waiting, snap, prefills, killed = run(scenario())
+    assert waiting == sorted(s.request_id for s in streams[1:])
+    for s, (events, _) in zip(streams, ends):
+        assert events[-1].kind == "done" and events[-1].finish_reason == "length"
+    assert len(streams[0].token_ids) == n_out  # 3 before the kill + the rest after recompute
+    assert streams[0].lifecycle.resumed_by == ["recompute"] and prefills[streams[0].request_id] == 2
+    for s in streams[1:]:
+        assert s.lifecycle.resumed_by == ["slot"] and prefills[s.request_id] == 1
+        assert len(s.token_ids) == n_out
+    died = [e for e in snap["worker_events"] if "died_s" in e][0]
+    assert died["resumed_requests"] == waiting and died["recomputed_requests"] == [streams[0].request_id]
+    assert died["failed_requests"] == []
+
+
+CONTROLLER = """
+import asyncio, sys
+from homepd.config import EngineConfig
+from homepd.engine.controller import Engine
+from homepd.launch import prepare
+from homepd.core.sampling import SamplingParams
+async def main():
+    cfg = EngineConfig(model=sys.argv[1], mode="disaggregated", n_ctx=512, prefill_threads=1, decode_threads=1)
+    engine = Engine(cfg, prepare(cfg, pull=False))
+    await engine.start()
+    s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=300, ignore_eos=True))
+    await s.__anext__()
+    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.kv.pool.names, flush=True)
+    await asyncio.sleep(3600)   # stands for a controller busy forever; the test kills it
+asyncio.run(main())
+"""
+
+
+def test_killed_controller_leaves_no_worker_and_no_segment(default_model_path):
+    def segments_exist(words):
+        assert words[2:] and all(os.path.exists(f"/dev/shm/{n}") for n in words[2:])
+
+    words, alive = start_controller_and_kill_it(CONTROLLER, str(default_model_path), before_kill=segments_exist)
+    names = words[2:]
+    assert not alive
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)  # the workers unlinked them

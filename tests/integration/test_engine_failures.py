@@ -1,0 +1,194 @@
+"""Failures with the real engine: killed workers, bad input, no orphans."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from homepd.config import EngineConfig
+from homepd.errors import ModelError, RequestError
+from homepd.core.sampling import SamplingParams
+
+from engine_helpers import make_engine, PROMPTS, run, start_controller_and_kill_it
+
+
+def config(path, **kw) -> EngineConfig:
+    base = dict(model=str(path), n_ctx=512, n_seq_max=4, chunk=64, n_threads=2)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def test_kill_9_of_worker_fails_streams_fast_and_engine_recovers(default_model_path):
+    async def scenario():
+        async with make_engine(config(default_model_path, n_ctx=2048, resume=False)) as engine:
+            pid = engine.workers["colocated"].pid
+            streams = [await engine.submit(p, params=SamplingParams(max_tokens=300, ignore_eos=True))
+                       for p in PROMPTS[:3]]
+            for s in streams:  # every request is streaming
+                first = await s.__anext__()
+                assert first.kind == "token"
+            killed_at = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=5)
+            for events, _ in ends:
+                last = events[-1]
+                assert last.kind == "error" and f"pid {pid}" in last.error and "died" in last.error
+                assert last.t_s - killed_at < 5
+            # a new request is served by the restarted worker
+            again = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=4))
+            events, text = await asyncio.wait_for(again.collect(), timeout=60)
+            assert events[-1].kind == "done" and text
+            new_pid = engine.workers["colocated"].pid
+            snap = engine.snapshot()
+            return pid, new_pid, snap
+
+    pid, new_pid, snap = run(scenario())
+    assert new_pid != pid and not psutil.pid_exists(pid)
+    assert snap["workers"][0]["restarts"] == 1
+    died = [e for e in snap["worker_events"] if "died_s" in e]
+    assert died and died[0]["exitcode"] == -signal.SIGKILL and len(died[0]["failed_requests"]) == 3
+
+
+def test_over_long_prompt_and_bad_sampling_refused_before_worker(default_model_path):
+    async def scenario():
+        async with make_engine(config(default_model_path, n_ctx=128)) as engine:
+            with pytest.raises(RequestError, match=r"prompt is \d+ tokens; the context holds 128"):
+                await engine.submit("word " * 400)
+            with pytest.raises(RequestError, match="temperature"):
+                await engine.submit("hi", params=SamplingParams(temperature=-1))
+            with pytest.raises(RequestError, match="exactly one of prompt or messages"):
+                await engine.submit()
+            with pytest.raises(RequestError, match=r"messages\[0\].role"):
+                await engine.submit(messages=[{"role": "wizard", "content": "x"}])
+            assert engine.step_log.maxlen and len(engine.step_log) == 0  # nothing reached the worker
+            # max_tokens beyond the context is clamped and ends with 'length'
+            stream = await engine.submit("word " * 100, params=SamplingParams(max_tokens=1000, ignore_eos=True))
+            events, _ = await stream.collect()
+            assert events[-1].finish_reason == "length"
+            n_out = sum(e.kind == "token" for e in events)
+            assert stream.lifecycle.n_prompt_tokens + n_out == 128 + 1
+            # the engine still serves
+            ok = await engine.submit("Hello", params=SamplingParams(max_tokens=3))
+            events, _ = await ok.collect()
+            assert events[-1].kind == "done"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("content,match", [
+    (None, "no such file"),
+    (b"", "empty|too small|truncated"),
+    (b"PK\x03\x04" + b"\0" * 4096, "not a GGUF"),
+])
+def test_bad_model_file_is_a_clear_error(tmp_path, content, match):
+    path = tmp_path / "broken.gguf"
+    if content is not None:
+        path.write_bytes(content)
+
+    async def scenario():
+        with pytest.raises(ModelError, match=match) as info:
+            make_engine(config(path))
+        assert "broken.gguf" in str(info.value)
+
+    run(scenario())
+
+
+def test_truncated_real_model_is_a_clear_error(default_model_path, tmp_path):
+    path = tmp_path / "half.gguf"
+    with open(default_model_path, "rb") as src:
+        path.write_bytes(src.read(default_model_path.stat().st_size // 2))
+
+    async def scenario():
+        with pytest.raises(ModelError, match="half.gguf") as info:
+            make_engine(config(path))
+        assert "truncated" in str(info.value)
+
+    run(scenario())
+
+
+def test_cancel_ends_stream_and_frees_the_sequence(default_model_path):
+    async def scenario():
+        async with make_engine(config(default_model_path, n_seq_max=1)) as engine:
+            long = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=400, ignore_eos=True))
+            await long.__anext__()
+            assert engine.cancel(long.request_id)
+            events, _ = await long.collect()
+            assert events[-1].kind == "done" and events[-1].finish_reason == "cancelled"
+            assert long.lifecycle.state.value == "cancelled"
+            # the only sequence is free again
+            nxt = await engine.submit(PROMPTS[1], params=SamplingParams(max_tokens=3))
+            events, _ = await nxt.collect()
+            assert events[-1].finish_reason in ("length", "stop")
+
+    run(scenario())
+
+
+def test_stop_leaves_no_child_process(default_model_path):
+    async def scenario():
+        engine = make_engine(config(default_model_path))
+        await engine.start()
+        pid = engine.workers["colocated"].pid
+        stream = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=200, ignore_eos=True))
+        await stream.__anext__()
+        await engine.stop()
+        events, _ = await stream.collect()
+        assert events[-1].kind == "error" and "engine stopped" in events[-1].error
+        return pid
+
+    pid = run(scenario())
+    assert not psutil.pid_exists(pid)
+    assert not psutil.Process().children(recursive=True)
+
+
+CONTROLLER = """
+import asyncio, sys
+from homepd.config import EngineConfig
+from homepd.engine.controller import Engine
+from homepd.launch import prepare
+from homepd.core.sampling import SamplingParams
+async def main():
+    cfg = EngineConfig(model=sys.argv[1], n_ctx=256, n_threads=1)
+    engine = Engine(cfg, prepare(cfg, pull=False))
+    await engine.start()
+    s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=200, ignore_eos=True))
+    await s.__anext__()
+    print(engine.workers["colocated"].pid, flush=True)
+    await asyncio.sleep(3600)   # stands for a controller busy forever; the test kills it
+asyncio.run(main())
+"""
+
+
+def test_killed_controller_leaves_no_worker_behind(default_model_path):
+    words, alive = start_controller_and_kill_it(CONTROLLER, str(default_model_path))
+    assert len(words) == 1 and not alive
+
+
+def test_worker_that_cannot_restart_refuses_new_work_clearly(default_model_path, tmp_path):
+    import shutil
+
+    from homepd.errors import EngineError
+
+    copy = tmp_path / "model.gguf"
+    shutil.copy(default_model_path, copy)
+
+    async def scenario():
+        async with make_engine(config(copy, resume=False)) as engine:
+            handle = engine.workers["colocated"]
+            stream = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=300, ignore_eos=True))
+            await stream.__anext__()
+            copy.write_bytes(b"GGUF")  # the model is gone from under us: no restart can load it
+            os.kill(handle.pid, signal.SIGKILL)
+            events, _ = await stream.collect()
+            assert events[-1].kind == "error"
+            while not handle.failed:  # three attempts with back-off, then it gives up
+                await asyncio.sleep(0.05)
+            with pytest.raises(EngineError, match="could not be restarted"):
+                await engine.submit(PROMPTS[0])
+            return engine.snapshot()
+
+    snap = run(scenario())
+    assert snap["workers"][0]["alive"] is False

@@ -1,0 +1,35 @@
+"""Sampling and stop strings through the real engine."""
+from __future__ import annotations
+
+from homepd.config import EngineConfig
+from homepd.core.sampling import SamplingParams
+
+from engine_helpers import make_engine, PROMPTS, run
+
+
+def test_seeded_sampling_repeats_and_stop_strings_cut_text(default_model_path):
+    async def scenario():
+        cfg = EngineConfig(model=str(default_model_path), n_ctx=512, n_seq_max=4, chunk=64, n_threads=2)
+        async with make_engine(cfg) as engine:
+            async def text(params, prompt=PROMPTS[1]):
+                events, out = await (await engine.submit(prompt, params=params)).collect()
+                return events, out
+
+            hot = dict(max_tokens=24, temperature=1.2, top_k=40, top_p=0.95, ignore_eos=True)
+            a = await text(SamplingParams(seed=7, **hot))
+            b = await text(SamplingParams(seed=7, **hot))
+            c = await text(SamplingParams(seed=8, **hot))
+            greedy = await text(SamplingParams(max_tokens=24, ignore_eos=True), PROMPTS[0])
+            stop_word = greedy[1].split()[1]  # a word the greedy answer does contain
+            cut = await text(SamplingParams(max_tokens=24, ignore_eos=True, stop=(stop_word,)), PROMPTS[0])
+            chat = await (await engine.submit(messages=[{"role": "user", "content": "Say hello."}],
+                                              params=SamplingParams(max_tokens=40))).collect()
+            return a, b, c, greedy, stop_word, cut, chat
+
+    a, b, c, greedy, stop_word, cut, chat = run(scenario())
+    assert a[1] == b[1] and a[1] != c[1]
+    assert cut[0][-1].finish_reason == "stop"
+    assert stop_word not in cut[1] and greedy[1].startswith(cut[1])
+    assert greedy[1].index(stop_word) == len(cut[1])  # cut exactly before the stop string
+    # the chat template was applied: an answer, not a continuation of raw template markup
+    assert chat[0][-1].kind == "done" and chat[1].strip() and "<|im_" not in chat[1]
