@@ -14,25 +14,27 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import replace
 
-from homepd.engine.prompt import render_chat
 from homepd.config import EngineConfig
-from homepd.core.protocol import EngineSetup
-from homepd.errors import EngineError, RequestError
-from homepd.engine.streams import Event, RequestStream
-from homepd.engine.recovery import Recovery
-from homepd.core.protocol import (CancelRequest, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed, StepRecord,
-                             StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
+                                  StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
+from homepd.core.records import EngineSnapshot, KVSlotsSnapshot, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
+from homepd.core.textstream import TextStream
+from homepd.engine import recovery
 from homepd.engine.handles import WorkerHandle
+from homepd.engine.prompt import render_chat
+from homepd.engine.streams import Event, RequestStream
+from homepd.errors import EngineError, RequestError
 
 MAX_RECORDS = 10_000       # finished request records kept for metrics
 MAX_STEP_LOG = 100_000
+MAX_WORKER_EVENTS = 1_000
 log = logging.getLogger("homepd.engine.controller")
 _ids = itertools.count(1)
 
 
-class Engine(Recovery):
+class Engine:
     def __init__(self, config: EngineConfig, setup: EngineSetup, sampler=None):
         """``setup``: the resolved model and worker placements (``homepd.launch.prepare``).
         ``sampler``: an optional running ``homepd.hw.monitor.Sampler``; worker pids are registered with it."""
@@ -45,7 +47,7 @@ class Engine(Recovery):
         self.records: OrderedDict[str, Lifecycle] = OrderedDict()  # finished requests, newest last
         self.streams: dict[str, RequestStream] = {}                # running requests
         self.step_log: deque[StepRecord] = deque(maxlen=MAX_STEP_LOG)
-        self.worker_events: list[dict] = []  # deaths and restarts, for recovery metrics
+        self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = {}
         self.kv = None  # KVRouter (disaggregated)
         self.cancelling: set[str] = set()
@@ -277,18 +279,123 @@ class Engine(Recovery):
         else:
             stream.queue.put_nowait(Event("done", rid, t_s, text=text, finish_reason=reason))
 
+    # when a worker dies (decided by homepd.engine.recovery, applied here) -----------------
+    def _on_exit(self, handle: WorkerHandle, exitcode: int | None) -> None:
+        """A worker process ended.  Resume, cancel or fail what it held, then restart it (unless stopping)."""
+        if self._stopping:
+            return
+        now, pid = time.monotonic(), handle.pid
+        cause = f"exit code {exitcode}" + (f": {handle.last_error}" if handle.last_error else "")
+        handle.deaths.append(now)
+        crash_loop = recovery.is_crash_loop(list(handle.deaths), now)
+        held = sorted(handle.in_flight)
+        handle.in_flight.clear()
+        handle.backlog.clear()
+        wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
+        intact: set[str] = set()
+        if self.kv is not None:
+            intact = set(self.kv.recover(handle.role, pid, wanted if self.config.resume and not crash_loop else set()))
+            self.workers["prefill"].send(SlotFreed(-1))  # recovery may have freed slots
+        plan = recovery.plan_recovery(recovery.WorkerDeath(
+            role=handle.role, pid=pid, cause=cause, is_crash_loop=crash_loop, resume=self.config.resume,
+            n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker().failed),
+            held=tuple(self._held(rid, rid in intact) for rid in held if rid in self.streams)))
+        self.worker_events.append(WorkerEvent(
+            WorkerEventKind.DIED, handle.role, pid, now, exitcode=exitcode, cause=cause, crash_loop=crash_loop,
+            failed_requests=tuple(rid for rid, _ in plan.fail), resumed_from_slot=plan.from_slot,
+            recomputed_requests=plan.recompute))
+        for rid in plan.cancel:  # the cancel died with the worker: honour it
+            self._end(rid, RequestState.CANCELLED, now, reason="cancelled")
+        for rid, error in plan.fail:
+            self._end(rid, RequestState.FAILED, now, error=error)
+        handle.last_error = None
+        if self.sampler is not None:
+            self.sampler.unregister_process(pid)
+        if not plan.restart:
+            handle.failed = plan.failed_reason
+            self.worker_events.append(WorkerEvent(WorkerEventKind.FAILED, handle.role, pid, now,
+                                                  cause=plan.failed_reason or ""))
+            return
+        for rid in plan.from_slot:  # KV intact in its slot: the restarted decode worker imports it
+            self._note_resume(rid, "slot")
+            handle.send_request(rid, self.kv.in_slot[rid])
+        for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
+            self._note_resume(rid, "recompute")
+            self._entry_worker().send_request(rid, self._recompute_request(rid))
+        self._spawn_task(self._restart(handle, died_s=now))
+
+    def _held(self, rid: str, in_intact_slot: bool) -> recovery.HeldRequest:
+        stream = self.streams[rid]
+        return recovery.HeldRequest(
+            request_id=rid, n_prompt=len(stream.prompt_ids), n_output=len(stream.token_ids),
+            max_tokens=stream.params.max_tokens, n_resumes=stream.lifecycle.n_resumes,
+            is_cancelling=rid in self.cancelling, in_intact_slot=in_intact_slot)
+
+    def _note_resume(self, rid: str, how: str) -> None:
+        lc = self.streams[rid].lifecycle
+        lc.n_resumes += 1
+        lc.resumed_by.append(how)
+
+    def _recompute_request(self, rid: str) -> SubmitRequest:
+        """The request again, its output so far appended to the prompt, with the text stream rebuilt."""
+        stream = self.streams[rid]
+        text = TextStream(stream.params.stop)
+        for token in stream.token_ids:
+            text.feed(self.tokenizer.token_to_piece(token))
+        params = replace(stream.params, max_tokens=stream.params.max_tokens - len(stream.token_ids))
+        if self.kv is not None:
+            self.kv.drop(rid)  # a stale slot entry must not be imported later
+        return SubmitRequest(rid, stream.prompt_ids + tuple(stream.token_ids), params, stream=text)
+
+    async def _restart(self, handle: WorkerHandle, died_s: float) -> None:
+        error = None
+        for attempt in range(recovery.RESTART_ATTEMPTS):
+            try:
+                await handle.start()
+                break
+            except Exception as exc:
+                error = exc
+                await asyncio.sleep(recovery.RESTART_BACKOFF_S * 2 ** attempt)
+        else:  # could not come back: fail what waits for it, refuse new work
+            handle.failed = f"{error}"
+            self.worker_events.append(WorkerEvent(WorkerEventKind.FAILED, handle.role, None, time.monotonic(),
+                                                  cause=f"could not be restarted: {error}"))
+            for rid in sorted(handle.in_flight):
+                self._end(rid, RequestState.FAILED, time.monotonic(),
+                          error=f"{handle.role} worker could not be restarted: {error}")
+            return
+        self._register(handle)
+        if self.kv is not None:
+            handle.send(self.kv.attach_message())
+            if handle.role == "prefill":
+                handle.send(SlotFreed(-1))  # wake it: slots may have freed while it was down
+        now = time.monotonic()
+        self.worker_events.append(WorkerEvent(WorkerEventKind.RESTARTED, handle.role, handle.pid, now,
+                                              recovery_s=now - died_s))
+
+    async def _watch_for_hangs(self) -> None:
+        """Every second: kill a worker that holds requests but has said nothing for hang_timeout_s."""
+        timeout_s = self.config.hang_timeout_s
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            now = time.monotonic()
+            for handle in self.workers.values():
+                if handle.is_hung(now, timeout_s):
+                    handle.kill_hung(now - handle.last_heard_s)
+
     # state -----------------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        """A plain-data picture of the engine: workers, queues, KV slots, running requests."""
+    def snapshot(self) -> EngineSnapshot:
+        """A picture of the engine: workers, queues, KV slots, running requests, recent worker events."""
         by_state: dict[str, list[str]] = {}
         for rid, stream in self.streams.items():
             by_state.setdefault(stream.lifecycle.state.value, []).append(rid)
-        return {
-            "mode": self.config.mode, "model": self.model_path, "n_ctx": self.config.n_ctx,
-            "chunk": self.config.chunk,
-            "workers": [h.describe() for h in self.workers.values()],
-            "kv_slots": None if self.kv is None else self.kv.describe(),
-            "requests": by_state,
-            "n_steps": len(self.step_log),
-            "worker_events": list(self.worker_events),
-        }
+        kv = None
+        if self.kv is not None:
+            pool = self.kv.pool
+            kv = KVSlotsSnapshot(n_slots=len(pool), capacity_bytes=pool.capacity_bytes,
+                                 occupancy=pool.occupancy(), in_slot=tuple(sorted(self.kv.in_slot)))
+        return EngineSnapshot(
+            mode=self.config.mode, model=self.model_path, n_ctx=self.config.n_ctx, chunk=self.config.chunk,
+            workers=tuple(h.snapshot() for h in self.workers.values()), kv_slots=kv,
+            requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
+            worker_events=tuple(self.worker_events), t_s=time.monotonic())

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from multiprocessing.connection import Connection
 
+from homepd.core.records import WorkerSnapshot
 from homepd.errors import WorkerError
 from homepd.core.protocol import Shutdown, WorkerReady
 
@@ -191,12 +192,10 @@ class WorkerHandle:
             await asyncio.to_thread(self.process.wait)
         self.conn.close()
 
-    def describe(self) -> dict:
-        return {
-            "role": self.role, "pid": self.pid, "alive": self.is_alive, "ready": self.ready is not None,
-            "restarts": max(self.restarts, 0), "n_threads": self.spec.n_threads,
-            "cpu_cores": list(self.spec.cpu_cores) if self.spec.cpu_cores else None,
-            "cuda_visible_devices": self.spec.cuda_visible_devices, "n_gpu_layers": self.spec.n_gpu_layers,
-            "in_flight": sorted(self.in_flight),
-            "backlog": len(self.backlog),
-        }
+    def snapshot(self) -> WorkerSnapshot:
+        return WorkerSnapshot(
+            role=self.role, pid=self.pid, alive=self.is_alive, ready=self.ready is not None,
+            restarts=max(self.restarts, 0), n_threads=self.spec.n_threads,
+            cpu_cores=tuple(self.spec.cpu_cores) if self.spec.cpu_cores else None,
+            cuda_visible_devices=self.spec.cuda_visible_devices, n_gpu_layers=self.spec.n_gpu_layers,
+            in_flight=tuple(sorted(self.in_flight)), backlog=len(self.backlog), failed=self.failed)

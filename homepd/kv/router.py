@@ -79,7 +79,3 @@ class KVRouter:
                         and self.pool.request_in(msg.slot) == rid:
                     resumed.append(rid)
         return resumed
-
-    def describe(self) -> dict:
-        return {"n_slots": len(self.pool), "capacity_bytes": self.pool.capacity_bytes,
-                "occupancy": self.pool.occupancy(), "in_slot": sorted(self.in_slot)}

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from homepd.config import EngineConfig
+from homepd.core.records import WorkerEventKind
 from homepd.kv.header import SlotHeader
 from homepd.kv.segment import parse_segment_name
 from homepd.kv.pool import SlotPool
@@ -129,7 +130,7 @@ def test_kill_9_during_three_streams_ends_all_and_engine_recovers(default_model_
 
     pid, snap, kinds = run(scenario())
     assert not psutil.pid_exists(pid)
-    assert any("died_s" in e and e["role"] == victim for e in snap["worker_events"])
+    assert any(e.kind is WorkerEventKind.DIED and e.role == victim for e in snap.worker_events)
     assert "error" in kinds  # requests it held are not silently lost
     assert not shm_segments_of_dead_owners()
 
@@ -168,9 +169,9 @@ def test_decode_death_resumes_every_request(default_model_path):
     for s in streams[1:]:
         assert s.lifecycle.resumed_by == ["slot"] and prefills[s.request_id] == 1
         assert len(s.token_ids) == n_out
-    died = [e for e in snap["worker_events"] if "died_s" in e][0]
-    assert died["resumed_requests"] == waiting and died["recomputed_requests"] == [streams[0].request_id]
-    assert died["failed_requests"] == []
+    died = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED][0]
+    assert list(died.resumed_from_slot) == waiting and list(died.recomputed_requests) == [streams[0].request_id]
+    assert died.failed_requests == ()
 
 
 CONTROLLER = """

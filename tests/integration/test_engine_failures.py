@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from homepd.config import EngineConfig
+from homepd.core.records import WorkerEventKind
 from homepd.errors import ModelError, RequestError
 from homepd.core.sampling import SamplingParams
 
@@ -48,9 +49,9 @@ def test_kill_9_of_worker_fails_streams_fast_and_engine_recovers(default_model_p
 
     pid, new_pid, snap = run(scenario())
     assert new_pid != pid and not psutil.pid_exists(pid)
-    assert snap["workers"][0]["restarts"] == 1
-    died = [e for e in snap["worker_events"] if "died_s" in e]
-    assert died and died[0]["exitcode"] == -signal.SIGKILL and len(died[0]["failed_requests"]) == 3
+    assert snap.workers[0].restarts == 1
+    died = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
+    assert died and died[0].exitcode == -signal.SIGKILL and len(died[0].failed_requests) == 3
 
 
 def test_over_long_prompt_and_bad_sampling_refused_before_worker(default_model_path):
@@ -191,4 +192,4 @@ def test_worker_that_cannot_restart_refuses_new_work_clearly(default_model_path,
             return engine.snapshot()
 
     snap = run(scenario())
-    assert snap["workers"][0]["alive"] is False
+    assert snap.workers[0].alive is False

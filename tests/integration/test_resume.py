@@ -9,6 +9,7 @@ import time
 import pytest
 
 from homepd.config import EngineConfig
+from homepd.core.records import WorkerEventKind
 from homepd.llm import LlamaModel
 from homepd.measure.reference import teacher_forced_deficits
 from homepd.core.sampling import SamplingParams
@@ -47,9 +48,9 @@ def test_kill_9_with_resume_completes_every_request_within_5_s(default_model_pat
             return streams, ends, killed, engine.snapshot(), texts
 
     streams, ends, killed, snap, texts = run(scenario())
-    died = [e for e in snap["worker_events"] if "died_s" in e]
-    assert died and died[0]["role"] == victim and not died[0]["failed_requests"]
-    resumed = set(died[0]["resumed_requests"]) | set(died[0]["recomputed_requests"])
+    died = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
+    assert died and died[0].role == victim and not died[0].failed_requests
+    resumed = set(died[0].resumed_from_slot) | set(died[0].recomputed_requests)
     assert resumed  # the dead worker held something, and it came back
     model = LlamaModel(default_model_path)
     for prompt, s, (events, _) in zip(PROMPTS, streams, ends):
@@ -128,8 +129,8 @@ def test_a_hung_worker_is_killed_restarted_and_its_requests_resumed(default_mode
             return pid, streams, ends, engine.snapshot()
 
     pid, streams, ends, snap = run(scenario())
-    (died,) = [e for e in snap["worker_events"] if "died_s" in e]
-    assert died["pid"] == pid and "hung" in died["cause"] and died["exitcode"] == -signal.SIGKILL
+    (died,) = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
+    assert died.pid == pid and "hung" in died.cause and died.exitcode == -signal.SIGKILL
     for s, (events, _) in zip(streams, ends):
         assert events[-1].kind == "done" and len(s.token_ids) == N_OUT and s.lifecycle.n_resumes == 1
 
@@ -151,4 +152,4 @@ def test_a_worker_waiting_for_a_slot_is_not_mistaken_for_hung(default_model_path
     streams, ends, snap = run(scenario())
     assert all(events[-1].kind == "done" for events, _ in ends)
     assert streams[2].lifecycle.kv_slot_wait_s > 2.0  # it really waited longer than the timeout
-    assert not [e for e in snap["worker_events"] if "died_s" in e]
+    assert not [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
