@@ -22,6 +22,15 @@ class RequestError(HomepdError):
     """A request refused before it reaches a worker (too long, bad sampling)."""
 
 
+class PromptTooLongError(RequestError):
+    """A prompt that does not fit the context (never truncated silently)."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+        super().__init__(f"prompt is {n_prompt_tokens} tokens; the context holds {n_ctx} (n_ctx) including at "
+                         f"least one generated token — shorten it or raise n_ctx")
+
+
 class WorkerError(HomepdError):
     """A worker process failed or died while holding requests."""
 

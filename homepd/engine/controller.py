@@ -25,7 +25,7 @@ from homepd.engine import recovery
 from homepd.engine.handles import WorkerHandle
 from homepd.engine.prompt import render_chat
 from homepd.engine.streams import Event, RequestStream
-from homepd.errors import EngineError, RequestError
+from homepd.errors import EngineError, PromptTooLongError, RequestError
 
 MAX_RECORDS = 10_000       # finished request records kept for metrics
 MAX_STEP_LOG = 100_000
@@ -140,8 +140,7 @@ class Engine:
         if not ids:
             raise RequestError("prompt is empty after tokenization")
         if len(ids) >= self.config.n_ctx:
-            raise RequestError(f"prompt is {len(ids)} tokens; the context holds {self.config.n_ctx} "
-                               f"(n_ctx) including at least one generated token — shorten it or raise n_ctx")
+            raise PromptTooLongError(len(ids), self.config.n_ctx)
         return ids
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,

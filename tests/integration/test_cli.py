@@ -10,7 +10,7 @@ import pytest
 
 
 def homepd(*args: str, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "homepd.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from homepd.models import pull as model_pull
-from homepd.cli.main import main
+from homepd.main import main
 from homepd.errors import ModelError
 from homepd.models.catalog import DEFAULT_MODEL, CatalogEntry, ModelPart, catalog_entry, load_catalog
 from homepd.models.resolve import fingerprint, models_dir, pull, resolve_model, validate_gguf

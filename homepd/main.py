@@ -1,7 +1,9 @@
-"""The ``homepd`` command line.
+"""The ``homepd`` command: one dispatcher above every face.
 
-Each command lives in its own module, which exposes ``register(subparsers)``;
-the parser it adds sets ``func(args) -> int`` as its default.
+Each command lives in its face's own module, which exposes
+``register(subparsers)``; the parser it adds sets ``func(args) -> int`` as its
+default.  Faces (``cli``, ``serve``, ``tui``) never import each other; only
+this module sees them all.
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import sys
 
 from homepd.errors import HomepdError
 
-# modules under homepd/cli/ that add commands, in help order
-COMMAND_MODULES = ("run", "models", "bench", "probe")
+# modules that add commands, in help order (a face not built yet is skipped)
+COMMAND_MODULES = ("homepd.cli.run", "homepd.cli.models", "homepd.cli.bench", "homepd.cli.probe",
+                   "homepd.serve.command", "homepd.advise.command", "homepd.tui.command")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"homepd.cli.{name}").register(sub)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if not name.startswith(exc.name or "\0"):
+                raise
+            continue
+        module.register(sub)
     return parser
 
 

@@ -1,0 +1,6 @@
+"""``python -m homepd``."""
+import sys
+
+from homepd.main import main
+
+sys.exit(main())

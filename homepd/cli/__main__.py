@@ -1,6 +1,0 @@
-"""``python -m homepd.cli``."""
-import sys
-
-from homepd.cli.main import main
-
-sys.exit(main())
