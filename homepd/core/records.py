@@ -44,7 +44,7 @@ class WorkerEvent:
     recovery_s: float | None = None     # RESTARTED: death -> replacement ready
 
     def to_dict(self) -> dict:
-        return _plain(self)
+        return to_plain(self)
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class WorkerSnapshot:
     failed: str | None = None
 
     def to_dict(self) -> dict:
-        return _plain(self)
+        return to_plain(self)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class KVSlotsSnapshot:
         return self.n_slots * self.capacity_bytes
 
     def to_dict(self) -> dict:
-        return _plain(self)
+        return to_plain(self)
 
 
 @dataclass(frozen=True)
@@ -107,17 +107,17 @@ class EngineSnapshot:
         return next((w for w in self.workers if w.role == role), None)
 
     def to_dict(self) -> dict:
-        return _plain(self)
+        return to_plain(self)
 
 
-def _plain(obj):
+def to_plain(obj):
     """Dataclasses, enums and tuples -> JSON-ready dicts, strings and lists."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
+        return [to_plain(x) for x in obj]
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): to_plain(v) for k, v in obj.items()}
     return obj

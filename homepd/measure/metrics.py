@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from homepd.core.protocol import StepRecord
-from homepd.core.lifecycle import Lifecycle
+from homepd.core.lifecycle import Lifecycle, RequestState
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -83,44 +83,125 @@ def interference(steps: list[StepRecord]) -> Interference:
         slowdown=sum(w * r for w, r in matched) / sum(w for w, _ in matched) if matched else None)
 
 
-def summarize(records: list[Lifecycle], steps: list[StepRecord]) -> dict:
-    """Run-level figures (seconds in, milliseconds out) for a set of finished requests."""
-    done = [r for r in records if r.state.value == "finished"]
-    ttft = [r.ttft_s * 1e3 for r in done if r.ttft_s is not None]
-    tpot = [r.tpot_s * 1e3 for r in done if r.tpot_s is not None]
-    itl = [x * 1e3 for r in done for x in r.itl_s]
-    queue = [r.queue_wait_s * 1e3 for r in done if r.queue_wait_s is not None]
+@dataclass(frozen=True)
+class Dist:
+    """A distribution of one latency, in milliseconds (nearest-rank percentiles; None when empty)."""
+    n: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+
+    @classmethod
+    def of(cls, values_ms: list[float]) -> "Dist":
+        v = list(values_ms)
+        return cls(n=len(v), mean=statistics.mean(v) if v else None, p50=percentile(v, 50), p90=percentile(v, 90),
+                   p95=percentile(v, 95), p99=percentile(v, 99), max=max(v) if v else None)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency targets a request must meet to count towards goodput (DistServe's definition)."""
+    ttft_ms: float = 4000.0
+    tpot_ms: float = 100.0
+    itl_ms: float | None = None      # every gap between two tokens, when set (the stricter, stall-aware target)
+
+    def is_met_by(self, lc: Lifecycle) -> bool:
+        if lc.state is not RequestState.FINISHED or lc.ttft_s is None or lc.ttft_s * 1e3 > self.ttft_ms:
+            return False
+        if lc.tpot_s is not None and lc.tpot_s * 1e3 > self.tpot_ms:
+            return False
+        return self.itl_ms is None or all(x * 1e3 <= self.itl_ms for x in lc.itl_s)
+
+    def describe(self) -> str:
+        """AIPerf's ``--goodput`` spelling: ``time_to_first_token:4000 ...`` (milliseconds)."""
+        parts = [f"time_to_first_token:{self.ttft_ms:g}", f"inter_token_latency_mean:{self.tpot_ms:g}"]
+        if self.itl_ms is not None:
+            parts.append(f"inter_token_latency_max:{self.itl_ms:g}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class KVSummary:
+    """Disaggregated runs: the KV handoff of the requests that moved."""
+    n_moved: int
+    bytes_mean: float
+    bytes_total: int
+    transfer_ms: Dist               # prompt done -> imported on the decode worker
+    export_ms_p50: float | None
+    import_ms_p50: float | None
+    slot_wait_ms_p95: float | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Run-level figures for a set of requests and the step log they produced (seconds in, ms out)."""
+    n_requests: int
+    n_finished: int
+    n_failed: int
+    n_cancelled: int
+    n_resumed: int
+    n_prompt_tokens: int
+    n_output_tokens: int
+    span_s: float
+    prompt_tok_s: float | None      # prompt tokens / time of the steps that carried prompt tokens
+    output_tok_s: float | None
+    request_per_s: float | None
+    ttft_ms: Dist
+    tpot_ms: Dist
+    itl_ms: Dist
+    e2e_ms: Dist
+    queue_ms: Dist
+    n_steps: int
+    max_prompt_tokens_per_step: int
+    interference: Interference
+    interference_kind: str          # "same_step" (colocated) or "concurrent" (disaggregated)
+    kv: KVSummary | None
+    slo: SLO
+    n_slo_met: int
+    goodput_per_s: float | None     # requests per second that met every SLO
+
+    @property
+    def slo_attainment(self) -> float | None:
+        return self.n_slo_met / self.n_requests if self.n_requests else None
+
+
+def summarize(records: list[Lifecycle], steps: list[StepRecord], slo: SLO | None = None) -> RunSummary:
+    """Run-level figures for ``records`` (finished or not) and the step log ``steps``."""
+    slo = slo or SLO()
+    done = [r for r in records if r.state is RequestState.FINISHED]
     prompt_steps = [s for s in steps if s.n_prompt_tokens]
     prompt_step_s = sum(s.t_end_s - s.t_start_s for s in prompt_steps)
-    n_prompt = sum(r.n_prompt_tokens for r in done)
     n_out = sum(len(r.token_times_s) for r in done)
     span_s = (max(r.ended_s for r in done) - min(r.arrived_s for r in done)) if done else 0.0
-    inter = interference(steps)
     moved = [r for r in done if r.kv_bytes]
-    transfer = [r.transfer_s * 1e3 for r in moved if r.transfer_s is not None]
-    return {
-        "n_requests": len(records), "n_finished": len(done),
-        "n_failed": sum(r.state.value == "failed" for r in records),
-        "n_cancelled": sum(r.state.value == "cancelled" for r in records),
-        "n_resumed": sum(r.n_resumes > 0 for r in records),
-        "n_prompt_tokens": n_prompt, "n_output_tokens": n_out, "span_s": span_s,
-        # prompt tokens per second of the steps that carried prompt tokens
-        "prompt_tok_s": sum(s.n_prompt_tokens for s in prompt_steps) / prompt_step_s if prompt_step_s else None,
-        "output_tok_s": n_out / span_s if span_s > 0 else None,
-        "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p95": percentile(ttft, 95),
-        "tpot_ms_p50": percentile(tpot, 50), "tpot_ms_p95": percentile(tpot, 95),
-        "itl_ms_p95": percentile(itl, 95), "itl_ms_max": max(itl) if itl else None,
-        "queue_ms_p50": percentile(queue, 50), "queue_ms_p95": percentile(queue, 95),
-        "n_steps": len(steps),
-        "max_prompt_tokens_per_step": max((s.n_prompt_tokens for s in steps), default=0),
-        "interference_decode_only_ms": inter.decode_only_ms, "interference_mixed_ms": inter.mixed_ms,
-        "interference_slowdown": inter.slowdown,
-        "interference_kind": "concurrent" if any(s.worker_role == "prefill" for s in steps) else "same_step",
-        # disaggregated: the KV handoff
-        "kv_bytes_mean": statistics.mean(r.kv_bytes for r in moved) if moved else None,
-        "kv_transfer_ms_p50": percentile(transfer, 50), "kv_transfer_ms_p95": percentile(transfer, 95),
-        "kv_export_ms_p50": percentile([r.kv_export_s * 1e3 for r in moved if r.kv_export_s is not None], 50),
-        "kv_import_ms_p50": percentile([r.kv_import_s * 1e3 for r in moved if r.kv_import_s is not None], 50),
-        "kv_slot_wait_ms_p95": percentile([r.kv_slot_wait_s * 1e3 for r in moved
-                                           if r.kv_slot_wait_s is not None], 95),
-    }
+    kv = None
+    if moved:
+        kv = KVSummary(
+            n_moved=len(moved), bytes_mean=statistics.mean(r.kv_bytes for r in moved),
+            bytes_total=sum(r.kv_bytes for r in moved),
+            transfer_ms=Dist.of([r.transfer_s * 1e3 for r in moved if r.transfer_s is not None]),
+            export_ms_p50=percentile([r.kv_export_s * 1e3 for r in moved if r.kv_export_s is not None], 50),
+            import_ms_p50=percentile([r.kv_import_s * 1e3 for r in moved if r.kv_import_s is not None], 50),
+            slot_wait_ms_p95=percentile([r.kv_slot_wait_s * 1e3 for r in moved if r.kv_slot_wait_s is not None], 95))
+    n_met = sum(slo.is_met_by(r) for r in records)
+    return RunSummary(
+        n_requests=len(records), n_finished=len(done),
+        n_failed=sum(r.state is RequestState.FAILED for r in records),
+        n_cancelled=sum(r.state is RequestState.CANCELLED for r in records),
+        n_resumed=sum(r.n_resumes > 0 for r in records),
+        n_prompt_tokens=sum(r.n_prompt_tokens for r in done), n_output_tokens=n_out, span_s=span_s,
+        prompt_tok_s=sum(s.n_prompt_tokens for s in prompt_steps) / prompt_step_s if prompt_step_s else None,
+        output_tok_s=n_out / span_s if span_s > 0 else None,
+        request_per_s=len(done) / span_s if span_s > 0 else None,
+        ttft_ms=Dist.of([r.ttft_s * 1e3 for r in done if r.ttft_s is not None]),
+        tpot_ms=Dist.of([r.tpot_s * 1e3 for r in done if r.tpot_s is not None]),
+        itl_ms=Dist.of([x * 1e3 for r in done for x in r.itl_s]),
+        e2e_ms=Dist.of([(r.ended_s - r.arrived_s) * 1e3 for r in done if r.ended_s is not None]),
+        queue_ms=Dist.of([r.queue_wait_s * 1e3 for r in done if r.queue_wait_s is not None]),
+        n_steps=len(steps), max_prompt_tokens_per_step=max((s.n_prompt_tokens for s in steps), default=0),
+        interference=interference(steps),
+        interference_kind="concurrent" if any(s.worker_role == "prefill" for s in steps) else "same_step",
+        kv=kv, slo=slo, n_slo_met=n_met, goodput_per_s=n_met / span_s if span_s > 0 else None)

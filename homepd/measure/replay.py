@@ -1,25 +1,76 @@
-"""Replaying an arrival trace on a running engine, and the run's memory and energy.
+"""Replaying an arrival trace on a running engine, and the run record that comes out of it.
 
 Each request is submitted at its arrival offset (real time) and drained; the
-caller gets their lifecycles, from which ``homepd.measure.metrics`` derives
-every latency figure.
+lifecycles, the step log, the worker events and the sampler's memory/energy
+readings make a ``RunRecord``, from which every figure is derived
+(``homepd.measure.metrics``, ``homepd.measure.stalls``).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from dataclasses import dataclass, field
 
+from homepd.core.lifecycle import Lifecycle
+from homepd.core.records import WorkerEvent, to_plain
 from homepd.core.sampling import SamplingParams
 from homepd.hw.monitor import energy_by_source_j
+from homepd.measure.metrics import SLO, RunSummary, summarize
+from homepd.measure.stalls import Stall, attribute_stalls
+
+MAX_STALLS_KEPT = 50
 
 
-async def replay(engine, trace, on_done=None) -> list:
-    """Submit each trace request at its arrival offset; wait for all; return their lifecycles."""
+@dataclass(frozen=True)
+class ProcessMemory:
+    """Peak memory of one homepd process during a run (bytes; None = not readable here)."""
+    role: str
+    rss_bytes: int | None
+    pss_bytes: int | None
+    uss_bytes: int | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything one trace replay produced: figures, evidence and the raw lifecycles."""
+    mode: str
+    config: dict
+    trace_name: str
+    summary: RunSummary
+    stalls: tuple[Stall, ...]
+    worker_events: tuple[WorkerEvent, ...]
+    memory: tuple[ProcessMemory, ...]
+    kv_slot_bytes: int
+    energy_j: dict[str, float | None]
+    requests: tuple[Lifecycle, ...] = field(repr=False, default=())
+
+    @property
+    def total_pss_bytes(self) -> int | None:
+        """PSS summed over every homepd process (shared pages, slots included, counted once)."""
+        values = [m.pss_bytes for m in self.memory]
+        return None if not values or None in values else sum(values)
+
+    def to_dict(self) -> dict:
+        out = to_plain({k: getattr(self, k) for k in ("mode", "config", "trace_name", "summary", "stalls",
+                                                     "worker_events", "memory", "kv_slot_bytes", "energy_j")})
+        out["summary"]["slo_attainment"] = self.summary.slo_attainment
+        out["total_pss_bytes"] = self.total_pss_bytes
+        out["requests"] = [r.to_dict() for r in self.requests]
+        return out
+
+
+async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
+    """Submit each trace request at its arrival offset; wait for all; return their lifecycles in trace order."""
     t0 = time.monotonic()
 
     async def one(req):
         await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
-        stream = await engine.submit(messages=req.messages, params=SamplingParams(max_tokens=req.max_tokens))
+        params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=getattr(req, "ignore_eos", False))
+        if getattr(req, "messages", None) is not None:
+            stream = await engine.submit(messages=req.messages, params=params)
+        else:
+            stream = await engine.submit(req.prompt, params=params)
         await stream.collect()
         if on_done:
             on_done(stream)
@@ -28,15 +79,41 @@ async def replay(engine, trace, on_done=None) -> list:
     return list(await asyncio.gather(*(one(r) for r in trace)))
 
 
-def memory_and_energy(sampler, t0_s: float, t1_s: float) -> dict:
-    """Per worker role, peak RSS/USS/PSS during [t0, t1]; energy per source (None = NA on this box)."""
+async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = None, sampler=None,
+                    on_done=None, itl_target_ms: float | None = None) -> RunRecord:
+    """Replay ``trace`` on a started ``engine`` and assemble its ``RunRecord``."""
+    slo = slo or SLO()
+    if sampler is not None:
+        sampler.register_process(os.getpid(), "controller")
+    events_before = len(engine.worker_events)
+    t0 = time.monotonic()
+    records = await replay(engine, trace, on_done)
+    t1 = time.monotonic()
+    steps = [s for s in engine.step_log if s.t_end_s >= t0]
+    memory, energy = (), {}
+    if sampler is not None:
+        sampler.sample_once()
+        memory, energy = peak_memory(sampler, t0, t1), energy_by_source_j(list(sampler.history()), t0, t1)
+    snap = engine.snapshot()
+    target = itl_target_ms if itl_target_ms is not None else (slo.itl_ms or slo.tpot_ms)
+    return RunRecord(
+        mode=engine.config.mode, config=to_plain(engine.config), trace_name=trace_name,
+        summary=summarize(records, steps, slo),
+        stalls=tuple(attribute_stalls(records, steps, target)[:MAX_STALLS_KEPT]),
+        worker_events=tuple(list(engine.worker_events)[events_before:]), memory=memory,
+        kv_slot_bytes=snap.kv_slots.total_bytes if snap.kv_slots else 0, energy_j=energy,
+        requests=tuple(records))
+
+
+def peak_memory(sampler, t0_s: float, t1_s: float) -> tuple[ProcessMemory, ...]:
+    """Per process role, peak RSS/PSS/USS during [t0, t1] (the latest reading if none fell inside)."""
     history = [s for s in sampler.history() if t0_s <= s.t_mono_s <= t1_s] or list(sampler.history())[-1:]
-    workers: dict[str, dict] = {}
+    peaks: dict[str, dict[str, int | None]] = {}
     for snap in history:
         for p in snap.processes:
-            w = workers.setdefault(p.role, {"rss_bytes": None, "uss_bytes": None, "pss_bytes": None})
+            w = peaks.setdefault(p.role, {"rss_bytes": None, "pss_bytes": None, "uss_bytes": None})
             for key in w:
                 value = getattr(p, key)
                 if value is not None and (w[key] is None or value > w[key]):
                     w[key] = value
-    return {"workers": workers, "energy_j": energy_by_source_j(list(sampler.history()), t0_s, t1_s)}
+    return tuple(ProcessMemory(role, **w) for role, w in peaks.items())

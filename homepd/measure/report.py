@@ -1,0 +1,88 @@
+"""Plain-text rendering of a run record, and the SLO flags every measuring command shares."""
+from __future__ import annotations
+
+import argparse
+
+from homepd.config import env_default
+from homepd.measure.metrics import SLO, Dist
+from homepd.measure.replay import RunRecord
+
+MIB = 2 ** 20
+
+
+def fmt(x, spec: str = ".0f") -> str:
+    return "NA" if x is None else format(x, spec)
+
+
+def add_slo_flags(parser: argparse.ArgumentParser) -> None:
+    """``--slo-ttft-ms``, ``--slo-tpot-ms``, ``--slo-itl-ms`` (each also ``HOMEPD_SLO_*``)."""
+    default = SLO()
+    parser.add_argument("--slo-ttft-ms", type=float, default=env_default("slo-ttft-ms", default.ttft_ms, float),
+                        help=f"TTFT target for goodput (default {default.ttft_ms:g} ms)")
+    parser.add_argument("--slo-tpot-ms", type=float, default=env_default("slo-tpot-ms", default.tpot_ms, float),
+                        help=f"TPOT (mean inter-token) target for goodput (default {default.tpot_ms:g} ms)")
+    parser.add_argument("--slo-itl-ms", type=float, default=env_default("slo-itl-ms", default.itl_ms, float),
+                        help="target for every single inter-token gap (stalls); default: not checked")
+
+
+def slo_from_args(args: argparse.Namespace) -> SLO:
+    return SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms, itl_ms=args.slo_itl_ms)
+
+
+def dist_line(name: str, d: Dist, spec: str = ".0f") -> str:
+    return (f"{name:<6} mean {fmt(d.mean, spec):>7}  p50 {fmt(d.p50, spec):>7}  p90 {fmt(d.p90, spec):>7}  "
+            f"p99 {fmt(d.p99, spec):>7}  max {fmt(d.max, spec):>7} ms")
+
+
+def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int = 5) -> str:
+    """The ``homepd run`` report: per request, then run figures, stalls, worker events, memory, energy."""
+    out = [f"{'request':<16}{'kind':<7}{'prompt':>7}{'out':>5}{'queue ms':>10}{'TTFT ms':>9}{'TPOT ms':>9}  finish"]
+    for i, r in enumerate(record.requests):
+        kind = kinds[i] if kinds and i < len(kinds) else ""
+        out.append(f"{r.request_id[-16:]:<16}{kind:<7}{r.n_prompt_tokens:>7}{len(r.token_times_s):>5}"
+                   f"{fmt(r.queue_wait_s and r.queue_wait_s * 1e3):>10}{fmt(r.ttft_s and r.ttft_s * 1e3):>9}"
+                   f"{fmt(r.tpot_s and r.tpot_s * 1e3, '.1f'):>9}  {r.finish_reason or r.state.value}"
+                   f"{' ' + r.error if r.error else ''}")
+    s = record.summary
+    out += ["", f"{s.n_finished}/{s.n_requests} finished in {s.span_s:.1f} s ({s.n_failed} failed, "
+                f"{s.n_resumed} resumed); prompt {fmt(s.prompt_tok_s)} tok/s, output {fmt(s.output_tok_s, '.1f')} "
+                f"tok/s, {fmt(s.request_per_s, '.2f')} req/s",
+            dist_line("TTFT", s.ttft_ms), dist_line("TPOT", s.tpot_ms, ".1f"), dist_line("ITL", s.itl_ms, ".1f"),
+            dist_line("E2E", s.e2e_ms), dist_line("queue", s.queue_ms),
+            f"goodput {fmt(s.goodput_per_s, '.2f')} req/s: {s.n_slo_met}/{s.n_requests} met {s.slo.describe()}"]
+    inter = s.interference
+    out.append(f"steps {s.n_steps}, at most {s.max_prompt_tokens_per_step} prompt tokens in one step; "
+               f"interference: decode step alone {fmt(inter.decode_only_ms, '.1f')} ms "
+               f"(n={inter.decode_only_steps}), "
+               f"{'beside a prefill step' if s.interference_kind == 'concurrent' else 'with prompt tokens'} "
+               f"{fmt(inter.mixed_ms, '.1f')} ms (n={inter.mixed_steps}); x{fmt(inter.slowdown, '.2f')} at equal "
+               f"batch size")
+    if s.kv is not None:
+        kv = s.kv
+        out.append(f"KV handoff: {kv.n_moved} requests, {kv.bytes_mean / 1e6:.1f} MB each on average; transfer "
+                   f"(prompt done -> imported) p50/p99 {fmt(kv.transfer_ms.p50, '.1f')}/{fmt(kv.transfer_ms.p99, '.1f')}"
+                   f" ms; export {fmt(kv.export_ms_p50, '.2f')} ms, import {fmt(kv.import_ms_p50, '.2f')} ms, "
+                   f"slot wait p95 {fmt(kv.slot_wait_ms_p95, '.1f')} ms")
+    if record.stalls:
+        out.append(f"stalls over {fmt(s.slo.itl_ms or s.slo.tpot_ms)} ms: {len(record.stalls)} "
+                   f"(worst {min(n_stalls, len(record.stalls))}):")
+        for st in record.stalls[:n_stalls]:
+            who = ", ".join(f"{c.request_id} ({c.n_prompt_tokens} prompt tokens, {c.held_ms:.0f} ms"
+                            f"{'' if c.same_step else ', concurrent'})" for c in st.culprits[:3]) or "no prompt"
+            out.append(f"  {st.request_id} token {st.token_index}: {st.gap_ms:.0f} ms gap, held by {who}")
+    for ev in record.worker_events:
+        extra = f", back after {ev.recovery_s:.2f} s" if ev.recovery_s is not None else ""
+        held = (f"; resumed {len(ev.resumed_from_slot)} from slot, {len(ev.recomputed_requests)} by recompute, "
+                f"{len(ev.failed_requests)} lost") if ev.kind.value == "died" else ""
+        out.append(f"worker {ev.role} (pid {ev.pid}) {ev.kind.value}{extra}{held}{': ' + ev.cause if ev.cause else ''}")
+    mb = lambda b: "NA" if b is None else f"{b / MIB:.0f}"  # noqa: E731
+    for m in record.memory:
+        out.append(f"{m.role} memory (peak MiB): RSS {mb(m.rss_bytes)}, PSS {mb(m.pss_bytes)}, USS {mb(m.uss_bytes)}")
+    if record.memory:
+        out.append(f"total PSS of every homepd process: {mb(record.total_pss_bytes)} MiB")
+    if record.kv_slot_bytes:
+        out.append(f"KV slots: {mb(record.kv_slot_bytes)} MiB of pre-faulted shared memory (in the workers' PSS)")
+    energy = {k: v for k, v in record.energy_j.items() if v is not None}
+    out.append("energy: " + (", ".join(f"{k} {v:.1f} J" for k, v in energy.items()) if energy
+                             else "NA (no RAPL counters or GPU energy readable on this box)"))
+    return "\n".join(out)
