@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +203,29 @@ class LlamaContext:
             return int(call(ptr))
         finally:
             del ptr
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What the installed llama.cpp build can do; a field it cannot report is None (NA)."""
+    version: str | None               # llama-cpp-python's version
+    supports_gpu_offload: bool | None
+    system_info: str | None           # llama_print_system_info(): "CUDA : ARCHS = 890 | ... | CPU : SSE3 = 1 | ..."
+
+
+def build_info(lib=C) -> BuildInfo:
+    """Read the build's capabilities from ``lib`` (llama_cpp; tests pass a stand-in).
+
+    Needs no model and no backend initialisation.  An entry point that is
+    missing or fails gives None for its field, never an exception.
+    """
+    try:
+        offload = bool(lib.llama_supports_gpu_offload())
+    except Exception:
+        offload = None
+    try:
+        info = lib.llama_print_system_info()
+        system_info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    except Exception:
+        system_info = None
+    return BuildInfo(getattr(lib, "__version__", None), offload, system_info)

@@ -8,18 +8,20 @@ is a normal case.  ``homepd probe [--json]`` prints it with the placement plan
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import platform
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from homepd.hw.nvml import GpuInfo, Nvml, probe_gpus
+
+if TYPE_CHECKING:
+    from homepd.llm import BuildInfo
 
 SCHEMA_VERSION = 1
 POWERCAP_ROOT = Path("/sys/class/powercap")
@@ -158,23 +160,19 @@ def _backends_from_system_info(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
-def probe_llama_cpp(module: Any = None) -> LlamaCppInfo:
-    """What the installed llama-cpp-python can do; an import failure is NA, not an error."""
-    if module is None:
+def probe_llama_cpp(build: BuildInfo | None = None) -> LlamaCppInfo:
+    """What the installed llama-cpp-python can do; an import failure is NA, not an error.
+
+    ``build``: report this instead of asking ``homepd.llm.build_info()`` (tests pass one).
+    """
+    if build is None:
         try:
-            module = importlib.import_module("llama_cpp")
+            from homepd.llm import build_info
+            build = build_info()
         except Exception as exc:  # ImportError, or OSError from a broken shared library
             return LlamaCppInfo(False, None, None, None, f"llama_cpp not importable: {exc}")
-    try:
-        offload = bool(module.llama_supports_gpu_offload())
-    except Exception:
-        offload = None
-    try:
-        info = module.llama_print_system_info()
-        backends = _backends_from_system_info(info.decode() if isinstance(info, bytes) else info)
-    except Exception:
-        backends = None
-    return LlamaCppInfo(True, getattr(module, "__version__", None), offload, backends, None)
+    backends = None if build.system_info is None else _backends_from_system_info(build.system_info)
+    return LlamaCppInfo(True, build.version, build.supports_gpu_offload, backends, None)
 
 
 def _warnings(nvml: NvmlInfo, gpus: tuple[GpuInfo, ...], llama: LlamaCppInfo,
@@ -191,15 +189,15 @@ def _warnings(nvml: NvmlInfo, gpus: tuple[GpuInfo, ...], llama: LlamaCppInfo,
     return tuple(found)
 
 
-def probe(nvml_module: Any = None, llama_module: Any = None, *,
+def probe(nvml_module: Any = None, llama_build: BuildInfo | None = None, *,
           powercap_root: Path = POWERCAP_ROOT,
           nvidia_proc_dir: Path = NVIDIA_PROC_DIR) -> BoxProbe:
-    """Read the box once. ``nvml_module``/``llama_module`` replace pynvml/llama_cpp in tests."""
+    """Read the box once. ``nvml_module`` replaces pynvml, ``llama_build`` the llama.cpp build info, in tests."""
     with Nvml(nvml_module) as nvml:
         nvml_info = NvmlInfo(nvml.is_available, nvml.error,
                              nvml.driver_version(), nvml.cuda_version())
         gpus = probe_gpus(nvml)
-    llama = probe_llama_cpp(llama_module)
+    llama = probe_llama_cpp(llama_build)
     return BoxProbe(
         hostname=socket.gethostname(), cpu=probe_cpu(), memory=probe_memory(),
         nvml=nvml_info, gpus=gpus, rapl=read_rapl_zones(powercap_root), llama_cpp=llama,

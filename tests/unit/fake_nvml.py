@@ -1,12 +1,15 @@
 """A fake ``pynvml`` module for tests: the same entry points, GPUs described as data.
 
 A ``FakeGpu`` field set to ``None`` makes the matching NVML call raise
-``NVMLError_NotSupported``, as a real GPU does for a field it lacks.
+``NVMLError_NotSupported``, as a real GPU does for a field it lacks.  Also the
+llama.cpp build info of a CUDA and a CPU-only build.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+
+from homepd.llm import BuildInfo
 
 GIB = 1 << 30
 
@@ -130,20 +133,6 @@ class FakeNvml:
         return self._need(self._gpu(h).pcie_kib_s)[counter]
 
 
-class FakeLlamaCpp:
-    """Quacks like ``llama_cpp`` for ``probe_llama_cpp``."""
-
-    __version__ = "0.3.36"
-
-    def __init__(self, gpu_offload: bool, system_info: bytes = b"CPU : SSE3 = 1 | AVX2 = 1 | "):
-        self._gpu_offload, self._system_info = gpu_offload, system_info
-
-    def llama_supports_gpu_offload(self):
-        return self._gpu_offload
-
-    def llama_print_system_info(self):
-        return self._system_info
-
-
-CUDA_LLAMA = FakeLlamaCpp(True, b"CUDA : ARCHS = 860 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | ")
-CPU_LLAMA = FakeLlamaCpp(False)
+# What homepd.llm.build_info() reports for a CUDA build and for a CPU-only build.
+CUDA_LLAMA = BuildInfo("0.3.36", True, "CUDA : ARCHS = 860 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | ")
+CPU_LLAMA = BuildInfo("0.3.36", False, "CPU : SSE3 = 1 | AVX2 = 1 | ")
