@@ -30,10 +30,23 @@ def test_illegal_transitions_are_bugs():
     assert lc.ended_s == 1.0
 
 
-def test_transfer_timestamps():
+def test_re_entry_keeps_arrival_times_and_restarts_the_transfer_clock():
+    """A decode worker death sends a request back to TRANSFERRING (resumed from its slot), then to
+    PREFILLING (resumed by recompute): admission and first prefill keep their first times, the new
+    transfer starts at its own time with no end yet, and a resumed transfer is not measured from
+    the first one."""
     lc = Lifecycle("r", arrived_s=0.0)
     lc.advance(RequestState.PREFILLING, 0.1)
     lc.advance(RequestState.TRANSFERRING, 0.4)
-    lc.transfer_end_s = 0.45
+    lc.transfer_end_s = 0.45  # the controller sets it when the decode worker reports the import
     lc.advance(RequestState.DECODING, 0.45)
-    assert lc.transfer_s == pytest.approx(0.05)
+    lc.advance(RequestState.TRANSFERRING, 2.0)  # decode worker died: its KV is re-imported
+    assert (lc.transfer_start_s, lc.transfer_end_s, lc.transfer_s) == (2.0, None, None)
+    lc.advance(RequestState.PREFILLING, 3.0)    # slot lost too: recompute
+    assert (lc.admitted_s, lc.prefill_start_s) == (0.1, 0.1)
+    assert lc.queue_wait_s == pytest.approx(0.1)
+    lc.advance(RequestState.TRANSFERRING, 3.5)
+    lc.advance(RequestState.TRANSFERRING, 3.9)  # same state: not a transition, the clock is not reset
+    assert lc.transfer_start_s == 3.5
+    lc.advance(RequestState.FINISHED, 4.0)
+    assert lc.ended_s == 4.0 and lc.to_dict()["state"] == "finished"
