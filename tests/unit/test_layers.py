@@ -1,0 +1,169 @@
+"""The dependency rule (README "How it is built"), enforced.
+
+- the import-linter contracts in pyproject.toml are kept (and do catch a violation);
+- the engine core and the measurement layer load no face library, and the pure core
+  none of llama_cpp, pynvml, psutil — checked in a fresh interpreter;
+- each third-party library with an owner is imported by its owner only, found by
+  scanning every module's source (which also sees ``importlib.import_module("x")``,
+  invisible to import-linter).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "homepd"
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+# library -> the one package or module allowed to import it (an owner not written yet must be the
+# only importer once it appears)
+OWNERS = {
+    "llama_cpp": "homepd.llm",
+    "pynvml": "homepd.hw",
+    "psutil": "homepd.hw",
+    "jinja2": "homepd.engine.prompt",
+    "textual": "homepd.tui",
+    "sqlite_utils": "homepd.store",
+    "fastapi": "homepd.serve",
+    "starlette": "homepd.serve",
+    "uvicorn": "homepd.serve",
+    "prometheus_client": "homepd.serve",
+    "sdnotify": "homepd.serve",
+}
+FACE_LIBRARIES = ("textual", "fastapi", "starlette", "uvicorn", "sqlite_utils", "prometheus_client")
+CORE_FORBIDDEN = ("llama_cpp", "pynvml", "psutil", "jinja2") + FACE_LIBRARIES
+
+
+# ---- import-linter ---------------------------------------------------------------------
+
+def lint_imports(root: Path) -> tuple[int, str, int, int]:
+    """Run lint-imports on the project at ``root``: (exit code, output, contracts kept, broken)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}  # why: the copy's homepd, not the installed one
+    out = subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120)
+    text = out.stdout + out.stderr
+    counts = re.search(r"Contracts: (\d+) kept, (\d+) broken", text)
+    assert counts, text
+    return out.returncode, text, int(counts[1]), int(counts[2])
+
+
+def test_import_linter_contracts_are_kept():
+    n_contracts = (REPO / "pyproject.toml").read_text().count("[[tool.importlinter.contracts]]")
+    assert n_contracts >= 4
+    code, text, kept, broken = lint_imports(REPO)
+    assert (code, kept, broken) == (0, n_contracts, 0), text
+
+
+def test_import_linter_catches_a_core_module_that_imports_upwards(tmp_path):
+    """The contracts are live: a core module importing llama_cpp and the engine breaks two of them."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    shutil.copytree(PACKAGE, tmp_path / "homepd", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "homepd" / "core" / "violation.py").write_text(
+        "import llama_cpp\nfrom homepd.engine import controller\n")
+    code, text, _, broken = lint_imports(tmp_path)
+    assert code != 0 and broken >= 2, text
+    assert "homepd.core.violation -> homepd.engine.controller" in text
+    assert "homepd.core.violation -> llama_cpp" in text
+
+
+# ---- what a fresh interpreter loads ----------------------------------------------------
+
+def loaded_after_import(modules: list[str], libraries: tuple[str, ...]) -> list[str]:
+    """Import ``modules`` in a fresh interpreter; return which of ``libraries`` it then has loaded."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(libraries)!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def core_modules() -> list[str]:
+    names = sorted(p.stem for p in (PACKAGE / "core").glob("*.py") if p.stem != "__init__")
+    assert {"lifecycle", "protocol", "sampling", "scheduler"} <= set(names)
+    return [f"homepd.core.{name}" for name in names]
+
+
+def test_engine_and_measurement_load_no_face_library():
+    modules = ["homepd.engine.controller", "homepd.launch", "homepd.measure.metrics", "homepd.kv.pool",
+               *core_modules()]
+    assert loaded_after_import(modules, FACE_LIBRARIES) == []
+
+
+def test_the_pure_core_loads_no_hardware_model_or_face_library():
+    assert loaded_after_import(core_modules(), CORE_FORBIDDEN) == []
+
+
+def test_the_fresh_interpreter_check_sees_a_loaded_library():
+    # the check itself can fail: homepd.llm loads llama_cpp, the probe psutil
+    loaded = loaded_after_import(["homepd.llm", "homepd.hw.probe"], ("llama_cpp", "psutil", "textual"))
+    assert loaded == ["llama_cpp", "psutil"]
+
+
+# ---- one owner per library -------------------------------------------------------------
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_libraries(source: str) -> set[str]:
+    """Top-level names of everything ``source`` imports: import statements (absolute ones) and
+    ``importlib.import_module`` / ``__import__`` calls with a literal name."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in ("import_module", "__import__"):
+                found.add(node.args[0].value.split(".")[0])
+    return found
+
+
+@functools.cache
+def importers() -> dict[str, frozenset[str]]:
+    """library -> the homepd modules that import it."""
+    by_library: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for library in imported_libraries(path.read_text(encoding="utf-8")):
+            by_library.setdefault(library, set()).add(module_name(path))
+    return {library: frozenset(modules) for library, modules in by_library.items()}
+
+
+def owns(owner: str, module: str) -> bool:
+    return module == owner or module.startswith(owner + ".")
+
+
+@pytest.mark.parametrize("library", sorted(OWNERS))
+def test_each_library_is_imported_by_its_owner_only(library):
+    outsiders = sorted(m for m in importers().get(library, ()) if not owns(OWNERS[library], m))
+    assert outsiders == [], f"{library} belongs to {OWNERS[library]}; also imported by {outsiders}"
+
+
+def test_the_scan_finds_the_owners_imports():
+    found = importers()
+    assert "homepd.llm" in found["llama_cpp"]
+    assert "homepd.hw.nvml" in found["pynvml"]           # importlib.import_module("pynvml")
+    assert {"homepd.hw.probe", "homepd.hw.monitor"} <= found["psutil"]
+    assert found["jinja2"] == {"homepd.engine.prompt"}
+    assert imported_libraries("import importlib\nimportlib.import_module('llama_cpp.llama')\n") == \
+        {"importlib", "llama_cpp"}
+    assert imported_libraries("from . import x\nfrom .y import z\n") == set()  # relative: inside homepd
