@@ -25,6 +25,9 @@ def prepare(config: EngineConfig, *, pull: bool = True, progress: bool = True, b
 
         path = FAKE_MODEL_PATH if config.model == EngineConfig.model else config.model
         return EngineSetup(path, "f" * 64, placements(config, path, box))
+    from homepd.hw.isa import check_build
+
+    check_build()  # before any process loads llama.cpp: a build for another CPU is refused, not a SIGILL
     path = str(resolve_model(config.model, config.models_dir, pull=pull, progress=progress))
     return EngineSetup(path, fingerprint(path), placements(config, path, box))
 
@@ -34,16 +37,24 @@ def placements(config: EngineConfig, model_path: str, box=None) -> dict[str, Rol
 
     Colocated: the config's cores/threads/GPU.  Disaggregated: per-role flags
     where given, else the placement plan (``homepd probe`` shows the same plan).
+    Replicas: the plan's ``replica-N`` workers (one per GPU, or the cores split).
     """
     c = config
     if c.mode == "colocated":
         return {"colocated": RolePlacement(cpu_cores=c.cpu_cores, n_threads=c.effective_n_threads,
                                            cuda_visible_devices=None if c.gpu_index is None else str(c.gpu_index),
                                            n_gpu_layers=c.n_gpu_layers)}
+    if c.mode == "replicas":
+        plan = _plan(c, model_path, box).replicas
+        if not plan.feasible:
+            raise EngineError(f"{c.n_replicas} replicas are not feasible on this box: {plan.reason}")
+        return {w.role: RolePlacement(cpu_cores=w.cpu_cores or None, n_threads=w.n_threads,
+                                      cuda_visible_devices=w.cuda_visible_devices or None,
+                                      n_gpu_layers=w.n_gpu_layers) for w in plan.workers}
     overrides = {"prefill": (c.prefill_cores, c.prefill_threads), "decode": (c.decode_cores, c.decode_threads)}
     plan = None
     if not all(cores for cores, _ in overrides.values()):
-        plan = _disaggregated_plan(c, model_path, box)
+        plan = _plan(c, model_path, box).disaggregated
         if not plan.feasible:
             raise EngineError(f"disaggregated serving is not feasible on this box: {plan.reason}")
     out = {}
@@ -58,7 +69,7 @@ def placements(config: EngineConfig, model_path: str, box=None) -> dict[str, Rol
     return out
 
 
-def _disaggregated_plan(config: EngineConfig, model_path: str, box):
+def _plan(config: EngineConfig, model_path: str, box):
     from homepd.hw.placement import plan_placement
     from homepd.hw.probe import probe
 
@@ -72,4 +83,4 @@ def _disaggregated_plan(config: EngineConfig, model_path: str, box):
     kv_bytes = config.n_ctx * per_token
     # the slot pool: n_slots slots, each sized for a full-context sequence
     return plan_placement(box if box is not None else probe(), model_bytes=model_bytes, kv_bytes=kv_bytes,
-                          transfer_bytes=config.n_slots * kv_bytes).disaggregated
+                          transfer_bytes=config.n_slots * kv_bytes, n_replicas=config.n_replicas)
