@@ -1,14 +1,29 @@
-"""Engine configuration: frozen data, validated once at the edge."""
+"""Engine configuration: frozen data, validated once at the edge.
+
+Each option's value comes from, first to last: its CLI flag, its ``HOMEPD_*``
+variable, the optional TOML config file (``find_config_file``: top-level keys
+are ``EngineConfig`` field names, a ``[serve]`` table holds the service's),
+its one default.
+"""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from homepd.errors import ConfigError
 
-MODES = ("colocated", "disaggregated")
+MODES = ("colocated", "disaggregated", "replicas")
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 # test-only scheduling bugs the worker can inject, to prove the teacher-forced check catches them
 # (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again
@@ -106,6 +121,9 @@ class EngineConfig:
         "prefill-threads", int, "disaggregated: prefill n_threads"))
     decode_threads: int | None = field(default=None, metadata=_opt(
         "decode-threads", int, "disaggregated: decode n_threads"))
+    n_replicas: int = field(default=2, metadata=_opt(
+        "replicas", int, "replicas mode: colocated workers, each with its own model copy (one per GPU, "
+                         "or the cores split)"))
     n_slots: int = field(default=4, metadata=_opt(
         "slots", int, "disaggregated: shared-memory KV slots (back-pressure bound)"))
     # when a worker dies: resume its requests (from their KV slot, else by re-prefilling prompt + output
@@ -148,6 +166,8 @@ class EngineConfig:
             raise ConfigError(f"fault must be one of {', '.join(FAULTS)} (test-only), got {self.fault!r}")
         if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
             raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
+        if not isinstance(self.n_replicas, int) or self.n_replicas < 2:
+            raise ConfigError(f"n_replicas must be an integer >= 2, got {self.n_replicas!r}")
         if not isinstance(self.n_slots, int) or self.n_slots < 1:
             raise ConfigError(f"n_slots must be a positive integer, got {self.n_slots!r}")
         return self
@@ -161,13 +181,21 @@ class EngineConfig:
 
 def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """Add one ``--flag`` per ``EngineConfig`` field that has one; each defaults to ``HOMEPD_<FLAG>``,
-    else the field's default (the flag wins over the variable)."""
-    for f in dataclasses.fields(EngineConfig):
+    else the config file's value, else the field's default (the flag wins over the variable)."""
+    add_option_flags(parser, EngineConfig, exclude=exclude)
+
+
+def add_option_flags(parser: argparse.ArgumentParser, cls, section: str | None = None,
+                     exclude: tuple[str, ...] = ()) -> None:
+    """``add_config_flags`` for any dataclass whose fields carry ``_opt`` metadata; its config-file values
+    come from the top level (``section=None``) or from the ``[section]`` table."""
+    from_file = config_file_values(cls, section)
+    for f in dataclasses.fields(cls):
         meta = f.metadata
         if not meta.get("flag") or f.name in exclude:
             continue
         flag, parse, kw = meta["flag"], meta["parse"], dict(meta["argparse"])
-        default = env_default(flag, f.default, parse)
+        default = env_default(flag, from_file.get(f.name, f.default), parse)
         if kw.get("action") is argparse.BooleanOptionalAction:
             parser.add_argument(f"--{flag}", dest=f.name, default=default, help=meta["help"], **kw)
         else:
@@ -179,3 +207,115 @@ def config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if hasattr(args, f.name)}
     values.update(overrides)
     return EngineConfig(**values).validated()
+
+
+# the optional config file ---------------------------------------------------------------------
+CONFIG_FILE_ENV = "HOMEPD_CONFIG"
+SYSTEM_CONFIG_FILE = Path("/etc/homepd/config.toml")
+
+
+def user_config_file() -> Path:
+    """``$XDG_CONFIG_HOME/homepd/config.toml``, else ``~/.config/homepd/config.toml``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "homepd" / "config.toml"
+
+
+def find_config_file() -> Path | None:
+    """The config file in force: ``$HOMEPD_CONFIG`` (which must exist), else the user's, else
+    ``/etc/homepd/config.toml``; None when there is none."""
+    explicit = os.environ.get(CONFIG_FILE_ENV)
+    if explicit:
+        if not Path(explicit).is_file():
+            raise ConfigError(f"{CONFIG_FILE_ENV}={explicit!r}: no such file")
+        return Path(explicit)
+    return next((p for p in (user_config_file(), SYSTEM_CONFIG_FILE) if p.is_file()), None)
+
+
+def read_config_file(path: str | os.PathLike | None = None) -> dict:
+    """The parsed TOML of ``path`` (default: ``find_config_file()``); {} when there is no file."""
+    path = Path(path) if path is not None else find_config_file()
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+
+
+def config_file_values(cls=None, section: str | None = None, document: dict | None = None) -> dict:
+    """Field name -> parsed value for the fields of ``cls`` (default ``EngineConfig``) that the config file
+    sets, each parsed like its ``HOMEPD_*`` variable; an unknown key or a bad value is a ConfigError."""
+    cls = cls or EngineConfig
+    if document is None:
+        document = read_config_file()
+    table = document.get(section, {}) if section else {k: v for k, v in document.items() if not isinstance(v, dict)}
+    where = f"config file{f' [{section}]' if section else ''}"
+    options = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("flag")}
+    out = {}
+    for key, value in table.items():
+        if key not in options:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(options))})")
+        try:
+            out[key] = options[key].metadata["parse"](_as_text(value))
+        except (ValueError, TypeError, ConfigError) as exc:
+            raise ConfigError(f"{where}: {key} = {value!r} is not valid: {exc}") from None
+    return out
+
+
+def write_config_file(values: dict, path: str | os.PathLike | None = None) -> Path:
+    """Merge ``values`` (``EngineConfig`` field names; a dict value is a table such as ``serve``) into the
+    config file at ``path`` (default: ``$HOMEPD_CONFIG``, else the user's) and return its path.
+
+    A value of None means the field's default: the key is removed (a field whose default is not None,
+    like ``chunk``, is written as "none").  Every value is checked by parsing it back; the file is
+    replaced atomically.
+    """
+    path = Path(path or os.environ.get(CONFIG_FILE_ENV) or user_config_file())
+    document = read_config_file(path) if path.is_file() else {}
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    for key, value in values.items():
+        target = document.setdefault(key, {}) if isinstance(value, dict) else document
+        for name, v in (value.items() if isinstance(value, dict) else [(key, value)]):
+            if v is None and (isinstance(value, dict) or defaults.get(name, None) is None):
+                target.pop(name, None)
+            else:
+                target[name] = "none" if v is None else v
+    config_file_values(EngineConfig, None, document)  # refuse what would not read back
+    lines = ["# homepd configuration: keys are EngineConfig fields (see `homepd serve --help`);",
+             "# flags and HOMEPD_* variables win over this file.", ""]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in document.items() if not isinstance(v, dict)]
+    for name, table in ((k, v) for k, v in document.items() if isinstance(v, dict)):
+        lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _as_text(value) -> str:
+    """A TOML value as the text a ``HOMEPD_*`` variable would hold (lists: comma-separated)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_as_text(v) for v in value)
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise ConfigError(f"unsupported value {value!r}")
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"cannot write {value!r} to the config file")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"cannot write {value!r} to the config file")

@@ -52,6 +52,7 @@ class Engine:
         self.kv = None  # KVRouter (disaggregated)
         self.cancelling: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._restarting: dict[str, asyncio.Task] = {}  # worker name -> its restart in progress
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
@@ -112,7 +113,13 @@ class Engine:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
-    def _spawn_task(self, coro) -> None:
+    async def wait_restarts(self) -> None:
+        """Return once every worker restart in progress has ended (the worker is back, or marked failed)."""
+        while self._restarting:
+            await asyncio.gather(*self._restarting.values(), return_exceptions=True)
+            self._restarting = {r: t for r, t in self._restarting.items() if not t.done()}
+
+    def _spawn_task(self, coro) -> asyncio.Task:
         """Run ``coro`` in the background, kept referenced; its failure is logged, never lost."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -123,6 +130,7 @@ class Engine:
                 log.error("engine background task failed", exc_info=t.exception())
 
         task.add_done_callback(done)
+        return task
 
     # requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | None = None, messages: list | None = None) -> list[int]:
@@ -148,10 +156,10 @@ class Engine:
         """Admit a request; returns its event stream.  Raises RequestError before any worker sees it."""
         params = (params or SamplingParams()).validated()
         ids = self.prepare(prompt, messages)
-        for handle in self.workers.values():
-            if handle.failed:
-                raise EngineError(f"the {handle.role} worker could not be restarted ({handle.failed}); "
-                                  "stop and start the engine")
+        failed = [h for h in self.workers.values() if h.failed]
+        if failed and (self.config.mode != "replicas" or len(failed) == len(self.workers)):
+            raise EngineError(f"the {failed[0].role} worker could not be restarted ({failed[0].failed}); "
+                              "stop and start the engine")
         room = self.config.n_ctx - len(ids) + 1
         if params.max_tokens > room:
             params = replace(params, max_tokens=room)  # ends with finish_reason 'length'
@@ -182,8 +190,14 @@ class Engine:
         stream = self.streams.get(request_id)
         return stream.lifecycle if stream is not None else self.records.get(request_id)
 
-    def _entry_worker(self) -> WorkerHandle:
-        return self.workers["colocated" if self.config.mode == "colocated" else "prefill"]
+    def _entry_worker(self, avoid: WorkerHandle | None = None) -> WorkerHandle:
+        """Where a new (or recomputed) request goes: the colocated or prefill worker, or the least
+        loaded replica that has not failed (``avoid``: a replica that just died, if another can take it)."""
+        if self.config.mode != "replicas":
+            return self.workers["colocated" if self.config.mode == "colocated" else "prefill"]
+        usable = [h for h in self.workers.values() if not h.failed and h is not avoid] or \
+                 [h for h in self.workers.values() if not h.failed] or list(self.workers.values())
+        return min(usable, key=lambda h: (len(h.in_flight) + (0 if h.ready else 1), h.role))
 
     # messages from workers (on the loop thread) -------------------------------------
     def _on_message(self, handle: WorkerHandle, msg) -> None:
@@ -202,6 +216,8 @@ class Engine:
 
     def _on_step(self, handle: WorkerHandle, report: StepReport) -> None:
         step = report.step
+        if step.worker_role != handle.role:  # a replica: name the step after its worker
+            step = replace(step, worker_role=handle.role)
         self.step_log.append(step)
         for rid in report.prefill_started:
             if rid in self.streams:
@@ -297,7 +313,7 @@ class Engine:
             self.workers["prefill"].send(SlotFreed(-1))  # recovery may have freed slots
         plan = recovery.plan_recovery(recovery.WorkerDeath(
             role=handle.role, pid=pid, cause=cause, is_crash_loop=crash_loop, resume=self.config.resume,
-            n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker().failed),
+            n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker(avoid=handle).failed),
             held=tuple(self._held(rid, rid in intact) for rid in held if rid in self.streams)))
         self.worker_events.append(WorkerEvent(
             WorkerEventKind.DIED, handle.role, pid, now, exitcode=exitcode, cause=cause, crash_loop=crash_loop,
@@ -320,8 +336,8 @@ class Engine:
             handle.send_request(rid, self.kv.in_slot[rid])
         for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
             self._note_resume(rid, "recompute")
-            self._entry_worker().send_request(rid, self._recompute_request(rid))
-        self._spawn_task(self._restart(handle, died_s=now))
+            self._entry_worker(avoid=handle).send_request(rid, self._recompute_request(rid))
+        self._restarting[handle.role] = self._spawn_task(self._restart(handle, died_s=now))
 
     def _held(self, rid: str, in_intact_slot: bool) -> recovery.HeldRequest:
         stream = self.streams[rid]

@@ -5,17 +5,16 @@ from homepd.config import EngineConfig
 from homepd.core.protocol import EngineSetup, WorkerSpec
 
 
-def roles_for(mode: str) -> list[str]:
-    return ["colocated"] if mode == "colocated" else ["prefill", "decode"]
-
-
 def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSpec]:
-    """The spec of every worker the engine starts, by role."""
+    """The spec of every worker the engine starts, by its name: ``colocated``, ``prefill`` and
+    ``decode``, or ``replica-N`` (a colocated worker)."""
+    expected = {"colocated": ["colocated"], "disaggregated": ["prefill", "decode"]}.get(config.mode)
+    names = expected if expected is not None else sorted(setup.placements)
     specs = {}
-    for role in roles_for(config.mode):
-        place = setup.placements[role]
-        specs[role] = WorkerSpec(
-            role=role, model_path=setup.model_path, n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
+    for name in names:
+        place = setup.placements[name]
+        specs[name] = WorkerSpec(
+            role="colocated" if name.startswith("replica-") else name, model_path=setup.model_path, n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
             chunk=config.chunk, n_threads=place.n_threads, cpu_cores=place.cpu_cores,
             n_gpu_layers=999 if place.n_gpu_layers < 0 else place.n_gpu_layers, fault=config.fault,
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,

@@ -51,6 +51,13 @@ class DisaggregatedPlacement:
 
 
 @dataclass(frozen=True)
+class ReplicasPlacement:
+    workers: tuple[WorkerPlacement, ...]  # n colocated workers; requests go to the least loaded
+    feasible: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class MemoryFit:
     worker_bytes: int                    # model + KV for one worker
     ram_available_bytes: int | None
@@ -70,6 +77,7 @@ class PlacementPlan:
     memory: MemoryFit
     colocated: ColocatedPlacement
     disaggregated: DisaggregatedPlacement
+    replicas: ReplicasPlacement
     notes: tuple[str, ...]
 
 
@@ -187,8 +195,38 @@ def _disaggregated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, tra
         "memory than the interference disaggregation removes")
 
 
+def _replicas(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, fit: MemoryFit,
+              ram: int | None, n_replicas: int) -> ReplicasPlacement:
+    """n colocated workers, each with its own copy of the model: one per GPU, or the CPU cores split."""
+    def refuse(reason):
+        return ReplicasPlacement((), False, reason)
+
+    if n_replicas < 2:
+        return refuse("a replica count below 2 is plain colocated serving")
+    roomy = [g for g in gpus if _vram_once(g, need)]
+    if len(roomy) >= n_replicas and len(groups) >= n_replicas:
+        size = len(groups) // n_replicas
+        workers = tuple(_worker(f"replica-{i}", roomy[i], groups[i * size:(i + 1) * size], need)
+                        for i in range(n_replicas))
+        return ReplicasPlacement(workers, True, f"{n_replicas} colocated replicas, one per GPU "
+                                                "(" + ", ".join(f"cuda:{g.index}" for g in roomy[:n_replicas]) + ")")
+    if len(groups) < n_replicas:
+        return refuse(f"needs at least {n_replicas} physical cores for {n_replicas} CPU replicas; "
+                      f"this box lets homepd use {len(groups)}")
+    total = n_replicas * need + RAM_RESERVE_BYTES
+    if not _fits(total, ram):
+        return refuse(f"{n_replicas} copies of model + KV need {fmt_bytes(total)} with the system's share; "
+                      f"RAM has {fmt_bytes(ram)} available")
+    size = len(groups) // n_replicas
+    workers = tuple(_worker(f"replica-{i}", None, groups[i * size:(i + 1) * size], need)
+                    for i in range(n_replicas))
+    prefix = "no GPU pair has room for a replica each; " if gpus else ""
+    return ReplicasPlacement(workers, True, prefix + f"{n_replicas} CPU replicas, each pinned to {size} "
+                                                     "physical core(s); requests go to the least loaded")
+
+
 def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
-                   transfer_bytes: int | None = None) -> PlacementPlan:
+                   transfer_bytes: int | None = None, n_replicas: int = 2) -> PlacementPlan:
     """Place prefill and decode for colocated and disaggregated serving on ``probe``'s box.
 
     ``kv_bytes`` is the KV cache for the configured context and sequences, held
@@ -223,6 +261,7 @@ def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
         model_bytes=model_bytes, kv_bytes=kv_bytes, uses_gpus=bool(gpus), memory=fit,
         colocated=_colocated(gpus, groups, need, fit),
         disaggregated=_disaggregated(gpus, groups, need, transfer, fit, ram),
+        replicas=_replicas(gpus, groups, need, fit, ram, n_replicas),
         notes=tuple(notes),
     )
 
@@ -249,5 +288,8 @@ def render_plan_text(plan: PlacementPlan) -> str:
     lines += [_worker_line(w) for w in c.workers] if c.feasible else []
     lines.append(f"  disaggregated: {'feasible' if d.feasible else 'INFEASIBLE'} - {d.reason}")
     lines += [_worker_line(w) for w in (d.prefill, d.decode) if w is not None]
+    r = plan.replicas
+    lines.append(f"  replicas:      {'feasible' if r.feasible else 'INFEASIBLE'} - {r.reason}")
+    lines += [_worker_line(w) for w in r.workers] if r.feasible else []
     lines += [f"  note: {n}" for n in plan.notes]
     return "\n".join(lines)
