@@ -1,0 +1,238 @@
+"""The recommendation: which architecture this box should serve with, the rule that decided, and why.
+
+Pure: evidence in, a ``Recommendation`` out — no engine, no clock, no store.
+
+The seeds' rule: recommend disaggregation only when prefill->decode
+interference is *measured* on the colocated runs, AND the disaggregated run
+meets both the TTFT and the TPOT targets, AND it beats the best colocated
+(chunked or replicated) goodput by a clear margin.  Otherwise recommend the
+colocated chunk (or replica count) with the best goodput.  This is decided per
+prompt mix; the overall answer is the one for the ``mixed`` trace (the mix a
+box serves in practice) and the evidence says when the mixes disagree.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+# interference counts as measured when decode steps disturbed by prefill are this much slower, matched on
+# batch size, over at least MIN_INTERFERENCE_SAMPLES disturbed steps
+INTERFERENCE_SIGNIFICANT = 1.2
+MIN_INTERFERENCE_SAMPLES = 3
+# "meets the targets": this share of requests within both TTFT and TPOT
+SLO_ATTAINMENT_TARGET = 0.9
+# "a clear margin": disaggregated goodput at least this multiple of the best colocated goodput
+DISAGG_MARGIN = 1.2
+OVERALL_MIX = "mixed"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to measure: an architecture and its parameters."""
+    name: str                       # e.g. "colocated-chunk-64", "disaggregated", "replicas-2"
+    mode: str                       # "colocated" | "disaggregated" | "replicas"
+    chunk: int | None = None        # prefill chunk (None = unchunked)
+    n_replicas: int | None = None
+    feasible: bool = True
+    reason: str = ""                # why it is in the list (or why it cannot run here)
+
+    def config_values(self) -> dict:
+        """The ``EngineConfig`` fields this candidate sets."""
+        out: dict = {"mode": self.mode, "chunk": self.chunk}
+        if self.n_replicas is not None:
+            out["n_replicas"] = self.n_replicas
+        return out
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The figures of one run that the rule reads (one candidate, one mix, one repeat)."""
+    goodput_per_s: float | None
+    slo_attainment: float | None    # share of requests meeting every SLO
+    ttft_attainment: float | None   # share within the TTFT target
+    tpot_attainment: float | None   # share within the TPOT target
+    ttft_ms_p99: float | None
+    itl_ms_p99: float | None
+    interference_slowdown: float | None
+    interference_samples: int       # disturbed decode steps behind the slowdown
+    n_requests: int
+    n_failed: int = 0
+
+
+@dataclass
+class Evidence:
+    """Every measurement, by candidate and mix; infeasible candidates carry only their reason."""
+    candidates: list[Candidate]
+    runs: dict[tuple[str, str], list[Measurement]] = field(default_factory=dict)  # (candidate, mix) -> repeats
+
+    def add(self, candidate: str, mix: str, m: Measurement) -> None:
+        self.runs.setdefault((candidate, mix), []).append(m)
+
+    @property
+    def mixes(self) -> list[str]:
+        seen: list[str] = []
+        for _, mix in self.runs:
+            if mix not in seen:
+                seen.append(mix)
+        return seen
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the evidence table: a candidate on a mix, medians over repeats and their spread."""
+    candidate: str
+    mix: str
+    n_repeats: int
+    n_requests: int
+    goodput_per_s: float | None
+    goodput_spread: float | None    # (max - min) / median over repeats
+    slo_attainment: float | None
+    ttft_ms_p99: float | None
+    itl_ms_p99: float | None
+    interference_slowdown: float | None
+    interference_samples: int
+
+
+@dataclass(frozen=True)
+class MixAnswer:
+    mix: str
+    candidate: str
+    rule: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    candidate: Candidate | None
+    config: dict                    # EngineConfig values to apply
+    rule: str                       # which branch of the rule decided
+    reason: str                     # in words, with the numbers
+    confidence: str                 # "high" | "medium" | "low"
+    confidence_why: str
+    per_mix: tuple[MixAnswer, ...]
+    mixes_agree: bool
+    table: tuple[Row, ...]
+    infeasible: tuple[tuple[str, str], ...]   # (candidate, reason)
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize_rows(evidence: Evidence) -> list[Row]:
+    rows = []
+    for (name, mix), ms in evidence.runs.items():
+        goodputs = [m.goodput_per_s for m in ms if m.goodput_per_s is not None]
+        med = _median(goodputs)
+        spread = (max(goodputs) - min(goodputs)) / med if len(goodputs) > 1 and med else None
+        rows.append(Row(
+            candidate=name, mix=mix, n_repeats=len(ms), n_requests=sum(m.n_requests for m in ms),
+            goodput_per_s=med, goodput_spread=spread, slo_attainment=_median(m.slo_attainment for m in ms),
+            ttft_ms_p99=_median(m.ttft_ms_p99 for m in ms), itl_ms_p99=_median(m.itl_ms_p99 for m in ms),
+            interference_slowdown=_median(m.interference_slowdown for m in ms),
+            interference_samples=sum(m.interference_samples for m in ms)))
+    return rows
+
+
+def _goodput_key(row: Row):
+    """Best first: goodput, then SLO attainment, then the lower p99 ITL and TTFT."""
+    return (row.goodput_per_s or 0.0, row.slo_attainment or 0.0,
+            -(row.itl_ms_p99 if row.itl_ms_p99 is not None else float("inf")),
+            -(row.ttft_ms_p99 if row.ttft_ms_p99 is not None else float("inf")))
+
+
+def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
+               measurements: dict[tuple[str, str], list[Measurement]]) -> tuple[str | None, str, str]:
+    """(winning candidate, rule id, reason) for one mix."""
+    mine = [r for r in rows if r.mix == mix and by_name[r.candidate].feasible]
+    colocated = [r for r in mine if by_name[r.candidate].mode in ("colocated", "replicas")]
+    disagg = [r for r in mine if by_name[r.candidate].mode == "disaggregated"]
+    best_co = max(colocated, key=_goodput_key, default=None)
+    if best_co is None and not disagg:
+        return None, "no-evidence", f"no candidate ran on the {mix} mix"
+    if best_co is None:
+        d = max(disagg, key=_goodput_key)
+        return d.candidate, "only-disaggregated", "only the disaggregated architecture ran on this mix"
+    chunked = [r for r in colocated if by_name[r.candidate].mode == "colocated"]
+    inter = max(chunked or colocated, key=lambda r: (r.interference_slowdown or 0.0))
+    significant = (inter.interference_slowdown or 0.0) >= INTERFERENCE_SIGNIFICANT \
+        and inter.interference_samples >= MIN_INTERFERENCE_SAMPLES
+    co_text = f"{best_co.candidate} has the best goodput without disaggregation ({_fmt(best_co.goodput_per_s)} req/s)"
+    if not disagg:
+        return best_co.candidate, "colocated-best-goodput", co_text + "; disaggregation was not measured"
+    d = max(disagg, key=_goodput_key)
+    ms = measurements.get((d.candidate, mix), [])
+    ttft_ok = _median(m.ttft_attainment for m in ms) or 0.0
+    tpot_ok = _median(m.tpot_attainment for m in ms) or 0.0
+    meets = ttft_ok >= SLO_ATTAINMENT_TARGET and tpot_ok >= SLO_ATTAINMENT_TARGET
+    margin = (d.goodput_per_s or 0.0) / best_co.goodput_per_s if best_co.goodput_per_s else \
+        (float("inf") if (d.goodput_per_s or 0.0) > 0 else 0.0)
+    if not significant:
+        return best_co.candidate, "interference-not-significant", (
+            f"interference is not significant (x{_fmt(inter.interference_slowdown)} over "
+            f"{inter.interference_samples} disturbed steps, needs x{INTERFERENCE_SIGNIFICANT} over "
+            f">= {MIN_INTERFERENCE_SAMPLES}); {co_text}")
+    if not meets:
+        return best_co.candidate, "disaggregated-misses-slo", (
+            f"interference is measured (x{_fmt(inter.interference_slowdown)}), but disaggregated serving meets "
+            f"the TTFT target for {ttft_ok:.0%} and the TPOT target for {tpot_ok:.0%} of requests (needs "
+            f"{SLO_ATTAINMENT_TARGET:.0%} each); {co_text}")
+    if margin < DISAGG_MARGIN:
+        return best_co.candidate, "disaggregated-no-clear-margin", (
+            f"interference is measured and disaggregated serving meets both targets, but its goodput "
+            f"({_fmt(d.goodput_per_s)} req/s) is x{_fmt(margin)} the best colocated one, under the "
+            f"x{DISAGG_MARGIN} margin; {co_text}")
+    return d.candidate, "disaggregated-wins", (
+        f"interference is measured (x{_fmt(inter.interference_slowdown)} over {inter.interference_samples} "
+        f"disturbed steps), disaggregated serving meets TTFT for {ttft_ok:.0%} and TPOT for {tpot_ok:.0%} of "
+        f"requests, and its goodput {_fmt(d.goodput_per_s)} req/s is x{_fmt(margin)} the best colocated "
+        f"({best_co.candidate}, {_fmt(best_co.goodput_per_s)} req/s)")
+
+
+def recommend(evidence: Evidence) -> Recommendation:
+    """Apply the rule per mix and overall; grade the confidence from repeats and margins."""
+    by_name = {c.name: c for c in evidence.candidates}
+    rows = summarize_rows(evidence)
+    per_mix = []
+    reasons = {}
+    for mix in evidence.mixes:
+        name, rule, reason = decide_mix(mix, rows, by_name, evidence.runs)
+        if name is not None:
+            per_mix.append(MixAnswer(mix, name, rule))
+            reasons[mix] = (name, rule, reason)
+    infeasible = tuple((c.name, c.reason) for c in evidence.candidates if not c.feasible)
+    if not per_mix:
+        return Recommendation(None, {}, "no-evidence", "nothing could be measured on this box", "low",
+                              "no runs", (), True, tuple(rows), infeasible)
+    overall_mix = OVERALL_MIX if OVERALL_MIX in reasons else per_mix[0].mix
+    name, rule, reason = reasons[overall_mix]
+    agree = len({a.candidate for a in per_mix}) == 1
+    if not agree:
+        reason += "; the answer differs by prompt mix: " + ", ".join(f"{a.mix} -> {a.candidate}" for a in per_mix)
+    confidence, why = _confidence(rows, overall_mix, name)
+    cand = by_name[name]
+    return Recommendation(cand, cand.config_values(), rule, f"on the {overall_mix} mix: {reason}", confidence, why,
+                          tuple(per_mix), agree, tuple(rows), infeasible)
+
+
+def _confidence(rows: list[Row], mix: str, winner: str) -> tuple[str, str]:
+    mine = sorted((r for r in rows if r.mix == mix), key=_goodput_key, reverse=True)
+    win = next(r for r in mine if r.candidate == winner)
+    rest = [r for r in mine if r.candidate != winner]
+    if not rest:
+        return "low", "only one candidate was measured"
+    second = rest[0]
+    gap = ((win.goodput_per_s or 0) - (second.goodput_per_s or 0)) / max(win.goodput_per_s or 0, 1e-9)
+    spread = max(win.goodput_spread or 0.0, second.goodput_spread or 0.0)
+    n = f"{win.n_repeats} repeat(s), {win.n_requests} requests"
+    if win.n_repeats >= 2 and gap > spread and gap >= 0.1:
+        return "high", f"{n}; {gap:.0%} ahead of {second.candidate}, more than the {spread:.0%} repeat spread"
+    if gap >= 0.2:
+        return "medium", f"{n}; {gap:.0%} ahead of {second.candidate}" + (
+            "" if win.n_repeats >= 2 else " (one repeat: spread unknown)")
+    return "low", f"{n}; only {gap:.0%} ahead of {second.candidate}" + (
+        f", within the {spread:.0%} repeat spread" if spread else "")
+
+
+def _fmt(x) -> str:
+    return "NA" if x is None else f"{x:.2f}"

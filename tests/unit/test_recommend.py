@@ -1,0 +1,104 @@
+"""The recommendation rule on constructed evidence (pure: no engine, no model)."""
+from homepd.advise.recommend import Candidate, Evidence, Measurement, recommend
+
+CO64 = Candidate("colocated-chunk-64", "colocated", chunk=64)
+CO_NONE = Candidate("colocated-unchunked", "colocated", chunk=None)
+DIS = Candidate("disaggregated", "disaggregated", chunk=256)
+REP = Candidate("replicas-2", "replicas", chunk=256, n_replicas=2)
+
+
+def m(goodput, slowdown=None, samples=10, ttft_ok=1.0, tpot_ok=1.0, itl_p99=50.0, n=10):
+    return Measurement(goodput_per_s=goodput, slo_attainment=min(ttft_ok, tpot_ok), ttft_attainment=ttft_ok,
+                       tpot_attainment=tpot_ok, ttft_ms_p99=1000.0, itl_ms_p99=itl_p99,
+                       interference_slowdown=slowdown, interference_samples=samples, n_requests=n)
+
+
+def evidence(runs, candidates=(CO_NONE, CO64, DIS)):
+    ev = Evidence(list(candidates))
+    for (name, mix), ms in runs.items():
+        for x in ms:
+            ev.add(name, mix, x)
+    return ev
+
+
+def test_disaggregation_wins_when_interference_is_measured_slos_met_and_margin_clear():
+    rec = recommend(evidence({
+        ("colocated-unchunked", "mixed"): [m(0.3, slowdown=8.0), m(0.32, slowdown=7.5)],
+        ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=2.0), m(0.52, slowdown=2.1)],
+        ("disaggregated", "mixed"): [m(0.8, slowdown=1.05), m(0.82, slowdown=1.04)],
+    }))
+    assert rec.candidate == DIS and rec.rule == "disaggregated-wins" and rec.config["mode"] == "disaggregated"
+    assert rec.confidence == "high" and "x1.59" in rec.reason
+
+
+def test_disaggregation_loses_to_chunked_colocated_without_a_clear_margin():
+    rec = recommend(evidence({
+        ("colocated-unchunked", "mixed"): [m(0.3, slowdown=8.0)],
+        ("colocated-chunk-64", "mixed"): [m(0.6, slowdown=2.0)],
+        ("disaggregated", "mixed"): [m(0.65)],
+    }))
+    assert rec.candidate == CO64 and rec.rule == "disaggregated-no-clear-margin"
+    assert rec.config == {"mode": "colocated", "chunk": 64}
+
+
+def test_disaggregation_that_misses_the_ttft_target_is_not_recommended_even_with_more_goodput():
+    rec = recommend(evidence({
+        ("colocated-chunk-64", "mixed"): [m(0.3, slowdown=3.0)],
+        ("disaggregated", "mixed"): [m(0.9, ttft_ok=0.5)],
+    }))
+    assert rec.candidate == CO64 and rec.rule == "disaggregated-misses-slo" and "50%" in rec.reason
+
+
+def test_replicas_win_when_they_have_the_best_goodput():
+    rec = recommend(evidence({
+        ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=1.5)],
+        ("replicas-2", "mixed"): [m(0.9, slowdown=1.4)],
+        ("disaggregated", "mixed"): [m(0.7)],
+    }, candidates=(CO64, REP, DIS)))
+    assert rec.candidate == REP and rec.config == {"mode": "replicas", "chunk": 256, "n_replicas": 2}
+
+
+def test_infeasible_disaggregation_is_listed_with_its_reason_and_colocated_recommended():
+    nofit = Candidate("disaggregated", "disaggregated", feasible=False, reason="model + KV does not fit twice")
+    rec = recommend(evidence({("colocated-chunk-64", "mixed"): [m(0.5, slowdown=5.0)],
+                              ("colocated-unchunked", "mixed"): [m(0.4, slowdown=9.0)]},
+                             candidates=(CO_NONE, CO64, nofit)))
+    assert rec.candidate == CO64 and rec.rule == "colocated-best-goodput"
+    assert rec.infeasible == (("disaggregated", "model + KV does not fit twice"),)
+
+
+def test_insignificant_interference_keeps_colocated_even_when_disaggregation_has_more_goodput():
+    rec = recommend(evidence({
+        ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=1.1)],
+        ("colocated-unchunked", "mixed"): [m(0.5, slowdown=1.15, samples=50)],
+        ("disaggregated", "mixed"): [m(0.9)],
+    }))
+    assert rec.candidate.mode == "colocated" and rec.rule == "interference-not-significant"
+    too_few = recommend(evidence({
+        ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=5.0, samples=1)],
+        ("disaggregated", "mixed"): [m(0.9)],
+    }))
+    assert too_few.rule == "interference-not-significant"
+
+
+def test_the_answer_differs_by_prompt_mix_and_says_so():
+    rec = recommend(evidence({
+        ("colocated-chunk-64", "short"): [m(2.0, slowdown=1.0)],
+        ("disaggregated", "short"): [m(1.0)],
+        ("colocated-chunk-64", "long"): [m(0.2, slowdown=6.0)],
+        ("disaggregated", "long"): [m(0.5)],
+        ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=4.0)],
+        ("disaggregated", "mixed"): [m(0.55)],
+    }))
+    answers = {a.mix: a.candidate for a in rec.per_mix}
+    assert answers == {"short": "colocated-chunk-64", "long": "disaggregated", "mixed": "colocated-chunk-64"}
+    assert not rec.mixes_agree and "differs by prompt mix" in rec.reason and rec.candidate == CO64
+    assert {r.mix for r in rec.table} == {"short", "long", "mixed"}  # the mix is a dimension of the table
+
+
+def test_confidence_is_low_when_the_lead_is_within_the_repeat_spread():
+    rec = recommend(evidence({
+        ("colocated-chunk-64", "mixed"): [m(0.50, slowdown=1.0), m(0.70, slowdown=1.0)],
+        ("colocated-unchunked", "mixed"): [m(0.55, slowdown=1.0), m(0.60, slowdown=1.0)],
+    }, candidates=(CO_NONE, CO64)))
+    assert rec.confidence == "low" and "spread" in rec.confidence_why
