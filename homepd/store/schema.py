@@ -1,0 +1,77 @@
+"""The store's schema, as sqlite-utils migrations (``sqlite_utils.Migrations``, sqlite-utils >= 4).
+
+Each migration is applied once, in its own transaction, and recorded in
+``_sqlite_migrations`` (set ``homepd.store``).  A released migration never
+changes: a new column or table is a new function registered after the last
+one.  Column names carry units; ``*_json`` columns hold JSON text.
+"""
+from __future__ import annotations
+
+from sqlite_utils import Database, Migrations
+
+from homepd.store.errors import StoreError
+
+MIGRATIONS = Migrations("homepd.store")
+MIGRATION_NAMES: list[str] = []  # in order of application
+
+
+def _migration(name: str):
+    MIGRATION_NAMES.append(name)
+    return MIGRATIONS(name=name)
+
+
+@_migration("0001_runs_results_requests_steps_recommendations")
+def _initial(db: Database) -> None:
+    db["runs"].create({
+        "id": int, "kind": str, "status": str,
+        "started_at": str, "ended_at": str,          # ISO 8601 wall time, UTC
+        "writer_pid": int, "writer_start_ticks": int,  # who writes it (a dead writer -> incomplete)
+        "homepd_version": str, "error": str,
+        "hardware_json": str, "config_json": str, "trace_json": str,
+    }, pk="id", not_null={"kind", "status", "started_at"})
+    db["runs"].create_index(["started_at"])
+
+    db["results"].create({
+        "id": int, "run_id": int, "candidate": str, "mix": str, "repeat": int,
+        "status": str, "reason": str, "created_at": str,   # status: measured | infeasible
+        "mode": str, "trace_name": str,
+        "n_requests": int, "n_finished": int, "n_failed": int, "n_worker_deaths": int,
+        "ttft_p50_ms": float, "ttft_p99_ms": float, "tpot_p50_ms": float, "tpot_p99_ms": float,
+        "itl_p99_ms": float, "itl_max_ms": float, "e2e_p99_ms": float,
+        "prompt_tok_s": float, "output_tok_s": float, "goodput_per_s": float, "slo_attainment": float,
+        "interference_slowdown": float, "total_pss_bytes": int, "kv_slot_bytes": int,
+        "n_steps": int, "n_steps_kept": int,
+        "record_json": str,                      # RunRecord.to_dict() without its requests
+    }, pk="id", foreign_keys=[("run_id", "runs", "id")], not_null={"run_id", "candidate", "status"})
+    db["results"].create_index(["run_id"])
+
+    db["requests"].create({
+        "id": int, "result_id": int, "request_id": str, "state": str,
+        "n_prompt_tokens": int, "n_output_tokens": int, "ttft_ms": float, "tpot_ms": float,
+        "lifecycle_json": str,                   # Lifecycle.to_dict() plus token_times_s
+    }, pk="id", foreign_keys=[("result_id", "results", "id")], not_null={"result_id", "request_id"})
+    db["requests"].create_index(["result_id"])
+
+    db["steps"].create({
+        "id": int, "result_id": int, "worker_role": str, "step_index": int,
+        "t_start_s": float, "t_end_s": float, "n_decode_tokens": int, "n_prompt_tokens": int,
+        "decode_request_ids_json": str, "prefill_json": str,
+    }, pk="id", foreign_keys=[("result_id", "results", "id")], not_null={"result_id"})
+    db["steps"].create_index(["result_id"])
+
+    db["recommendations"].create({
+        "id": int, "run_id": int, "created_at": str, "headline": str, "data_json": str,
+    }, pk="id", foreign_keys=[("run_id", "runs", "id")], not_null={"run_id"})
+    db["recommendations"].create_index(["run_id"])
+
+
+def migrate(db: Database) -> list[str]:
+    """Apply the pending migrations; return their names.  Refuses a database from a newer homepd."""
+    unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]
+    if unknown:
+        raise StoreError(f"this database was written by a newer homepd (schema {', '.join(unknown)}); "
+                         f"upgrade homepd or use another database (--db / HOMEPD_DB)")
+    pending = [m.name for m in MIGRATIONS.pending(db)]
+    if pending:
+        MIGRATIONS.apply(db)
+    return pending
