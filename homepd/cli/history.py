@@ -194,10 +194,13 @@ def render_run(run: dict) -> str:
     if not rows:
         lines.append("no results recorded")
     else:
-        head = f"{'candidate':<24}{'mix':<9}{'n':>2} " + "".join(f"{t:>{w}}" for t, w, _, _ in EVIDENCE_COLUMNS)
+        cand_w = min(40, max(len("candidate"), *(len(r["candidate"]) for r in rows))) + 2
+        mix_w = min(16, max(len("mix"), *(len(r["mix"] or "-") for r in rows))) + 2
+        head = (f"{'candidate':<{cand_w}}{'mix':<{mix_w}}{'n':>2} "
+                + "".join(f"{t:>{w}}" for t, w, _, _ in EVIDENCE_COLUMNS))
         lines += [head, "-" * len(head)]
         for row in rows:
-            left = f"{row['candidate'][:23]:<24}{(row['mix'] or '-')[:8]:<9}{row['n']:>2} "
+            left = f"{row['candidate'][:cand_w - 2]:<{cand_w}}{(row['mix'] or '-')[:mix_w - 2]:<{mix_w}}{row['n']:>2} "
             if row["status"] != "measured":
                 lines.append(f"{left}  {row['status']}: {row['reason'] or ''}")
             else:
