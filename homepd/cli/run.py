@@ -17,7 +17,7 @@ from homepd.measure.metrics import SLO
 from homepd.measure.replay import run_trace
 from homepd.measure.report import add_slo_flags, fmt, render_run
 from homepd.core.sampling import SamplingParams
-from homepd.measure.trace import PRESETS, make_trace
+from homepd.measure.trace import PRESETS, make_trace, read_trace
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -32,6 +32,7 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
     from homepd.launch import prepare
 
     config = config_from_args(args)
+    trace = None if args.prompt is not None else _trace_from_args(args)  # a bad trace file: before any engine
     setup = await asyncio.to_thread(prepare, config)
     print(f"homepd: starting {config.mode} engine on {config.model} (chunk={config.chunk}, "
           f"n_ctx={config.n_ctx}) ...", file=sys.stderr)
@@ -42,8 +43,6 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
                   f"n_threads={w.n_threads}", file=sys.stderr)
         if args.prompt is not None:
             return await _one_prompt(engine, args)
-        trace = make_trace(args.trace, n_requests=args.requests, rate_per_s=args.rate,
-                           max_tokens=args.max_tokens, seed=args.seed)
         done = 0
 
         def progress(stream):
@@ -51,7 +50,7 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
             done += 1
             print(f"\r  {done}/{len(trace)} requests done", end="", file=sys.stderr, flush=True)
 
-        record = await run_trace(engine, trace, trace_name=args.trace, sampler=sampler, on_done=progress,
+        record = await run_trace(engine, trace, trace_name=trace.name, sampler=sampler, on_done=progress,
                                  slo=SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms,
                                          itl_ms=args.slo_itl_ms))
         print(file=sys.stderr)
@@ -60,6 +59,13 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
     else:
         print(render_run(record, kinds=[r.kind for r in trace]))
     return 0 if record.summary.n_failed == 0 else 1
+
+
+def _trace_from_args(args: argparse.Namespace):
+    if args.trace_file:
+        return read_trace(args.trace_file)
+    return make_trace(args.trace, n_requests=args.requests, rate_per_s=args.rate, max_tokens=args.max_tokens,
+                      seed=args.seed)
 
 
 async def _one_prompt(engine, args) -> int:
@@ -85,6 +91,9 @@ def register(subparsers) -> None:
     p.add_argument("--rate", type=float, default=2.0, help="mean arrivals per second")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace-file", default=None, metavar="PATH",
+                   help="replay this homepd JSONL trace (homepd trace make/convert) instead of --trace, "
+                        "--requests, --rate, --max-tokens and --seed")
     p.add_argument("--prompt", default=None, help="run this one prompt instead, streaming its text")
     add_slo_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

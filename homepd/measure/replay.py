@@ -61,14 +61,20 @@ class RunRecord:
 
 
 async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
-    """Submit each trace request at its arrival offset; wait for all; return their lifecycles in trace order."""
+    """Replay ``trace`` (a ``Trace`` or any sequence of trace requests); return the lifecycles in trace order.
+
+    Open loop: each request is submitted at its arrival offset.  Closed loop
+    (``trace.concurrency`` = N): N requests in flight, the next submitted as one
+    finishes, in trace order; arrival offsets are ignored.
+    """
+    requests = list(trace)
+    concurrency = getattr(trace, "concurrency", None)
     t0 = time.monotonic()
 
     async def one(req):
-        await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=getattr(req, "ignore_eos", False))
         if getattr(req, "messages", None) is not None:
-            stream = await engine.submit(messages=req.messages, params=params)
+            stream = await engine.submit(messages=list(req.messages), params=params)
         else:
             stream = await engine.submit(req.prompt, params=params)
         await stream.collect()
@@ -76,7 +82,21 @@ async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
             on_done(stream)
         return stream.lifecycle
 
-    return list(await asyncio.gather(*(one(r) for r in trace)))
+    async def at_offset(req):
+        await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
+        return await one(req)
+
+    if not concurrency:
+        return list(await asyncio.gather(*(at_offset(r) for r in requests)))
+    lifecycles: list = [None] * len(requests)
+    pending = iter(range(len(requests)))  # why: one iterator shared by the lanes hands out each index once
+
+    async def lane():
+        for i in pending:
+            lifecycles[i] = await one(requests[i])
+
+    await asyncio.gather(*(lane() for _ in range(min(concurrency, len(requests)))))
+    return lifecycles
 
 
 async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = None, sampler=None,

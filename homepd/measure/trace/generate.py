@@ -1,0 +1,88 @@
+"""Seeded benchmark traces: a prompt mix on an arrival process.
+
+Mixes: ``short`` — chat questions (class interactive, 32-128 output tokens);
+``long`` — a document passage of about ``long_tokens`` tokens to summarise
+(class background, 64-160 output tokens); ``mixed`` — every fourth request
+(the 2nd, 6th, 10th, ...) long, the rest short.  Both are one-turn chats.
+
+Reproducible: one seed gives the same trace, byte for byte.  Arrivals, prompts
+and output lengths draw from separate streams, so changing the rate or the
+arrival process leaves the prompts and output lengths as they were (a rate
+sweep compares like with like).
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from homepd.errors import ConfigError
+from homepd.measure.trace import corpus
+from homepd.measure.trace.arrivals import arrival_offsets
+from homepd.measure.trace.model import CHARS_PER_TOKEN, CLASS_OF_KIND, Trace, TraceRequest
+
+MIXES = ("short", "long", "mixed")
+OUTPUT_TOKENS = {"short": (32, 128), "long": (64, 160)}  # inclusive range per kind, when max_tokens is not fixed
+DEFAULT_LONG_TOKENS = 400  # about 400 SmolLM2 tokens (+ the chat template): fits n_ctx 512 with room to answer
+MIXED_LONG_EVERY = 4
+
+
+def make_trace(mix: str = "mixed", n_requests: int = 8, rate_per_s: float = 2.0, *, arrival: str = "poisson",
+               burstiness: float = 1.0, concurrency: int | None = None, max_tokens: int | None = None,
+               long_tokens: int = DEFAULT_LONG_TOKENS, ignore_eos: bool = True, seed: int = 0,
+               name: str | None = None) -> Trace:
+    """A seeded benchmark trace.
+
+    ``arrival``/``rate_per_s``/``burstiness``: the open-loop arrival process
+    (see ``arrivals``); ``concurrency``: a closed loop of that many requests in
+    flight instead (arrival offsets all 0).  ``max_tokens``: every request's
+    output budget, else drawn per kind from ``OUTPUT_TOKENS``.  ``long_tokens``:
+    the estimated size of a long prompt.  ``ignore_eos``: requests generate
+    exactly their ``max_tokens`` (vLLM's ``--ignore-eos``), the default for a
+    benchmark.
+    """
+    if mix not in MIXES:
+        raise ConfigError(f"trace mix must be one of {', '.join(MIXES)}, got {mix!r}")
+    if n_requests < 1:
+        raise ConfigError(f"a trace needs at least one request, got {n_requests}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
+    if long_tokens < 32:
+        raise ConfigError(f"long_tokens must be >= 32, got {long_tokens}")
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+    if concurrency is None:
+        offsets = arrival_offsets(n_requests, rate_per_s, random.Random(f"{seed}/arrivals"), arrival=arrival,
+                                  burstiness=burstiness)
+    else:
+        offsets = [0.0] * n_requests
+    prompts = random.Random(f"{seed}/prompts")
+    outputs = random.Random(f"{seed}/outputs")
+    questions = _shuffled_cycle(corpus.chat_questions(), prompts)
+    requests = []
+    for i, t in enumerate(offsets):
+        kind = "long" if mix == "long" or (mix == "mixed" and i % MIXED_LONG_EVERY == 1) else "short"
+        content = _summary_request(prompts, long_tokens) if kind == "long" else next(questions)
+        requests.append(TraceRequest(
+            arrival_s=t, messages=({"role": "user", "content": content},),
+            max_tokens=max_tokens or outputs.randint(*OUTPUT_TOKENS[kind]), kind=kind,
+            request_class=CLASS_OF_KIND[kind], ignore_eos=ignore_eos))
+    generator = {"mix": mix, "n_requests": n_requests, "max_tokens": max_tokens, "long_tokens": long_tokens,
+                 "ignore_eos": ignore_eos}
+    if concurrency is None:
+        generator.update(arrival=arrival, rate_per_s="inf" if math.isinf(rate_per_s) else rate_per_s,
+                         burstiness=burstiness)
+    else:
+        generator.update(concurrency=concurrency)
+    return Trace(tuple(requests), name=name or mix, seed=seed, concurrency=concurrency, generator=generator)
+
+
+def _summary_request(rng: random.Random, long_tokens: int) -> str:
+    return corpus.passage(rng, round(long_tokens * CHARS_PER_TOKEN),
+                          head='Summarise this passage from "{title}" in a few sentences.\n\n')
+
+
+def _shuffled_cycle(items, rng: random.Random):
+    while True:
+        order = list(items)
+        rng.shuffle(order)
+        yield from order

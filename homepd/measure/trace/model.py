@@ -1,0 +1,273 @@
+"""What a trace is, and its file: one JSON object per line.
+
+A ``Trace`` is an ordered tuple of ``TraceRequest`` plus what replays it
+(``concurrency``) and where it came from (``name``, ``seed``, ``generator``).
+On disk it is JSONL: an optional header line ``{"homepd_trace": 1, ...}``
+with those trace fields, then one request per line with exactly the
+``TraceRequest`` field names::
+
+    {"homepd_trace": 1, "name": "mixed", "seed": 0, "concurrency": null, "generator": {...}}
+    {"arrival_s": 0.0, "messages": [{"role": "user", "content": "..."}], "max_tokens": 64,
+     "kind": "short", "request_class": "interactive", "ignore_eos": true}
+    {"arrival_s": 0.41, "prompt": "raw text, no chat template", "max_tokens": 128}
+
+Every bad line is refused with an error naming the file, the line and the field.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from homepd.errors import ConfigError
+
+FORMAT_VERSION = 1
+KINDS = ("short", "long")
+REQUEST_CLASSES = ("interactive", "background")
+CLASS_OF_KIND = {"short": "interactive", "long": "background"}
+# why: SmolLM2's tokenizer gives 4.7-4.9 characters per token on the shipped
+# corpus (English prose); GPT-style tokenizers give about 4.  Used wherever a
+# token count must be guessed without a tokenizer (long prompts, imports).
+CHARS_PER_TOKEN = 4.7
+LONG_PROMPT_TOKENS = 256  # a prompt of at least this many (estimated) tokens is 'long' when no kind is given
+
+
+class TraceError(ConfigError):
+    """A trace file or record that cannot be read; names the file, line and field."""
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
+                 field: str | None = None):
+        self.reason, self.source, self.line, self.field = message, source, line, field
+        where = ":".join(str(x) for x in (source, line) if x is not None)
+        what = f"field {field!r}: " if field else ""
+        super().__init__(f"{where + ': ' if where else ''}{what}{message}")
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens in ``text``, estimated as characters / ``CHARS_PER_TOKEN`` (no tokenizer)."""
+    return max(1, round(len(text) / CHARS_PER_TOKEN))
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace: when it arrives, what it asks, how many tokens it may generate."""
+    arrival_s: float                                  # offset from the start of the run
+    prompt: str | None = None                         # raw text (no chat template) ...
+    messages: tuple[dict[str, str], ...] | None = None  # ... or a chat: ({"role", "content"}, ...)
+    max_tokens: int = 32
+    kind: str = "short"                               # "short" | "long"
+    request_class: str = "interactive"                # "interactive" | "background"
+    ignore_eos: bool = False                          # generate exactly max_tokens (benchmarks)
+
+    def __post_init__(self):
+        if self.messages is not None and not isinstance(self.messages, tuple):
+            object.__setattr__(self, "messages", tuple(self.messages))
+        _check_request(self)
+
+    @property
+    def text(self) -> str:
+        """The prompt text, or the messages' contents joined (for length estimates and exports)."""
+        if self.prompt is not None:
+            return self.prompt
+        return "\n".join(m["content"] for m in self.messages)
+
+    def to_dict(self) -> dict:
+        out: dict = {"arrival_s": self.arrival_s}
+        if self.prompt is not None:
+            out["prompt"] = self.prompt
+        else:
+            out["messages"] = [dict(m) for m in self.messages]
+        out.update(max_tokens=self.max_tokens, kind=self.kind, request_class=self.request_class,
+                   ignore_eos=self.ignore_eos)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TraceRequest":
+        """Build from a file record; ``kind`` defaults from the prompt's length, ``request_class`` from
+        the kind.  Raises ``TraceError`` naming the field."""
+        if not isinstance(d, dict):
+            raise TraceError("a request must be a JSON object")
+        unknown = sorted(set(d) - _FIELDS)
+        if unknown:
+            raise TraceError(f"unknown field (known: {', '.join(sorted(_FIELDS))})", field=unknown[0])
+        for name in ("arrival_s", "max_tokens"):
+            if name not in d:
+                raise TraceError("missing", field=name)
+        if ("prompt" in d) == ("messages" in d):
+            raise TraceError("a request needs exactly one of 'prompt' or 'messages'",
+                             field="prompt" if "prompt" in d else "messages")
+        messages = d.get("messages")
+        if messages is not None:
+            _check_messages(messages)
+        text = d["prompt"] if "prompt" in d else "\n".join(
+            m["content"] for m in messages if isinstance(m.get("content"), str))
+        kind = d.get("kind")
+        if kind is None and isinstance(text, str):
+            kind = "long" if estimate_tokens(text) >= LONG_PROMPT_TOKENS else "short"
+        return cls(arrival_s=d["arrival_s"], prompt=d.get("prompt"),
+                   messages=None if messages is None else tuple(dict(m) for m in messages),
+                   max_tokens=d["max_tokens"], kind=kind,
+                   request_class=d.get("request_class", CLASS_OF_KIND.get(kind, "interactive")),
+                   ignore_eos=d.get("ignore_eos", False))
+
+
+_FIELDS = {"arrival_s", "prompt", "messages", "max_tokens", "kind", "request_class", "ignore_eos"}
+
+
+def _check_request(r: TraceRequest) -> None:
+    if not _is_number(r.arrival_s) or not math.isfinite(r.arrival_s) or r.arrival_s < 0:
+        raise TraceError(f"must be a finite number >= 0, got {r.arrival_s!r}", field="arrival_s")
+    if (r.prompt is None) == (r.messages is None):
+        raise TraceError("a request needs exactly one of 'prompt' or 'messages'", field="prompt")
+    if r.prompt is not None and (not isinstance(r.prompt, str) or not r.prompt):
+        raise TraceError("must be a non-empty string", field="prompt")
+    if r.messages is not None:
+        _check_messages(r.messages)
+    if not isinstance(r.max_tokens, int) or isinstance(r.max_tokens, bool) or r.max_tokens < 1:
+        raise TraceError(f"must be an integer >= 1, got {r.max_tokens!r}", field="max_tokens")
+    if r.kind not in KINDS:
+        raise TraceError(f"must be one of {', '.join(KINDS)}, got {r.kind!r}", field="kind")
+    if r.request_class not in REQUEST_CLASSES:
+        raise TraceError(f"must be one of {', '.join(REQUEST_CLASSES)}, got {r.request_class!r}",
+                         field="request_class")
+    if not isinstance(r.ignore_eos, bool):
+        raise TraceError(f"must be true or false, got {r.ignore_eos!r}", field="ignore_eos")
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise TraceError("must be a non-empty list of {\"role\", \"content\"} objects", field="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"} or not isinstance(m["role"], str) \
+                or not m["role"] or not isinstance(m["content"], str):
+            raise TraceError(f"message {i} must be an object with exactly a string 'role' and 'content'",
+                             field="messages")
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests in replay order, and how to replay them.
+
+    ``concurrency``: when set, replay keeps that many requests in flight and
+    ignores ``arrival_s`` (a closed loop); otherwise each request is sent at
+    its arrival offset (an open loop).  ``generator``: the settings that made
+    the trace (mix, rate, arrival process, ...), kept for the record.
+    """
+    requests: tuple[TraceRequest, ...]
+    name: str = ""
+    seed: int | None = None
+    concurrency: int | None = None
+    generator: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "requests", tuple(self.requests))
+        if self.concurrency is not None and (not isinstance(self.concurrency, int)
+                                             or isinstance(self.concurrency, bool) or self.concurrency < 1):
+            raise TraceError(f"must be an integer >= 1 or null, got {self.concurrency!r}", field="concurrency")
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return iter(self.requests)
+
+    def __getitem__(self, i):
+        return self.requests[i]
+
+    def header(self) -> dict:
+        return {"homepd_trace": FORMAT_VERSION, "name": self.name, "seed": self.seed,
+                "concurrency": self.concurrency, "generator": dict(self.generator)}
+
+
+def dump_lines(trace: Trace) -> Iterator[str]:
+    """The trace as JSONL lines (header first), without newlines."""
+    yield json.dumps(trace.header())
+    for r in trace:
+        yield json.dumps(r.to_dict(), ensure_ascii=False)
+
+
+def write_trace(trace: Trace, path: str | Path) -> None:
+    """Write ``trace`` as homepd JSONL to ``path``."""
+    Path(path).write_text("".join(line + "\n" for line in dump_lines(trace)), encoding="utf-8")
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a homepd JSONL trace; a missing file or bad line raises ``TraceError`` naming it."""
+    return parse_trace(read_lines(path), source=str(path), name=Path(path).stem)
+
+
+def read_lines(path: str | Path) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read the trace file: {exc}", source=str(path)) from None
+
+
+def parse_trace(lines: Iterable[str], source: str = "<trace>", name: str = "") -> Trace:
+    """Parse homepd JSONL ``lines`` (``source`` names them in errors); blank lines are skipped."""
+    header: dict | None = None
+    requests = []
+    for lineno, record in json_records(lines, source):
+        if isinstance(record, dict) and "homepd_trace" in record:
+            if header is not None or requests:
+                raise TraceError("the header must be the first line", source=source, line=lineno,
+                                 field="homepd_trace")
+            header = _check_header(record, source, lineno)
+            continue
+        with at_line(source, lineno):
+            requests.append(TraceRequest.from_dict(record))
+    if not requests:
+        raise TraceError("no requests in the trace", source=source)
+    header = header or {}
+    with at_line(source, 1):
+        return Trace(tuple(requests), name=header.get("name") or name, seed=header.get("seed"),
+                     concurrency=header.get("concurrency"), generator=header.get("generator") or {})
+
+
+def _check_header(h: dict, source: str, lineno: int) -> dict:
+    known = {"homepd_trace", "name", "seed", "concurrency", "generator"}
+    problems = [(k, "unknown field") for k in sorted(set(h) - known)]
+    if h["homepd_trace"] != FORMAT_VERSION:
+        problems.append(("homepd_trace", f"format version {h['homepd_trace']!r} is not {FORMAT_VERSION}"))
+    if not isinstance(h.get("name", ""), (str, type(None))):
+        problems.append(("name", "must be a string"))
+    if h.get("seed") is not None and (not isinstance(h["seed"], int) or isinstance(h["seed"], bool)):
+        problems.append(("seed", "must be an integer or null"))
+    if not isinstance(h.get("generator", {}), (dict, type(None))):
+        problems.append(("generator", "must be an object"))
+    if problems:
+        raise TraceError(problems[0][1], source=source, line=lineno, field=problems[0][0])
+    return h
+
+
+def json_records(lines: Iterable[str], source: str) -> Iterator[tuple[int, object]]:
+    """(line number, decoded JSON) for each non-blank line; bad JSON raises ``TraceError``."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"not valid JSON ({exc.msg} at column {exc.colno})", source=source,
+                             line=lineno) from None
+
+
+class at_line:
+    """Context manager: a ``TraceError`` raised inside gets ``source`` and ``line`` filled in."""
+
+    def __init__(self, source: str, line: int):
+        self.source, self.line = source, line
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if isinstance(exc, TraceError) and exc.source is None:
+            raise TraceError(exc.reason, source=self.source, line=self.line, field=exc.field) from None
+        return False
