@@ -15,7 +15,7 @@ from homepd.errors import HomepdError
 
 # modules that add commands, in help order (a face not built yet is skipped)
 COMMAND_MODULES = ("homepd.cli.run", "homepd.cli.models", "homepd.cli.bench", "homepd.cli.probe",
-                   "homepd.cli.history",
+                   "homepd.cli.trace", "homepd.cli.history",
                    "homepd.serve.command", "homepd.advise.command", "homepd.tui.command")
 
 
