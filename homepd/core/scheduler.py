@@ -4,13 +4,16 @@ Pure policy: no llama_cpp, no pipes, no clock.  Every step first takes one
 decode token for every running sequence that has finished its prompt, then
 fills the rest of the token budget (``chunk``) with the next slices of waiting
 prompts, oldest first.  ``chunk=None`` is the unchunked baseline: whole
-prompts in one step, bounded only by the batch size.
+prompts in one step, bounded only by the batch size.  Which sequence ids and
+KV cells are free is the allocator's business (``homepd.core.allocator``); the
+scheduler decides how many cells a request reserves and when it is admitted.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 
+from homepd.core.allocator import KVAllocator
 from homepd.core.sequence import Sequence
 
 
@@ -48,19 +51,17 @@ class StepPlan:
 
 
 class Scheduler:
-    """Owns the waiting queue, the running set and the free llama.cpp sequence ids."""
+    """Owns the waiting queue and the running set; admits through a ``KVAllocator``."""
 
     def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
-        self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.chunk = chunk
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
+        self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_seq_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
-        self.n_ctx_reserved = 0
 
     # queue management ---------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -71,21 +72,18 @@ class Scheduler:
         return seq.n_ctx_needed if self.decodes else seq.n_prompt
 
     def can_admit(self, seq: Sequence) -> bool:
-        return bool(self.free_seq_ids) and self.n_ctx_reserved + self.cells_needed(seq) <= self.n_ctx
+        return self.allocator.can_allocate(self.cells_needed(seq))
 
     def admit(self, seq: Sequence) -> None:
         """Give seq a sequence id and reserve its worst-case KV cells."""
-        assert self.can_admit(seq)
-        seq.seq_id = self.free_seq_ids.pop()
-        self.n_ctx_reserved += self.cells_needed(seq)
+        seq.seq_id = self.allocator.allocate(self.cells_needed(seq))
         self.running.append(seq)
 
     def release(self, seq: Sequence) -> None:
-        """Take seq out (finished, cancelled or handed off); its sequence id becomes free."""
+        """Take seq out (finished, cancelled or handed off); its sequence id and cells become free."""
         if seq in self.running:
             self.running.remove(seq)
-            self.n_ctx_reserved -= self.cells_needed(seq)
-            self.free_seq_ids.append(seq.seq_id)
+            self.allocator.free(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.is_finished = True
@@ -128,18 +126,18 @@ class Scheduler:
         stop = min(seq.n_prompt, seq.n_prefilled + budget)
         return PrefillSlice(seq=seq, start=seq.n_prefilled, stop=stop)
 
-    def postprocess(self, plan: StepPlan, sampled: dict[int, int]) -> list[Sequence]:
-        """Apply a finished step: advance prompts, append sampled tokens (keyed by id(seq)).
+    def postprocess(self, plan: StepPlan, sampled: dict[str, int]) -> list[Sequence]:
+        """Apply a finished step: advance prompts, append sampled tokens (keyed by request id).
 
         Returns the sequences that received a new token this step.
         """
         got_token: list[Sequence] = []
         for seq in plan.decode:
-            seq.output_ids.append(sampled[id(seq)])
+            seq.output_ids.append(sampled[seq.request_id])
             got_token.append(seq)
         for sl in plan.prefill:
             sl.seq.n_prefilled = sl.stop
             if sl.completes_prompt:
-                sl.seq.output_ids.append(sampled[id(sl.seq)])
+                sl.seq.output_ids.append(sampled[sl.seq.request_id])
                 got_token.append(sl.seq)
         return got_token

@@ -1,9 +1,11 @@
-"""Per-request state inside a worker: prompt, progress, outputs, KV bookkeeping."""
+"""Per-request state inside a worker: prompt, progress, outputs, KV bookkeeping, and the request's
+own sampler and text stream (they travel with it in a KV handoff)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from homepd.core.sampling import SamplingParams
+from homepd.core.sampling import SamplingParams, TokenSampler
+from homepd.core.textstream import TextStream
 
 
 @dataclass(eq=False)
@@ -15,6 +17,8 @@ class Sequence:
     n_prefilled: int = 0             # prompt tokens already in the KV cache
     output_ids: list[int] = field(default_factory=list)
     is_finished: bool = False
+    sampler: TokenSampler | None = field(default=None, repr=False)  # its RNG state is the request's
+    stream: TextStream | None = field(default=None, repr=False)     # held-back text and partial UTF-8
 
     @property
     def n_prompt(self) -> int:

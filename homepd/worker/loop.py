@@ -1,9 +1,10 @@
 """A worker process: owns one model + context and runs its own step loop.
 
 The loop is nano-vllm's three lines: schedule, run, postprocess.  The role
-decides what a request does when its prompt is done: ``colocated`` keeps
-decoding it here; the ``prefill`` and ``decode`` roles (disaggregation) plug
-in through ``Role`` hooks without changing the loop.
+(``homepd.worker.roles``) decides what a request does when its prompt is
+done: ``colocated`` keeps decoding it here; the ``prefill`` and ``decode``
+roles (disaggregation) plug in through ``Role`` hooks without changing the
+loop.  A request's sampler and text stream live on its ``Sequence``.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from homepd.core.sampling import TokenSampler
 from homepd.core.scheduler import Scheduler, StepPlan
 from homepd.core.sequence import Sequence
 from homepd.core.textstream import TextStream
-
+from homepd.worker.roles import Role, make_role
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
@@ -70,15 +71,13 @@ def measure_state_bytes(ctx, model) -> tuple[int, int]:
 
 
 class WorkerLoop:
-    def __init__(self, spec: WorkerSpec, model, ctx, conn):
-        from homepd.worker.handoff import DecodeHandoff, PrefillHandoff
+    """Executes the scheduler's plans on one context and reports every step; its role does the rest."""
 
+    def __init__(self, spec: WorkerSpec, model, ctx, conn):
         self.spec, self.model, self.ctx, self.conn = spec, model, ctx, conn
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
                                    chunk=spec.chunk, decodes=spec.role != "prefill")
-        self.handoff = {"prefill": PrefillHandoff, "decode": DecodeHandoff}.get(spec.role, lambda _: None)(self)
-        self.samplers: dict[int, TokenSampler] = {}
-        self.streams: dict[int, TextStream] = {}
+        self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us
         self._inbox = select.poll()
@@ -94,8 +93,7 @@ class WorkerLoop:
             self.drain_inbox(block=idle)
             if not self.running:
                 break
-            if self.handoff is not None:
-                self.handoff.pump()
+            self.role.pump()
             plan = self.scheduler.schedule()
             idle = plan.is_empty
             if not idle:
@@ -106,7 +104,7 @@ class WorkerLoop:
             if os.getppid() != self.parent_pid:  # controller gone: never outlive it
                 self.running, self.controller_gone = False, True
                 return
-            if self.scheduler.has_work or (self.handoff is not None and self.handoff.has_work):
+            if self.scheduler.has_work or self.role.has_work:
                 self.conn.send(Heartbeat(time.monotonic()))  # idle but holding requests: not hung
         while self.running and self._inbox.poll(0):
             try:
@@ -118,33 +116,31 @@ class WorkerLoop:
 
     def abandon(self) -> None:
         """The controller died: leave nothing behind (its KV slots included)."""
-        if self.handoff is not None:
-            self.handoff.abandon()
+        self.role.abandon()
 
     def handle(self, msg) -> None:
         if isinstance(msg, SubmitRequest):
-            seq = Sequence(request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params)
-            self.samplers[id(seq)] = TokenSampler(msg.params)
-            self.streams[id(seq)] = msg.stream if msg.stream is not None else TextStream(msg.params.stop)
-            self.scheduler.add(seq)
+            self.scheduler.add(Sequence(
+                request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params,
+                sampler=TokenSampler(msg.params),
+                stream=msg.stream if msg.stream is not None else TextStream(msg.params.stop)))
         elif isinstance(msg, CancelRequest):
             seq = self.scheduler.find(msg.request_id)
             if seq is not None:
-                if self.handoff is not None:
-                    self.handoff.forget(seq)
+                self.role.forget(seq)
                 self.finish(seq)
                 self.conn.send(RequestDone(msg.request_id, "cancelled", time.monotonic()))
-            elif self.handoff is not None:
-                self.handoff.cancel(msg.request_id)
+            else:
+                self.role.cancel(msg.request_id)
         elif isinstance(msg, Shutdown):
             self.running = False
-        elif self.handoff is None or not self.handoff.handle(msg):
+        elif not self.role.handle(msg):
             raise AssertionError(f"unknown message {msg!r}")
 
     # one step -----------------------------------------------------------------
     def step(self, plan: StepPlan) -> None:
         """Run one planned step: one llama_decode, sampling, and one report to the controller."""
-        tokens, positions, seq_ids, wants, rows = self._batch(plan)
+        tokens, positions, seq_ids, wants, logit_rows = self._batch(plan)
         started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
         t_start = time.monotonic()
         try:
@@ -154,7 +150,7 @@ class WorkerLoop:
                 self.finish(seq)
                 self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
             return
-        plan, sampled = self._sample(plan, rows)
+        plan, sampled = self._sample(plan, logit_rows)
         t_end = time.monotonic()
         got_token = self.scheduler.postprocess(plan, sampled)
         self.n_steps += 1
@@ -175,11 +171,12 @@ class WorkerLoop:
             tokens=tuple(outs), done=tuple(done)))
 
     def _batch(self, plan: StepPlan):
-        """The step's batch: decode tokens first, then prompt slices; rows maps id(seq) -> its logits row."""
+        """The step's batch: decode tokens first, then prompt slices; logit_rows pairs every sequence
+        that gets a token this step with its logits row (decodes, then prompts that complete)."""
         tokens, positions, seq_ids, wants = [], [], [], []
-        rows: dict[int, int] = {}
+        logit_rows: list[tuple[Sequence, int]] = []
         for i, seq in enumerate(plan.decode):
-            rows[id(seq)] = len(tokens)
+            logit_rows.append((seq, i))
             tokens.append(self._decode_token(plan, i))
             positions.append(seq.next_decode_pos)
             seq_ids.append(seq.seq_id)
@@ -191,18 +188,19 @@ class WorkerLoop:
             wants.extend([False] * sl.n_tokens)
             if sl.completes_prompt:
                 wants[-1] = True
-                rows[id(sl.seq)] = len(tokens) - 1
-        return tokens, positions, seq_ids, wants, rows
+                logit_rows.append((sl.seq, len(tokens) - 1))
+        return tokens, positions, seq_ids, wants, logit_rows
 
-    def _sample(self, plan: StepPlan, rows: dict[int, int]) -> tuple[StepPlan, dict[int, int]]:
+    def _sample(self, plan: StepPlan, logit_rows: list[tuple[Sequence, int]]) -> tuple[StepPlan, dict[str, int]]:
         """Sample every sequence that has logits; one that fails (e.g. NaN logits) fails alone.
 
-        Returns the plan without the failed sequences, and id(seq) -> token.
+        Returns the plan without the failed sequences, and request id -> token.
         """
-        sampled, failed = {}, []
-        for seq in [*plan.decode, *(sl.seq for sl in plan.prefill if sl.completes_prompt)]:
+        sampled: dict[str, int] = {}
+        failed = []
+        for seq, row in logit_rows:
             try:
-                sampled[id(seq)] = self.samplers[id(seq)].sample(self.ctx.logits(rows[id(seq)]))
+                sampled[seq.request_id] = seq.sampler.sample(self.ctx.logits(row))
             except Exception as exc:
                 failed.append((seq, f"sampling failed: {exc}"))
         if not failed:
@@ -210,14 +208,14 @@ class WorkerLoop:
         for seq, error in failed:
             self.finish(seq)
             self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=error))
-        return StepPlan(decode=tuple(q for q in plan.decode if id(q) in sampled),
+        return StepPlan(decode=tuple(q for q in plan.decode if q.request_id in sampled),
                         prefill=tuple(sl for sl in plan.prefill
-                                      if not sl.completes_prompt or id(sl.seq) in sampled)), sampled
+                                      if not sl.completes_prompt or sl.seq.request_id in sampled)), sampled
 
     def emit(self, seq: Sequence, t_s: float) -> tuple[TokenOut | None, RequestDone | None]:
         """Turn seq's newest token into an output event; decide whether seq is finished."""
         token = seq.output_ids[-1]
-        stream = self.streams[id(seq)]
+        stream = seq.stream
         if self.model.is_eog(token) and not seq.params.ignore_eos:
             return None, self._done(seq, "stop", t_s, stream.flush())
         text = stream.feed(self.model.token_to_piece(token))
@@ -226,8 +224,8 @@ class WorkerLoop:
             return out, self._done(seq, "stop", t_s, "")
         if len(seq.output_ids) >= seq.params.max_tokens:
             return out, self._done(seq, "length", t_s, stream.flush())
-        if self.spec.role == "prefill" and len(seq.output_ids) == 1:
-            self.handoff.prompt_done(seq, t_s)
+        if len(seq.output_ids) == 1:
+            self.role.prompt_done(seq, t_s)
         return out, None
 
     def _done(self, seq: Sequence, reason: str, t_s: float, text: str) -> RequestDone:
@@ -239,8 +237,6 @@ class WorkerLoop:
         if seq.seq_id is not None and not seq.is_finished and seq in self.scheduler.running:
             self.ctx.seq_rm(seq.seq_id)
         self.scheduler.release(seq)
-        self.samplers.pop(id(seq), None)
-        self.streams.pop(id(seq), None)
 
     # test-only fault injection: deliberate scheduling bugs ----------------------
     def _decode_token(self, plan: StepPlan, i: int) -> int:

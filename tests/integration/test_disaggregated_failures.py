@@ -23,6 +23,7 @@ from homepd.core.protocol import WorkerSpec
 from homepd.worker.loop import WorkerLoop
 
 from engine_helpers import make_engine, PROMPTS, run, start_controller_and_kill_it
+from worker_fakes import Outbox
 
 
 def shm_segments_of_dead_owners() -> list[str]:
@@ -41,24 +42,6 @@ def disagg(path, **kw) -> EngineConfig:
     return EngineConfig(**base)
 
 
-class Outbox:
-    """Stands in for the worker's pipe in an in-process decode loop."""
-    def __init__(self):
-        self.sent = []
-        r, w = os.pipe()
-        self._fds = (r, w)
-
-    def fileno(self):
-        return self._fds[0]
-
-    def send(self, msg):
-        self.sent.append(msg)
-
-    def close(self):
-        for fd in self._fds:
-            os.close(fd)
-
-
 @pytest.mark.parametrize("bad", ["fingerprint", "n_ctx", "checksum"])
 def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path, bad):
     fp = fingerprint(default_model_path)
@@ -73,7 +56,7 @@ def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path
     outbox = Outbox()
     loop = WorkerLoop(spec, model, ctx, outbox)
     with SlotPool.create(1, n + 4096) as pool:
-        loop.handoff.pool = SlotPool.attach(list(pool.names))
+        loop.role.pool = SlotPool.attach(list(pool.names))
         slot = pool.acquire_free()
         ctx2 = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=1, n_threads=1)
         ctx2.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
@@ -87,13 +70,13 @@ def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path
         params = SamplingParams(max_tokens=4)
         loop.handle(KVHandoff("r1", slot, tuple(ids), (42,), params, TokenSampler(params), TextStream(), n,
                               len(ids), 0.0, 0.0, 0.0))
-        loop.handoff.pump()
+        loop.role.pump()
         (done,) = outbox.sent
         assert isinstance(done, RequestDone) and done.reason == "error"
         assert "KV import refused" in done.error and bad.replace("_", "") in done.error.replace("_", "").lower()
         assert pool.state(slot).name == "FREE"           # the slot is usable again
-        assert loop.scheduler.free_seq_ids and not loop.scheduler.running  # the sequence too
-        loop.handoff.pool.close()
+        assert loop.scheduler.allocator.free_seq_ids and not loop.scheduler.running  # the sequence too
+        loop.role.pool.close()
     outbox.close()
     ctx.close()
     model.close()

@@ -15,8 +15,8 @@ def seq(rid: str, n_prompt: int, max_tokens: int = 8) -> Sequence:
 
 def run_step(s: Scheduler, token: int = 7):
     plan = s.schedule()
-    sampled = {id(q): token for q in plan.decode}
-    sampled.update({id(sl.seq): token for sl in plan.prefill if sl.completes_prompt})
+    sampled = {q.request_id: token for q in plan.decode}
+    sampled.update({sl.seq.request_id: token for sl in plan.prefill if sl.completes_prompt})
     s.postprocess(plan, sampled)
     return plan
 
@@ -75,9 +75,9 @@ def test_admission_respects_n_ctx_reservation():
     s.add(seq("b", 10, max_tokens=20))   # needs 29: does not fit beside a
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["a"]
-    assert s.n_ctx_reserved == 80
+    assert s.allocator.n_cells_reserved == 80
     s.release(s.find("a"))
-    assert s.n_ctx_reserved == 0
+    assert s.allocator.n_cells_reserved == 0
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["b"]
 
@@ -102,7 +102,7 @@ def test_release_frees_sequence_id_and_positions_follow_outputs():
     run_step(s)
     assert a.next_decode_pos == 4 and a.n_kv_tokens == 4
     s.release(a)
-    assert s.free_seq_ids == [0] and not s.has_work
+    assert s.allocator.free_seq_ids == [0] and not s.has_work
 
 
 @pytest.mark.parametrize("chunk", [1, 16, 64, None])
@@ -134,5 +134,5 @@ def test_prefill_only_worker_reserves_the_prompt_not_the_outputs():
     while s.waiting or any(q.is_prefilling for q in s.running):
         plan = run_step(s)
         assert not plan.decode  # a prefill worker never decodes
-    assert len(s.running) == 4 and s.n_ctx_reserved == 200  # all four fit: prompts only
+    assert len(s.running) == 4 and s.allocator.n_cells_reserved == 200  # all four fit: prompts only
     assert all(len(q.output_ids) == 1 for q in s.running)  # first tokens, waiting for hand-off

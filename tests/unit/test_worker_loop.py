@@ -1,73 +1,66 @@
-"""The worker loop's failure handling, with a fake model and context (pure logic, no llama.cpp)."""
+"""The worker loop's steps and failure handling, on the fake backend (pure logic, no llama.cpp)."""
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
-from homepd.core.protocol import RequestDone, StepReport, SubmitRequest
+from homepd.core.protocol import CancelRequest, RequestDone, StepReport, SubmitRequest, WorkerSpec
 from homepd.core.sampling import SamplingParams
-from homepd.core.protocol import WorkerSpec
+from homepd.errors import WorkerError
+from homepd.fakellm import FakeContext, FakeModel, next_token
 from homepd.worker.loop import WorkerLoop
+from homepd.worker.roles import ColocatedRole
 
-N_VOCAB = 16
-
-
-class FakeModel:
-    def is_eog(self, token):
-        return False
-
-    def token_to_piece(self, token):
-        return f"<{token}>".encode()
+from worker_fakes import Outbox
 
 
-class FakeCtx:
-    n_ctx = 256
+class FaultyContext(FakeContext):
+    """The fake context, with NaN logits on chosen rows, a failing decode on demand, and seq_rm recorded."""
 
-    def __init__(self):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self.poison_rows: set[int] = set()
         self.fail_decode = False
         self.removed: list[int] = []
 
-    def decode(self, tokens, positions, seq_ids, wants):
+    def decode(self, tokens, positions, seq_ids, wants_logits):
         if self.fail_decode:
-            raise RuntimeError("llama_decode returned 1")
-        self.n = len(tokens)
+            raise WorkerError("llama_decode returned 1")
+        super().decode(tokens, positions, seq_ids, wants_logits)
 
     def logits(self, row):
-        out = np.zeros(N_VOCAB, dtype=np.float32)
-        out[3] = 1.0
-        if row in self.poison_rows:
-            out[:] = np.nan
-        return out
+        return np.full(self.model.n_vocab, np.nan, dtype=np.float32) if row in self.poison_rows \
+            else super().logits(row)
 
     def seq_rm(self, seq_id):
         self.removed.append(seq_id)
+        super().seq_rm(seq_id)
 
 
-class Outbox:
-    def __init__(self):
-        self.sent = []
-        self.r, self.w = os.pipe()
-
-    def fileno(self):
-        return self.r
-
-    def send(self, msg):
-        self.sent.append(msg)
-
-    def close(self):
-        os.close(self.r)
-        os.close(self.w)
+def fake_greedy(prompt_ids, n_tokens: int) -> list[int]:
+    """What the fake model generates after ``prompt_ids``, one sequence alone."""
+    held, out = list(prompt_ids), []
+    for _ in range(n_tokens):
+        out.append(next_token(held))
+        held.append(out[-1])
+    return out
 
 
-def loop_with(n_requests: int, temperature: float = 0.0):
-    spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=256, n_seq_max=4, chunk=16, n_threads=1)
-    ctx, out = FakeCtx(), Outbox()
-    loop = WorkerLoop(spec, FakeModel(), ctx, out)
+def loop_with(n_requests: int, temperature: float = 0.0, max_tokens: int = 5, prompt=lambda i: f"p{i}"):
+    """A colocated loop holding ``n_requests`` submitted requests (3-token prompts unless told)."""
+    spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=256, n_seq_max=4, chunk=16, n_threads=1,
+                      backend="fake")
+    model = FakeModel()
+    ctx, out = FaultyContext(model, n_ctx=256, n_batch=spec.n_batch, n_seq_max=4, n_threads=1), Outbox()
+    loop = WorkerLoop(spec, model, ctx, out)
     for i in range(n_requests):
-        loop.handle(SubmitRequest(f"r{i}", (1, 2, 3), SamplingParams(max_tokens=5, temperature=temperature, seed=1)))
+        loop.handle(SubmitRequest(f"r{i}", tuple(model.tokenize(prompt(i))),
+                                  SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=1)))
     return loop, ctx, out
+
+
+def run_to_end(loop: WorkerLoop) -> None:
+    while loop.scheduler.has_work:
+        loop.step(loop.scheduler.schedule())
 
 
 def test_nan_logits_fail_only_that_request():
@@ -75,7 +68,7 @@ def test_nan_logits_fail_only_that_request():
     loop.step(loop.scheduler.schedule())  # both prompts done: first tokens
     ctx.poison_rows = {0}                 # the next step's row 0 (r0's decode token) is NaN
     loop.step(loop.scheduler.schedule())
-    failed = [m for m in out.sent if isinstance(m, RequestDone)]
+    failed = out.of_type(RequestDone)
     assert [(m.request_id, m.reason) for m in failed] == [("r0", "error")]
     assert "sampling failed" in failed[0].error
     report = out.sent[-1]
@@ -90,8 +83,9 @@ def test_a_failed_decode_fails_the_step_not_the_worker():
     loop, ctx, out = loop_with(2)
     ctx.fail_decode = True
     loop.step(loop.scheduler.schedule())
-    assert sorted(m.request_id for m in out.sent if isinstance(m, RequestDone) and m.reason == "error") == ["r0", "r1"]
+    assert sorted(m.request_id for m in out.of_type(RequestDone) if m.reason == "error") == ["r0", "r1"]
     assert not loop.scheduler.has_work and loop.running
+    assert sorted(ctx.removed) == [0, 1] and loop.scheduler.allocator.n_cells_reserved == 0
     ctx.fail_decode = False
     loop.handle(SubmitRequest("r2", (1, 2), SamplingParams(max_tokens=2)))
     loop.step(loop.scheduler.schedule())
@@ -101,11 +95,46 @@ def test_a_failed_decode_fails_the_step_not_the_worker():
 
 def test_request_runs_to_max_tokens_with_text_and_length_reason():
     loop, ctx, out = loop_with(1)
-    while loop.scheduler.has_work:
-        loop.step(loop.scheduler.schedule())
-    reports = [m for m in out.sent if isinstance(m, StepReport)]
-    text = "".join(t.text for r in reports for t in r.tokens)
-    assert text == "<3>" * 5
+    prompt_ids = loop.scheduler.waiting[0].prompt_ids
+    run_to_end(loop)
+    reports = out.of_type(StepReport)
+    expected = fake_greedy(prompt_ids, 5)
+    assert [t.token_id for r in reports for t in r.tokens] == expected
+    assert "".join(t.text for r in reports for t in r.tokens) == FakeModel().detokenize(expected)
     (done,) = [d for r in reports for d in r.done]
     assert done.reason == "length" and len(reports) == 5
+    out.close()
+
+
+def test_batched_requests_each_get_what_they_would_alone():
+    """Decodes and prompt chunks of four requests share steps; each request's tokens are its own."""
+    loop, ctx, out = loop_with(4, max_tokens=12, prompt=lambda i: "x" * (4 + 9 * i))  # 5..32 tokens
+    prompts = {q.request_id: q.prompt_ids for q in loop.scheduler.waiting}
+    run_to_end(loop)
+    got = {rid: [] for rid in prompts}
+    for report in out.of_type(StepReport):
+        for t in report.tokens:
+            got[t.request_id].append(t.token_id)
+    assert got == {rid: fake_greedy(p, 12) for rid, p in prompts.items()}
+    assert loop.scheduler.allocator.n_cells_reserved == 0 and not ctx._seqs  # every sequence freed
+    out.close()
+
+
+def test_the_sampler_and_text_stream_live_on_the_sequence_and_leave_with_it():
+    loop, ctx, out = loop_with(1, max_tokens=3)
+    (seq,) = loop.scheduler.waiting
+    assert seq.sampler is not None and seq.stream is not None and isinstance(loop.role, ColocatedRole)
+    run_to_end(loop)
+    assert seq.is_finished and seq.stream.released == FakeModel().detokenize(seq.output_ids)
+    out.close()
+
+
+def test_cancel_frees_the_sequence_and_reports_it():
+    loop, ctx, out = loop_with(2)
+    loop.step(loop.scheduler.schedule())
+    loop.handle(CancelRequest("r0"))
+    assert [(m.request_id, m.reason) for m in out.of_type(RequestDone)] == [("r0", "cancelled")]
+    assert [q.request_id for q in loop.scheduler.running] == ["r1"] and len(ctx.removed) == 1
+    loop.handle(CancelRequest("gone"))  # not held here: nothing to report
+    assert len(out.of_type(RequestDone)) == 1
     out.close()

@@ -1,0 +1,53 @@
+"""Sequence ids and KV cells of one context, without a scheduler or a model."""
+from __future__ import annotations
+
+import pytest
+
+from homepd.core.allocator import KVAllocator
+
+
+def test_sequence_ids_are_handed_out_lowest_first_and_a_freed_one_is_reused_first():
+    a = KVAllocator(n_seq_max=3, n_ctx=100)
+    assert [a.allocate(10), a.allocate(10)] == [0, 1]
+    a.free(0)
+    assert a.allocate(10) == 0
+    assert a.allocate(10) == 2
+
+
+def test_no_free_sequence_id_means_no_allocation_whatever_the_cells():
+    a = KVAllocator(n_seq_max=2, n_ctx=1000)
+    a.allocate(1)
+    a.allocate(1)
+    assert not a.can_allocate(0) and a.n_cells_free == 998
+
+
+def test_cells_are_reserved_up_to_n_ctx_exactly():
+    a = KVAllocator(n_seq_max=4, n_ctx=100)
+    a.allocate(60)
+    assert a.can_allocate(40) and not a.can_allocate(41)
+    a.allocate(40)
+    assert a.n_cells_reserved == 100 and a.n_cells_free == 0 and not a.can_allocate(1)
+
+
+def test_free_gives_back_the_cells_that_sequence_reserved():
+    a = KVAllocator(n_seq_max=4, n_ctx=100)
+    big, small = a.allocate(70), a.allocate(20)
+    a.free(big)
+    assert a.n_cells_reserved == 20 and a.can_allocate(80)
+    a.free(small)
+    assert a.n_cells_reserved == 0 and sorted(a.free_seq_ids) == [0, 1, 2, 3]
+
+
+def test_allocate_refuses_what_does_not_fit():
+    a = KVAllocator(n_seq_max=1, n_ctx=10)
+    with pytest.raises(AssertionError):
+        a.allocate(11)
+
+
+def test_freeing_an_id_twice_is_a_bug():
+    a = KVAllocator(n_seq_max=2, n_ctx=10)
+    seq_id = a.allocate(5)
+    a.free(seq_id)
+    with pytest.raises(AssertionError):
+        a.free(seq_id)
+    assert a.n_cells_reserved == 0 and len(a.free_seq_ids) == 2

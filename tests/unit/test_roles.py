@@ -1,0 +1,201 @@
+"""Worker roles on the fake backend: a prefill worker exports KV into a real shared-memory slot pool
+and a decode worker imports it and continues, in this process (no llama.cpp, no child processes)."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from homepd.core.protocol import (AttachSlots, CancelRequest, KVHandoff, KVImported, RequestDone, StepReport,
+                                  SubmitRequest, WorkerSpec)
+from homepd.core.sampling import SamplingParams, TokenSampler
+from homepd.core.scheduler import Scheduler
+from homepd.core.sequence import Sequence
+from homepd.core.textstream import TextStream
+from homepd.fakellm import FakeContext, FakeModel
+from homepd.kv.pool import SlotPool
+from homepd.worker.handoff import DecodeRole, PrefillRole
+from homepd.worker.loop import WorkerLoop
+from homepd.worker.roles import ColocatedRole
+
+from worker_fakes import Outbox
+
+FINGERPRINT = "f" * 64
+N_CTX = 512
+
+
+class Worker:
+    """One in-process worker loop of ``role`` on the fake backend, with its outbox."""
+
+    def __init__(self, role: str, n_seq_max: int = 4):
+        self.spec = WorkerSpec(role=role, model_path="fake", n_ctx=N_CTX, n_seq_max=n_seq_max, chunk=32,
+                               n_threads=1, model_fingerprint=FINGERPRINT, backend="fake")
+        self.model = FakeModel()
+        self.ctx = FakeContext(self.model, n_ctx=N_CTX, n_batch=self.spec.n_batch, n_seq_max=n_seq_max,
+                               n_threads=1)
+        self.out = Outbox()
+        self.loop = WorkerLoop(self.spec, self.model, self.ctx, self.out)
+
+    def turn(self) -> None:
+        """One pass of the loop's body: the role's pump, then a step if there is one."""
+        self.loop.role.pump()
+        plan = self.loop.scheduler.schedule()
+        if not plan.is_empty:
+            self.loop.step(plan)
+
+    def tokens_of(self, request_id: str) -> list[int]:
+        return [t.token_id for r in self.out.of_type(StepReport) for t in r.tokens if t.request_id == request_id]
+
+    def close(self) -> None:
+        if getattr(self.loop.role, "pool", None) is not None:
+            self.loop.role.pool.close()
+        self.out.close()
+
+
+@pytest.fixture
+def pool():
+    with SlotPool.create(2, 64 * 1024) as pool:
+        yield pool
+
+
+def submit(worker: Worker, request_id: str, text: str, max_tokens: int = 10) -> None:
+    worker.loop.handle(SubmitRequest(request_id, tuple(worker.model.tokenize(text)),
+                                     SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+
+
+def colocated_tokens(text: str, max_tokens: int = 10) -> list[int]:
+    worker = Worker("colocated")
+    submit(worker, "r", text, max_tokens)
+    while worker.loop.scheduler.has_work:
+        worker.turn()
+    worker.close()
+    return worker.tokens_of("r")
+
+
+def test_make_role_gives_each_worker_its_role():
+    for role, cls in [("colocated", ColocatedRole), ("prefill", PrefillRole), ("decode", DecodeRole)]:
+        worker = Worker(role)
+        assert type(worker.loop.role) is cls
+        worker.close()
+
+
+def test_prefill_exports_into_a_slot_and_decode_continues_exactly_as_colocated(pool):
+    prefill, decode = Worker("prefill"), Worker("decode")
+    for w in (prefill, decode):
+        w.loop.handle(AttachSlots(pool.names))
+    submit(prefill, "r", "a prompt longer than one chunk of thirty-two tokens")
+    while not prefill.out.of_type(KVHandoff):
+        prefill.turn()
+    (handoff,) = prefill.out.of_type(KVHandoff)
+    assert not prefill.loop.scheduler.has_work and not prefill.ctx._seqs  # it left the prefill worker
+    assert pool.state(handoff.slot).name == "READY" and handoff.output_ids == tuple(prefill.tokens_of("r"))
+
+    decode.loop.handle(pickle.loads(pickle.dumps(handoff)))  # as through the pipe
+    decode.turn()
+    (imported,) = decode.out.of_type(KVImported)
+    assert imported.slot == handoff.slot and pool.state(handoff.slot).name == "FREE"
+    while decode.loop.scheduler.has_work:
+        decode.turn()
+    assert [d.reason for r in decode.out.of_type(StepReport) for d in r.done] == ["length"]
+    tokens = [*handoff.output_ids, *decode.tokens_of("r")]
+    assert tokens == colocated_tokens("a prompt longer than one chunk of thirty-two tokens")
+    prefill.close()
+    decode.close()
+
+
+def test_prefill_waits_for_a_free_slot_and_exports_oldest_first(pool):
+    prefill = Worker("prefill")
+    prefill.loop.handle(AttachSlots(pool.names))
+    for i in range(3):
+        submit(prefill, f"r{i}", f"prompt {i}")
+    for _ in range(3):
+        prefill.turn()
+    assert [m.request_id for m in prefill.out.of_type(KVHandoff)] == ["r0", "r1"]  # two slots
+    assert prefill.loop.role.has_work and [q.request_id for q in prefill.loop.scheduler.running] == ["r2"]
+    pool.release(prefill.out.of_type(KVHandoff)[0].slot)  # the decode side freed one
+    prefill.turn()
+    assert [m.request_id for m in prefill.out.of_type(KVHandoff)] == ["r0", "r1", "r2"]
+    assert not prefill.loop.role.has_work and not prefill.loop.scheduler.has_work
+    prefill.close()
+
+
+def test_cancelling_a_request_waiting_for_a_slot_drops_it_from_the_prefill_role(pool):
+    prefill = Worker("prefill")  # no AttachSlots yet: every finished prompt waits
+    submit(prefill, "r0", "prompt")
+    prefill.turn()
+    assert prefill.loop.role.has_work
+    prefill.loop.handle(CancelRequest("r0"))
+    assert not prefill.loop.role.has_work and not prefill.loop.scheduler.has_work and not prefill.ctx._seqs
+    assert [(m.request_id, m.reason) for m in prefill.out.of_type(RequestDone)] == [("r0", "cancelled")]
+    prefill.close()
+
+
+def exported(pool: SlotPool, request_id: str, text: str, fingerprint: str = FINGERPRINT) -> KVHandoff:
+    """A KVHandoff of ``text``'s prompt, exported by a bare prefill role (no loop) into ``pool``."""
+    model = FakeModel()
+    ctx = FakeContext(model, n_ctx=N_CTX, n_batch=64, n_seq_max=1, n_threads=1)
+    ids = model.tokenize(text)
+    ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * (len(ids) - 1) + [True])
+    sent, finished = [], []
+    role = PrefillRole(ctx, sent.append, finished.append, fingerprint, pool=pool)
+    params = SamplingParams(max_tokens=6)
+    seq = Sequence(request_id, ids, params, seq_id=0, n_prefilled=len(ids), output_ids=[40],
+                   sampler=TokenSampler(params), stream=TextStream())
+    role.prompt_done(seq, 0.0)
+    role.pump()
+    assert finished == [seq]
+    (handoff,) = sent
+    return handoff
+
+
+def test_decode_role_alone_imports_with_only_a_context_a_scheduler_and_send(pool):
+    handoff = exported(pool, "r", "hello")
+    ctx = FakeContext(FakeModel(), n_ctx=N_CTX, n_batch=64, n_seq_max=2, n_threads=1)
+    scheduler = Scheduler(n_seq_max=2, n_ctx=N_CTX, n_batch=64, chunk=64)
+    sent = []
+    role = DecodeRole(ctx, sent.append, scheduler.release, FINGERPRINT, scheduler, pool=pool)
+    assert role.handle(handoff) and role.has_work
+    role.pump()
+    (seq,) = scheduler.running
+    assert seq.output_ids == [40] and seq.sampler is handoff.sampler and seq.stream is handoff.stream
+    assert ctx._seqs[seq.seq_id] == FakeModel().tokenize("hello")  # the prompt's KV, from the slot
+    assert [type(m) for m in sent] == [KVImported] and pool.state(handoff.slot).name == "FREE"
+
+
+def test_decode_role_waits_for_a_free_sequence(pool):
+    first, second = exported(pool, "r0", "one"), exported(pool, "r1", "two")
+    ctx = FakeContext(FakeModel(), n_ctx=N_CTX, n_batch=64, n_seq_max=1, n_threads=1)
+    scheduler = Scheduler(n_seq_max=1, n_ctx=N_CTX, n_batch=64, chunk=64)
+    sent = []
+    role = DecodeRole(ctx, sent.append, scheduler.release, FINGERPRINT, scheduler, pool=pool)
+    role.handle(first)
+    role.handle(second)
+    role.pump()
+    assert [m.request_id for m in sent] == ["r0"] and pool.state(second.slot).name == "READY"
+    scheduler.release(scheduler.running[0])
+    role.pump()
+    assert [m.request_id for m in sent] == ["r0", "r1"] and not role.has_work
+
+
+def test_decode_role_refuses_a_slot_of_another_model_and_frees_slot_and_sequence(pool):
+    handoff = exported(pool, "r", "hello", fingerprint="0" * 64)
+    decode = Worker("decode")
+    decode.loop.handle(AttachSlots(pool.names))
+    decode.loop.handle(handoff)
+    decode.turn()
+    (done,) = decode.out.sent
+    assert isinstance(done, RequestDone) and done.reason == "error" and "KV import refused" in done.error
+    assert pool.state(handoff.slot).name == "FREE" and not decode.loop.scheduler.has_work
+    assert len(decode.loop.scheduler.allocator.free_seq_ids) == 4 and not decode.ctx._seqs
+    decode.close()
+
+
+def test_cancelling_a_pending_handoff_frees_its_slot(pool):
+    handoff = exported(pool, "r", "hello")
+    decode = Worker("decode", n_seq_max=1)
+    decode.loop.handle(handoff)  # no AttachSlots yet: it stays pending
+    decode.loop.handle(AttachSlots(pool.names))
+    decode.loop.handle(CancelRequest("r"))
+    assert [(m.request_id, m.reason) for m in decode.out.of_type(RequestDone)] == [("r", "cancelled")]
+    assert pool.state(handoff.slot).name == "FREE" and not decode.loop.role.has_work
+    decode.close()
