@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import pytest
 
-from homepd.config import EngineConfig
 from homepd.kv.header import SlotExpectation, SlotHeader
 from homepd.kv.pool import SlotPool
 from homepd.llm import LlamaContext, LlamaModel
@@ -16,23 +15,10 @@ from homepd.models.resolve import fingerprint
 from homepd.measure.reference import teacher_forced_deficits
 from homepd.core.sampling import SamplingParams
 
-from engine_helpers import make_engine, PROMPTS, generate_all, run
+from engine_helpers import PROMPTS, coloc, disagg, generate_all, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS
 
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
-
-
-def disagg(path, **kw) -> EngineConfig:
-    base = dict(model=str(path), mode="disaggregated", n_ctx=2048, n_seq_max=4, chunk=64,
-                prefill_threads=1, decode_threads=1)
-    base.update(kw)
-    return EngineConfig(**base)
-
-
-def coloc(path, **kw) -> EngineConfig:
-    base = dict(model=str(path), mode="colocated", n_ctx=2048, n_seq_max=4, chunk=64, n_threads=1)
-    base.update(kw)
-    return EngineConfig(**base)
 
 
 REIMPORT = r"""
@@ -96,7 +82,7 @@ def test_handoff_is_lossless_across_processes(request, which):
 def test_alone_disaggregated_equals_colocated_token_for_token(request, which):
     path = request.getfixturevalue("default_model_path" if which == "smollm2" else "gemma_model_path")
     prompt = PROMPTS[3]
-    col, _, _ = run(generate_all(coloc(path), [prompt], GREEDY))
+    col, _, _ = run(generate_all(coloc(path, n_threads=1), [prompt], GREEDY))  # as many threads as each disaggregated worker
     dis, steps, records = run(generate_all(disagg(path), [prompt], GREEDY))
     assert dis[0] == col[0] and len(dis[0]) == GREEDY.max_tokens
     lc = records[0]

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import pytest
 
-from homepd.config import EngineConfig
 from homepd.llm import LlamaModel
 from homepd.measure.reference import greedy_alone, teacher_forced_deficits
 from homepd.core.sampling import SamplingParams
 
-from engine_helpers import make_engine, PROMPTS, generate_all, run
+from engine_helpers import N_THREADS, PROMPTS, coloc, generate_all, make_engine, run
 
 MARGIN_LOGITS = 1.0
-N_THREADS = 2
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 
 
@@ -34,16 +32,10 @@ def model(default_model_path):
     m.close()
 
 
-def config(path, **kw) -> EngineConfig:
-    base = dict(model=str(path), n_ctx=2048, n_seq_max=4, chunk=64, n_threads=N_THREADS)
-    base.update(kw)
-    return EngineConfig(**base)
-
-
 @pytest.mark.parametrize("chunk", [16, None])
 def test_request_alone_is_repeatable_and_equals_bare_loop(default_model_path, model, chunk):
     prompt = PROMPTS[3]
-    cfg = config(default_model_path, chunk=chunk)
+    cfg = coloc(default_model_path, chunk=chunk)
     first, _, _ = run(generate_all(cfg, [prompt], GREEDY))
     second, _, _ = run(generate_all(cfg, [prompt], GREEDY))
     bare = greedy_alone(model, model.tokenize(prompt), GREEDY.max_tokens, chunk=chunk, n_threads=N_THREADS,
@@ -55,7 +47,7 @@ def test_request_alone_is_repeatable_and_equals_bare_loop(default_model_path, mo
 
 @pytest.mark.parametrize("chunk", [16, 64, 512, None])
 def test_concurrent_requests_pass_teacher_forced_check(default_model_path, model, chunk):
-    tokens, steps, _ = run(generate_all(config(default_model_path, chunk=chunk), PROMPTS, GREEDY))
+    tokens, steps, _ = run(generate_all(coloc(default_model_path, chunk=chunk), PROMPTS, GREEDY))
     # the requests really shared steps (otherwise this tests nothing about batching)
     assert any(s.n_decode_tokens >= 2 for s in steps)
     if chunk is not None:
@@ -68,7 +60,7 @@ def test_concurrent_requests_pass_teacher_forced_check(default_model_path, model
 
 @pytest.mark.parametrize("fault", ["swap_seq", "stale_token"])
 def test_teacher_forced_check_catches_an_injected_scheduling_bug(default_model_path, model, fault):
-    tokens, _, _ = run(generate_all(config(default_model_path, fault=fault), PROMPTS, GREEDY))
+    tokens, _, _ = run(generate_all(coloc(default_model_path, fault=fault), PROMPTS, GREEDY))
     worst = []
     for prompt, generated in zip(PROMPTS, tokens):
         deficits = teacher_forced_deficits(model, model.tokenize(prompt), generated, n_threads=N_THREADS)
@@ -83,7 +75,7 @@ def test_long_prompt_is_chunked_and_never_stalls_a_decoding_request(default_mode
     chunk = 32
 
     async def scenario():
-        async with make_engine(config(default_model_path, chunk=chunk)) as engine:
+        async with make_engine(coloc(default_model_path, chunk=chunk)) as engine:
             short = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=120, ignore_eos=True))
             async for event in short:  # wait until it decodes
                 break
