@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import pytest
 
@@ -25,7 +24,7 @@ NEVER = "\x00never"
 
 @pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), ("disaggregated", "decode"),
                                          ("disaggregated", "prefill")])
-def test_kill_9_with_resume_completes_every_request_within_5_s(default_model_path, mode, victim):
+def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation(default_model_path, mode, victim):
     cfg = EngineConfig(model=str(default_model_path), mode=mode, n_ctx=2048, n_seq_max=4, chunk=64, n_threads=2,
                        prefill_threads=1, decode_threads=1)
 
@@ -40,25 +39,27 @@ def test_kill_9_with_resume_completes_every_request_within_5_s(default_model_pat
                 streams.append(await engine.submit(PROMPTS[3], params=params))
                 texts[streams[-1].request_id] = ""
             pid = engine.workers[victim].pid
-            killed = time.monotonic()
             os.kill(pid, signal.SIGKILL)
-            ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=5)
+            ends = await asyncio.gather(*(s.collect() for s in streams))
             for s, (events, text) in zip(streams, ends):
                 texts[s.request_id] += text
-            return streams, ends, killed, engine.snapshot(), texts
+            return pid, streams, ends, engine.snapshot(), texts
 
-    streams, ends, killed, snap, texts = run(scenario())
-    died = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
-    assert died and died[0].role == victim and not died[0].failed_requests
-    resumed = set(died[0].resumed_from_slot) | set(died[0].recomputed_requests)
+    pid, streams, ends, snap, texts = run(scenario())
+    (died,) = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
+    assert died.role == victim and died.pid == pid and not died.failed_requests
+    assert died.cause == f"exit code {-signal.SIGKILL}"  # noticed by its exit (pipe EOF), not as hung
+    (restarted,) = [e for e in snap.worker_events if e.kind is WorkerEventKind.RESTARTED]
+    assert restarted.role == victim and restarted.recovery_s == restarted.t_s - died.t_s > 0
+    resumed = set(died.resumed_from_slot) | set(died.recomputed_requests)
     assert resumed  # the dead worker held something, and it came back
     model = LlamaModel(default_model_path)
     for prompt, s, (events, _) in zip(PROMPTS, streams, ends):
-        assert events[-1].kind == "done" and events[-1].t_s - killed < 5
+        assert events[-1].kind == "done"
         assert len(s.token_ids) == N_OUT
         assert texts[s.request_id] == model.detokenize(s.token_ids)  # nothing lost or doubled at the resume
-        if s.request_id in resumed:
-            assert s.lifecycle.n_resumes == 1
+        if s.request_id in resumed:  # finished by the replacement
+            assert s.lifecycle.n_resumes == 1 and events[-1].t_s > restarted.t_s
         deficits = teacher_forced_deficits(model, model.tokenize(prompt), s.token_ids, n_threads=2)
         assert max(deficits) <= MARGIN_LOGITS, (s.lifecycle.resumed_by, deficits)
     model.close()
