@@ -136,7 +136,9 @@ class EngineConfig:
     hang_timeout_s: float = field(default=300.0, metadata=_opt(
         "hang-timeout", float, "kill (then restart and resume) a worker silent this many seconds while "
                                "holding requests; 0 = never"))
-    backend: str = field(default="llama", metadata=_opt(None))  # "fake": deterministic stand-in (tests)
+    backend: str = field(default="llama", metadata=_opt(
+        "backend", help="llama (llama.cpp, the default) or fake: a deterministic stand-in without a model, "
+                        "for tests and dry runs", choices=BACKENDS))
     fault: str | None = field(default=None, metadata=_opt(None))  # test-only scheduling bug, one of FAULTS
 
     def validated(self) -> "EngineConfig":
@@ -183,6 +185,9 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
     """Add one ``--flag`` per ``EngineConfig`` field that has one; each defaults to ``HOMEPD_<FLAG>``,
     else the config file's value, else the field's default (the flag wins over the variable)."""
     add_option_flags(parser, EngineConfig, exclude=exclude)
+
+
+option = _opt  # public name: other option classes (the service's settings) declare their flags with it
 
 
 def add_option_flags(parser: argparse.ArgumentParser, cls, section: str | None = None,

@@ -45,7 +45,7 @@ def placements(config: EngineConfig, model_path: str, box=None) -> dict[str, Rol
                                            cuda_visible_devices=None if c.gpu_index is None else str(c.gpu_index),
                                            n_gpu_layers=c.n_gpu_layers)}
     if c.mode == "replicas":
-        plan = _plan(c, model_path, box).replicas
+        plan = placement_plan(c, model_path, box).replicas
         if not plan.feasible:
             raise EngineError(f"{c.n_replicas} replicas are not feasible on this box: {plan.reason}")
         return {w.role: RolePlacement(cpu_cores=w.cpu_cores or None, n_threads=w.n_threads,
@@ -54,7 +54,7 @@ def placements(config: EngineConfig, model_path: str, box=None) -> dict[str, Rol
     overrides = {"prefill": (c.prefill_cores, c.prefill_threads), "decode": (c.decode_cores, c.decode_threads)}
     plan = None
     if not all(cores for cores, _ in overrides.values()):
-        plan = _plan(c, model_path, box).disaggregated
+        plan = placement_plan(c, model_path, box).disaggregated
         if not plan.feasible:
             raise EngineError(f"disaggregated serving is not feasible on this box: {plan.reason}")
     out = {}
@@ -69,7 +69,8 @@ def placements(config: EngineConfig, model_path: str, box=None) -> dict[str, Rol
     return out
 
 
-def _plan(config: EngineConfig, model_path: str, box):
+def placement_plan(config: EngineConfig, model_path: str, box=None):
+    """The placement plan for ``config`` on ``box`` (probed when None), sized from the model's GGUF header."""
     from homepd.hw.placement import plan_placement
     from homepd.hw.probe import probe
 

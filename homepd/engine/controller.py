@@ -97,6 +97,10 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(h.stop() for h in self.workers.values()))
+        if self.sampler is not None:
+            for handle in self.workers.values():
+                if handle.pid is not None:
+                    self.sampler.unregister_process(handle.pid)
         for rid in list(self.streams):
             self._end(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
         if self.kv is not None:
@@ -153,7 +157,11 @@ class Engine:
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None) -> RequestStream:
-        """Admit a request; returns its event stream.  Raises RequestError before any worker sees it."""
+        """Admit a request; returns its event stream.  Raises RequestError before any worker sees it.
+
+        Its clock starts here, before the chat template and the tokenizer run: TTFT is what a caller sees.
+        """
+        arrived_s = time.monotonic()
         params = (params or SamplingParams()).validated()
         ids = self.prepare(prompt, messages)
         failed = [h for h in self.workers.values() if h.failed]
@@ -166,7 +174,7 @@ class Engine:
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
-        lifecycle = Lifecycle(request_id=rid, arrived_s=time.monotonic(), n_prompt_tokens=len(ids))
+        lifecycle = Lifecycle(request_id=rid, arrived_s=arrived_s, n_prompt_tokens=len(ids))
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.streams[rid] = stream
         self._entry_worker().send_request(rid, SubmitRequest(rid, tuple(ids), params))

@@ -1,0 +1,289 @@
+"""The advise campaign: every feasible architecture on identical traces, stored as evidence, then the rule.
+
+probe -> placement plan -> candidates (colocated unchunked and chunked, the chunk the measured step-time
+model predicts for the ITL target, disaggregated, replicas; infeasible ones with their reason) -> for each
+candidate, one engine, the short / long / mixed traces (same seeds for every candidate) -> a recovery
+scenario per architecture (a worker killed mid-run) -> ``recommend`` -> store.  Never changes the serving
+configuration: ``homepd advise apply`` is a separate step.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
+from homepd.config import EngineConfig
+from homepd.core.records import WorkerEventKind, to_plain
+from homepd.core.sampling import SamplingParams
+from homepd.engine.controller import Engine
+from homepd.launch import placement_plan, prepare
+from homepd.measure.metrics import SLO
+from homepd.measure.replay import RunRecord, run_trace
+from homepd.measure.steptime import fit_step_time
+from homepd.measure.trace import make_trace
+
+CALIBRATION_CHUNK = 256
+# why: below this a long prompt needs hundreds of steps; when the model says even an empty step misses the
+# target, the smallest chunk still helps more than an unbounded one, and the evidence shows the cost
+MIN_PREDICTED_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class AdviseSettings:
+    """How big the campaign is; ``quick`` sizes it for about 2 minutes on a 2-core box, the full one for 10."""
+    quick: bool = False
+    mixes: tuple[str, ...] = ("short", "long", "mixed")
+    repeats: int = 2
+    chunks: tuple[int | None, ...] = (None, 32, 64, 128, CALIBRATION_CHUNK)
+    n_requests: dict = field(default_factory=lambda: {"short": 8, "long": 3, "mixed": 8})
+    rate_per_s: dict = field(default_factory=lambda: {"short": 4.0, "long": 0.5, "mixed": 2.0})
+    max_tokens: int = 32
+    long_tokens: int = 400
+    recovery: bool = True
+    seed: int = 0
+    slo: SLO = field(default_factory=lambda: SLO(ttft_ms=4000.0, tpot_ms=100.0, itl_ms=None))
+
+    @classmethod
+    def quick_settings(cls, **kw) -> "AdviseSettings":
+        base = dict(quick=True, repeats=1, chunks=(None, CALIBRATION_CHUNK),
+                    n_requests={"short": 4, "long": 2, "mixed": 4},
+                    rate_per_s={"short": 4.0, "long": 1.0, "mixed": 2.0}, max_tokens=24, long_tokens=300,
+                    recovery=False)
+        base.update(kw)
+        return cls(**base)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the campaign is: runs done of the total, the current step, elapsed and estimated time left."""
+    done: int
+    total: int
+    current: str
+    elapsed_s: float
+    eta_s: float | None
+
+
+@dataclass
+class AdviseResult:
+    run_id: int | None
+    candidates: list[Candidate]
+    records: dict[tuple[str, str, int], RunRecord]       # (candidate, mix, repeat) -> record
+    recovery: dict[str, RunRecord]                       # architecture -> the killed-worker run
+    recommendation: Recommendation
+    settings: AdviseSettings
+    box: dict
+    predicted_chunk: int | None
+    wall_s: float
+
+
+def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[Candidate]:
+    """The configurations to measure on this box; infeasible ones carry the plan's reason."""
+    out = []
+    for chunk in settings.chunks:
+        name = "colocated-unchunked" if chunk is None else f"colocated-chunk-{chunk}"
+        out.append(Candidate(name, "colocated", chunk=chunk, feasible=plan.colocated.feasible,
+                             reason="" if plan.colocated.feasible else plan.colocated.reason))
+    d, r = plan.disaggregated, plan.replicas
+    out.append(Candidate("disaggregated", "disaggregated", chunk=base.chunk, feasible=d.feasible, reason=d.reason))
+    out.append(Candidate(f"replicas-{base.n_replicas}", "replicas", chunk=base.chunk, n_replicas=base.n_replicas,
+                         feasible=r.feasible, reason=r.reason))
+    return out
+
+
+def measurement(record: RunRecord) -> Measurement:
+    """What the rule reads from one run."""
+    s, slo = record.summary, record.summary.slo
+    done = [r for r in record.requests if r.state.value == "finished"]
+    n = max(1, s.n_requests)
+    ttft_ok = sum(1 for r in done if r.ttft_s is not None and r.ttft_s * 1e3 <= slo.ttft_ms) / n
+    tpot_ok = sum(1 for r in done if r.tpot_s is None or r.tpot_s * 1e3 <= slo.tpot_ms) / n
+    return Measurement(
+        goodput_per_s=s.goodput_per_s, slo_attainment=s.slo_attainment, ttft_attainment=ttft_ok,
+        tpot_attainment=tpot_ok, ttft_ms_p99=s.ttft_ms.p99, itl_ms_p99=s.itl_ms.p99,
+        interference_slowdown=s.interference.slowdown, interference_samples=s.interference.mixed_steps,
+        n_requests=s.n_requests, n_failed=s.n_failed)
+
+
+class Campaign:
+    """Runs the campaign on this box.  ``store`` (optional) keeps the evidence; ``on_progress`` is called
+    from the event loop after every run."""
+
+    def __init__(self, base: EngineConfig, settings: AdviseSettings, *, store=None, sampler=None,
+                 on_progress: Callable[[Progress], None] | None = None, box=None):
+        self.base, self.settings, self.store, self.sampler = base, settings, store, sampler
+        self.on_progress = on_progress or (lambda p: None)
+        self.box = box
+        self.records: dict[tuple[str, str, int], RunRecord] = {}
+        self.recovery: dict[str, RunRecord] = {}
+        self._steps: dict[str, list] = {}   # candidate -> its step log (the step-time model's data)
+        self._done, self._total, self._t0 = 0, 0, 0.0
+
+    async def run(self) -> AdviseResult:
+        from homepd.hw.probe import probe, to_dict
+
+        self._t0 = time.monotonic()
+        setup = await asyncio.to_thread(prepare, self.base, pull=False)
+        box = self.box or await asyncio.to_thread(probe)
+        plan = await asyncio.to_thread(placement_plan, self.base, setup.model_path, box)
+        candidates = candidate_list(self.base, plan, self.settings)
+        feasible = [c for c in candidates if c.feasible]
+        s = self.settings
+        runs_per_candidate = len(s.mixes) * s.repeats
+        n_archs = len({c.mode for c in feasible})
+        self._total = (len(feasible) + 1) * runs_per_candidate + (n_archs if s.recovery else 0)
+        hardware = to_plain(to_dict(box, plan))
+        run_id = None
+        if self.store is not None:
+            run_id = self.store.begin_run("advise", {"base": to_plain(self.base), "settings": to_plain(s)},
+                                          hardware=hardware, trace=self._trace_description())
+            for c in candidates:
+                if not c.feasible:
+                    self.store.add_infeasible(run_id, c.name, c.reason)
+        status, error = "incomplete", None
+        try:
+            evidence = Evidence(list(candidates))
+            calibration = next((c for c in feasible if c.mode == "colocated" and c.chunk == CALIBRATION_CHUNK), None)
+            ordered = ([calibration] if calibration else []) + [c for c in feasible if c is not calibration]
+            predicted = None
+            for i, cand in enumerate(ordered):
+                await self._measure(cand, evidence, run_id)
+                if cand is calibration:
+                    predicted = self._predicted_chunk(cand)
+                    if predicted is not None and predicted not in s.chunks:
+                        extra = Candidate(f"colocated-chunk-{predicted}", "colocated", chunk=predicted,
+                                          reason=f"predicted by the step-time model for ITL <= "
+                                                 f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")
+                        candidates.insert(len(s.chunks), extra)
+                        evidence.candidates.insert(len(s.chunks), extra)
+                        ordered.insert(i + 1, extra)
+                    else:
+                        self._total -= runs_per_candidate
+            if s.recovery:
+                for mode in dict.fromkeys(c.mode for c in feasible):
+                    best = self._best_of(mode, evidence)
+                    if best is not None:
+                        await self._recovery(best, run_id)
+            rec = recommend(evidence)
+            if self.store is not None:
+                self.store.add_recommendation(run_id, to_plain(rec), headline=_headline(rec))
+            status = "complete"
+            return AdviseResult(run_id, candidates, self.records, self.recovery, rec, s, hardware, predicted,
+                                time.monotonic() - self._t0)
+        except Exception as exc:  # kept with the run; an interrupt (Ctrl-C, cancel) leaves it "incomplete"
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if self.store is not None:
+                self.store.finish_run(run_id, status=status, error=error)
+
+    # one candidate -----------------------------------------------------------------------------------
+    def _config(self, cand: Candidate) -> EngineConfig:
+        return replace(self.base, **cand.config_values())
+
+    async def _measure(self, cand: Candidate, evidence: Evidence, run_id) -> None:
+        s = self.settings
+        config = self._config(cand)
+        setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
+        async with Engine(config, setup, sampler=self.sampler) as engine:
+            await self._warm_up(engine)
+            for mix in s.mixes:
+                for repeat in range(s.repeats):
+                    self._report(f"{cand.name} on the {mix} trace (repeat {repeat + 1}/{s.repeats})")
+                    record = await run_trace(engine, self._trace(mix, repeat), trace_name=mix, slo=s.slo,
+                                             sampler=self.sampler)
+                    self.records[(cand.name, mix, repeat)] = record
+                    evidence.add(cand.name, mix, measurement(record))
+                    if self.store is not None:
+                        self.store.add_result(run_id, cand.name, mix, repeat, record,
+                                              steps=[st for st in engine.step_log
+                                                     if record.requests and st.t_end_s >= record.requests[0].arrived_s])
+                    self._done += 1
+                    self._report(f"{cand.name} on the {mix} trace done")
+            self._steps[cand.name] = list(engine.step_log)
+
+    async def _recovery(self, cand: Candidate, run_id) -> None:
+        """The mixed trace with a worker killed once the second request has its first token."""
+        import os
+        import signal
+
+        config = self._config(cand)
+        self._report(f"recovery: {cand.name}, a worker killed mid-run")
+        setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
+        async with Engine(config, setup, sampler=self.sampler) as engine:
+            await self._warm_up(engine)
+            victim = {"colocated": "colocated", "disaggregated": "decode"}.get(cand.mode, "replica-0")
+            killed = asyncio.Event()
+
+            def on_token_count():
+                if not killed.is_set() and sum(1 for st in engine.streams.values() if st.token_ids) >= 2:
+                    os.kill(engine.workers[victim].pid, signal.SIGKILL)
+                    killed.set()
+
+            watcher = asyncio.ensure_future(_watch(on_token_count, killed))
+            try:
+                record = await run_trace(engine, self._trace("mixed", 0), trace_name="mixed+kill",
+                                         slo=self.settings.slo, sampler=self.sampler)
+                await engine.wait_restarts()
+                record = dataclasses.replace(record, worker_events=tuple(
+                    e for e in engine.worker_events if e.t_s >= record.requests[0].arrived_s))
+            finally:
+                watcher.cancel()
+        self.recovery[cand.mode] = record
+        if self.store is not None:
+            self.store.add_result(run_id, f"{cand.name}+kill:{victim}", "mixed+kill", 0, record)
+        self._done += 1
+
+    async def _warm_up(self, engine) -> None:
+        stream = await engine.submit("Hello", params=SamplingParams(max_tokens=2))
+        await stream.collect()
+
+    def _trace(self, mix: str, repeat: int):
+        s = self.settings
+        return make_trace(mix, s.n_requests[mix], s.rate_per_s[mix], max_tokens=s.max_tokens,
+                          long_tokens=s.long_tokens, ignore_eos=True, seed=s.seed * 1000 + repeat, name=mix)
+
+    def _trace_description(self) -> dict:
+        s = self.settings
+        return {"mixes": list(s.mixes), "repeats": s.repeats, "n_requests": s.n_requests,
+                "rate_per_s": s.rate_per_s, "max_tokens": s.max_tokens, "long_tokens": s.long_tokens,
+                "seed": s.seed, "arrival": "poisson", "ignore_eos": True}
+
+    def _predicted_chunk(self, cand: Candidate) -> int | None:
+        """The chunk the step-time model (fitted on the calibration runs) predicts keeps a step with the
+        typical decode batch under the ITL target, rounded down to a power of two."""
+        steps = self._steps.get(cand.name, [])
+        model = fit_step_time(steps)
+        if model is None:
+            return None
+        target = self.settings.slo.itl_ms or self.settings.slo.tpot_ms
+        batches = sorted(st.n_decode_tokens for st in steps if st.n_decode_tokens)
+        n_decode = batches[len(batches) // 2] if batches else 1
+        chunk = model.chunk_for_itl(target, n_decode, lo=MIN_PREDICTED_CHUNK)
+        return 1 << (chunk.bit_length() - 1)
+
+    def _best_of(self, mode: str, evidence: Evidence) -> Candidate | None:
+        rec = recommend(Evidence([c for c in evidence.candidates if c.mode == mode and c.feasible],
+                                 {k: v for k, v in evidence.runs.items()
+                                  if any(c.name == k[0] and c.mode == mode for c in evidence.candidates)}))
+        return rec.candidate
+
+    def _report(self, current: str) -> None:
+        elapsed = time.monotonic() - self._t0
+        eta = elapsed / self._done * (self._total - self._done) if self._done else None
+        self.on_progress(Progress(self._done, self._total, current, elapsed, eta))
+
+
+async def _watch(check: Callable[[], None], done: asyncio.Event) -> None:
+    # why: the engine has no token callback; a 20 ms look at the running streams is cheap and stops at once
+    while not done.is_set():
+        check()
+        await asyncio.sleep(0.02)
+
+
+def _headline(rec: Recommendation) -> str:
+    if rec.candidate is None:
+        return "no recommendation: nothing could be measured"
+    return f"{rec.candidate.name} ({rec.rule}, confidence {rec.confidence})"

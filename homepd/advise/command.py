@@ -1,0 +1,141 @@
+"""``homepd advise`` (measure every feasible architecture here, recommend one, keep the evidence) and
+``homepd advise apply [RUN]`` (write the recommended configuration for ``homepd serve`` and the app)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from homepd.advise.campaign import AdviseSettings, Campaign, Progress
+from homepd.config import add_config_flags, config_from_args, write_config_file
+from homepd.core.records import to_plain
+from homepd.errors import ConfigError
+from homepd.measure.report import add_slo_flags, slo_from_args
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("advise", help="measure every feasible architecture on this box and recommend one",
+                              description="Runs colocated (unchunked and chunked), disaggregated and replicas on "
+                                          "identical short/long/mixed traces, stores the evidence, and applies "
+                                          "the rule. Changes nothing: `homepd advise apply` does that.")
+    add_config_flags(p, exclude=("mode", "chunk"))
+    add_slo_flags(p)
+    p.add_argument("--quick", action="store_true", help="a smaller campaign (about 2 minutes on 2 cores)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per candidate and mix (default 2; quick 1)")
+    p.add_argument("--no-recovery", dest="recovery", action="store_false", default=None,
+                   help="skip the killed-worker scenario")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--db", default=None, help="run database (default: $HOMEPD_DB, else the XDG data dir)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=_advise)
+    actions = p.add_subparsers(dest="advise_action", metavar="ACTION")
+    a = actions.add_parser("apply", help="write the recommended configuration to the config file")
+    a.add_argument("run", nargs="?", default="last", help="advise run id (default: the last complete one)")
+    a.add_argument("--db", default=None)
+    a.add_argument("--config-file", default=None, help="where to write (default: $HOMEPD_CONFIG, else the "
+                                                       "user's config file)")
+    a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    a.set_defaults(func=_apply)
+
+
+def _settings(args) -> AdviseSettings:
+    slo = slo_from_args(args)
+    kw = {"slo": slo, "seed": args.seed}
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+        kw["repeats"] = args.repeats
+    if args.recovery is not None:
+        kw["recovery"] = args.recovery
+    return AdviseSettings.quick_settings(**kw) if args.quick else AdviseSettings(**kw)
+
+
+def _progress_printer(stream=sys.stderr):
+    def show(p: Progress) -> None:
+        width = 24
+        filled = int(width * p.done / max(1, p.total))
+        eta = f"ETA {p.eta_s:.0f} s" if p.eta_s is not None else "ETA --"
+        stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {p.done}/{p.total} {eta}  {p.current[:60]:<60}")
+        stream.flush()
+    return show
+
+
+def _advise(args) -> int:
+    from homepd.advise.render import render_result
+    from homepd.hw.monitor import Sampler
+    from homepd.launch import prepare
+    from homepd.store import Store
+
+    base = config_from_args(args)
+    settings = _settings(args)
+    prepare(base, pull=True)  # fetch the model first (with its own progress bar), never inside the campaign
+    print(f"homepd advise: {'quick' if settings.quick else 'full'} campaign on {base.model}", file=sys.stderr)
+    with Store.open(args.db) as store, Sampler(period_s=0.5) as sampler:
+        campaign = Campaign(base, settings, store=store, sampler=sampler, on_progress=_progress_printer())
+        result = asyncio.run(campaign.run())
+    print(file=sys.stderr)
+    path = _write_result_file(result)
+    if args.json:
+        print(json.dumps(result_dict(result)))
+    else:
+        print(render_result(result))
+        print(f"result file: {path}")
+    return 0
+
+
+def result_dict(result) -> dict:
+    """The whole advise result as JSON-ready data (the result file's content)."""
+    from homepd.advise.render import evidence_rows
+
+    return {
+        "run_id": result.run_id, "wall_s": result.wall_s, "settings": to_plain(result.settings),
+        "hardware": result.box, "candidates": to_plain(result.candidates),
+        "predicted_chunk": result.predicted_chunk, "evidence": evidence_rows(result),
+        "recommendation": to_plain(result.recommendation),
+        "runs": [{"candidate": c, "mix": m, "repeat": r, "record": rec.to_dict()}
+                 for (c, m, r), rec in result.records.items()],
+        "recovery": {mode: rec.to_dict() for mode, rec in result.recovery.items()},
+    }
+
+
+def _write_result_file(result) -> Path:
+    from homepd.store import default_db_path
+
+    directory = default_db_path().parent / "advise"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"advise-{result.run_id or time.strftime('%Y%m%d-%H%M%S')}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result_dict(result), indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def _apply(args) -> int:
+    from homepd.store import Store
+
+    with Store.open(args.db, create=False) as store:
+        run_id = store.resolve_run(args.run)
+        run = store.get_run(run_id, timelines=False)
+    recs = run.get("recommendations") or []
+    if run.get("kind") != "advise" or not recs:
+        raise ConfigError(f"run {run_id} holds no recommendation (kind {run.get('kind')!r}, "
+                          f"status {run.get('status')!r}); run `homepd advise` first")
+    rec = recs[-1]["data"] if "data" in recs[-1] else recs[-1]
+    values = dict(rec.get("config") or {})
+    if not values:
+        raise ConfigError(f"run {run_id}'s recommendation has no configuration to apply")
+    print(f"run {run_id}: {rec.get('candidate', {}).get('name')} — {rec.get('reason')}", file=sys.stderr)
+    print("will write: " + ", ".join(f"{k} = {v}" for k, v in values.items()), file=sys.stderr)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("not confirmed: pass --yes to apply without a terminal")
+        if input("apply? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing changed", file=sys.stderr)
+            return 1
+    path = write_config_file(values, args.config_file)
+    print(f"wrote {path}; `homepd serve` and the app read it at start (flags and HOMEPD_* still win)")
+    return 0

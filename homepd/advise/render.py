@@ -1,0 +1,127 @@
+"""The advise result as text: the evidence table (candidates x prompt mixes x metrics), recovery, the answer."""
+from __future__ import annotations
+
+import statistics
+
+from homepd.advise.campaign import AdviseResult
+from homepd.advise.recommend import Recommendation
+from homepd.measure.replay import RunRecord
+from homepd.measure.report import fmt
+
+MIB = 2 ** 20
+
+
+def _med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def evidence_rows(result: AdviseResult) -> list[dict]:
+    """One row per candidate and mix: medians over repeats of the figures a reader compares."""
+    colocated_pss = _med(r.total_pss_bytes for (name, _, _), r in result.records.items()
+                         if name.startswith("colocated-"))
+    rows = []
+    for cand in result.candidates:
+        if not cand.feasible:
+            rows.append({"candidate": cand.name, "mix": "-", "infeasible": cand.reason})
+            continue
+        for mix in result.settings.mixes:
+            recs: list[RunRecord] = [r for (name, m, _), r in result.records.items() if name == cand.name and m == mix]
+            if not recs:
+                continue
+            s = [r.summary for r in recs]
+            pss = _med(r.total_pss_bytes for r in recs)
+            energy = _med(sum(v for v in r.energy_j.values() if v is not None) / r.summary.n_output_tokens
+                          if any(v is not None for v in r.energy_j.values()) and r.summary.n_output_tokens else None
+                          for r in recs)
+            rows.append({
+                "candidate": cand.name, "mix": mix, "repeats": len(recs),
+                "goodput_per_s": _med(x.goodput_per_s for x in s),
+                "slo_attainment": _med(x.slo_attainment for x in s),
+                "ttft_ms_p50": _med(x.ttft_ms.p50 for x in s), "ttft_ms_p99": _med(x.ttft_ms.p99 for x in s),
+                "tpot_ms_p50": _med(x.tpot_ms.p50 for x in s), "itl_ms_p99": _med(x.itl_ms.p99 for x in s),
+                "itl_ms_max": _med(x.itl_ms.max for x in s), "e2e_ms_p50": _med(x.e2e_ms.p50 for x in s),
+                "queue_ms_p90": _med(x.queue_ms.p90 for x in s),
+                "prompt_tok_s": _med(x.prompt_tok_s for x in s), "output_tok_s": _med(x.output_tok_s for x in s),
+                "request_per_s": _med(x.request_per_s for x in s),
+                "interference": _med(x.interference.slowdown for x in s),
+                "interference_samples": sum(x.interference.mixed_steps for x in s),
+                "kv_mb_mean": _med(x.kv.bytes_mean / 1e6 if x.kv else None for x in s),
+                "kv_transfer_ms_p50": _med(x.kv.transfer_ms.p50 if x.kv else None for x in s),
+                "total_pss_mib": pss / MIB if pss is not None else None,
+                "memory_vs_colocated": pss / colocated_pss if pss is not None and colocated_pss else None,
+                "energy_j_per_token": energy,
+                "n_stalls": _med(len(r.stalls) for r in recs),
+            })
+    return rows
+
+
+COLUMNS = [("candidate", "candidate", 26, None), ("mix", "mix", 6, None), ("goodput_per_s", "good/s", 7, ".2f"),
+           ("slo_attainment", "SLO%", 5, ".0%"), ("ttft_ms_p50", "TTFT50", 7, ".0f"), ("ttft_ms_p99", "TTFT99", 7, ".0f"),
+           ("tpot_ms_p50", "TPOT50", 7, ".1f"), ("itl_ms_p99", "ITL99", 7, ".0f"), ("itl_ms_max", "ITLmax", 7, ".0f"),
+           ("prompt_tok_s", "pr/s", 6, ".0f"), ("output_tok_s", "out/s", 6, ".1f"),
+           ("interference", "interf", 7, ".2f"), ("kv_transfer_ms_p50", "KVms", 6, ".1f"),
+           ("total_pss_mib", "PSSMiB", 7, ".0f"), ("memory_vs_colocated", "mem×", 5, ".2f"),
+           ("energy_j_per_token", "J/tok", 6, ".2f")]
+
+
+def render_table(rows: list[dict]) -> str:
+    head = " ".join(f"{title:<{w}}" if i < 2 else f"{title:>{w}}" for i, (_, title, w, _) in enumerate(COLUMNS))
+    out = [head, "-" * len(head)]
+    for row in rows:
+        if "infeasible" in row:
+            out.append(f"{row['candidate']:<26} {'-':<6} infeasible: {row['infeasible']}")
+            continue
+        cells = []
+        for i, (key, _, w, spec) in enumerate(COLUMNS):
+            value = row.get(key)
+            text = str(value) if spec is None else fmt(value, spec)
+            cells.append(f"{text:<{w}}" if i < 2 else f"{text:>{w}}")
+        out.append(" ".join(cells))
+    return "\n".join(out)
+
+
+def render_recovery(result: AdviseResult) -> str:
+    lines = []
+    for mode, rec in result.recovery.items():
+        died = [e for e in rec.worker_events if e.kind.value == "died"]
+        back = [e for e in rec.worker_events if e.kind.value == "restarted"]
+        s = rec.summary
+        if not died:
+            lines.append(f"  {mode}: the worker was not killed (the run ended first)")
+            continue
+        d = died[0]
+        lines.append(f"  {mode}: {d.role} worker killed; back after {fmt(back[0].recovery_s if back else None, '.2f')} s;"
+                     f" {len(d.resumed_from_slot)} resumed from a KV slot, {len(d.recomputed_requests)} by "
+                     f"recompute, {len(d.failed_requests)} lost; {s.n_finished}/{s.n_requests} finished, "
+                     f"TTFT p99 {fmt(s.ttft_ms.p99)} ms, ITL max {fmt(s.itl_ms.max)} ms")
+    return "\n".join(lines)
+
+
+def render_recommendation(rec: Recommendation) -> str:
+    if rec.candidate is None:
+        return f"recommendation: none — {rec.reason}"
+    lines = [f"recommendation: {rec.candidate.name}  ({', '.join(f'{k}={v}' for k, v in rec.config.items())})",
+             f"  rule: {rec.rule}", f"  why: {rec.reason}",
+             f"  confidence: {rec.confidence} ({rec.confidence_why})"]
+    if not rec.mixes_agree:
+        lines.append("  per mix: " + ", ".join(f"{a.mix} -> {a.candidate}" for a in rec.per_mix))
+    for name, reason in rec.infeasible:
+        lines.append(f"  not measured: {name}: {reason}")
+    return "\n".join(lines)
+
+
+def render_result(result: AdviseResult) -> str:
+    s = result.settings
+    parts = [f"evidence ({'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mixes x {s.repeats} "
+             f"repeat(s); SLO {s.slo.describe()}; medians over repeats)",
+             render_table(evidence_rows(result))]
+    if result.predicted_chunk is not None:
+        parts.append(f"step-time model: chunk {result.predicted_chunk} keeps a decode step under "
+                     f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")
+    if result.recovery:
+        parts += ["recovery (a worker killed mid-run on the mixed trace):", render_recovery(result)]
+    parts += ["", render_recommendation(result.recommendation),
+              f"campaign wall time {result.wall_s:.0f} s" + (f"; stored as run {result.run_id}" if result.run_id else ""),
+              "nothing was changed: `homepd advise apply` writes this configuration for `homepd serve`"]
+    return "\n".join(parts)

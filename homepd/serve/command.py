@@ -1,0 +1,52 @@
+"""``homepd serve`` and ``homepd service install``: the service's command-line face."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from homepd.config import BACKENDS, add_config_flags, add_option_flags, config_from_args, env_default
+from homepd.serve.settings import ServeSettings
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    return ServeSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeSettings)}).validated()
+
+
+def serve(args: argparse.Namespace) -> int:
+    from homepd.hw.monitor import Sampler
+    from homepd.serve.server import run_server
+    from homepd.serve.service import Service
+
+    settings = settings_from_args(args)  # refuses a non-loopback address without a key, before loading anything
+    config = config_from_args(args, backend=args.backend)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    print(f"homepd: serving {config.model} ({config.mode}) on http://{settings.host}:{settings.port}/v1 "
+          f"{'(API key required)' if settings.api_key else '(no API key)'}", file=sys.stderr)
+    with Sampler(period_s=1.0) as sampler:
+        return run_server(Service(config, settings, sampler=sampler))
+
+
+def install(args: argparse.Namespace) -> int:
+    from homepd.serve.install import install_service
+
+    return install_service(dry_run=args.dry_run, unit_dir=args.unit_dir, config_dir=args.config_dir)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API (see docs/serve.md)",
+                              description="Run the engine behind an OpenAI-compatible HTTP API.  Every flag is "
+                                          "also a HOMEPD_* variable and a config-file key.")
+    add_config_flags(p)
+    add_option_flags(p, ServeSettings, section="serve")
+    # test-only: the deterministic fake model (homepd.fakellm)
+    p.set_defaults(func=serve)
+
+    s = subparsers.add_parser("service", help="install homepd serve as a systemd service")
+    actions = s.add_subparsers(dest="action", metavar="ACTION", required=True)
+    i = actions.add_parser("install", help="write the systemd unit and the settings template, reload systemd")
+    i.add_argument("--dry-run", action="store_true", help="print what would be written and run; change nothing")
+    i.add_argument("--unit-dir", default="/etc/systemd/system", help=argparse.SUPPRESS)
+    i.add_argument("--config-dir", default="/etc/homepd", help=argparse.SUPPRESS)
+    i.set_defaults(func=install)

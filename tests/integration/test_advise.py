@@ -1,0 +1,80 @@
+"""``homepd advise`` end to end on the fake backend (real worker processes, real store, real CLI), the
+kill -9 of an advise process mid-run, and ``advise apply``.  The campaign's figures with the real model are
+a benchmark (README), not a test."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from homepd.config import read_config_file
+from homepd.store import Store
+
+
+def homepd(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300, **kw)
+
+
+def test_quick_advise_measures_every_architecture_per_mix_stores_it_and_apply_writes_it(tmp_path):
+    db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
+    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = [r for r in result["evidence"] if "infeasible" not in r]
+    names = {r["candidate"] for r in rows}
+    assert {"colocated-unchunked", "colocated-chunk-256", "disaggregated", "replicas-2"} <= names
+    assert {r["mix"] for r in rows} == {"short", "long", "mixed"}
+    for r in rows:  # every candidate ran every mix, and the figures are there
+        assert r["goodput_per_s"] is not None and r["ttft_ms_p99"] is not None and r["total_pss_mib"] > 0
+    rec = result["recommendation"]
+    assert rec["candidate"]["name"] in names and rec["rule"] and rec["confidence"] in ("high", "medium", "low")
+    assert {a["mix"] for a in rec["per_mix"]} == {"short", "long", "mixed"}
+    assert "[" in out.stderr and "ETA" in out.stderr  # the progress bar
+
+    listing = homepd("history", "--db", str(db))
+    assert listing.returncode == 0 and "advise" in listing.stdout and "complete" in listing.stdout
+
+    applied = homepd("advise", "apply", "--db", str(db), "--config-file", str(conf), "--yes")
+    assert applied.returncode == 0, applied.stderr
+    written = read_config_file(conf)
+    assert written["mode"] == rec["config"]["mode"]
+    assert written.get("chunk", "none") == (rec["config"]["chunk"] if rec["config"]["chunk"] is not None else "none")
+
+
+def test_apply_without_a_terminal_or_yes_changes_nothing(tmp_path):
+    db = tmp_path / "runs.db"
+    with Store.open(db) as store:
+        run = store.begin_run("advise", {})
+        store.add_recommendation(run, {"config": {"mode": "colocated", "chunk": 64}, "reason": "test"})
+        store.finish_run(run)
+    conf = tmp_path / "config.toml"
+    out = homepd("advise", "apply", "--db", str(db), "--config-file", str(conf), stdin=subprocess.DEVNULL)
+    assert out.returncode == 1 and "--yes" in out.stderr and not conf.exists()
+    missing = homepd("advise", "apply", "42", "--db", str(db), "--config-file", str(conf), "--yes")
+    assert missing.returncode == 1 and "42" in missing.stderr and not conf.exists()
+
+
+def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(tmp_path):
+    db = tmp_path / "runs.db"
+    proc = subprocess.Popen([sys.executable, "-m", "homepd", "advise", "--quick", "--backend", "fake",
+                             "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        seen = b""
+        while b"] 2/" not in seen:  # the progress line after the second stored result
+            chunk = proc.stderr.read1(4096)
+            assert chunk, f"advise ended before its second result: {seen[-500:]!r}"
+            seen += chunk
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    with Store.open(db, create=False) as store:
+        assert store.integrity_check() == "ok"
+        (run,) = store.list_runs()
+        assert run["status"] == "incomplete"
+        results = store.get_run(run["id"], timelines=False)["results"]
+        measured = [r for r in results if r["status"] == "measured"]
+        assert len(measured) >= 2 and all(r["record"] is not None for r in measured)

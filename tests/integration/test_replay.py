@@ -1,0 +1,121 @@
+"""Trace replay: repeatable, its TTFT agrees with a client's stopwatch, and stall attribution from recorded data."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine_helpers import make_engine, run
+from homepd.config import EngineConfig
+from homepd.core.sampling import SamplingParams
+from homepd.measure.replay import replay
+from homepd.measure.trace import make_trace
+
+
+def test_replaying_one_trace_twice_gives_the_same_schedule_prompts_and_output_counts():
+    trace = make_trace("mixed", 6, rate_per_s=20.0, max_tokens=None, long_tokens=300, seed=3)
+
+    async def twice():
+        out = []
+        async with make_engine(EngineConfig(backend="fake", n_ctx=4096)) as engine:
+            for _ in range(2):
+                records = await replay(engine, trace)
+                ids = [engine.prepare(messages=list(r.messages)) for r in trace]
+                out.append((records, ids))
+        return out
+
+    (first, ids1), (second, ids2) = run(twice())
+    t0a, t0b = first[0].arrived_s, second[0].arrived_s
+    gaps_a = [r.arrived_s - t0a for r in first]
+    gaps_b = [r.arrived_s - t0b for r in second]
+    assert all(abs(a - b) < 0.02 and abs(a - req.arrival_s) < 0.02 for a, b, req in zip(gaps_a, gaps_b, trace))
+    assert ids1 == ids2 and [r.n_prompt_tokens for r in first] == [len(i) for i in ids1]
+    # ignore_eos: every request produces exactly its trace's output count, both times
+    assert [len(r.token_times_s) for r in first] == [len(r.token_times_s) for r in second] \
+        == [req.max_tokens for req in trace]
+
+
+class Stopwatch:
+    """Stands in for the engine in ``replay``: a client-side clock from each submit call to its first token
+    event, independent of the lifecycle timestamps."""
+
+    def __init__(self, engine):
+        self.engine, self.first_token_s = engine, {}
+
+    async def submit(self, *args, **kw):
+        t0 = time.monotonic()
+        stream = await self.engine.submit(*args, **kw)
+        watch = self
+
+        class Timed:
+            lifecycle = stream.lifecycle
+
+            async def collect(self):
+                events = []
+                async for event in stream:
+                    if event.kind == "token":
+                        watch.first_token_s.setdefault(stream.request_id, time.monotonic() - t0)
+                    events.append(event)
+                return events, "".join(e.text for e in events)
+
+        return Timed()
+
+
+def test_replay_ttft_agrees_with_a_client_stopwatch(default_model_path):
+    trace = make_trace("short", 3, rate_per_s=4.0, max_tokens=4, seed=1)
+
+    async def scenario():
+        async with make_engine(EngineConfig(model=str(default_model_path), n_ctx=1024)) as engine:
+            watch = Stopwatch(engine)
+            return await replay(watch, trace), watch.first_token_s
+
+    records, client = run(scenario())
+    assert len(client) == 3
+    for lc in records:
+        assert lc.ttft_s > 0 and abs(client[lc.request_id] - lc.ttft_s) < 0.005, (client[lc.request_id], lc.ttft_s)
+
+
+LONG = " ".join(["The history of computing is a story of people, ideas and machines."] * 40)  # ~600 tokens
+
+
+def stall_run(path, chunk):
+    """A request decoding alone, then a long prompt arrives; returns the run record and the long prompt's id."""
+    async def scenario():
+        cfg = EngineConfig(model=str(path), n_ctx=2048, chunk=chunk, n_threads=2)
+        async with make_engine(cfg) as engine:
+            short = await engine.submit("Count from one to fifty:", params=SamplingParams(max_tokens=40,
+                                                                                         ignore_eos=True))
+            for _ in range(3):  # it is decoding
+                assert (await short.__anext__()).kind == "token"
+            long = await engine.submit(LONG, params=SamplingParams(max_tokens=2, ignore_eos=True))
+            await asyncio.gather(short.collect(), long.collect())
+            steps = list(engine.step_log)
+            return short.lifecycle, long.lifecycle, steps
+
+    return run(scenario())
+
+
+def test_unchunked_long_prompt_stalls_the_decoding_stream_by_its_prefill_time_and_is_named(default_model_path):
+    from homepd.measure.stalls import attribute_stalls
+
+    short, long, steps = stall_run(default_model_path, chunk=None)
+    prefill_steps = [s for s in steps if any(rid == long.request_id for rid, _ in s.prefill)]
+    assert len(prefill_steps) == 1  # unchunked: the whole prompt in one step
+    prefill_ms = prefill_steps[0].duration_ms
+    decode_ms = sorted(s.duration_ms for s in steps if not s.prefill and s.n_decode_tokens)[len(steps) // 4]
+    max_itl_ms = max(short.itl_s) * 1e3
+    assert prefill_ms <= max_itl_ms <= prefill_ms + 3 * decode_ms + 5  # raised by about the prefill time
+    stalls = attribute_stalls([short], steps, itl_target_ms=2 * decode_ms + 5)
+    worst = stalls[0]
+    assert worst.gap_ms == max_itl_ms and worst.worst.request_id == long.request_id
+    assert worst.worst.n_prompt_tokens == long.n_prompt_tokens and worst.worst.same_step
+
+
+def test_a_small_chunk_bounds_the_stall(default_model_path):
+    short, long, steps = stall_run(default_model_path, chunk=32)
+    prefill = [s for s in steps if any(rid == long.request_id for rid, _ in s.prefill)]
+    assert len(prefill) >= long.n_prompt_tokens // 32
+    whole_prompt_ms = sum(s.duration_ms for s in prefill)
+    max_itl_ms = max(short.itl_s) * 1e3
+    # every gap is one step with at most 32 prompt tokens: far below the prompt's whole prefill time
+    assert max_itl_ms <= max(s.duration_ms for s in prefill) + 5
+    assert max_itl_ms < whole_prompt_ms / 4
