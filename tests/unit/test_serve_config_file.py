@@ -66,7 +66,7 @@ def test_user_file_wins_over_system_file_and_homepd_config_over_both(config_home
 
 @pytest.mark.parametrize("text, match", [
     ("chunky = 3\n", "unknown key 'chunky'"),
-    ("backend = 'fake'\n", "unknown key 'backend'"),  # test-only fields have no flag, so no file key
+    ("fault = 'swap_seq'\n", "unknown key 'fault'"),  # test-only fields have no flag, so no file key
     ("n_ctx = 'big'\n", "n_ctx = 'big' is not valid"),
     ("chunk = 0\n", "chunk = 0 is not valid"),
     ("n_ctx = [\n", "cannot be read"),
