@@ -2,7 +2,14 @@
 
 Used by every face (service, dashboard, benchmarks).  Runs on an asyncio loop
 that also reads every worker's pipe, so a worker's death (pipe EOF) is noticed
-at once.  Disaggregation's slot bookkeeping lives in ``kvrouter``.
+at once.  Disaggregation's slot bookkeeping lives in ``homepd.kv.router``; what
+to do about a dead worker is decided by ``homepd.engine.recovery`` (pure) and
+applied here.
+
+# why ~430 lines: one concept, the controller's request table and the worker
+# messages that move it (submit, steps, handoffs, ends, deaths, restarts).
+# Splitting the death handling out would hand another object the table's
+# private state — the mixin this module replaced.
 """
 from __future__ import annotations
 
