@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()  # reads HOMEPD_* defaults: may raise ConfigError
         args = parser.parse_args(argv)
+        if not getattr(args, "func", None) and not argv and _is_terminal() and _has_command(parser, "app"):
+            args = parser.parse_args(["app"])  # `homepd` alone, in a terminal: the app
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
@@ -49,6 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _is_terminal() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _has_command(parser: argparse.ArgumentParser, name: str) -> bool:
+    return any(isinstance(a, argparse._SubParsersAction) and name in a.choices for a in parser._actions)
 
 
 if __name__ == "__main__":

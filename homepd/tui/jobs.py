@@ -1,0 +1,153 @@
+"""Every blocking call the app makes, each in a Textual thread worker that reports back with a message.
+
+The app's event loop never waits on the data source: ``Jobs`` starts a worker
+per call and the worker posts the outcome (``homepd.tui.messages``) to the
+app, or to the screen that asked.  Chat text is coalesced (one message every
+``CHAT_FLUSH_S`` at most) and dashboard ticks never overlap (a tick still
+running when the next is due is skipped).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+from typing import Callable
+
+from textual.message_pump import MessagePump
+
+from homepd.errors import HomepdError
+from homepd.tui import messages as m
+from homepd.tui.sources.base import DataSource
+
+CHAT_FLUSH_S = 0.05
+
+
+def error_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, HomepdError) else f"{type(exc).__name__}: {exc}"
+
+
+class Jobs:
+    def __init__(self, app, source: DataSource):
+        self.app, self.source = app, source
+        self._ticking = threading.Lock()
+        self._stopped = False
+
+    def _run(self, fn: Callable[[], None], group: str) -> None:
+        self.app.run_worker(fn, thread=True, group=group, exit_on_error=False)
+
+    def _post(self, message, target: MessagePump | None = None) -> None:
+        (target or self.app).post_message(message)
+
+    # the source ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        def work() -> None:
+            try:
+                description = self.source.start(self._post)
+            except Exception as exc:  # shown on screen; the app keeps running so the user can read it
+                self._post(m.SourceFailed(error_text(exc)))
+            else:
+                self._post(m.SourceReady(description, self.source.can_switch_mode))
+        self._run(work, "source")
+
+    def tick(self) -> None:
+        if not self._ticking.acquire(blocking=False):
+            return  # the previous tick is still being taken: skip this one
+
+        def work() -> None:
+            try:
+                tick = self.source.tick()
+            except Exception as exc:
+                self._post(m.SourceFailed(error_text(exc)))
+            else:
+                self._post(m.TickArrived(tick))
+            finally:
+                self._ticking.release()
+        self._run(work, "tick")
+
+    def stop(self, then: Callable[[], None]) -> None:
+        """Stop the source on a worker thread, then call ``then`` on the app's loop."""
+        def work() -> None:
+            try:
+                self.source.stop()
+            finally:
+                self.app.call_from_thread(then)
+        self._stopped = True
+        self._run(work, "stop")
+
+    # chat ---------------------------------------------------------------------------------------
+    def chat(self, turn: int, messages: list[dict]) -> None:
+        def work() -> None:
+            pending, last = [], [time.monotonic()]
+
+            def on_text(text: str) -> None:
+                pending.append(text)
+                now = time.monotonic()
+                if now - last[0] >= CHAT_FLUSH_S:
+                    last[0] = now
+                    self._post(m.ChatDelta(turn, "".join(pending)))
+                    pending.clear()
+            try:
+                stats = self.source.chat(messages, on_text)
+            except Exception as exc:
+                stats, error = None, error_text(exc)
+            else:
+                error = None
+            if pending:
+                self._post(m.ChatDelta(turn, "".join(pending)))
+            self._post(m.ChatFinished(turn, stats) if stats else m.ChatFinished(turn, None, error))
+        self._run(work, "chat")
+
+    def background(self) -> None:
+        def work() -> None:
+            try:
+                self._post(m.BackgroundFinished(self.source.background_prompt()))
+            except Exception as exc:
+                self._post(m.BackgroundFinished(None, error_text(exc)))
+        self._run(work, "background")
+
+    def switch_mode(self, mode: str) -> None:
+        def work() -> None:
+            try:
+                description = self.source.switch_mode(mode)
+            except Exception as exc:
+                self._post(m.ModeSwitched(mode, error_text(exc)))
+            else:
+                self._post(m.ModeSwitched(mode, description=description))
+        self._run(work, "switch")
+
+    # advise, history, apply ---------------------------------------------------------------------
+    def advise(self, quick: bool) -> None:
+        def work() -> None:
+            try:
+                view = self.source.run_advise(quick, self._post)
+            except BaseException as exc:  # CancelledError included: the user cancelled it
+                self._post(m.AdviseFinished(None, "cancelled" if type(exc).__name__ == "CancelledError"
+                                            else error_text(exc)))
+            else:
+                self._post(m.AdviseFinished(view))
+        self._run(work, "advise")
+
+    def cancel_advise(self) -> None:
+        self._run(self.source.cancel_advise, "advise-cancel")
+
+    def list_runs(self, target: MessagePump) -> None:
+        self._call(partial(self.source.list_runs), lambda rows: m.RunsLoaded(rows),
+                   lambda e: m.RunsLoaded([], e), target)
+
+    def open_run(self, run_id: int, target: MessagePump) -> None:
+        self._call(partial(self.source.open_run, run_id), lambda view: m.RunOpened(view),
+                   lambda e: m.RunOpened(None, e), target)
+
+    def apply(self, values: dict, target: MessagePump | None = None) -> None:
+        self._call(partial(self.source.apply, values), lambda path: m.Applied(path),
+                   lambda e: m.Applied(None, e), target)
+
+    def _call(self, fn, ok, failed, target: MessagePump | None) -> None:
+        def work() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                self._post(failed(error_text(exc)), target)
+            else:
+                self._post(ok(result), target)
+        self._run(work, "store")

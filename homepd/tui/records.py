@@ -1,0 +1,201 @@
+"""What the app shows, as frozen records: every data source produces these, every widget reads them.
+
+Units are in the names (``_ms``, ``_bytes``, ``_pct``); ``None`` is "not
+known here" and is shown as ``NA``.  Built from engine and sampler objects, or
+from the JSON of ``homepd serve``, by ``homepd.tui.derive``; from advise
+results and stored runs by ``homepd.tui.evidence``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int
+    name: str
+    utilization_pct: int | None
+    vram_used_bytes: int | None
+    vram_total_bytes: int | None
+    power_w: float | None
+    temperature_c: int | None
+    pcie_tx_bytes_s: int | None
+    pcie_rx_bytes_s: int | None
+    pcie_link: str = ""            # "Gen4 x16" (of max "Gen4 x16"), from the probe
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    role: str
+    pid: int
+    cpu_pct: float | None
+    rss_bytes: int | None
+    uss_bytes: int | None
+
+
+@dataclass(frozen=True)
+class HardwareView:
+    cpu_model: str | None
+    n_cpus: int | None
+    cpu_pct: float | None
+    cpu_pct_per_core: tuple[float, ...] | None     # None: the sampler does not record it
+    ram_used_bytes: int | None
+    ram_total_bytes: int | None
+    gpus: tuple[GpuView, ...]
+    processes: tuple[ProcessView, ...]
+    gpu_note: str = ""                             # why there is no GPU, when there is none
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    role: str
+    pid: int | None
+    alive: bool
+    ready: bool
+    restarts: int
+    n_threads: int
+    cores: str                     # "0-1", or "" when not pinned
+    gpu: str                       # CUDA_VISIBLE_DEVICES, "" for CPU
+    n_running: int                 # requests the worker holds
+    backlog: int
+    failed: str | None = None
+
+
+@dataclass(frozen=True)
+class ArchitectureView:
+    mode: str                      # colocated | disaggregated | replicas
+    model: str
+    chunk: int | None
+    n_ctx: int
+    workers: tuple[WorkerView, ...]
+    by_state: dict[str, int]       # lifecycle state -> requests
+    kv_slots: int = 0              # disaggregated: slots in the pool
+    kv_slot_bytes: int = 0
+    kv_occupancy: dict[str, int] = field(default_factory=dict)   # FREE / WRITING / READY / READING
+    kv_mb_s: float | None = None   # KV handed off per second over the last tick
+    events: tuple[str, ...] = ()   # recent worker deaths and restarts, newest last
+    note: str = ""                 # e.g. "remote: http://127.0.0.1:8439 (ready)"
+
+    @property
+    def n_waiting(self) -> int:
+        return self.by_state.get("waiting", 0)
+
+    @property
+    def n_running(self) -> int:
+        return sum(n for state, n in self.by_state.items() if state != "waiting")
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """A finished request, with the stall that hurt it most (if any gap passed the ITL target)."""
+    request_id: str
+    state: str
+    n_prompt_tokens: int
+    n_output_tokens: int
+    ttft_ms: float | None
+    tpot_ms: float | None
+    itl_max_ms: float | None
+    kv_bytes: int | None = None
+    stall: str = ""                # "412 ms held by req-7 (256 prompt tok, same step)"
+    request_class: str = ""
+
+
+@dataclass(frozen=True)
+class ChartPoint:
+    """One tick of the live charts (None: nothing happened in that tick)."""
+    t_s: float
+    ttft_ms: float | None = None
+    itl_ms: float | None = None         # the longest inter-token gap (or decode step) in the tick
+    tpot_ms: float | None = None
+    tok_s: float | None = None
+    interference: float | None = None   # slowdown of disturbed decode steps (1.0 = none)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Everything the dashboard needs, taken at once by ``DataSource.tick``."""
+    hardware: HardwareView | None
+    architecture: ArchitectureView | None
+    requests: tuple[RequestRow, ...]     # finished since the previous tick, newest last
+    point: ChartPoint
+    status: str = ""
+
+
+@dataclass(frozen=True)
+class ChatStats:
+    """Under a chat reply: its timings, the architecture that served it and the KV handoff."""
+    mode: str
+    ttft_ms: float | None
+    tpot_ms: float | None
+    n_prompt_tokens: int | None
+    n_output_tokens: int
+    finish_reason: str | None
+    kv_bytes: int | None = None
+    kv_transfer_ms: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AdviseStep:
+    """Where an advise campaign is (``homepd.advise.campaign.Progress``, plus the candidate it measures)."""
+    done: int
+    total: int
+    current: str
+    candidate: str | None
+    elapsed_s: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class EvidenceRow:
+    """A candidate on a prompt mix: medians (live) or means (stored) over the repeats."""
+    candidate: str
+    mix: str
+    n_repeats: int = 0
+    goodput_per_s: float | None = None
+    slo_attainment: float | None = None
+    ttft_ms_p99: float | None = None
+    tpot_ms_p50: float | None = None
+    itl_ms_p99: float | None = None
+    itl_ms_max: float | None = None
+    output_tok_s: float | None = None
+    interference: float | None = None
+    kv_transfer_ms: float | None = None
+    pss_mib: float | None = None
+    infeasible: str | None = None        # why it was not measured
+
+
+@dataclass(frozen=True)
+class RecommendationView:
+    candidate: str | None
+    config: dict
+    rule: str
+    reason: str
+    confidence: str
+    confidence_why: str
+    per_mix: tuple[tuple[str, str], ...] = ()    # (mix, candidate)
+
+
+@dataclass(frozen=True)
+class AdviseView:
+    """An advise run's evidence and answer, live or from the store."""
+    run_id: int | None
+    title: str
+    rows: tuple[EvidenceRow, ...]
+    recommendation: RecommendationView | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def mixes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.mix for r in self.rows if r.infeasible is None))
+
+
+@dataclass(frozen=True)
+class RunListRow:
+    run_id: int
+    kind: str
+    status: str
+    started: str
+    n_results: int
+    candidates: str
+    recommendation: str

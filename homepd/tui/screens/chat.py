@@ -1,0 +1,89 @@
+"""The chat tester: a conversation streamed from the engine, each reply with its TTFT, TPOT, architecture and
+KV handoff; ctrl+b fires a long background prompt, ctrl+t switches colocated / disaggregated."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, Header, Input, Static
+
+from homepd.tui.records import ChatStats
+from homepd.tui.screens.base import StateScreen
+from homepd.tui.state import AppState, ChatTurn
+from homepd.tui.widgets.text import num, size
+
+
+def stats_text(stats: ChatStats) -> Text:
+    """The line under a reply."""
+    parts = [f"TTFT {num(stats.ttft_ms)} ms", f"TPOT {num(stats.tpot_ms, '.1f')} ms", stats.mode,
+             f"{stats.n_output_tokens} tok" + (f" ({stats.finish_reason})" if stats.finish_reason else "")]
+    if stats.kv_bytes is not None:
+        parts.append(f"KV {size(stats.kv_bytes)} in {num(stats.kv_transfer_ms, '.1f')} ms")
+    text = Text(" · ".join(parts), style="cyan")
+    if stats.error:
+        text.append(f"  error: {stats.error}", style="red")
+    return text
+
+
+def turn_text(turn: ChatTurn) -> Text:
+    text = Text.assemble(("you  ", "bold"), turn.user, "\n", ("llm  ", "bold green"),
+                         turn.reply or ("…" if not turn.is_done else ""))
+    if turn.stats is not None:
+        text.append("\n     ")
+        text.append_text(stats_text(turn.stats))
+    if turn.error:
+        text.append(f"\n     error: {turn.error}", style="red")
+    return text
+
+
+class ChatScreen(StateScreen):
+    BINDINGS = [
+        Binding("ctrl+b", "app.background", "long prompt", priority=True),
+        Binding("ctrl+t", "app.switch_mode", "switch arch", priority=True),
+        Binding("escape", "leave_input", "keys", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield VerticalScroll(id="chat-log")
+        yield Static(id="chat-status")
+        yield Input(placeholder="type a message, enter to send (esc: keys)", id="chat-input")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def action_leave_input(self) -> None:
+        self.set_focus(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if text:
+            event.input.value = ""
+            self.app.send_chat(text)
+
+    def show_state(self, state: AppState, what: str) -> None:
+        if what in ("chat", "all"):
+            log = self.query_one("#chat-log", VerticalScroll)
+            shown = list(log.query(Static))
+            for i, turn in enumerate(state.turns):
+                if i < len(shown):
+                    shown[i].update(turn_text(turn))
+                else:
+                    log.mount(Static(turn_text(turn), classes="turn"))
+            log.scroll_end(animate=False)
+        if what in ("chat", "tick", "source", "all"):
+            self.query_one("#chat-status", Static).update(self._status(state))
+
+    def _status(self, state: AppState) -> Text:
+        mode = "switching…" if state.switching else (state.mode or "no engine")
+        parts = [f"architecture: {mode}"]
+        if state.n_background:
+            parts.append(f"{state.n_background} background prompt(s) prefilling")
+        elif state.last_background is not None:
+            b = state.last_background
+            parts.append(f"last background: TTFT {num(b.ttft_ms)} ms, {b.n_prompt_tokens or '?'} prompt tok")
+        if not state.can_switch_mode:
+            parts.append("attached: the service's architecture is fixed")
+        return Text(" · ".join(parts), style="dim")

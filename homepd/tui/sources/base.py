@@ -1,0 +1,143 @@
+"""The data-source interface: where the app gets the box, the engine, chat replies, advise and history.
+
+Every method may block (engine calls, NVML, sqlite, HTTP): the app calls them
+only from Textual thread workers, never from its event loop, and sends what
+they return back to the screens as messages.  Methods are thread-safe.
+``emit`` posts a ``homepd.tui.messages`` message to the app from any thread.
+
+Implementations: ``EmbeddedSource`` (an engine and a sampler in this process),
+``RemoteSource`` (a ``homepd serve`` already running on this box) and
+``FakeSource`` (deterministic data for tests).  Advise campaigns, the run
+store and the config file are local to the box whichever source runs, so the
+base class implements them once.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import threading
+from typing import Callable
+
+from homepd.config import EngineConfig
+from homepd.errors import HomepdError
+from homepd.tui.records import AdviseView, ChatStats, RunListRow, Tick
+
+Emit = Callable[[object], object]
+OnText = Callable[[str], object]
+CHAT_MAX_TOKENS = 256
+BACKGROUND_MAX_TOKENS = 48
+BACKGROUND_PROMPT_TOKENS = 1200   # capped at half the context
+
+
+def long_prompt(n_ctx: int, seed: int = 0) -> list[dict]:
+    """The background prompt: a long passage from the trace corpus to summarise (chat messages)."""
+    from homepd.measure.trace import make_trace
+
+    n_tokens = max(64, min(BACKGROUND_PROMPT_TOKENS, n_ctx // 2))
+    request = make_trace("long", 1, 1.0, max_tokens=BACKGROUND_MAX_TOKENS, long_tokens=n_tokens, seed=seed)
+    return [dict(m) for m in request.requests[0].messages]
+
+
+class DataSource(abc.ABC):
+    """What the app reads and drives; see the module docstring for the threading rules."""
+
+    can_switch_mode = False       # True when the app owns the engine (embedded)
+
+    def __init__(self, config: EngineConfig, *, db: str | None = None, config_file: str | None = None):
+        self.config, self.db, self.config_file = config, db, config_file
+        self._advise_lock = threading.Lock()
+        self._advise: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
+        self._n_background = 0
+
+    # the engine ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self, emit: Emit) -> str:
+        """Connect or start; return a one-line description.  May emit ``PullProgress`` on the way."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop what was started (an embedded engine: no process, no shared memory left).  Idempotent."""
+
+    @abc.abstractmethod
+    def tick(self) -> Tick:
+        """A picture of the box and the engine now, with what finished since the previous tick."""
+
+    @abc.abstractmethod
+    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
+        """Run one chat turn, calling ``on_text`` with each piece of the reply; return its figures."""
+
+    def background_prompt(self) -> ChatStats:
+        """A long prompt that prefills while the chat runs (to feel and see the interference)."""
+        self._n_background += 1
+        return self.chat(long_prompt(self.config.n_ctx, self._n_background), lambda text: None,
+                         max_tokens=BACKGROUND_MAX_TOKENS)
+
+    def switch_mode(self, mode: str) -> str:
+        """Restart the app's own engine in ``mode``; return the new description."""
+        raise HomepdError("the architecture can only be switched when the app runs its own engine")
+
+    # advise, the store and the config file (local to this box) --------------------------------------
+    def run_advise(self, quick: bool, emit: Emit) -> AdviseView:
+        """Run an advise campaign here (it starts its own engines), storing its evidence; emit progress."""
+        from homepd.advise.campaign import AdviseSettings, Campaign
+        from homepd.hw.monitor import Sampler
+        from homepd.store import Store
+        from homepd.tui.evidence import from_result, step_from_progress
+        from homepd.tui.messages import AdviseProgress
+
+        settings = AdviseSettings.quick_settings() if quick else AdviseSettings()
+        base = self.config
+        if not self._advise_lock.acquire(blocking=False):
+            raise HomepdError("an advise campaign is already running")
+        loop = asyncio.new_event_loop()
+        try:
+            # why a sampler of its own: per-role memory peaks must not mix in this app's own workers
+            with Store.open(self.db) as store, Sampler(period_s=0.5) as sampler:
+                campaign = Campaign(base, settings, store=store, sampler=sampler,
+                                    on_progress=lambda p: emit(AdviseProgress(step_from_progress(p))))
+                task = loop.create_task(campaign.run())
+                self._advise = (loop, task)
+                result = loop.run_until_complete(task)
+            return from_result(result)
+        finally:
+            self._advise = None
+            loop.close()
+            self._advise_lock.release()
+
+    def cancel_advise(self) -> None:
+        """Cancel a running campaign (its engines stop; the run is kept as incomplete)."""
+        running = self._advise
+        if running is not None:
+            loop, task = running
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop closed meanwhile: nothing left to cancel
+                pass
+
+    def list_runs(self, limit: int = 50) -> list[RunListRow]:
+        """The newest runs of the store (none when there is no database yet)."""
+        from homepd.store import Store, default_db_path
+
+        path = self.db or default_db_path()
+        if str(path) != ":memory:" and not os.path.exists(path):
+            return []
+        with Store.open(path, create=False) as store:
+            runs = store.list_runs(limit)
+        return [RunListRow(r["id"], r["kind"], r["status"], (r.get("started_at") or "")[:19].replace("T", " "),
+                           r.get("n_results") or 0, ", ".join(r.get("candidates") or ()) or "-",
+                           r.get("recommendation") or "-") for r in runs]
+
+    def open_run(self, run_id: int) -> AdviseView:
+        """One stored run as an advise view (evidence, recommendation)."""
+        from homepd.store import Store
+        from homepd.tui.evidence import from_stored_run
+
+        with Store.open(self.db, create=False) as store:
+            return from_stored_run(store.get_run(run_id, timelines=False))
+
+    def apply(self, values: dict) -> str:
+        """Write a recommended configuration to the config file; return where it went."""
+        from homepd.config import write_config_file
+
+        return str(write_config_file(values, self.config_file))

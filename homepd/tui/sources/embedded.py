@@ -1,0 +1,212 @@
+"""The embedded data source: an engine and a hardware sampler in this process, owned by the app.
+
+The engine runs on a loop thread of its own (``LoopThread``); the sampler on
+its thread.  ``tick`` copies what changed on the engine loop (a snapshot, the
+requests finished and the steps run since the previous tick) and derives the
+figures on the calling worker thread.  A missing catalog model is pulled at
+start, its progress read from the partial file's size.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from dataclasses import replace
+from pathlib import Path
+
+from homepd.config import EngineConfig
+from homepd.core.sampling import SamplingParams
+from homepd.errors import EngineError
+from homepd.measure.stalls import attribute_stalls
+from homepd.tui import derive
+from homepd.tui.records import ChatStats, Tick
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
+from homepd.tui.sources.loop import LoopThread
+
+WINDOW_S = 60.0            # steps kept for the interference index
+RECENT_STEPS_S = 30.0      # steps kept for stall attribution of the requests that just finished
+ITL_TARGET_MS = 100.0      # a gap over this is a stall (the advise SLO's TPOT target)
+PULL_POLL_S = 0.25
+
+
+def describe(config: EngineConfig, model_path: str) -> str:
+    chunk = "" if config.mode != "colocated" else f", chunk {config.chunk or 'none'}"
+    return f"embedded engine: {config.mode}{chunk}, {os.path.basename(model_path)}"
+
+
+def pending_pull(config: EngineConfig):
+    """The catalog entry ``prepare`` will have to pull for ``config``, or None (present, a path, fake)."""
+    from homepd.models.catalog import load_catalog
+    from homepd.models.resolve import is_present, models_dir
+
+    if config.backend == "fake":
+        return None
+    entry = load_catalog().get(str(config.model))
+    return None if entry is None or is_present(entry, models_dir(config.models_dir)) else entry
+
+
+def partial_bytes(directory: Path, file_name: str) -> int:
+    """Bytes assembled so far by a pull of ``file_name`` in progress in ``directory`` (this process's)."""
+    from homepd.models.pull import PARTIAL_PREFIX
+
+    total = 0
+    for path in directory.glob(f"{PARTIAL_PREFIX}{os.getpid()}-{file_name}-*"):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+class EmbeddedSource(DataSource):
+    can_switch_mode = True
+
+    def __init__(self, config: EngineConfig, *, db: str | None = None, config_file: str | None = None,
+                 box=None, nvml_module=None, sample_period_s: float = 0.5):
+        super().__init__(config, db=db, config_file=config_file)
+        self._box, self._nvml_module, self._period_s = box, nvml_module, sample_period_s
+        self.engine = None
+        self.sampler = None
+        self._loop: LoopThread | None = None
+        self._last_t = time.monotonic()
+        self._window: deque = deque()     # recent StepRecords, oldest first
+        self.description = ""
+
+    # start and stop ---------------------------------------------------------------------------
+    def start(self, emit: Emit) -> str:
+        from homepd.engine.controller import Engine
+        from homepd.hw.monitor import Sampler
+        from homepd.hw.probe import probe
+
+        if self._box is None:
+            self._box = probe(self._nvml_module)
+        self.sampler = Sampler(period_s=self._period_s, nvml_module=self._nvml_module).start()
+        self.sampler.register_process(os.getpid(), "app")
+        setup = self._prepare(self.config, emit)
+        self._loop = LoopThread()
+        engine = Engine(self.config, setup, sampler=self.sampler)
+        self._loop.call(engine.start())
+        self.engine = engine
+        self._last_t = time.monotonic()
+        self.description = describe(self.config, setup.model_path)
+        return self.description
+
+    def _prepare(self, config: EngineConfig, emit: Emit):
+        from homepd.launch import prepare
+        from homepd.models.resolve import models_dir
+        from homepd.tui.messages import PullProgress
+
+        entry = pending_pull(config)
+        if entry is None:
+            return prepare(config, pull=False, progress=False, box=self._box)
+        directory = models_dir(config.models_dir)
+        with ThreadPoolExecutor(1, thread_name_prefix="homepd-pull") as pool:
+            pulling = pool.submit(prepare, config, pull=True, progress=False, box=self._box)
+            while True:
+                done = partial_bytes(directory, entry.file_name)
+                label = f"{'extracting' if done else 'downloading'} {entry.name}"
+                emit(PullProgress(label, done, entry.size_bytes))
+                try:
+                    return pulling.result(timeout=PULL_POLL_S)
+                except FutureTimeout:
+                    continue
+
+    def stop(self) -> None:
+        self.cancel_advise()
+        if self._loop is not None:
+            if self.engine is not None:
+                self._loop.call(self.engine.stop())
+                self.engine = None
+            self._loop.close()
+            self._loop = None
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+
+    # the dashboard ----------------------------------------------------------------------------
+    async def _collect(self, since_s: float):
+        """On the engine loop: the snapshot, and what finished / ran since ``since_s``."""
+        engine = self.engine
+        if engine is None:
+            return None, [], []
+        finished = []
+        for lc in reversed(engine.records.values()):
+            if lc.ended_s is not None and lc.ended_s <= since_s:
+                break
+            finished.append(lc)
+        steps = []
+        for step in reversed(engine.step_log):
+            if step.t_end_s <= since_s:
+                break
+            steps.append(step)
+        return engine.snapshot().to_dict(), finished[::-1], steps[::-1]
+
+    def tick(self) -> Tick:
+        now = time.monotonic()
+        snap, finished, steps = (self._loop.call(self._collect(self._last_t))
+                                 if self._loop is not None else (None, [], []))
+        interval_s, self._last_t = max(1e-3, now - self._last_t), now
+        self._window.extend(steps)
+        while self._window and self._window[0].t_end_s < now - WINDOW_S:
+            self._window.popleft()
+        dicts = [lc.to_dict() for lc in finished]
+        recent_steps = [s for s in self._window if s.t_end_s >= now - RECENT_STEPS_S]
+        worst = derive.worst_stalls(attribute_stalls(finished, recent_steps, ITL_TARGET_MS))
+        rows = tuple(derive.request_row(d, max((x * 1e3 for x in lc.itl_s), default=None), worst.get(lc.request_id))
+                     for d, lc in zip(dicts, finished))
+        arch = derive.architecture_view(snap, derive.kv_mb_s(dicts, interval_s)) if snap else None
+        hardware = derive.hardware_view(self.sampler.latest() if self.sampler else None, self._box)
+        point = derive.chart_point(now, interval_s, dicts, steps, self._window)
+        return Tick(hardware, arch, rows, point, self.description)
+
+    # chat -------------------------------------------------------------------------------------
+    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
+        if self._loop is None:
+            raise EngineError("the engine is not running")
+        return self._loop.call(self._chat(messages, on_text, max_tokens))
+
+    async def _chat(self, messages: list[dict], on_text: OnText, max_tokens: int) -> ChatStats:
+        engine = self.engine
+        if engine is None:
+            raise EngineError("the engine is restarting; try again in a moment")
+        stream = await engine.submit(messages=messages, params=SamplingParams(max_tokens=max_tokens))
+        finish = error = None
+        async for event in stream:
+            if event.text:
+                on_text(event.text)
+            if event.kind == "done":
+                finish = event.finish_reason
+            elif event.kind == "error":
+                error = event.error
+        return derive.chat_stats(stream.lifecycle.to_dict(), engine.config.mode, finish, error)
+
+    # the architecture -------------------------------------------------------------------------
+    def switch_mode(self, mode: str) -> str:
+        if self._loop is None:
+            raise EngineError("the engine is not running")
+        return self._loop.call(self._switch(mode))
+
+    async def _switch(self, mode: str) -> str:
+        from homepd.engine.controller import Engine
+        from homepd.launch import prepare
+
+        new = replace(self.config, mode=mode).validated()
+        # placement first: an infeasible mode is refused while the old engine still serves
+        setup = await asyncio.to_thread(prepare, new, pull=False, progress=False, box=self._box)
+        old, self.engine = self.engine, None
+        if old is not None:
+            await old.stop()
+        engine = Engine(new, setup, sampler=self.sampler)
+        try:
+            await engine.start()
+        except Exception:
+            back = Engine(self.config, old.setup, sampler=self.sampler)
+            await back.start()
+            self.engine = back
+            raise
+        self.engine, self.config = engine, new
+        self._window.clear()
+        self.description = describe(new, setup.model_path)
+        return self.description

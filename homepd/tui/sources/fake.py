@@ -1,0 +1,155 @@
+"""A deterministic data source for the app's tests and snapshots: no engine, no hardware, no store.
+
+Every figure is a pure function of a counter, so two runs draw the same
+screens.  ``hold()`` keeps chat, background prompts or advise runs in flight
+until ``release()``, to prove that the app stays responsive meanwhile.
+"""
+from __future__ import annotations
+
+import threading
+
+from homepd.config import EngineConfig
+from homepd.tui.evidence import recommendation_view
+from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ChartPoint, ChatStats, EvidenceRow,
+                                HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
+
+MIB = 2 ** 20
+GIB = 2 ** 30
+CANDIDATES = ("colocated-unchunked", "colocated-chunk-256", "disaggregated", "replicas-2")
+MIXES = ("short", "long", "mixed")
+
+
+def fake_advise_view(run_id: int = 7) -> AdviseView:
+    """A plausible, fixed advise result: chunked colocated wins, disaggregated protects ITL."""
+    rows = []
+    for i, cand in enumerate(CANDIDATES[:3]):
+        for j, mix in enumerate(MIXES):
+            rows.append(EvidenceRow(
+                cand, mix, n_repeats=1, goodput_per_s=round(1.8 - 0.4 * i + 0.1 * j, 2),
+                slo_attainment=1.0 - 0.125 * ((i + j) % 3), ttft_ms_p99=900.0 + 700 * i + 350 * j,
+                tpot_ms_p50=38.0 - 2 * i, itl_ms_p99=[910.0, 120.0, 41.0][i] + 10 * j,
+                itl_ms_max=[1400.0, 160.0, 55.0][i] + 20 * j, output_tok_s=24.0 - 3 * i + j,
+                interference=[37.5, 3.1, 1.08][i], kv_transfer_ms=12.5 if cand == "disaggregated" else None,
+                pss_mib=[239.0, 241.0, 370.0][i]))
+    rows.append(EvidenceRow("replicas-2", "-", infeasible="2 replicas need 2 usable cores each"))
+    rec = recommendation_view({
+        "candidate": {"name": "colocated-chunk-256"}, "config": {"mode": "colocated", "chunk": 256},
+        "rule": "colocated: best goodput", "reason": "disaggregated goodput 1.0/s does not beat colocated-chunk-256 "
+                                                     "1.5/s by 1.2x; interference measured x3.1",
+        "confidence": "medium", "confidence_why": "one repeat; margin 50%",
+        "per_mix": [{"mix": m, "candidate": "colocated-chunk-256"} for m in MIXES]})
+    return AdviseView(run_id, f"advise run {run_id}", tuple(rows), rec,
+                      ("quick campaign: 3 prompt mixes x 1 repeat(s); medians over repeats",))
+
+
+class FakeSource(DataSource):
+    can_switch_mode = True
+
+    def __init__(self, config: EngineConfig | None = None, *, gpus: bool = False):
+        super().__init__(config or EngineConfig(backend="fake"))
+        self.mode = self.config.mode
+        self.n_ticks = 0
+        self.applied: list[dict] = []
+        self.started = self.stopped = False
+        self.gpus = gpus
+        self._gates: dict[str, threading.Event] = {}
+        self.in_flight: dict[str, threading.Event] = {}   # what -> set once it waits at its gate
+
+    # test control -----------------------------------------------------------------------------
+    def hold(self, what: str) -> None:
+        """Make ``what`` ("chat", "background", "advise") wait until ``release(what)``."""
+        self._gates[what] = threading.Event()
+        self.in_flight[what] = threading.Event()
+
+    def release(self, what: str) -> None:
+        self._gates.pop(what).set()
+
+    def _wait(self, what: str) -> None:
+        gate = self._gates.get(what)
+        if gate is not None:
+            self.in_flight[what].set()
+            gate.wait(timeout=30)
+
+    # the interface ----------------------------------------------------------------------------
+    def start(self, emit: Emit) -> str:
+        self.started = True
+        return self.description
+
+    @property
+    def description(self) -> str:
+        return f"fake source: {self.mode}" + (", chunk 256" if self.mode == "colocated" else "")
+
+    def stop(self) -> None:
+        self.stopped = True
+        for gate in self._gates.values():
+            gate.set()
+
+    def tick(self) -> Tick:
+        i = self.n_ticks = self.n_ticks + 1
+        wave = (i * 7) % 11
+        hw = HardwareView(
+            cpu_model="Fake CPU @ 2.0GHz", n_cpus=2, cpu_pct=40.0 + wave * 5, cpu_pct_per_core=(35.0, 65.0),
+            ram_used_bytes=3 * GIB, ram_total_bytes=24 * GIB, gpus=(), gpu_note="no GPU on this box",
+            processes=(ProcessView("app", 100, 3.0, 120 * MIB, 90 * MIB),
+                       ProcessView(self.mode if self.mode == "colocated" else "decode", 101, 95.0, 240 * MIB,
+                                   150 * MIB)))
+        if self.mode == "colocated":
+            workers = (WorkerView("colocated", 101, True, True, 0, 2, "0-1", "", 2, 1),)
+            kv: dict = {}
+        else:
+            workers = (WorkerView("prefill", 101, True, True, 0, 1, "0", "", 1, 0),
+                       WorkerView("decode", 102, True, True, 1, 1, "1", "", 2, 0))
+            kv = dict(kv_slots=4, kv_slot_bytes=91 * MIB,
+                      kv_occupancy={"FREE": 2, "WRITING": 1, "READY": 1, "READING": 0}, kv_mb_s=3.2)
+        arch = ArchitectureView(self.mode, "fake.gguf", 256 if self.mode == "colocated" else None, 4096, workers,
+                                {"waiting": 1, "prefilling": 1, "decoding": 2}, **kv,
+                                events=("decode worker restarted after 1.2 s",) if kv else ())
+        rows = (RequestRow(f"req-{i}", "finished", 40 + 30 * wave, 24, 180.0 + 40 * wave, 36.0 + wave, 48.0 + wave * 9,
+                           stall=f"{300 + 20 * wave} ms held by req-{i - 1} (256 prompt tok, same step)"
+                           if wave > 6 else ""),)
+        point = ChartPoint(i * 0.5, ttft_ms=150.0 + 60 * wave, itl_ms=40.0 + 25 * wave, tpot_ms=36.0 + wave,
+                           tok_s=20.0 + 2 * wave, interference=1.0 + wave / 4)
+        return Tick(hw, arch, rows, point, self.description)
+
+    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
+        self._wait("chat")
+        question = messages[-1]["content"]
+        words = f"You said: {question}. This is turn {len(messages) // 2 + 1}.".split(" ")
+        for k, word in enumerate(words):
+            on_text(word if k == 0 else " " + word)
+        kv = {} if self.mode == "colocated" else {"kv_bytes": 3_200_000, "kv_transfer_ms": 4.1}
+        return ChatStats(self.mode, 120.0, 35.0, 20 + 10 * len(messages), len(words), "stop", **kv)
+
+    def background_prompt(self) -> ChatStats:
+        self._wait("background")
+        return ChatStats(self.mode, 2400.0, 38.0, 1200, 48, "length")
+
+    def switch_mode(self, mode: str) -> str:
+        self.mode = mode
+        return self.description
+
+    def run_advise(self, quick: bool, emit: Emit) -> AdviseView:
+        from homepd.tui.messages import AdviseProgress
+
+        total = len(CANDIDATES[:3]) * len(MIXES)
+        emit(AdviseProgress(AdviseStep(0, total, f"{CANDIDATES[0]} on the short trace (repeat 1/1)", CANDIDATES[0],
+                                       0.0, None)))
+        self._wait("advise")
+        for n in range(1, total + 1):
+            cand = CANDIDATES[(n - 1) // len(MIXES)]
+            emit(AdviseProgress(AdviseStep(n, total, f"{cand} on the {MIXES[(n - 1) % 3]} trace done", cand,
+                                           10.0 * n, 10.0 * (total - n))))
+        return fake_advise_view()
+
+    def list_runs(self, limit: int = 50) -> list[RunListRow]:
+        return [RunListRow(7, "advise", "complete", "2026-01-02 10:00:00", 9, ", ".join(CANDIDATES[:3]),
+                           "colocated-chunk-256 (colocated: best goodput, confidence medium)"),
+                RunListRow(6, "advise", "incomplete", "2026-01-01 09:30:00", 2, CANDIDATES[0], "-")]
+
+    def open_run(self, run_id: int) -> AdviseView:
+        return fake_advise_view(run_id)
+
+    def apply(self, values: dict) -> str:
+        self.applied.append(dict(values))
+        return "/fake/config.toml"

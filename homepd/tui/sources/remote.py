@@ -1,0 +1,201 @@
+"""The remote data source: a ``homepd serve`` already running on this box, over HTTP (docs/serve.md).
+
+``GET /status`` when connecting; ``GET /events`` (server-sent events: an
+engine ``snapshot`` every half second and each finished ``request``) read on a
+thread of its own, which keeps the newest snapshot and buffers the requests
+for the next ``tick``; chat through ``POST /v1/chat/completions`` with
+``stream: true`` (the last chunk carries homepd's timings).  The API key, when
+set, goes in ``Authorization: Bearer``.  The hardware panel comes from a local
+sampler: the service runs on this box.  The service sends no step log, so the
+ITL and interference charts stay empty and stalls are not attributed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from typing import Iterable, Iterator
+
+import httpx
+
+from homepd.config import EngineConfig, read_config_file
+from homepd.errors import HomepdError
+from homepd.tui import derive
+from homepd.tui.records import ChatStats, Tick
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
+
+# why not imported: the app must not import homepd.serve; this is homepd.serve.settings.DEFAULT_PORT
+DEFAULT_PORT = 8439
+EVENTS_INTERVAL_S = 0.5
+RECONNECT_S = 1.0
+MAX_BUFFERED_REQUESTS = 500
+
+
+def service_address() -> tuple[str, int, str | None]:
+    """(host, port, API key) of the local service as ``homepd serve`` reads them: ``HOMEPD_HOST`` /
+    ``HOMEPD_PORT`` / ``HOMEPD_API_KEY``, else the config file's ``[serve]`` table, else the defaults."""
+    table = read_config_file().get("serve", {})
+    host = os.environ.get("HOMEPD_HOST") or str(table.get("host", "127.0.0.1"))
+    port = int(os.environ.get("HOMEPD_PORT") or table.get("port", DEFAULT_PORT))
+    key = os.environ.get("HOMEPD_API_KEY") or table.get("api_key")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"  # listening everywhere: reach it on loopback
+    return host, port, key or None
+
+
+def find_service(url: str, timeout_s: float = 0.5) -> bool:
+    """Whether a homepd service answers ``/health`` at ``url``."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+        return response.status_code == 200 and response.json().get("status") == "ok"
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """Server-sent events from text lines: (event name, data); the name is 'message' when unnamed."""
+    event, data = "message", []
+    for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+    if data:
+        yield event, "\n".join(data)
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        body = json.loads(response.read())
+        return body.get("error", {}).get("message") or str(body)
+    except (ValueError, AttributeError):
+        return f"HTTP {response.status_code}"
+
+
+class RemoteSource(DataSource):
+    def __init__(self, url: str, config: EngineConfig, *, api_key: str | None = None, db: str | None = None,
+                 config_file: str | None = None, transport: httpx.BaseTransport | None = None,
+                 sample_hardware: bool = True):
+        super().__init__(config, db=db, config_file=config_file)
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, transport=transport,
+                                    timeout=httpx.Timeout(10.0, read=60.0))
+        self._sample_hardware = sample_hardware
+        self._status: dict = {}
+        self._requests: deque[dict] = deque(maxlen=MAX_BUFFERED_REQUESTS)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._connection = "connecting"
+        self._last_t = time.monotonic()
+        self.sampler = self._box = None
+        self.model = ""
+
+    def start(self, emit: Emit) -> str:
+        response = self._client.get("/status")
+        if response.status_code != 200:
+            raise HomepdError(f"{self.url}/status: {_error_text(response)}")
+        status = response.json()
+        self._status = status
+        self.model = (status.get("models") or ["default"])[0]
+        if self._sample_hardware:
+            from homepd.hw.monitor import Sampler
+            from homepd.hw.probe import probe
+
+            self._box = probe()
+            self.sampler = Sampler(period_s=0.5).start()
+        self._reader = threading.Thread(target=self._read_events, name="homepd-events", daemon=True)
+        self._reader.start()
+        return self.description
+
+    @property
+    def description(self) -> str:
+        with self._lock:
+            state = self._status.get("state", "?")
+        return f"remote: homepd serve at {self.url} ({state}, {self._connection})"
+
+    def stop(self) -> None:
+        self.cancel_advise()
+        self._stopping.set()
+        if self._reader is not None:
+            self._reader.join(timeout=2 * RECONNECT_S + EVENTS_INTERVAL_S)
+        self._client.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+
+    # the event stream (its own thread) ---------------------------------------------------------
+    def _read_events(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                with self._client.stream("GET", "/events", params={"interval_s": EVENTS_INTERVAL_S}) as response:
+                    if response.status_code != 200:
+                        raise HomepdError(_error_text(response))
+                    self._connection = "live"
+                    for event, data in iter_sse(response.iter_lines()):
+                        self._on_event(event, data)
+                        if self._stopping.is_set():
+                            return
+            except (httpx.HTTPError, HomepdError, ValueError, RuntimeError) as exc:
+                self._connection = f"disconnected: {exc}" if not self._stopping.is_set() else "closed"
+            self._stopping.wait(RECONNECT_S)  # why: a service that restarts comes back; do not spin meanwhile
+
+    def _on_event(self, event: str, data: str) -> None:
+        payload = json.loads(data)
+        with self._lock:
+            if event == "snapshot":
+                self._status = payload
+            elif event == "request":
+                self._requests.append(payload)
+        if event == "snapshot" and self.sampler is not None:
+            for w in (payload.get("engine") or {}).get("workers") or ():
+                if w.get("pid"):
+                    self.sampler.register_process(w["pid"], w["role"])
+
+    # the dashboard ----------------------------------------------------------------------------
+    def tick(self) -> Tick:
+        now = time.monotonic()
+        with self._lock:
+            status, finished = dict(self._status), list(self._requests)
+            self._requests.clear()
+        interval_s, self._last_t = max(1e-3, now - self._last_t), now
+        engine = status.get("engine")
+        admission = status.get("admission") or {}
+        note = f"service {status.get('state', '?')}; admitted {admission.get('in_flight', 0)}/" \
+               f"{admission.get('capacity', '?')}"
+        arch = derive.architecture_view(engine, derive.kv_mb_s(finished, interval_s), note) if engine else None
+        hardware = derive.hardware_view(self.sampler.latest(), self._box) if self.sampler is not None else None
+        rows = tuple(derive.request_row(lc) for lc in finished)
+        return Tick(hardware, arch, rows, derive.chart_point(now, interval_s, finished), self.description)
+
+    # chat -------------------------------------------------------------------------------------
+    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
+        body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": max_tokens,
+                "temperature": 0}
+        timings: dict = {}
+        finish = error = None
+        with self._client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                raise HomepdError(f"the service refused the request: {_error_text(response)}")
+            for _, data in iter_sse(response.iter_lines()):
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    error = chunk["error"].get("message", "failed")
+                    continue
+                for choice in chunk.get("choices") or ():
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        on_text(text)
+                    finish = choice.get("finish_reason") or finish
+                timings = chunk.get("homepd") or timings
+        mode = ((self._status.get("engine") or {}).get("mode")) or "?"
+        return derive.chat_stats(timings, mode, finish, error)

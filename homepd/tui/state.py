@@ -1,0 +1,73 @@
+"""What the app knows, kept in one place so that a screen shown later draws what happened meanwhile.
+
+The app updates it from the messages its workers send; screens read it when
+they are shown and when the app tells them something changed.  Plain data, no
+Textual.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from homepd.tui.records import AdviseStep, AdviseView, ChartPoint, ChatStats, RequestRow, Tick
+
+CHART_POINTS = 600      # 5 minutes at two ticks a second
+RECENT_REQUESTS = 50
+
+
+@dataclass
+class ChatTurn:
+    user: str
+    reply: str = ""
+    stats: ChatStats | None = None
+    error: str | None = None
+
+    @property
+    def is_done(self) -> bool:
+        return self.stats is not None or self.error is not None
+
+
+@dataclass
+class AppState:
+    description: str = "starting…"
+    is_ready: bool = False
+    error: str | None = None
+    can_switch_mode: bool = False
+    switching: bool = False
+    pull: tuple[str, int, int | None] | None = None        # (label, done bytes, total bytes)
+    tick: Tick | None = None
+    points: deque[ChartPoint] = field(default_factory=lambda: deque(maxlen=CHART_POINTS))
+    requests: deque[RequestRow] = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
+    turns: list[ChatTurn] = field(default_factory=list)
+    n_background: int = 0                                     # background prompts in flight
+    last_background: ChatStats | None = None
+    advise_running: bool = False
+    advise_step: AdviseStep | None = None
+    advise_candidates: dict[str, int] = field(default_factory=dict)   # candidate -> runs done
+    advise_view: AdviseView | None = None
+    advise_error: str | None = None
+
+    @property
+    def mode(self) -> str | None:
+        arch = self.tick.architecture if self.tick else None
+        return arch.mode if arch else None
+
+    def add_tick(self, tick: Tick) -> None:
+        self.tick = tick
+        self.points.append(tick.point)
+        self.requests.extend(tick.requests)
+
+    def add_advise_step(self, step: AdviseStep) -> None:
+        if self.advise_step is None or step.done >= self.advise_step.done:
+            self.advise_step = step
+        if step.candidate:
+            done = self.advise_candidates.get(step.candidate, 0)
+            self.advise_candidates[step.candidate] = done + (1 if step.current.endswith(" done") else 0)
+
+    def chat_messages(self) -> list[dict]:
+        """The conversation so far as chat messages (turns that failed are left out)."""
+        out = []
+        for turn in self.turns:
+            if turn.error is None and turn.is_done:
+                out += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.reply}]
+        return out

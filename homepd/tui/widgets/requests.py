@@ -1,0 +1,25 @@
+"""The recent-requests table: newest first, with the stall that hurt each one most."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from textual.widgets import DataTable
+
+from homepd.tui.records import RequestRow
+from homepd.tui.widgets.text import num, size
+
+COLUMNS = ("request", "state", "prompt", "out", "TTFT ms", "TPOT ms", "ITL max", "KV", "stall (worst gap: who held it)")
+
+
+class RecentRequests(DataTable):
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        self.add_columns(*COLUMNS)
+
+    def show(self, rows: Iterable[RequestRow]) -> None:
+        self.clear()
+        for r in reversed(list(rows)):
+            self.add_row(r.request_id[-14:], r.state, str(r.n_prompt_tokens), str(r.n_output_tokens),
+                         num(r.ttft_ms), num(r.tpot_ms, ".1f"), num(r.itl_max_ms), size(r.kv_bytes) if r.kv_bytes
+                         else "-", r.stall or "-")

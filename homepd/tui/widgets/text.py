@@ -1,0 +1,39 @@
+"""Formatting shared by the widgets: numbers with NA, sizes, and block bars."""
+from __future__ import annotations
+
+from rich.text import Text
+
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def num(value, spec: str = ".0f", unit: str = "") -> str:
+    """``value`` formatted, with its unit; 'NA' for None."""
+    return "NA" if value is None else f"{format(value, spec)}{unit}"
+
+
+def size(n_bytes: int | float | None) -> str:
+    """Bytes in binary units: '240 MiB', '3.0 GiB'; 'NA' for None."""
+    if n_bytes is None:
+        return "NA"
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(n_bytes) >= scale:
+            value = n_bytes / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def bar(fraction: float | None, width: int, style: str = "green") -> Text:
+    """A horizontal bar of ``width`` cells filled to ``fraction`` (eighths of a cell); dim dots for NA."""
+    if fraction is None:
+        return Text("·" * width, style="dim")
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, part = divmod(eighths, 8)
+    filled = "█" * full + (BLOCKS[part] if part else "")
+    return Text.assemble((filled, style), ("·" * (width - len(filled)), "dim"))
+
+
+def load_style(fraction: float | None) -> str:
+    """green / yellow / red by how full something is."""
+    if fraction is None:
+        return "dim"
+    return "red" if fraction >= 0.9 else "yellow" if fraction >= 0.7 else "green"
