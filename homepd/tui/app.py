@@ -15,14 +15,13 @@ from textual.binding import Binding
 
 from homepd.tui import messages as m
 from homepd.tui.jobs import Jobs
-from homepd.tui.records import ChatStats
 from homepd.tui.screens.advise import AdviseScreen
 from homepd.tui.screens.base import StateScreen
 from homepd.tui.screens.chat import ChatScreen
 from homepd.tui.screens.dashboard import DashboardScreen
 from homepd.tui.screens.help import HelpScreen
 from homepd.tui.screens.history import HistoryScreen
-from homepd.tui.sources.base import DataSource
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource
 from homepd.tui.state import AppState, ChatTurn
 from homepd.tui.widgets.text import num
 
@@ -45,12 +44,14 @@ class HomepdApp(App):
         Binding("ctrl+q", "quit", "quit", show=False, priority=True),
     ]
 
-    def __init__(self, source: DataSource, *, tick_interval_s: float | None = TICK_INTERVAL_S):
-        """``tick_interval_s``: how often the dashboard is refreshed (None: only by ``request_tick``, for tests)."""
+    def __init__(self, source: DataSource, *, tick_interval_s: float | None = TICK_INTERVAL_S,
+                 chat_max_tokens: int = CHAT_MAX_TOKENS):
+        """``tick_interval_s``: how often the dashboard is refreshed (None: only by ``request_tick``, for tests);
+        ``chat_max_tokens``: the longest chat reply."""
         super().__init__()
         self.source = source
         self.state = AppState()
-        self.jobs = Jobs(self, source)
+        self.jobs = Jobs(self, source, chat_max_tokens)
         self.tick_interval_s = tick_interval_s
         self.is_quitting = False
 
@@ -194,7 +195,3 @@ class HomepdApp(App):
         else:
             self.notify(f"wrote {message.path}; homepd serve and the app read it at start", timeout=10)
 
-
-def chat_stats_line(stats: ChatStats) -> str:
-    """The figures under a reply as plain text (for logs and tests)."""
-    return f"TTFT {num(stats.ttft_ms)} ms · TPOT {num(stats.tpot_ms, '.1f')} ms · {stats.mode}"

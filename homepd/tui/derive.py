@@ -96,15 +96,16 @@ def _event_text(e: dict) -> str:
 
 
 def stall_text(stall: Stall | None) -> str:
-    """'412 ms held by req-7 (256 prompt tok, same step)'; '' when the request never stalled."""
+    """'412 ms ← req-7 (256 tok, same step)': the longest gap and the prompt whose prefill held it most
+    ('beside': on the prefill worker, concurrently); '' when the request never stalled."""
     if stall is None:
         return ""
     worst = stall.worst
     if worst is None:
         return f"{stall.gap_ms:.0f} ms gap (no prompt in it)"
-    where = "same step" if worst.same_step else "prefill worker beside it"
+    where = "same step" if worst.same_step else "beside"
     more = f" +{len(stall.culprits) - 1}" if len(stall.culprits) > 1 else ""
-    return f"{stall.gap_ms:.0f} ms held by {worst.request_id} ({worst.n_prompt_tokens} prompt tok, {where}){more}"
+    return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}"
 
 
 def request_row(lc: dict, itl_max_ms: float | None = None, stall: Stall | None = None) -> RequestRow:

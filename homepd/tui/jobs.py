@@ -17,7 +17,7 @@ from textual.message_pump import MessagePump
 
 from homepd.errors import HomepdError
 from homepd.tui import messages as m
-from homepd.tui.sources.base import DataSource
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource
 
 CHAT_FLUSH_S = 0.05
 
@@ -27,8 +27,8 @@ def error_text(exc: BaseException) -> str:
 
 
 class Jobs:
-    def __init__(self, app, source: DataSource):
-        self.app, self.source = app, source
+    def __init__(self, app, source: DataSource, chat_max_tokens: int = CHAT_MAX_TOKENS):
+        self.app, self.source, self.chat_max_tokens = app, source, chat_max_tokens
         self._ticking = threading.Lock()
         self._stopped = False
 
@@ -87,7 +87,7 @@ class Jobs:
                     self._post(m.ChatDelta(turn, "".join(pending)))
                     pending.clear()
             try:
-                stats = self.source.chat(messages, on_text)
+                stats = self.source.chat(messages, on_text, max_tokens=self.chat_max_tokens)
             except Exception as exc:
                 stats, error = None, error_text(exc)
             else:

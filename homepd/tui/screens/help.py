@@ -5,35 +5,39 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from textual.widgets import Static
 
 HELP = """\
-# homepd
+[b]homepd[/b]: letters work when no text field has focus; F-keys always
 
-**Screens** (letters work when no text field has focus; F-keys always):
+[b]screens[/b]
+  d F2  dashboard: hardware, architecture, live charts, requests
+  a F3  advise: measure every architecture here, recommend one
+  c F4  chat tester
+  h F5  history of stored runs
+  ? F1  this help
+  q     quit (ctrl+q anywhere); stops the app's own engine
 
-| key | screen |
-|---|---|
-| `d` / F2 | dashboard: hardware, architecture, live charts, recent requests |
-| `a` / F3 | advise: measure every architecture here and recommend one |
-| `c` / F4 | chat tester |
-| `h` / F5 | history of stored runs |
-| `?` / F1 | this help |
-| `q` / ctrl+q | quit (stops the app's own engine) |
+[b]advise[/b]
+  s quick campaign   f full campaign   x cancel
+  m charts for the next prompt mix
+  w apply the recommendation: asks first, then writes the config
+    file that `homepd serve` and the app read at start
+[b]chat[/b]
+  enter send   esc leave the text field
+  ctrl+b a long background prompt: watch TTFT, ITL, interference
+  ctrl+t switch colocated / disaggregated (the app's own engine)
+[b]history[/b]
+  enter open a run   r reload   esc back
 
-**Advise**: `s` quick campaign, `f` full campaign, `x` cancel, `m` charts for the next prompt mix,
-`w` apply the recommendation (asks first; writes the config file that `homepd serve` and the app read).
+[b]charts[/b] TTFT as requests finish; the longest decode step (an ITL
+bound; TPOT when attached to a service); decode tok/s; interference:
+how much slower a decode step is when prefill shares or runs beside
+it (1.0 = none), over the last minute.
+[b]stalls[/b] a gap between two tokens over 100 ms, and the prompt whose
+prefill held it (same step, or beside it on the prefill worker).
 
-**Chat**: enter sends, ctrl+b fires a long background prompt (watch TTFT/ITL and the interference chart),
-ctrl+t switches colocated / disaggregated (only when the app runs its own engine), esc leaves the text field.
-
-**History**: enter opens a run, `r` reloads, esc goes back.
-
-The dashboard's charts: TTFT of requests as they finish; the longest decode step (an ITL bound) or, attached
-to a service, TPOT; decode tokens per second; the interference index (how much slower a decode step is when
-prefill shares or runs beside it, 1.0 = none) over the last minute.  A stall is a gap between two tokens over
-100 ms; the table names the prompt whose prefill held it.
-"""
+esc closes this help."""
 
 
 class HelpScreen(ModalScreen):
@@ -41,4 +45,4 @@ class HelpScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
-            yield Markdown(HELP)
+            yield Static(HELP)

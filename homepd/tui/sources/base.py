@@ -28,14 +28,14 @@ OnText = Callable[[str], object]
 CHAT_MAX_TOKENS = 256
 BACKGROUND_MAX_TOKENS = 48
 BACKGROUND_PROMPT_TOKENS = 1200   # capped at half the context
+ADVISE_STOP_TIMEOUT_S = 60.0       # a cancelled campaign stops its engine within this
 
 
-def long_prompt(n_ctx: int, seed: int = 0) -> list[dict]:
-    """The background prompt: a long passage from the trace corpus to summarise (chat messages)."""
+def long_prompt(n_tokens: int, seed: int = 0) -> list[dict]:
+    """The background prompt: a passage of about ``n_tokens`` from the trace corpus to summarise (chat messages)."""
     from homepd.measure.trace import make_trace
 
-    n_tokens = max(64, min(BACKGROUND_PROMPT_TOKENS, n_ctx // 2))
-    request = make_trace("long", 1, 1.0, max_tokens=BACKGROUND_MAX_TOKENS, long_tokens=n_tokens, seed=seed)
+    request = make_trace("long", 1, 1.0, max_tokens=BACKGROUND_MAX_TOKENS, long_tokens=max(32, n_tokens), seed=seed)
     return [dict(m) for m in request.requests[0].messages]
 
 
@@ -48,6 +48,7 @@ class DataSource(abc.ABC):
         self.config, self.db, self.config_file = config, db, config_file
         self._advise_lock = threading.Lock()
         self._advise: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
+        self._advise_cancelled = False
         self._n_background = 0
 
     # the engine ------------------------------------------------------------------------------
@@ -70,8 +71,13 @@ class DataSource(abc.ABC):
     def background_prompt(self) -> ChatStats:
         """A long prompt that prefills while the chat runs (to feel and see the interference)."""
         self._n_background += 1
-        return self.chat(long_prompt(self.config.n_ctx, self._n_background), lambda text: None,
+        n_tokens = min(BACKGROUND_PROMPT_TOKENS, self.config.n_ctx // 2)
+        return self.chat(self.fit_prompt(n_tokens, self._n_background), lambda text: None,
                          max_tokens=BACKGROUND_MAX_TOKENS)
+
+    def fit_prompt(self, n_tokens: int, seed: int) -> list[dict]:
+        """The long prompt, sized to about ``n_tokens`` (a source that can tokenize makes sure it fits)."""
+        return long_prompt(n_tokens, seed)
 
     def switch_mode(self, mode: str) -> str:
         """Restart the app's own engine in ``mode``; return the new description."""
@@ -90,6 +96,7 @@ class DataSource(abc.ABC):
         base = self.config
         if not self._advise_lock.acquire(blocking=False):
             raise HomepdError("an advise campaign is already running")
+        self._advise_cancelled = False
         loop = asyncio.new_event_loop()
         try:
             # why a sampler of its own: per-role memory peaks must not mix in this app's own workers
@@ -98,15 +105,20 @@ class DataSource(abc.ABC):
                                     on_progress=lambda p: emit(AdviseProgress(step_from_progress(p))))
                 task = loop.create_task(campaign.run())
                 self._advise = (loop, task)
+                if self._advise_cancelled:  # cancelled while the store and sampler were opening
+                    task.cancel()
                 result = loop.run_until_complete(task)
             return from_result(result)
         finally:
             self._advise = None
+            loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
             self._advise_lock.release()
 
-    def cancel_advise(self) -> None:
-        """Cancel a running campaign (its engines stop; the run is kept as incomplete)."""
+    def cancel_advise(self, wait: bool = False) -> None:
+        """Cancel a running campaign (its engines stop; the run is kept as incomplete); with ``wait``,
+        return once it has ended."""
+        self._advise_cancelled = True
         running = self._advise
         if running is not None:
             loop, task = running
@@ -114,6 +126,8 @@ class DataSource(abc.ABC):
                 loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:  # the loop closed meanwhile: nothing left to cancel
                 pass
+        if wait and self._advise_lock.acquire(timeout=ADVISE_STOP_TIMEOUT_S):
+            self._advise_lock.release()
 
     def list_runs(self, limit: int = 50) -> list[RunListRow]:
         """The newest runs of the store (none when there is no database yet)."""

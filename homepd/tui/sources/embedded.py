@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
@@ -72,6 +73,9 @@ class EmbeddedSource(DataSource):
         self._loop: LoopThread | None = None
         self._last_t = time.monotonic()
         self._window: deque = deque()     # recent StepRecords, oldest first
+        self._lock = threading.Lock()     # start vs stop: who creates and who tears down the engine
+        self._closing = False
+        self._started = threading.Event()
         self.description = ""
 
     # start and stop ---------------------------------------------------------------------------
@@ -82,13 +86,21 @@ class EmbeddedSource(DataSource):
 
         if self._box is None:
             self._box = probe(self._nvml_module)
-        self.sampler = Sampler(period_s=self._period_s, nvml_module=self._nvml_module).start()
-        self.sampler.register_process(os.getpid(), "app")
+        with self._lock:
+            if not self._closing:
+                self.sampler = Sampler(period_s=self._period_s, nvml_module=self._nvml_module).start()
+                self.sampler.register_process(os.getpid(), "app")
         setup = self._prepare(self.config, emit)
-        self._loop = LoopThread()
-        engine = Engine(self.config, setup, sampler=self.sampler)
-        self._loop.call(engine.start())
-        self.engine = engine
+        with self._lock:  # why: stop() either sees no loop (and we bail out here) or waits for the engine
+            if self._closing:
+                raise EngineError("the app is quitting")
+            self._loop = LoopThread()
+        try:
+            engine = Engine(self.config, setup, sampler=self.sampler)
+            self._loop.call(engine.start())
+            self.engine = engine
+        finally:
+            self._started.set()
         self._last_t = time.monotonic()
         self.description = describe(self.config, setup.model_path)
         return self.description
@@ -114,16 +126,21 @@ class EmbeddedSource(DataSource):
                     continue
 
     def stop(self) -> None:
-        self.cancel_advise()
-        if self._loop is not None:
+        with self._lock:
+            self._closing = True
+            loop = self._loop
+        self.cancel_advise(wait=True)
+        if loop is not None:
+            self._started.wait()  # an engine starting now is stopped once it is up, never left behind
             if self.engine is not None:
-                self._loop.call(self.engine.stop())
+                loop.call(self.engine.stop())
                 self.engine = None
-            self._loop.close()
+            loop.close()
             self._loop = None
-        if self.sampler is not None:
-            self.sampler.stop()
-            self.sampler = None
+        with self._lock:
+            if self.sampler is not None:
+                self.sampler.stop()
+                self.sampler = None
 
     # the dashboard ----------------------------------------------------------------------------
     async def _collect(self, since_s: float):
@@ -181,6 +198,28 @@ class EmbeddedSource(DataSource):
             elif event.kind == "error":
                 error = event.error
         return derive.chat_stats(stream.lifecycle.to_dict(), engine.config.mode, finish, error)
+
+    def fit_prompt(self, n_tokens: int, seed: int) -> list[dict]:
+        if self._loop is None:
+            raise EngineError("the engine is not running")
+        return self._loop.call(self._fit(n_tokens, seed))
+
+    async def _fit(self, n_tokens: int, seed: int) -> list[dict]:
+        """Halve the passage until the tokenized chat fits the context with room for the answer."""
+        from homepd.tui.sources.base import BACKGROUND_MAX_TOKENS, long_prompt
+
+        from homepd.errors import PromptTooLongError
+
+        room = self.config.n_ctx - BACKGROUND_MAX_TOKENS - 1
+        while True:
+            messages = long_prompt(n_tokens, seed)
+            engine = self.engine
+            try:
+                if engine is None or n_tokens <= 32 or len(engine.prepare(messages=messages)) <= room:
+                    return messages
+            except PromptTooLongError:
+                pass
+            n_tokens //= 2
 
     # the architecture -------------------------------------------------------------------------
     def switch_mode(self, mode: str) -> str:

@@ -106,7 +106,7 @@ class FakeSource(DataSource):
                                 {"waiting": 1, "prefilling": 1, "decoding": 2}, **kv,
                                 events=("decode worker restarted after 1.2 s",) if kv else ())
         rows = (RequestRow(f"req-{i}", "finished", 40 + 30 * wave, 24, 180.0 + 40 * wave, 36.0 + wave, 48.0 + wave * 9,
-                           stall=f"{300 + 20 * wave} ms held by req-{i - 1} (256 prompt tok, same step)"
+                           stall=f"{300 + 20 * wave} ms ← req-{i - 1} (256 tok, same step)"
                            if wave > 6 else ""),)
         point = ChartPoint(i * 0.5, ttft_ms=150.0 + 60 * wave, itl_ms=40.0 + 25 * wave, tpot_ms=36.0 + wave,
                            tok_s=20.0 + 2 * wave, interference=1.0 + wave / 4)

@@ -92,6 +92,7 @@ class RemoteSource(DataSource):
         self._requests: deque[dict] = deque(maxlen=MAX_BUFFERED_REQUESTS)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._live = threading.Event()      # set once the first snapshot arrived on /events
         self._reader: threading.Thread | None = None
         self._connection = "connecting"
         self._last_t = time.monotonic()
@@ -115,6 +116,10 @@ class RemoteSource(DataSource):
         self._reader.start()
         return self.description
 
+    def wait_live(self, timeout_s: float) -> bool:
+        """Whether the event stream delivered a snapshot within ``timeout_s``."""
+        return self._live.wait(timeout_s)
+
     @property
     def description(self) -> str:
         with self._lock:
@@ -122,7 +127,7 @@ class RemoteSource(DataSource):
         return f"remote: homepd serve at {self.url} ({state}, {self._connection})"
 
     def stop(self) -> None:
-        self.cancel_advise()
+        self.cancel_advise(wait=True)
         self._stopping.set()
         if self._reader is not None:
             self._reader.join(timeout=2 * RECONNECT_S + EVENTS_INTERVAL_S)
@@ -152,6 +157,7 @@ class RemoteSource(DataSource):
         with self._lock:
             if event == "snapshot":
                 self._status = payload
+                self._live.set()
             elif event == "request":
                 self._requests.append(payload)
         if event == "snapshot" and self.sampler is not None:

@@ -10,27 +10,26 @@ from homepd.tui.widgets.text import num, size
 SLOT_CELLS = (("WRITING", "W", "yellow"), ("READY", "R", "green"), ("READING", "r", "cyan"), ("FREE", "·", "dim"))
 
 
-def _worker_line(w: WorkerView, state: str) -> Text:
+def _worker_lines(w: WorkerView, state: str) -> list[Text]:
     health = ("failed", "red") if w.failed else ("up", "green") if w.alive and w.ready else ("starting", "yellow")
-    where = f"cores {w.cores}" if w.cores else "any core"
-    if w.gpu:
-        where += f" gpu {w.gpu}"
-    text = Text.assemble((f"{w.role:<10}", "bold"), (f"{health[0]:<5}", health[1]),
-                         f" pid {num(w.pid, 'd')} · {where} · {w.n_threads} thr")
-    text.append(f"\n  {state}" if state else "")
+    where = (f"cpu {w.cores}" if w.cores else "any cpu") + f" ×{w.n_threads}" + (f" gpu {w.gpu}" if w.gpu else "")
+    head = Text.assemble((f"[{w.role}] ", "bold"), (health[0], health[1]), f" pid {num(w.pid, 'd')} {where}")
     if w.restarts:
-        text.append(f"  restarts {w.restarts}", style="yellow")
-    return text
+        head.append(f" ↻{w.restarts}", style="yellow")
+    return [head] + ([Text(f"  {state}")] if state else [])
 
 
-def _slots(view: ArchitectureView) -> Text:
+def _slot_lines(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
+    if not view.kv_slots:
+        return [Text("  ▼ KV slots NA")]
     cells = Text("[")
     for name, char, style in SLOT_CELLS:
         cells.append(char * view.kv_occupancy.get(name, 0), style=style)
-    busy = view.kv_slots - view.kv_occupancy.get("FREE", 0)
     cells.append("]")
-    return Text.assemble("  ▼ KV slots ", cells, f" {busy}/{view.kv_slots} busy · ",
-                         (f"{num(view.kv_mb_s, '.1f', ' MB/s')}", "cyan"), f" · {size(view.kv_slot_bytes)} each")
+    busy = view.kv_slots - view.kv_occupancy.get("FREE", 0)
+    return [Text.assemble("  ▼ KV slots ", cells, f" {busy}/{view.kv_slots} busy"),
+            Text.assemble(f"    moving {s.get('transferring', 0)} · ", (num(view.kv_mb_s, '.2f', ' MB/s'), "cyan"),
+                          f" · {size(view.kv_slot_bytes)} each")]
 
 
 def render_architecture(view: ArchitectureView | None) -> Text:
@@ -38,28 +37,25 @@ def render_architecture(view: ArchitectureView | None) -> Text:
         return Text("no engine yet", style="dim")
     s = view.by_state
     head = view.mode + (f" · chunk {view.chunk or 'none'}" if view.mode != "disaggregated" else "")
-    lines = [Text.assemble((head, "bold magenta"), f" · n_ctx {view.n_ctx} · {view.model}")]
+    lines = [Text.assemble((head, "bold magenta"), f" · n_ctx {view.n_ctx}")]
     if view.note:
         lines.append(Text(view.note, style="dim"))
-    lines.append(Text(f"waiting {view.n_waiting}  running {view.n_running}"))
+    lines.append(Text(f"queue: waiting {view.n_waiting} → running {view.n_running}"))
     if view.mode == "disaggregated":
         by_role = {w.role: w for w in view.workers}
         if "prefill" in by_role:
-            lines.append(_worker_line(by_role["prefill"], f"prefilling {s.get('prefilling', 0)}"))
-        lines.append(_slots(view) if view.kv_slots else Text("  ▼ KV slots NA"))
-        lines.append(Text(f"  transferring {s.get('transferring', 0)}", style="dim"))
+            lines += _worker_lines(by_role["prefill"], f"prefilling {s.get('prefilling', 0)}")
+        lines += _slot_lines(view, s)
         if "decode" in by_role:
-            lines.append(_worker_line(by_role["decode"], f"decoding {s.get('decoding', 0)}"))
+            lines += _worker_lines(by_role["decode"], f"decoding {s.get('decoding', 0)}")
     elif view.mode == "replicas":
-        lines.append(Text("  ▼ least-loaded replica", style="dim"))
         for w in view.workers:
-            lines.append(_worker_line(w, f"running {w.n_running} · backlog {w.backlog}"))
+            lines += _worker_lines(w, f"running {w.n_running} · backlog {w.backlog}")
     else:
-        lines.append(Text(f"  ▼ every step: 1 token per running request + ≤{view.chunk or 'all'} prompt tokens",
-                          style="dim"))
         for w in view.workers:
-            lines.append(_worker_line(w, f"prefilling {s.get('prefilling', 0)} · decoding {s.get('decoding', 0)}"
-                                         f" · backlog {w.backlog}"))
+            lines += _worker_lines(w, f"prefill {s.get('prefilling', 0)} · decode {s.get('decoding', 0)}"
+                                      f" · backlog {w.backlog}")
+        lines.append(Text(f"  step: ≤{view.chunk or 'all'} prompt tok + 1/stream", style="dim"))
     for event in view.events:
         lines.append(Text(f"! {event}", style="yellow"))
     return Text("\n").join(lines)

@@ -37,8 +37,9 @@ def render_hardware(view: HardwareView | None, width: int) -> Text:
                           f"{g.pcie_link or 'PCIe NA'}  tx {size(g.pcie_tx_bytes_s)}/s rx {size(g.pcie_rx_bytes_s)}/s",
                           style="cyan"))
     for p in view.processes:
-        lines.append(Text(f"  {p.role:<10} pid {p.pid:<7} {num(p.cpu_pct, '.0f', '%'):>5}  "
-                          f"RSS {size(p.rss_bytes)}  USS {size(p.uss_bytes)}", style="dim"))
+        uss = f" USS {size(p.uss_bytes)}" if width >= 46 else ""
+        lines.append(Text(f"{p.role[:10]:<10} {num(p.cpu_pct, '.0f', '%'):>4} RSS {size(p.rss_bytes)}{uss}",
+                          style="dim"))
     return Text("\n").join(lines)
 
 

@@ -8,7 +8,7 @@ from textual.widgets import DataTable
 from homepd.tui.records import RequestRow
 from homepd.tui.widgets.text import num, size
 
-COLUMNS = ("request", "state", "prompt", "out", "TTFT ms", "TPOT ms", "ITL max", "KV", "stall (worst gap: who held it)")
+COLUMNS = ("request", "tok in/out", "TTFT ms", "TPOT ms", "ITL max", "KV", "stall: gap ← prompt that held it")
 
 
 class RecentRequests(DataTable):
@@ -20,6 +20,6 @@ class RecentRequests(DataTable):
     def show(self, rows: Iterable[RequestRow]) -> None:
         self.clear()
         for r in reversed(list(rows)):
-            self.add_row(r.request_id[-14:], r.state, str(r.n_prompt_tokens), str(r.n_output_tokens),
-                         num(r.ttft_ms), num(r.tpot_ms, ".1f"), num(r.itl_max_ms), size(r.kv_bytes) if r.kv_bytes
-                         else "-", r.stall or "-")
+            stall = (r.stall or "-") if r.state == "finished" else f"{r.state}{': ' + r.stall if r.stall else ''}"
+            self.add_row(r.request_id[-12:], f"{r.n_prompt_tokens}/{r.n_output_tokens}", num(r.ttft_ms),
+                         num(r.tpot_ms, ".1f"), num(r.itl_max_ms), size(r.kv_bytes) if r.kv_bytes else "-", stall)

@@ -1,0 +1,272 @@
+"""The app driven with Pilot against the fake data source: every screen, keys while work is in flight,
+apply only after confirmation, the architecture switch, quitting stops the source."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from textual.widgets import DataTable, Input, ProgressBar, Static
+
+from homepd.config import EngineConfig
+from homepd.errors import HomepdError
+from homepd.tui.app import HomepdApp
+from homepd.tui.messages import PullProgress
+from homepd.tui.screens.advise import AdviseScreen
+from homepd.tui.screens.chat import ChatScreen
+from homepd.tui.screens.confirm import ConfirmScreen
+from homepd.tui.screens.dashboard import DashboardScreen
+from homepd.tui.screens.help import HelpScreen
+from homepd.tui.screens.history import HistoryScreen, RunScreen
+from homepd.tui.sources import FakeSource
+from homepd.tui.widgets.architecture import ArchitecturePanel
+from homepd.tui.widgets.charts import LiveChart
+from homepd.tui.widgets.evidence import BarChart, EvidencePanel
+from homepd.tui.widgets.hardware import HardwarePanel
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def settle(app, pilot) -> None:
+    """Every worker done and every message it posted handled."""
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def settle_group(app, pilot, group: str) -> None:
+    """The workers of ``group`` done (not the ones held at a gate) and their messages handled."""
+    workers = [w for w in app.workers if w.group == group]
+    if workers:  # why: wait_for_complete([]) waits for every worker
+        await app.workers.wait_for_complete(workers)
+    await pilot.pause()
+
+
+async def ticks(app, pilot, n: int) -> None:
+    for _ in range(n):
+        app.request_tick()
+        await settle(app, pilot)
+
+
+async def in_flight(source: FakeSource, what: str) -> None:
+    """Until the fake source waits at its gate for ``what``."""
+    assert await asyncio.to_thread(source.in_flight[what].wait, 10)
+
+
+def text_of(widget) -> str:
+    return str(widget.render())
+
+
+async def test_dashboard_shows_hardware_architecture_charts_and_requests():
+    source = FakeSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await ticks(app, pilot, 3)
+        screen = app.screen
+        assert isinstance(screen, DashboardScreen) and app.state.is_ready
+        assert "no GPU on this box" in text_of(screen.query_one(HardwarePanel))
+        assert "CPU" in text_of(screen.query_one(HardwarePanel))
+        arch = text_of(screen.query_one(ArchitecturePanel))
+        assert "colocated · chunk 256" in arch and "[colocated]" in arch
+        assert "TTFT: " in str(screen.query_one("#chart-ttft", LiveChart).query_one("Label").render())
+        assert screen.query_one("#requests", DataTable).row_count == len(app.state.requests) == 4
+        assert app.sub_title == "fake source: colocated, chunk 256"
+
+
+async def test_dashboard_draws_prefill_kv_slots_decode_when_disaggregated():
+    source = FakeSource(EngineConfig(backend="fake", mode="disaggregated"))
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        arch = text_of(app.screen.query_one(ArchitecturePanel))
+        assert arch.index("[prefill]") < arch.index("KV slots") < arch.index("[decode]")
+        assert "2/4 busy" in arch and "3.20 MB/s" in arch
+
+
+async def test_chat_streams_replies_keeps_the_conversation_and_shows_the_figures():
+    source = FakeSource()
+    seen: list[list[dict]] = []
+    chat = source.chat
+    source.chat = lambda messages, on_text, **kw: (seen.append(messages), chat(messages, on_text, **kw))[1]
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("c")
+        assert isinstance(app.screen, ChatScreen) and app.screen.query_one(Input).has_focus
+        await pilot.press(*"hello", "enter")
+        await settle(app, pilot)
+        await pilot.press(*"again", "enter")
+        await settle(app, pilot)
+        turns = [str(s.render()) for s in app.screen.query("#chat-log Static")]
+        assert len(turns) == 2
+        assert "You said: hello." in turns[0] and "TTFT 120 ms · TPOT 35.0 ms · colocated" in turns[0]
+        assert seen[1] == [{"role": "user", "content": "hello"},
+                           {"role": "assistant", "content": "You said: hello. This is turn 1."},
+                           {"role": "user", "content": "again"}]
+
+
+async def test_keys_are_handled_while_a_long_prompt_is_in_flight():
+    source = FakeSource()
+    source.hold("background")
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("c", "ctrl+b")
+        await in_flight(source, "background")
+        assert "1 background prompt(s) prefilling" in text_of(app.screen.query_one("#chat-status", Static))
+        await pilot.press(*"hi", "enter")          # a chat turn while the long prompt runs
+        await settle_group(app, pilot, "chat")
+        await pilot.press("escape", "d")
+        assert isinstance(app.screen, DashboardScreen)
+        n = source.n_ticks
+        app.request_tick()
+        await settle_group(app, pilot, "tick")
+        assert source.n_ticks == n + 1             # the dashboard kept refreshing
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape", "c")
+        assert "You said: hi." in str(app.screen.query("#chat-log Static").last().render())
+        assert app.state.n_background == 1
+        source.release("background")
+        await settle(app, pilot)
+        assert app.state.n_background == 0 and app.state.last_background.n_prompt_tokens == 1200
+
+
+async def test_keys_are_handled_while_an_advise_run_is_in_flight():
+    source = FakeSource()
+    source.hold("advise")
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("a", "s")
+        await in_flight(source, "advise")
+        await pilot.pause()
+        assert app.state.advise_running
+        assert "running: colocated-unchunked on the short trace" in text_of(app.screen.query_one("#advise-status"))
+        await pilot.press("s")                     # a second start is refused, not queued
+        await pilot.press("h")
+        assert isinstance(app.screen, HistoryScreen)
+        await settle_group(app, pilot, "store")
+        assert app.screen.query_one("#runs", DataTable).row_count == 2   # sqlite work while advise runs
+        await pilot.press("d", "a")
+        source.release("advise")
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, AdviseScreen) and not app.state.advise_running
+        assert app.state.advise_candidates == {"colocated-unchunked": 3, "colocated-chunk-256": 3,
+                                               "disaggregated": 3}
+        assert screen.query_one(ProgressBar).percentage == 1.0
+        panel = screen.query_one(EvidencePanel)
+        assert panel.query_one(DataTable).row_count == 9                 # 3 candidates x 3 mixes
+        assert "recommended: colocated-chunk-256" in str(panel.query_one(".recommendation", Static).render())
+        assert "confidence: medium" in str(panel.query_one(".recommendation", Static).render())
+        assert "not measured: replicas-2" in str(panel.query_one(".evidence-notes", Static).render())
+        charts = [text_of(c) for c in panel.query(BarChart)]
+        assert "p99 TTFT ms · short mix" in charts[0]
+        await pilot.press("m")
+        assert "· long mix" in text_of(panel.query(BarChart).first())
+
+
+async def test_apply_is_a_separate_action_that_asks_first():
+    source = FakeSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("a", "w")                 # nothing on screen yet: nothing to apply
+        assert not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("s")
+        await settle(app, pilot)
+        await pilot.press("w")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await settle(app, pilot)
+        assert source.applied == [] and isinstance(app.screen, AdviseScreen)
+        await pilot.press("w", "y")
+        await settle(app, pilot)
+        assert source.applied == [{"mode": "colocated", "chunk": 256}]
+
+
+async def test_the_chat_screen_switches_the_architecture_of_the_apps_own_engine():
+    source = FakeSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("c", "ctrl+t")
+        await settle(app, pilot)
+        assert app.state.mode == "disaggregated" and app.sub_title == "fake source: disaggregated"
+        await pilot.press(*"hi", "enter")
+        await settle(app, pilot)
+        assert "disaggregated · 7 tok (stop) · KV 3.1 MiB in 4.1 ms" in \
+            str(app.screen.query("#chat-log Static").last().render())
+
+
+async def test_history_lists_runs_and_opens_one_with_its_evidence():
+    source = FakeSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("h")
+        await settle(app, pilot)
+        table = app.screen.query_one("#runs", DataTable)
+        assert table.row_count == 2 and table.get_row_at(0)[:2] == ["7", "advise"]
+        await pilot.press("down", "enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, RunScreen) and app.screen.run_id == 6
+        assert app.screen.query_one(EvidencePanel).view.title == "advise run 6"
+        await pilot.press("escape")
+        assert isinstance(app.screen, HistoryScreen)
+
+
+async def test_quit_stops_the_source_and_exits_zero():
+    source = FakeSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("c", *"q")                # typed into the chat field: not a quit
+        assert not app.is_quitting
+        await pilot.press("ctrl+q")
+        await settle(app, pilot)
+    assert source.stopped and app.return_code == 0
+
+
+class FailingSource(FakeSource):
+    def start(self, emit):
+        raise HomepdError("model smollm2 is not in /nowhere: run `homepd models pull smollm2`")
+
+
+async def test_a_source_that_cannot_start_says_why_and_the_app_still_quits():
+    source = FailingSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        notice = text_of(app.screen.query_one("#notice", Static))
+        assert "error: model smollm2 is not in /nowhere" in notice
+        await pilot.press("q")
+        await settle(app, pilot)
+    assert source.stopped and app.return_code == 0
+
+
+class PullingSource(FakeSource):
+    def start(self, emit):
+        emit(PullProgress("extracting smollm2-135m-instruct-q4_1", 40_000_000, 100_000_000))
+        self._wait("start")
+        return super().start(emit)
+
+
+async def test_a_model_pull_shows_a_progress_bar_until_the_engine_is_up():
+    source = PullingSource()
+    source.hold("start")
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await in_flight(source, "start")
+        await pilot.pause()
+        bar = app.screen.query_one("#pull", ProgressBar)
+        assert bar.display and bar.percentage == 0.4
+        assert "extracting smollm2-135m-instruct-q4_1: 38 MiB of 95 MiB" in text_of(app.screen.query_one("#notice"))
+        source.release("start")
+        await settle(app, pilot)
+        assert not bar.display and app.state.is_ready
