@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import sys
 
-from homepd.config import BACKENDS, add_config_flags, add_option_flags, config_from_args, env_default
+from homepd.config import add_config_flags, add_option_flags, config_from_args
 from homepd.serve.settings import ServeSettings
 
 
@@ -20,7 +20,7 @@ def serve(args: argparse.Namespace) -> int:
     from homepd.serve.service import Service
 
     settings = settings_from_args(args)  # refuses a non-loopback address without a key, before loading anything
-    config = config_from_args(args, backend=args.backend)
+    config = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     print(f"homepd: serving {config.model} ({config.mode}) on http://{settings.host}:{settings.port}/v1 "
           f"{'(API key required)' if settings.api_key else '(no API key)'}", file=sys.stderr)
@@ -40,7 +40,6 @@ def register(subparsers) -> None:
                                           "also a HOMEPD_* variable and a config-file key.")
     add_config_flags(p)
     add_option_flags(p, ServeSettings, section="serve")
-    # test-only: the deterministic fake model (homepd.fakellm)
     p.set_defaults(func=serve)
 
     s = subparsers.add_parser("service", help="install homepd serve as a systemd service")

@@ -1,0 +1,53 @@
+"""The FastAPI application of one ``Service``: routes, OpenAI-shaped errors, key, body bound, optional CORS.
+
+The engine starts in the background when the app starts (the port answers at
+once: ``/health`` 200, ``/ready`` 503 until the model is warm) and stops when
+the app shuts down.
+"""
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from homepd.serve import ops_routes, openai_routes
+from homepd.serve.errors import install_error_handlers
+from homepd.serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+
+# why: a prompt of max_prompt_bytes may arrive JSON-escaped (\uXXXX: 6 bytes per character)
+BODY_BYTES_PER_PROMPT_BYTE = 6
+BODY_OVERHEAD_BYTES = 64 << 10
+
+
+def create_app(service) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.loop = asyncio.get_running_loop()
+        starting = asyncio.ensure_future(service.start())
+        try:
+            yield
+        finally:
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await service.stop()
+
+    settings = service.settings
+    app = FastAPI(title="homepd", summary="OpenAI-compatible LLM service of a homepd engine", version="0.1.0",
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    app.include_router(openai_routes.router)
+    app.include_router(ops_routes.router)
+    install_error_handlers(app)
+
+    # added innermost first: CORS (when on) answers preflights before the key is asked for
+    app.add_middleware(BodyLimitMiddleware,
+                       max_body_bytes=settings.max_prompt_bytes * BODY_BYTES_PER_PROMPT_BYTE + BODY_OVERHEAD_BYTES)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", openai_routes.CLASS_HEADER])
+    return app

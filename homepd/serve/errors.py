@@ -1,0 +1,107 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, never a bare 500.
+
+``APIError`` is what routes raise; ``install_error_handlers`` maps pydantic's
+validation errors (malformed JSON, a bad or unsupported field: 400 naming it),
+homepd's own errors (a prompt longer than the context: 400
+``exceed_context_size_error`` with ``n_prompt_tokens`` and ``n_ctx``) and
+anything unexpected onto it.
+"""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from homepd.errors import EngineError, HomepdError, PromptTooLongError, RequestError
+
+log = logging.getLogger("homepd.serve")
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+NOT_FOUND = "not_found_error"
+UNAVAILABLE = "service_unavailable_error"  # 503: not ready, draining, queue full, a worker restarting
+SERVER = "server_error"
+
+
+class APIError(Exception):
+    """An HTTP error with an OpenAI-shaped body; ``extra`` adds fields to the error object."""
+
+    def __init__(self, status: int, message: str, type: str = INVALID_REQUEST, code: str | None = None,
+                 param: str | None = None, headers: dict[str, str] | None = None, **extra):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.headers, self.extra = headers or {}, extra
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **self.extra}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def unavailable(message: str, code: str, retry_after_s: int = 1) -> APIError:
+    """A 503 with Retry-After: the client may try again later."""
+    return APIError(503, message, UNAVAILABLE, code, headers={"Retry-After": str(retry_after_s)})
+
+
+def from_homepd_error(exc: HomepdError) -> APIError:
+    """homepd's errors as API errors: what the caller got wrong is a 400, a broken engine a 503."""
+    if isinstance(exc, PromptTooLongError):
+        return APIError(400, str(exc), "exceed_context_size_error", "context_length_exceeded", "messages",
+                        n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    if isinstance(exc, RequestError):
+        return APIError(400, str(exc), INVALID_REQUEST, "invalid_value")
+    if isinstance(exc, EngineError):
+        return unavailable(str(exc), "engine_failed", retry_after_s=10)
+    return APIError(500, str(exc), SERVER, "internal_error")
+
+
+def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str]:
+    """pydantic's error list -> (message naming each field, the first field's name, code)."""
+    parts, first, code = [], None, "invalid_value"
+    for err in errors[:5]:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        field = ".".join(loc) or "body"
+        first = first or field
+        if err.get("type") == "json_invalid":
+            code = "invalid_json"
+            parts.append(f"malformed JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
+        elif err.get("type") == "extra_forbidden":
+            code = "unsupported_field"
+            parts.append(f"{field}: unsupported field (homepd does not implement it; remove it)")
+        elif err.get("type") == "missing":
+            code = "missing_field"
+            parts.append(f"{field}: required field missing")
+        else:
+            parts.append(f"{field}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts), first, code
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        message, param, code = describe_validation_errors(exc.errors())
+        return APIError(400, message, INVALID_REQUEST, code, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = {401: AUTHENTICATION, 404: NOT_FOUND, 405: INVALID_REQUEST}.get(exc.status_code, INVALID_REQUEST)
+        return APIError(exc.status_code, str(exc.detail), kind, headers=getattr(exc, "headers", None)).response()
+
+    @app.exception_handler(HomepdError)
+    async def homepd_error(request: Request, exc: HomepdError):
+        return from_homepd_error(exc).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # a bug: logged, still OpenAI-shaped
+        log.exception("homepd: unexpected error on %s %s", request.method, request.url.path)
+        return APIError(500, f"internal error ({type(exc).__name__}); see the service log", SERVER,
+                        "internal_error").response()

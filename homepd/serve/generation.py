@@ -1,0 +1,188 @@
+"""One OpenAI request through the engine: admission, sampling, the response or its SSE stream.
+
+Chat and text completions differ only in how a choice is shaped (``Shape``).
+The request is admitted before its prompt is tokenized; a client that goes
+away has its request cancelled (streaming: starlette cancels the generator;
+non-streaming: a watcher on the connection), and the place it held is freed
+once the engine has ended it.  Every response carries homepd's timings in the
+``homepd`` field (the final chunk, when streaming).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse, format_sse_event
+
+from homepd.core.lifecycle import Lifecycle
+from homepd.core.sampling import SamplingParams
+from homepd.errors import HomepdError
+from homepd.serve.errors import UNAVAILABLE, APIError, from_homepd_error, unavailable
+from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
+
+OPENAI_DEFAULT_TEMPERATURE = 1.0  # what OpenAI samples at when a request does not say
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where chat and text completions differ."""
+    id_prefix: str
+    object: str
+    chunk_object: str
+    is_chat: bool
+
+    def choice(self, text: str | None, finish_reason: str | None, *, is_chunk: bool) -> dict:
+        out: dict = {"index": 0}
+        if not self.is_chat:
+            out["text"] = text or ""
+        elif is_chunk:
+            out["delta"] = {} if text is None else {"content": text}
+        else:
+            out["message"] = {"role": "assistant", "content": text or ""}
+        out.update(logprobs=None, finish_reason=finish_reason)
+        return out
+
+
+CHAT = Shape("chatcmpl-", "chat.completion", "chat.completion.chunk", True)
+TEXT = Shape("cmpl-", "text_completion", "text_completion", False)
+
+
+async def complete(service, request: Request, body: ChatCompletionRequest | CompletionRequest, request_class: str):
+    """Run ``body`` on the service's engine: a JSON response, or an SSE stream when ``body.stream``."""
+    shape = CHAT if isinstance(body, ChatCompletionRequest) else TEXT
+    if body.model not in service.served_model_ids:
+        raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
+                            f"{', '.join(service.served_model_ids)}", "not_found_error", "model_not_found", "model")
+    params = sampling_params(body, service.settings)
+    prompt, messages = (None, body.chat_messages()) if shape.is_chat else (body.prompt_text(), None)
+    n_bytes = sum(len(m["content"].encode()) for m in messages) if messages else len(prompt.encode())
+    if n_bytes > service.settings.max_prompt_bytes:
+        raise APIError(413, f"the prompt is {n_bytes} bytes; this service takes at most "
+                            f"{service.settings.max_prompt_bytes} (--max-prompt-bytes)", code="prompt_too_large",
+                       param="messages" if messages else "prompt")
+    rid = shape.id_prefix + uuid.uuid4().hex
+    service.admit(rid, request_class)
+    try:
+        stream = await service.engine.submit(prompt, messages=messages, params=params, request_id=rid)
+    except HomepdError as exc:
+        service.finished(rid, None, request_class)
+        error = from_homepd_error(exc)
+        if error.status < 500:
+            service.metrics.rejected.labels(error.code or error.type).inc()
+        raise error from None
+    created = int(time.time())
+    model = body.model
+    if body.stream:
+        return EventSourceResponse(_sse(service, shape, stream, model, created, body.include_usage, request_class),
+                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _respond(service, request, shape, stream, model, created, request_class)
+
+
+def sampling_params(body, settings) -> SamplingParams:
+    """The engine's sampling parameters for ``body`` (OpenAI's defaults where it is silent)."""
+    max_tokens = body.asked_max_tokens()
+    if max_tokens is not None and max_tokens > settings.max_tokens:
+        raise APIError(400, f"max_tokens={max_tokens} exceeds this service's limit of {settings.max_tokens} "
+                            "(--max-tokens)", code="invalid_value", param="max_tokens")
+    params = SamplingParams(
+        max_tokens=max_tokens or settings.max_tokens,
+        temperature=OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else float(body.temperature),
+        top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else float(body.top_p), seed=body.seed,
+        stop=body.stop_strings(), ignore_eos=body.ignore_eos)
+    try:
+        return params.validated()
+    except HomepdError as exc:
+        raise from_homepd_error(exc) from None
+
+
+async def _respond(service, request: Request, shape: Shape, stream, model: str, created: int, request_class: str):
+    """Collect the whole answer; cancel it if the client goes away first."""
+    collecting = asyncio.ensure_future(stream.collect())
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collecting, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not collecting.done():  # the client is gone: free its sequence now
+            service.engine.cancel(stream.request_id)
+        events, text = await collecting
+    finally:
+        watcher.cancel()
+        service.finished(stream.request_id, stream.lifecycle, request_class)
+    last = events[-1]
+    if last.kind == "error":
+        raise unavailable(f"the request failed: {last.error}", "worker_failed")
+    if last.finish_reason == "cancelled":
+        raise unavailable("the request was aborted: homepd is shutting down", "aborted")
+    lc = stream.lifecycle
+    return JSONResponse({
+        "id": stream.request_id, "object": shape.object, "created": created, "model": model,
+        "choices": [shape.choice(text, last.finish_reason, is_chunk=False)],
+        "usage": usage(lc), "homepd": timings(lc, service.config.mode, request_class)})
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes the connection (the body has been read: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _sse(service, shape: Shape, stream, model: str, created: int, include_usage: bool, request_class: str):
+    """The SSE body: a chunk per piece of text, a final chunk with the finish reason and timings, the usage
+    chunk when asked (``stream_options.include_usage``), then ``data: [DONE]``."""
+    def chunk(choices: list, **extra) -> bytes:
+        body = {"id": stream.request_id, "object": shape.chunk_object, "created": created, "model": model,
+                "choices": choices, **({"usage": None} if include_usage else {}), **extra}
+        return format_sse_event(data_str=json.dumps(body, ensure_ascii=False))
+
+    ended = False
+    try:
+        if shape.is_chat:
+            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])
+        async for event in stream:
+            if event.text:
+                yield chunk([shape.choice(event.text, None, is_chunk=True)])
+            if event.kind == "done" and event.finish_reason != "cancelled":
+                lc = stream.lifecycle
+                yield chunk([shape.choice(None if shape.is_chat else "", event.finish_reason, is_chunk=True)],
+                            homepd=timings(lc, service.config.mode, request_class))
+                if include_usage:
+                    yield chunk([], usage=usage(lc))
+            elif event.kind != "token":
+                why = event.error or "aborted: homepd is shutting down"
+                yield format_sse_event(data_str=json.dumps(APIError(
+                    503, f"the request failed: {why}", UNAVAILABLE, "worker_failed" if event.error else "aborted"
+                ).body()))
+        ended = True
+        yield format_sse_event(data_str="[DONE]")
+    finally:
+        if ended:
+            service.finished(stream.request_id, stream.lifecycle, request_class)
+        else:  # the client went away mid-stream: cancel, and free its place once the engine has ended it
+            service.engine.cancel(stream.request_id)
+            service.spawn_finish(stream, request_class)
+
+
+def usage(lc: Lifecycle) -> dict:
+    n_out = len(lc.token_times_s)
+    return {"prompt_tokens": lc.n_prompt_tokens, "completion_tokens": n_out,
+            "total_tokens": lc.n_prompt_tokens + n_out}
+
+
+def timings(lc: Lifecycle, mode: str, request_class: str) -> dict:
+    """homepd's figures for one request: seconds and tokens per second, KV handoff when disaggregated."""
+    n_out = len(lc.token_times_s)
+    prefill_s = (lc.prefill_end_s - lc.prefill_start_s) if lc.prefill_end_s and lc.prefill_start_s else None
+    out = {"mode": mode, "request_class": request_class, "queue_wait_s": lc.queue_wait_s, "ttft_s": lc.ttft_s,
+           "tpot_s": lc.tpot_s, "e2e_s": None if lc.ended_s is None else lc.ended_s - lc.arrived_s,
+           "n_prompt_tokens": lc.n_prompt_tokens, "n_output_tokens": n_out,
+           "prompt_tok_s": lc.n_prompt_tokens / prefill_s if prefill_s else None,
+           "decode_tok_s": 1.0 / lc.tpot_s if lc.tpot_s else None, "n_resumes": lc.n_resumes}
+    if lc.kv_bytes is not None:
+        out.update(kv_bytes=lc.kv_bytes, kv_transfer_s=lc.transfer_s, kv_export_s=lc.kv_export_s,
+                   kv_import_s=lc.kv_import_s, kv_slot_wait_s=lc.kv_slot_wait_s)
+    return out

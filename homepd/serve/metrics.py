@@ -1,0 +1,135 @@
+"""``/metrics``: Prometheus text, ``homepd_`` names, base units (seconds, bytes, joules).
+
+Request figures (TTFT, ITL, end-to-end and queue-wait histograms, token and KV
+transfer counters) are observed once per finished request from its lifecycle.
+Engine state (running/waiting gauges, worker restarts and memory, the
+interference index, energy) is read at scrape time by ``EngineCollector`` from
+the engine snapshot, the step log and the sampler's latest readings.
+"""
+from __future__ import annotations
+
+import time
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from homepd.core.lifecycle import Lifecycle
+from homepd.hw.monitor import energy_by_source_j
+from homepd.measure.metrics import interference
+
+prometheus_client.disable_created_metrics()  # no *_created series: they double the exposition for nothing here
+INTERFERENCE_STEPS = 2000  # the interference index is measured on this many most recent steps
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class ServiceMetrics:
+    """One registry per service (tests start several in one process)."""
+
+    def __init__(self, service):
+        self.registry = r = CollectorRegistry()
+        self.ttft_s = Histogram("homepd_time_to_first_token_seconds", "Arrival to first token", registry=r,
+                                buckets=LATENCY_BUCKETS_S)
+        self.itl_s = Histogram("homepd_inter_token_latency_seconds", "Time between two streamed tokens",
+                               registry=r, buckets=ITL_BUCKETS_S)
+        self.e2e_s = Histogram("homepd_e2e_request_latency_seconds", "Arrival to last event", registry=r,
+                               buckets=E2E_BUCKETS_S)
+        self.queue_s = Histogram("homepd_request_queue_seconds", "Arrival to admission into a sequence",
+                                 registry=r, buckets=LATENCY_BUCKETS_S)
+        self.prompt_tokens = Counter("homepd_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("homepd_generation_tokens", "Generated tokens", registry=r)
+        self.requests = Counter("homepd_requests", "Finished requests by finish reason", ["finish_reason"],
+                                registry=r)
+        self.rejected = Counter("homepd_requests_rejected", "Requests refused before the engine, by error code",
+                                ["code"], registry=r)
+        self.kv_bytes = Counter("homepd_kv_transfer_bytes", "KV bytes handed prefill -> decode", registry=r)
+        self.kv_transfer_s = Counter("homepd_kv_transfer_seconds", "Prompt done -> KV imported", registry=r)
+        r.register(EngineCollector(service))
+
+    def observe_finished(self, lc: Lifecycle) -> None:
+        """Count one finished (or failed, or cancelled) request."""
+        self.requests.labels(lc.finish_reason or lc.state.value).inc()
+        self.prompt_tokens.inc(lc.n_prompt_tokens)
+        self.generation_tokens.inc(len(lc.token_times_s))
+        if lc.ttft_s is not None:
+            self.ttft_s.observe(lc.ttft_s)
+        for gap in lc.itl_s:
+            self.itl_s.observe(gap)
+        if lc.ended_s is not None:
+            self.e2e_s.observe(lc.ended_s - lc.arrived_s)
+        if lc.queue_wait_s is not None:
+            self.queue_s.observe(lc.queue_wait_s)
+        if lc.kv_bytes:
+            self.kv_bytes.inc(lc.kv_bytes)
+        if lc.transfer_s is not None:
+            self.kv_transfer_s.inc(lc.transfer_s)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class EngineCollector:
+    """Engine and box state, read when Prometheus scrapes (on the event loop: the engine is not thread-safe)."""
+
+    def __init__(self, service):
+        self.service = service
+        self._energy_j: dict[str, float] = {}
+        self._energy_until_s: float | None = None
+
+    def collect(self):
+        s = self.service
+        yield _gauge("homepd_ready", "1 once the model is loaded and warmed, 0 otherwise", float(s.is_ready))
+        engine = s.engine
+        if engine is None or engine.tokenizer is None:
+            return
+        snap = engine.snapshot()
+        yield _gauge("homepd_num_requests_running", "Requests holding a sequence", snap.n_running)
+        yield _gauge("homepd_num_requests_waiting", "Requests waiting for a sequence", snap.n_waiting)
+        up = GaugeMetricFamily("homepd_worker_up", "1 while the worker is alive and ready", labels=["role"])
+        restarts = CounterMetricFamily("homepd_worker_restarts", "Worker restarts since start", labels=["role"])
+        for w in snap.workers:
+            up.add_metric([w.role], float(w.alive and w.ready))
+            restarts.add_metric([w.role], w.restarts)
+        yield up
+        yield restarts
+        inter = interference(list(engine.step_log)[-INTERFERENCE_STEPS:])
+        if inter.slowdown is not None:
+            yield _gauge("homepd_interference_ratio", "Decode step time with prefill beside it / without, at equal "
+                         f"decode batch size, over the last {INTERFERENCE_STEPS} steps", inter.slowdown)
+        sampler = s.sampler
+        latest = sampler.latest() if sampler is not None else None
+        if latest is not None:
+            memory = GaugeMetricFamily("homepd_process_memory_bytes", "Per homepd process (rss, pss, uss)",
+                                       labels=["role", "kind"])
+            for p in latest.processes:
+                for kind in ("rss", "pss", "uss"):
+                    value = getattr(p, f"{kind}_bytes")
+                    if value is not None:
+                        memory.add_metric([p.role, kind], value)
+            yield memory
+            energy = self._energy(sampler)
+            if energy:
+                family = CounterMetricFamily("homepd_energy_joules", "Energy since start where readable (RAPL "
+                                             "package zones, NVML GPUs)", labels=["source"])
+                for source, joules in sorted(energy.items()):
+                    family.add_metric([source], joules)
+                yield family
+
+    def _energy(self, sampler) -> dict[str, float]:
+        """Running totals: each scrape adds the energy since the previous one (from the sampler's history)."""
+        now = time.monotonic()
+        history = list(sampler.history())
+        if self._energy_until_s is None:
+            self._energy_until_s = history[0].t_mono_s if history else now
+        if len(history) >= 2:
+            for source, joules in energy_by_source_j(history, self._energy_until_s, now).items():
+                if joules is not None and (source.startswith("gpu") or ":package-" in source):
+                    self._energy_j[source] = self._energy_j.get(source, 0.0) + joules
+            self._energy_until_s = now
+        return self._energy_j
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)

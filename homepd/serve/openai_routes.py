@@ -1,0 +1,55 @@
+"""The OpenAI-compatible routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+
+from homepd.serve.errors import APIError
+from homepd.serve.generation import complete
+from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
+from homepd.serve.settings import REQUEST_CLASSES
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+CLASS_HEADER = "X-Homepd-Class"
+ERROR_RESPONSES = {code: {"description": why} for code, why in (
+    (400, "malformed JSON, an unknown or unsupported field, a value out of range, a prompt longer than the context "
+          "(exceed_context_size_error)"),
+    (401, "missing or wrong API key"), (404, "model not served here"), (413, "prompt over --max-prompt-bytes"),
+    (503, "not ready, draining, queue full or a worker restarting (Retry-After)"))}
+
+
+def request_class(body_class: str | None, header_class: str | None) -> str:
+    """The request's class from the body field or the header (they must agree); 'interactive' by default."""
+    if header_class is not None:
+        header_class = header_class.strip().lower()
+        if header_class not in REQUEST_CLASSES:
+            raise APIError(400, f"header {CLASS_HEADER}: {header_class!r} is not one of {', '.join(REQUEST_CLASSES)}",
+                           code="invalid_value", param=CLASS_HEADER)
+        if body_class is not None and body_class != header_class:
+            raise APIError(400, f"request_class {body_class!r} and header {CLASS_HEADER} {header_class!r} differ",
+                           code="invalid_value", param="request_class")
+    return body_class or header_class or "interactive"
+
+
+@router.post("/chat/completions", responses=ERROR_RESPONSES)
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           x_homepd_class: Annotated[str | None, Header()] = None):
+    """A chat completion (``stream: true``: server-sent events ending with ``data: [DONE]``)."""
+    return await complete(request.app.state.service, request, body, request_class(body.request_class, x_homepd_class))
+
+
+@router.post("/completions", responses=ERROR_RESPONSES)
+async def completions(body: CompletionRequest, request: Request,
+                      x_homepd_class: Annotated[str | None, Header()] = None):
+    """A text completion of one prompt (``stream: true``: server-sent events ending with ``data: [DONE]``)."""
+    return await complete(request.app.state.service, request, body, request_class(body.request_class, x_homepd_class))
+
+
+@router.get("/models")
+async def models(request: Request):
+    """The one model this service serves (under its catalog name and its file name)."""
+    service = request.app.state.service
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd"}
+        for name in service.served_model_ids]}

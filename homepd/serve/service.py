@@ -1,0 +1,249 @@
+"""The service around one engine: start-up and readiness, bounded admission, drain, watchdog.
+
+Lives on the asyncio loop that uvicorn runs, which is also the engine's loop:
+the engine's pipes, the HTTP handlers and the systemd watchdog ping share it,
+so a loop that hangs stops the pings and systemd restarts the service.
+States: starting -> ready -> draining -> stopped; ``failed`` when the engine
+cannot start or a worker fails for good (the process then exits 1, and
+``Restart=on-failure`` starts it afresh).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+
+from homepd.config import EngineConfig
+from homepd.core.lifecycle import Lifecycle
+from homepd.core.sampling import SamplingParams
+from homepd.serve.errors import unavailable
+from homepd.serve.metrics import ServiceMetrics
+from homepd.serve.settings import ServeSettings
+from homepd.serve.systemd import Notifier
+
+log = logging.getLogger("homepd.serve")
+WATCH_PERIOD_S = 1.0         # how often the engine's health is checked (and the watchdog pinged, at the latest)
+RECENT_REQUESTS = 50         # finished requests kept for /status
+SUBSCRIBER_QUEUE = 1000      # events buffered per /events client; a slower client misses events
+
+
+class Service:
+    def __init__(self, config: EngineConfig, settings: ServeSettings, *, notifier: Notifier | None = None,
+                 sampler=None):
+        self.config, self.settings = config, settings
+        self.notifier = notifier or Notifier()
+        self.sampler = sampler
+        self.engine = None
+        self.state = "starting"
+        self.failure: str | None = None
+        self.exit_code = 0
+        self.started_s, self.started_wall_s = time.monotonic(), time.time()
+        self.served_model_ids: tuple[str, ...] = (config.model,)
+        self.metrics = ServiceMetrics(self)
+        self.in_flight: dict[str, str] = {}           # request id -> request class, admitted and not finished
+        self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
+        self._subscribers: set[asyncio.Queue] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._exiting = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self.on_exit = lambda: None                   # set by the server: make uvicorn exit
+
+    # start-up ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load and warm the engine (the HTTP port is already open: /ready says 503 meanwhile)."""
+        from homepd.engine.controller import Engine
+        from homepd.launch import prepare
+
+        try:
+            self.notifier.status(f"loading {self.config.model}")
+            setup = await asyncio.to_thread(prepare, self.config, pull=False, progress=False)
+            model_file = os.path.basename(setup.model_path)
+            self.served_model_ids = tuple(dict.fromkeys((self.config.model, os.path.splitext(model_file)[0])))
+            if self.sampler is not None:
+                self.sampler.register_process(os.getpid(), "controller")
+            self.engine = Engine(self.config, setup, sampler=self.sampler)
+            await self.engine.start()
+            if self.settings.warmup:
+                stream = await self.engine.submit("Hello", params=SamplingParams(max_tokens=1))
+                await stream.collect()
+        except Exception as exc:
+            self._fail(f"the engine could not start: {exc}")
+            return
+        self.state = "ready"
+        self.notifier.ready(self._status_line())
+        log.info("homepd: ready (%s, %s)", self.config.mode, self.served_model_ids[0])
+        self._spawn(self._watch())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.engine is not None:
+            await self.engine.stop()
+        if self.state != "failed":
+            self.state = "stopped"
+
+    def _fail(self, reason: str) -> None:
+        log.error("homepd: %s", reason)
+        self.state, self.failure, self.exit_code = "failed", reason, 1
+        self.notifier.status(f"failed: {reason}")
+        self.request_exit()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self) -> None:
+        """Ping the systemd watchdog from this loop; leave (exit 1) when a worker failed for good."""
+        period_s = min(WATCH_PERIOD_S, self.notifier.watchdog_interval_s or WATCH_PERIOD_S)
+        while True:
+            self.notifier.watchdog()
+            failed = self._failed_workers()
+            if failed and self.state == "ready":
+                self.state = "failed"
+                self.failure = f"the {failed} could not be restarted"
+                log.error("homepd: %s; exiting so that the service manager starts homepd afresh", self.failure)
+                self.exit_code = 1
+                self._spawn(self.drain(0.0))
+            await asyncio.sleep(period_s)
+
+    # admission ---------------------------------------------------------------------
+    @property
+    def is_ready(self) -> bool:
+        return self.state == "ready" and self.unavailable_reason() is None
+
+    @property
+    def capacity(self) -> int:
+        """Requests admitted at once: every entry worker's sequences plus the wait queue."""
+        n_entry = self.config.n_replicas if self.config.mode == "replicas" else 1
+        return self.config.n_seq_max * n_entry + self.settings.max_queue
+
+    def _failed_workers(self) -> str | None:
+        workers = list(self.engine.workers.values()) if self.engine is not None else []
+        failed = [w.role for w in workers if w.failed]
+        if failed and (self.config.mode != "replicas" or len(failed) == len(workers)):
+            return ", ".join(failed) + " worker" + ("s" if len(failed) > 1 else "")
+        return None
+
+    def unavailable_reason(self) -> tuple[str, str] | None:
+        """(code, message) when no request can be admitted now, else None."""
+        if self.state == "starting":
+            return "not_ready", "the model is still loading; retry shortly"
+        if self.state == "draining":
+            return "draining", "homepd is shutting down and admits no new request"
+        if self.state in ("failed", "stopped") or self._failed_workers():
+            return "engine_failed", f"the engine has failed ({self.failure or self._failed_workers()})"
+        workers = list(self.engine.workers.values())
+        if not any(w.ready is not None for w in workers if not w.failed) or \
+                (self.config.mode != "replicas" and any(w.ready is None for w in workers)):
+            return "worker_restarting", "a worker died and is being restarted; retry in a moment"
+        return None
+
+    def admit(self, request_id: str, request_class: str) -> None:
+        """Reserve a place for a request, or raise a 503 APIError (with Retry-After) saying why not."""
+        reason = self.unavailable_reason()
+        if reason is None and len(self.in_flight) >= self.capacity:
+            reason = ("queue_full", f"{len(self.in_flight)} requests are running or waiting (the most is "
+                                    f"{self.capacity}); retry later")
+        if reason is not None:
+            self.metrics.rejected.labels(reason[0]).inc()
+            retry_s = {"not_ready": 5, "draining": 30, "engine_failed": 30}.get(reason[0], 1)
+            raise unavailable(reason[1], reason[0], retry_after_s=retry_s)
+        self.in_flight[request_id] = request_class
+        self._idle.clear()
+
+    def finished(self, request_id: str, lc: Lifecycle | None, request_class: str) -> None:
+        """A request admitted with ``admit`` is over: free its place, count it, tell the /events clients."""
+        if self.in_flight.pop(request_id, None) is None:
+            return
+        if not self.in_flight:
+            self._idle.set()
+        if lc is None:
+            return
+        self.metrics.observe_finished(lc)
+        record = {**lc.to_dict(), "request_class": request_class}
+        self.recent.append(record)
+        self.publish("request", record)
+        self.notifier.status(self._status_line())
+
+    def spawn_finish(self, stream, request_class: str) -> None:
+        """``finished`` once ``stream`` (cancelled, its client gone) has received its last event."""
+        async def wait_end() -> None:
+            async for _ in stream:
+                pass
+            self.finished(stream.request_id, stream.lifecycle, request_class)
+
+        self._spawn(wait_end())
+
+    # drain ---------------------------------------------------------------------------
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Stop admitting, let running requests finish for ``timeout_s`` (default: the setting), abort the
+        rest, then make the server exit."""
+        timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        if self.state not in ("failed",):
+            self.state = "draining"
+        self.notifier.stopping(f"draining {len(self.in_flight)} requests (up to {timeout_s:.0f} s)")
+        log.info("homepd: draining %d requests (up to %.0f s)", len(self.in_flight), timeout_s)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("homepd: drain timeout: aborting %d requests", len(self.in_flight))
+            for rid in list(self.in_flight):
+                if self.engine is not None:
+                    self.engine.cancel(rid)
+            try:
+                await asyncio.wait_for(self._idle.wait(), 5.0)
+            except asyncio.TimeoutError:
+                pass
+        self.request_exit()
+
+    def request_exit(self) -> None:
+        """End the /events streams and make the server exit (the engine stops in the lifespan's end)."""
+        self._exiting.set()
+        self.on_exit()
+
+    # state for /status and /events -----------------------------------------------------------
+    def status(self) -> dict:
+        engine = self.engine
+        return {
+            "state": self.state, "ready": self.is_ready, "failure": self.failure,
+            "uptime_s": time.monotonic() - self.started_s, "models": list(self.served_model_ids),
+            "admission": {"in_flight": len(self.in_flight), "capacity": self.capacity,
+                          "max_queue": self.settings.max_queue,
+                          "by_class": {c: list(self.in_flight.values()).count(c) for c in set(self.in_flight.values())}},
+            "engine": engine.snapshot().to_dict() if engine is not None and engine.tokenizer is not None else None,
+            "recent_requests": list(self.recent),
+        }
+
+    async def next_event(self, queue: asyncio.Queue, timeout_s: float) -> tuple[str, dict] | None:
+        """The next (kind, data) published to ``queue``; None after ``timeout_s`` or when the service exits."""
+        getter, exiting = asyncio.ensure_future(queue.get()), asyncio.ensure_future(self._exiting.wait())
+        done, pending = await asyncio.wait({getter, exiting}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        return getter.result() if getter in done else None
+
+    @property
+    def is_exiting(self) -> bool:
+        return self._exiting.is_set()
+
+    def subscribe(self) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self._subscribers.discard(queue)
+
+    def publish(self, kind: str, data: dict) -> None:
+        for queue in self._subscribers:
+            if not queue.full():
+                queue.put_nowait((kind, data))
+
+    def _status_line(self) -> str:
+        return (f"{self.state}: {self.config.mode} on {self.served_model_ids[0]}, "
+                f"{len(self.in_flight)} requests in flight")

@@ -1,0 +1,74 @@
+"""The service's own options (the engine's are ``EngineConfig``): frozen, one default each.
+
+Each is a ``homepd serve`` flag, a ``HOMEPD_*`` variable and a key of the
+config file's ``[serve]`` table (``homepd.config.add_option_flags``).
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from dataclasses import dataclass, field
+
+from homepd.config import option as _opt, parse_bool
+from homepd.errors import ConfigError
+
+# why 8439: unassigned, and not a port a common local LLM server or UI uses
+# (llama.cpp 8080, vLLM 8000, Ollama 11434, LM Studio 1234, KoboldCpp 5001, Open WebUI 3000/8080, ...)
+DEFAULT_PORT = 8439
+REQUEST_CLASSES = ("interactive", "background")
+
+
+def parse_origins(text: str) -> tuple[str, ...]:
+    """Comma-separated CORS origins ('' = CORS off)."""
+    return tuple(o.strip() for o in text.split(",") if o.strip())
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    host: str = field(default="127.0.0.1", metadata=_opt(
+        "host", help="address to listen on (a non-loopback one needs --api-key)"))
+    port: int = field(default=DEFAULT_PORT, metadata=_opt("port", int, "TCP port"))
+    api_key: str | None = field(default=None, metadata=_opt(
+        "api-key", help="require 'Authorization: Bearer KEY' on every route but /health "
+                        "(prefer HOMEPD_API_KEY: a flag shows in ps)"))
+    drain_timeout_s: float = field(default=30.0, metadata=_opt(
+        "drain-timeout", float, "on SIGTERM: seconds running requests may take to finish before they are aborted"))
+    max_queue: int = field(default=16, metadata=_opt(
+        "max-queue", int, "requests that may wait for a free sequence; more are refused with 503 + Retry-After"))
+    max_prompt_bytes: int = field(default=1 << 20, metadata=_opt(
+        "max-prompt-bytes", int, "largest prompt (or all messages' text) in UTF-8 bytes; larger is 413"))
+    max_tokens: int = field(default=2048, metadata=_opt(
+        "max-tokens", int, "most tokens a request may ask to generate, and what it gets when it does not say"))
+    cors_origins: tuple[str, ...] = field(default=(), metadata=_opt(
+        "cors-origins", parse_origins, "comma-separated origins allowed by CORS (default: CORS off)"))
+    warmup: bool = field(default=True, metadata=_opt(
+        "warmup", parse_bool, "run one short request before reporting ready",
+        action=argparse.BooleanOptionalAction))
+
+    def validated(self) -> "ServeSettings":
+        """Return self if consistent, else raise ConfigError naming the option."""
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port must be 1..65535, got {self.port}")
+        for name in ("max_prompt_bytes", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 0 or self.drain_timeout_s < 0:
+            raise ConfigError("max_queue and drain_timeout_s must be >= 0")
+        if self.api_key is not None and len(self.api_key) < 8:
+            raise ConfigError("the API key must be at least 8 characters")
+        if not is_loopback(self.host) and not self.api_key:
+            raise ConfigError(
+                f"refusing to listen on {self.host!r} without an API key: anyone who can reach it could use it.  "
+                "Set one with HOMEPD_API_KEY=... (or --api-key), e.g. HOMEPD_API_KEY=$(openssl rand -hex 24), "
+                "or listen on 127.0.0.1")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost'; False for anything else (0.0.0.0, a name, a LAN address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
