@@ -3,7 +3,7 @@
 Every getter returns ``None`` where NVML cannot answer: no library, a driver
 that fails to load, a GPU that does not support the field, a GPU that fell off
 the bus.  The module object is injectable so tests pass a fake (see
-``tests/fake_nvml.py``); by default ``pynvml`` is imported when a session opens.
+``tests/unit/fake_nvml.py``); by default ``pynvml`` is imported when a session opens.
 ``probe_gpus`` reads every GPU once into frozen ``GpuInfo`` records.
 
 Units follow NVML's raw values converted to the names' suffixes: power in W
