@@ -84,7 +84,7 @@ async def test_dashboard_draws_prefill_kv_slots_decode_when_disaggregated():
         await settle(app, pilot)
         arch = text_of(app.screen.query_one(ArchitecturePanel))
         assert arch.index("[prefill]") < arch.index("KV slots") < arch.index("[decode]")
-        assert "2/4 busy" in arch and "3.20 MB/s" in arch
+        assert "[WR··] 2/4 · 91 MiB" in arch and "moving 0 · 3.20 MB/s" in arch
 
 
 async def test_chat_streams_replies_keeps_the_conversation_and_shows_the_figures():
@@ -200,7 +200,7 @@ async def test_the_chat_screen_switches_the_architecture_of_the_apps_own_engine(
         assert app.state.mode == "disaggregated" and app.sub_title == "fake source: disaggregated"
         await pilot.press(*"hi", "enter")
         await settle(app, pilot)
-        assert "disaggregated · 7 tok (stop) · KV 3.1 MiB in 4.1 ms" in \
+        assert "disaggregated · 7 tok · KV 3.1 MiB/4.1 ms" in \
             str(app.screen.query("#chat-log Static").last().render())
 
 

@@ -16,10 +16,11 @@ from homepd.tui.widgets.text import num, size
 
 def stats_text(stats: ChatStats) -> Text:
     """The line under a reply."""
+    ended = f" ({stats.finish_reason})" if stats.finish_reason not in (None, "stop") else ""
     parts = [f"TTFT {num(stats.ttft_ms)} ms", f"TPOT {num(stats.tpot_ms, '.1f')} ms", stats.mode,
-             f"{stats.n_output_tokens} tok" + (f" ({stats.finish_reason})" if stats.finish_reason else "")]
+             f"{stats.n_output_tokens} tok{ended}"]
     if stats.kv_bytes is not None:
-        parts.append(f"KV {size(stats.kv_bytes)} in {num(stats.kv_transfer_ms, '.1f')} ms")
+        parts.append(f"KV {size(stats.kv_bytes)}/{num(stats.kv_transfer_ms, '.1f')} ms")
     text = Text(" · ".join(parts), style="cyan")
     if stats.error:
         text.append(f"  error: {stats.error}", style="red")

@@ -27,9 +27,8 @@ def _slot_lines(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
         cells.append(char * view.kv_occupancy.get(name, 0), style=style)
     cells.append("]")
     busy = view.kv_slots - view.kv_occupancy.get("FREE", 0)
-    return [Text.assemble("  ▼ KV slots ", cells, f" {busy}/{view.kv_slots} busy"),
-            Text.assemble(f"    moving {s.get('transferring', 0)} · ", (num(view.kv_mb_s, '.2f', ' MB/s'), "cyan"),
-                          f" · {size(view.kv_slot_bytes)} each")]
+    return [Text.assemble("  ▼ KV slots ", cells, f" {busy}/{view.kv_slots} · {size(view.kv_slot_bytes)}"),
+            Text.assemble(f"    moving {s.get('transferring', 0)} · ", (num(view.kv_mb_s, '.2f', ' MB/s'), "cyan"))]
 
 
 def render_architecture(view: ArchitectureView | None) -> Text:

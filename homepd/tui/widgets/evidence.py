@@ -40,7 +40,7 @@ def render_recommendation(rec: RecommendationView | None) -> Text:
 def render_bars(title: str, rows: list[EvidenceRow], field: str, spec: str, width: int) -> Text:
     values = [(r.candidate, getattr(r, field)) for r in rows]
     top = max((v for _, v in values if v is not None), default=None)
-    label_w = min(22, max((len(c) for c, _ in values), default=8))
+    label_w = min(22, max((len(c) for c, _ in values), default=8), max(8, width // 2 - 4))
     bar_w = max(4, width - label_w - 9)
     out = Text(title, style="bold")
     for cand, v in values:
@@ -52,6 +52,8 @@ def render_bars(title: str, rows: list[EvidenceRow], field: str, spec: str, widt
 
 
 class BarChart(Static):
+    """Horizontal bars of one metric per candidate, for one prompt mix."""
+
     def __init__(self, title: str, field: str, spec: str, **kw) -> None:
         super().__init__(**kw)
         self.title, self.field, self.spec = title, field, spec
@@ -60,13 +62,18 @@ class BarChart(Static):
 
     def show(self, rows: list[EvidenceRow], mix: str) -> None:
         self.rows, self.mix = rows, mix
-        self.refresh()
+        self._draw()
 
-    def render(self) -> Text:
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        # why update, not render: Static sizes its auto height from the content given to update
         if not self.rows:
-            return Text(f"{self.title}: no data", style="dim")
-        return render_bars(f"{self.title} · {self.mix} mix", self.rows, self.field, self.spec,
-                           self.content_size.width or 40)
+            self.update(Text(f"{self.title}: no data", style="dim"))
+        else:
+            self.update(render_bars(f"{self.title} · {self.mix} mix", self.rows, self.field, self.spec,
+                                    self.content_size.width or 40))
 
 
 class EvidencePanel(VerticalScroll):

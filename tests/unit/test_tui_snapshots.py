@@ -1,0 +1,113 @@
+"""SVG snapshots of every screen at 80x24 and 120x40, drawn from the fake source's deterministic data.
+
+Update after an intended change with ``uv run pytest tests/unit/test_tui_snapshots.py --snapshot-update``
+and look at the SVGs (tests/unit/__snapshots__/test_tui_snapshots/) before committing them.
+"""
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input
+
+from homepd.config import EngineConfig
+from homepd.tui.app import HomepdApp
+from homepd.tui.sources import FakeSource
+
+pytestmark = pytest.mark.timeout(60)
+SIZES = [(80, 24), (120, 40)]
+N_TICKS = 6
+
+
+async def settle(app, pilot) -> None:
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def ready(app, pilot) -> None:
+    """The source started and N_TICKS dashboard ticks drawn, one after the other."""
+    await settle(app, pilot)
+    for _ in range(N_TICKS):
+        app.request_tick()
+        await settle(app, pilot)
+
+
+async def quiet(app, pilot) -> None:
+    """No toast and no blinking cursor in the picture."""
+    app.clear_notifications()
+    for field in app.screen.query(Input):
+        field.cursor_blink = False
+    await pilot.pause()
+
+
+def make_app(mode: str = "colocated") -> HomepdApp:
+    return HomepdApp(FakeSource(EngineConfig(backend="fake", mode=mode)), tick_interval_s=None)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_dashboard(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_dashboard_disaggregated(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app("disaggregated"), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_advise_with_evidence(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await pilot.press("a", "s")
+        await settle(pilot.app, pilot)
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_chat_after_two_turns(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await pilot.press("c", *"what is a KV cache?", "enter")
+        await settle(pilot.app, pilot)
+        await pilot.press("ctrl+t")
+        await settle(pilot.app, pilot)
+        await pilot.press(*"and now?", "enter")
+        await settle(pilot.app, pilot)
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_history(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await pilot.press("h")
+        await settle(pilot.app, pilot)
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_history_run_opened(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await pilot.press("h")
+        await settle(pilot.app, pilot)
+        await pilot.press("enter")
+        await settle(pilot.app, pilot)
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await pilot.press("question_mark")
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app(), terminal_size=size, run_before=before)
