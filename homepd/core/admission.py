@@ -1,0 +1,154 @@
+"""Two queues, two latency budgets: request classes, SLO-aware admission, the prompt budget of a step,
+and per-request routing in disaggregated mode.  Pure policy: measurements in, decisions out.
+
+* ``admit``: predicts a new request's TTFT from the prompt tokens queued ahead of it (interactive work
+  goes first, so background prompts are not ahead of an interactive one) and the measured prefill speed;
+  a request that would miss its class's TTFT budget is rejected early (Mooncake's early rejection) with a
+  retry-after, instead of failing late.  Background work is deferred while interactive work is queued.
+* ``prompt_budget``: the prompt tokens a colocated step may carry so that the running interactive
+  decodes keep their ITL budget (from a fitted step-time model); the whole ``max_chunk`` when only
+  background streams are decoding.
+* ``route``: in disaggregated mode, whether a prompt is prefilled on the decode worker itself (short
+  prompts: no handoff, no queue behind long documents) or on the prefill worker (long ones), from the
+  measured prefill speeds, the handoff cost and the queue depths — not a constant threshold.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class RequestClass(str, enum.Enum):
+    INTERACTIVE = "interactive"   # chat, voice: tight TTFT and ITL
+    BACKGROUND = "background"     # summaries, batch: loose TTFT, throughput matters
+
+    @classmethod
+    def parse(cls, value: "str | RequestClass | None") -> "RequestClass":
+        if value is None:
+            return cls.INTERACTIVE
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"request class must be one of {', '.join(c.value for c in cls)}, "
+                             f"got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class ClassBudget:
+    ttft_ms: float
+    itl_ms: float | None          # None: no per-token budget (background)
+
+
+DEFAULT_BUDGETS = {RequestClass.INTERACTIVE: ClassBudget(ttft_ms=4000.0, itl_ms=100.0),
+                   RequestClass.BACKGROUND: ClassBudget(ttft_ms=120_000.0, itl_ms=None)}
+
+
+def budgets_for_box(prefill_tok_s: float, decode_step_ms: float, typical_prompt_tokens: int = 512
+                    ) -> dict[RequestClass, ClassBudget]:
+    """Budgets derived from this box's measurements: an interactive request should get its first token
+    within a few typical prompts' prefill and every token within a few undisturbed decode steps."""
+    prefill_ms = typical_prompt_tokens / max(prefill_tok_s, 1e-6) * 1e3
+    return {RequestClass.INTERACTIVE: ClassBudget(ttft_ms=max(1000.0, 3 * prefill_ms),
+                                                  itl_ms=max(50.0, 4 * decode_step_ms)),
+            RequestClass.BACKGROUND: ClassBudget(ttft_ms=max(60_000.0, 40 * prefill_ms), itl_ms=None)}
+
+
+class Verdict(str, enum.Enum):
+    ADMIT = "admit"
+    DEFER = "defer"               # wait in its queue (background behind interactive work)
+    REJECT = "reject"             # early rejection: it would miss its budget
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """What admission sees: prompt tokens waiting (not yet prefilled) per class, and the prefill speed."""
+    queued_interactive_tokens: int
+    queued_background_tokens: int
+    prefill_tok_s: float          # measured, tokens per second of prefill on the entry worker
+    step_overhead_ms: float = 0.0  # the step a first token waits for besides prefill (one decode step)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    predicted_ttft_ms: float
+    budget_ms: float
+    retry_after_s: float | None = None
+    reason: str = ""
+
+
+def predict_ttft_ms(req_class: RequestClass, n_prompt: int, q: QueueState) -> float:
+    """Prompt tokens ahead of this one (interactive ones only, for an interactive request), plus its own,
+    at the measured prefill speed, plus one step."""
+    ahead = q.queued_interactive_tokens + (q.queued_background_tokens if req_class is RequestClass.BACKGROUND
+                                           else 0)
+    return (ahead + n_prompt) / max(q.prefill_tok_s, 1e-6) * 1e3 + q.step_overhead_ms
+
+
+def admit(req_class: RequestClass, n_prompt: int, q: QueueState,
+          budgets: dict[RequestClass, ClassBudget] = DEFAULT_BUDGETS) -> Decision:
+    """Admit, defer or reject a new request of ``n_prompt`` tokens."""
+    budget = budgets[req_class].ttft_ms
+    predicted = predict_ttft_ms(req_class, n_prompt, q)
+    if predicted > budget:
+        # why: the queue drains at prefill speed; retry when the excess has drained
+        retry = (predicted - budget) / 1e3
+        return Decision(Verdict.REJECT, predicted, budget, retry_after_s=max(1.0, round(retry, 1)),
+                        reason=f"predicted TTFT {predicted:.0f} ms exceeds the {req_class.value} budget "
+                               f"{budget:.0f} ms ({q.queued_interactive_tokens} interactive and "
+                               f"{q.queued_background_tokens} background prompt tokens queued at "
+                               f"{q.prefill_tok_s:.0f} tok/s)")
+    if req_class is RequestClass.BACKGROUND and q.queued_interactive_tokens > 0:
+        return Decision(Verdict.DEFER, predicted, budget, reason="interactive prompts are queued: background "
+                                                                 "waits behind them")
+    return Decision(Verdict.ADMIT, predicted, budget)
+
+
+def prompt_budget(step_model, n_decodes: int, n_interactive_decodes: int, itl_budget_ms: float | None,
+                  min_chunk: int = 16, max_chunk: int = 512) -> int:
+    """Prompt tokens the next colocated step may carry.
+
+    ``step_model``: anything with ``chunk_for_itl(itl_ms, n_decode, lo, hi)`` (the fitted step-time
+    model), or None before enough steps were seen (then ``min_chunk`` while interactive streams decode:
+    safe until measured)."""
+    if n_interactive_decodes == 0 or itl_budget_ms is None:
+        return max_chunk
+    if step_model is None:
+        return min_chunk
+    return step_model.chunk_for_itl(itl_budget_ms, n_decodes, lo=min_chunk, hi=max_chunk)
+
+
+@dataclass(frozen=True)
+class RouteState:
+    """Measurements for routing one prompt in disaggregated mode."""
+    prefill_queue_tokens: int         # prompt tokens waiting on the prefill worker
+    prefill_tok_s_prefill: float      # prefill speed of the prefill worker
+    prefill_tok_s_decode: float       # prefill speed of the decode worker (while it decodes)
+    handoff_ms_per_token: float       # export + transfer + import, per KV token
+    handoff_base_ms: float = 0.0
+    max_local_tokens: int = 64        # the prompt budget that keeps the decode worker's ITL (prompt_budget)
+
+
+@dataclass(frozen=True)
+class Route:
+    on_decode_worker: bool
+    predicted_local_ms: float
+    predicted_remote_ms: float
+    threshold_tokens: int             # the prompt length at which the two paths cost the same here
+
+
+def route(n_prompt: int, s: RouteState) -> Route:
+    """Prefill on the decode worker when that is predicted faster and fits the ITL-safe prompt budget."""
+    local = n_prompt / max(s.prefill_tok_s_decode, 1e-6) * 1e3
+    remote = (s.prefill_queue_tokens + n_prompt) / max(s.prefill_tok_s_prefill, 1e-6) * 1e3 \
+        + s.handoff_base_ms + s.handoff_ms_per_token * n_prompt
+    per_token_local = 1e3 / max(s.prefill_tok_s_decode, 1e-6)
+    per_token_remote = 1e3 / max(s.prefill_tok_s_prefill, 1e-6) + s.handoff_ms_per_token
+    fixed_remote = s.prefill_queue_tokens * 1e3 / max(s.prefill_tok_s_prefill, 1e-6) + s.handoff_base_ms
+    if per_token_local <= per_token_remote:
+        break_even = s.max_local_tokens
+    else:
+        break_even = int(fixed_remote / (per_token_local - per_token_remote))
+    threshold = min(s.max_local_tokens, break_even)
+    return Route(on_decode_worker=n_prompt <= threshold and local <= remote, predicted_local_ms=local,
+                 predicted_remote_ms=remote, threshold_tokens=threshold)

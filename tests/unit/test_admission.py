@@ -1,0 +1,62 @@
+"""Admission, prompt budget and routing policies on constructed queues and step-time models (pure)."""
+import pytest
+
+from homepd.core.admission import (ClassBudget, QueueState, RequestClass, RouteState, Verdict, admit,
+                                   budgets_for_box, predict_ttft_ms, prompt_budget, route)
+from homepd.measure.steptime import StepTimeModel
+
+I, B = RequestClass.INTERACTIVE, RequestClass.BACKGROUND
+BUDGETS = {I: ClassBudget(ttft_ms=2000.0, itl_ms=100.0), B: ClassBudget(ttft_ms=30_000.0, itl_ms=None)}
+
+
+def test_background_prompts_are_not_ahead_of_an_interactive_request():
+    q = QueueState(queued_interactive_tokens=100, queued_background_tokens=4000, prefill_tok_s=200.0)
+    assert predict_ttft_ms(I, 100, q) == pytest.approx(1000.0)
+    assert predict_ttft_ms(B, 100, q) == pytest.approx(21_000.0)
+    assert admit(I, 100, q, BUDGETS).verdict is Verdict.ADMIT
+
+
+def test_a_request_that_would_miss_its_budget_is_rejected_early_with_retry_after():
+    q = QueueState(queued_interactive_tokens=600, queued_background_tokens=0, prefill_tok_s=200.0)
+    d = admit(I, 100, q, BUDGETS)
+    assert d.verdict is Verdict.REJECT and d.predicted_ttft_ms == pytest.approx(3500.0)
+    assert d.retry_after_s == pytest.approx(1.5) and "exceeds the interactive budget 2000 ms" in d.reason
+
+
+def test_background_waits_behind_queued_interactive_work_and_is_admitted_when_none_is_queued():
+    busy = QueueState(queued_interactive_tokens=50, queued_background_tokens=0, prefill_tok_s=200.0)
+    assert admit(B, 1000, busy, BUDGETS).verdict is Verdict.DEFER
+    idle = QueueState(queued_interactive_tokens=0, queued_background_tokens=1000, prefill_tok_s=200.0)
+    assert admit(B, 1000, idle, BUDGETS).verdict is Verdict.ADMIT
+    flooded = QueueState(queued_interactive_tokens=0, queued_background_tokens=10_000, prefill_tok_s=200.0)
+    assert admit(B, 1000, flooded, BUDGETS).verdict is Verdict.REJECT
+
+
+def test_prompt_budget_keeps_interactive_itl_and_grows_for_background_only():
+    model = StepTimeModel(base_ms=10.0, ms_per_prompt_token=0.5, ms_per_decode_token=2.0, n_steps=50,
+                          rmse_ms=1.0)
+    assert prompt_budget(model, n_decodes=4, n_interactive_decodes=2, itl_budget_ms=100.0) == 164
+    assert prompt_budget(model, n_decodes=4, n_interactive_decodes=0, itl_budget_ms=100.0) == 512
+    assert prompt_budget(None, n_decodes=4, n_interactive_decodes=1, itl_budget_ms=100.0) == 16
+    tight = prompt_budget(model, n_decodes=4, n_interactive_decodes=4, itl_budget_ms=25.0)
+    assert tight == 16  # even an empty step is near the target: the smallest chunk
+
+
+def test_routing_threshold_follows_the_measurements():
+    base = dict(prefill_tok_s_prefill=200.0, prefill_tok_s_decode=180.0, handoff_ms_per_token=0.02,
+                handoff_base_ms=2.0, max_local_tokens=64)
+    idle = RouteState(prefill_queue_tokens=0, **base)
+    busy = RouteState(prefill_queue_tokens=2000, **base)
+    assert not route(40, idle).on_decode_worker            # the prefill worker is free and as fast
+    assert route(40, busy).on_decode_worker                # a long document is queued there
+    assert not route(500, busy).on_decode_worker           # too long for the decode worker's ITL budget
+    assert route(40, busy).threshold_tokens == 64 and route(40, idle).threshold_tokens < 40
+
+
+def test_budgets_come_from_the_box():
+    slow = budgets_for_box(prefill_tok_s=100.0, decode_step_ms=40.0)
+    fast = budgets_for_box(prefill_tok_s=5000.0, decode_step_ms=5.0)
+    assert slow[I].ttft_ms > fast[I].ttft_ms and slow[I].itl_ms == 160.0 and fast[I].itl_ms == 50.0
+    assert slow[B].itl_ms is None and slow[B].ttft_ms > slow[I].ttft_ms
+    with pytest.raises(ValueError, match="interactive, background"):
+        RequestClass.parse("urgent")
