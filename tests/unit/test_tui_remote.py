@@ -1,0 +1,122 @@
+"""The remote data source against the routes of ``homepd serve``, served by an in-process httpx transport."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from homepd.config import EngineConfig
+from homepd.core.records import EngineSnapshot, WorkerSnapshot
+from homepd.errors import HomepdError
+from homepd.tui.sources.remote import RemoteSource, find_service, iter_sse, service_address
+
+pytestmark = pytest.mark.timeout(30)
+KEY = "secret-key-123"
+
+
+def engine_json() -> dict:
+    w = WorkerSnapshot("colocated", 42, True, True, 0, 2, (0, 1), "", 0, ("r1",), 0)
+    return EngineSnapshot("colocated", "/m/smollm2.gguf", 4096, 256, (w,), None, {"decoding": ("r1",)}, 5,
+                          ()).to_dict()
+
+
+def status() -> dict:
+    return {"state": "ready", "ready": True, "models": ["smollm2-135m-instruct-q4_1"],
+            "admission": {"in_flight": 1, "capacity": 24}, "engine": engine_json(), "recent_requests": []}
+
+
+def sse(*events: tuple[str | None, str]) -> bytes:
+    return "".join((f"event: {name}\n" if name else "") + f"data: {data}\n\n" for name, data in events).encode()
+
+
+def service(request: httpx.Request) -> httpx.Response:
+    if request.headers.get("authorization") != f"Bearer {KEY}":
+        return httpx.Response(401, json={"error": {"message": "missing or wrong API key"}})
+    if request.url.path == "/status":
+        return httpx.Response(200, json=status())
+    if request.url.path == "/events":
+        request_done = {"request_id": "chatcmpl-1", "state": "finished", "n_prompt_tokens": 9,
+                        "n_output_tokens": 4, "ttft_s": 0.3, "tpot_s": 0.05, "request_class": "interactive"}
+        snapshot = {k: v for k, v in status().items() if k != "recent_requests"}
+        return httpx.Response(200, content=sse(("request", json.dumps(request_done)),
+                                               ("snapshot", json.dumps(snapshot))),
+                              headers={"content-type": "text/event-stream"})
+    if request.url.path == "/v1/chat/completions":
+        body = json.loads(request.content)
+        assert body["stream"] and body["model"] == "smollm2-135m-instruct-q4_1"
+        chunk = lambda choice, **kw: json.dumps({"choices": [choice], **kw})  # noqa: E731
+        return httpx.Response(200, content=sse(
+            (None, chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})),
+            (None, chunk({"delta": {"content": "Hel"}, "finish_reason": None})),
+            (None, chunk({"delta": {"content": "lo"}, "finish_reason": None})),
+            (None, chunk({"delta": {}, "finish_reason": "stop"},
+                         homepd={"mode": "colocated", "ttft_s": 0.12, "tpot_s": 0.03, "n_prompt_tokens": 9,
+                                 "n_output_tokens": 2})),
+            (None, "[DONE]")), headers={"content-type": "text/event-stream"})
+    return httpx.Response(404)
+
+
+def make(api_key: str = KEY) -> RemoteSource:
+    return RemoteSource("http://homepd.test", EngineConfig(), api_key=api_key,
+                        transport=httpx.MockTransport(service), sample_hardware=False)
+
+
+def test_sse_lines_become_named_events():
+    lines = ["event: snapshot", "data: {\"a\": 1}", "", ": comment", "data: x", "data: y", ""]
+    assert list(iter_sse(lines)) == [("snapshot", '{"a": 1}'), ("message", "x\ny")]
+
+
+def test_the_dashboard_follows_the_status_and_event_stream():
+    source = make()
+    try:
+        source.start(lambda message: None)
+        assert source.wait_live(10)
+        tick = source.tick()
+        assert tick.architecture.mode == "colocated" and tick.architecture.n_running == 1
+        assert tick.architecture.note == "service ready; admitted 1/24"
+        assert [r.request_id for r in tick.requests] == ["chatcmpl-1"] and tick.requests[0].ttft_ms == 300.0
+        assert tick.point.ttft_ms == 300.0 and tick.point.interference is None   # no step log over HTTP
+        assert "remote: homepd serve at http://homepd.test (ready, live)" == tick.status
+    finally:
+        source.stop()
+
+
+def test_a_chat_turn_streams_and_carries_the_service_timings():
+    source = make()
+    try:
+        source.start(lambda message: None)
+        pieces: list[str] = []
+        stats = source.chat([{"role": "user", "content": "hi"}], pieces.append, max_tokens=8)
+        assert "".join(pieces) == "Hello" and pieces == ["Hel", "lo"]
+        assert (stats.ttft_ms, stats.tpot_ms, stats.mode, stats.finish_reason) == (120.0, 30.0, "colocated", "stop")
+    finally:
+        source.stop()
+
+
+def test_a_wrong_key_is_an_error_that_says_so():
+    source = make(api_key="wrong-key-999")
+    with pytest.raises(HomepdError, match="missing or wrong API key"):
+        source.start(lambda message: None)
+    source.stop()
+
+
+def test_the_service_address_comes_from_the_environment_or_the_config_file(tmp_path, monkeypatch):
+    for name in ("HOMEPD_HOST", "HOMEPD_PORT", "HOMEPD_API_KEY", "HOMEPD_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert service_address() == ("127.0.0.1", 8439, None)
+    (tmp_path / "homepd").mkdir()
+    (tmp_path / "homepd" / "config.toml").write_text('[serve]\nhost = "0.0.0.0"\nport = 9000\napi_key = "k"\n')
+    assert service_address() == ("127.0.0.1", 9000, "k")   # listening everywhere: reached on loopback
+    monkeypatch.setenv("HOMEPD_PORT", "9100")
+    assert service_address()[1] == 9100
+
+
+def test_no_service_answering_means_none_found():
+    import socket
+
+    with socket.socket() as s:       # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert find_service(f"http://127.0.0.1:{port}") is False

@@ -1,0 +1,111 @@
+"""The app's view records, derived from engine, measurement, advise and store data (pure, no Textual app)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from homepd.core.protocol import StepRecord
+from homepd.core.records import EngineSnapshot, KVSlotsSnapshot, WorkerEvent, WorkerEventKind, WorkerSnapshot
+from homepd.measure.stalls import Culprit, Stall
+from homepd.tui import derive
+from homepd.tui.evidence import from_stored_run, recommendation_view, step_from_progress
+from homepd.tui.state import AppState, ChatTurn
+
+
+def worker(role: str, pid: int, cores, in_flight=()) -> WorkerSnapshot:
+    return WorkerSnapshot(role, pid, True, True, 0, 1, cores, "", 0, tuple(in_flight), 0)
+
+
+def test_cores_are_written_as_ranges():
+    assert derive.cores_text((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
+    assert derive.cores_text(None) == ""
+
+
+def test_architecture_view_reads_the_engine_snapshot_json():
+    snap = EngineSnapshot(
+        mode="disaggregated", model="/m/smollm2.gguf", n_ctx=512, chunk=256,
+        workers=(worker("prefill", 10, (0,), ["a"]), worker("decode", 11, (1,), ["b", "c"])),
+        kv_slots=KVSlotsSnapshot(4, 1 << 20, {"FREE": 3, "WRITING": 1, "READY": 0, "READING": 0}, ()),
+        requests={"waiting": ("x",), "prefilling": ("a",), "decoding": ("b", "c")}, n_steps=9,
+        worker_events=(WorkerEvent(WorkerEventKind.RESTARTED, "decode", 11, 1.0, recovery_s=1.25),))
+    view = derive.architecture_view(snap.to_dict(), kv_mb_s=2.5)
+    assert (view.mode, view.model, view.n_waiting, view.n_running) == ("disaggregated", "smollm2.gguf", 1, 3)
+    assert [(w.role, w.cores, w.n_running) for w in view.workers] == [("prefill", "0", 1), ("decode", "1", 2)]
+    assert (view.kv_slots, view.kv_occupancy["WRITING"], view.kv_mb_s) == (4, 1, 2.5)
+    assert view.events == ("decode worker restarted after 1.2 s",)
+
+
+def test_a_stall_names_the_prompt_that_held_it_longest():
+    stall = Stall("req-2", 5, 412.0, (Culprit("req-7", 256, 380.0, True), Culprit("req-8", 32, 20.0, True)))
+    assert derive.stall_text(stall) == "412 ms ← req-7 (256 tok, same step) +1"
+    assert derive.stall_text(Stall("r", 1, 150.0, (Culprit("p", 64, 90.0, False),))) == \
+        "150 ms ← p (64 tok, beside)"
+    assert derive.stall_text(None) == ""
+
+
+def test_a_chart_point_takes_the_tick_s_requests_and_steps():
+    steps = [StepRecord("colocated", 0, 0.0, 0.030, ("a",), ()),
+             StepRecord("colocated", 1, 0.030, 0.250, ("a",), (("b", 256),)),
+             StepRecord("colocated", 2, 0.250, 0.280, ("a", "b"), ())]
+    finished = [{"ttft_s": 0.25, "tpot_s": 0.03, "n_output_tokens": 3}, {"ttft_s": 0.1, "tpot_s": None}]
+    point = derive.chart_point(5.0, 0.5, finished, steps, steps)
+    assert point.ttft_ms == 250.0 and point.tpot_ms == 30.0
+    assert round(point.itl_ms) == 220 and point.tok_s == 8.0        # 4 decode tokens in 0.5 s
+    assert point.interference is not None and point.interference > 5  # the chunked step vs the lone ones
+    remote = derive.chart_point(5.0, 0.5, finished)                 # no step log: tokens of finished requests
+    assert remote.itl_ms is None and remote.tok_s == 6.0 and remote.interference is None
+
+
+def test_hardware_view_says_plainly_that_there_is_no_gpu():
+    snap = SimpleNamespace(gpus=(), processes=(), ram_used_bytes=1 << 30, ram_available_bytes=3 << 30, cpu_pct=12.5)
+    box = SimpleNamespace(gpus=(), nvml=SimpleNamespace(error="NVML Shared Library Not Found"),
+                          cpu=SimpleNamespace(model="Celeron N3450", usable_cpus=(0, 1, 2, 3)))
+    view = derive.hardware_view(snap, box)
+    assert view.gpu_note == "no GPU on this box (NVML Shared Library Not Found)"
+    assert (view.n_cpus, view.ram_total_bytes, view.cpu_pct) == (4, 4 << 30, 12.5)
+
+
+def test_chat_stats_from_a_lifecycle_or_the_service_timings():
+    lc = {"ttft_s": 0.2, "tpot_s": 0.04, "n_prompt_tokens": 30, "n_output_tokens": 12, "kv_bytes": 1000,
+          "transfer_s": 0.005}
+    stats = derive.chat_stats(lc, "disaggregated", "stop")
+    assert (stats.ttft_ms, stats.tpot_ms, stats.kv_bytes, stats.kv_transfer_ms) == (200.0, 40.0, 1000, 5.0)
+    served = derive.chat_stats({"mode": "colocated", "ttft_s": 0.1, "kv_transfer_s": None}, "?", "length")
+    assert (served.mode, served.kv_transfer_ms, served.finish_reason) == ("colocated", None, "length")
+
+
+def test_advise_progress_names_its_candidate():
+    p = SimpleNamespace(done=2, total=9, current="colocated-chunk-64 on the long trace (repeat 1/2)",
+                        elapsed_s=30.0, eta_s=105.0)
+    assert step_from_progress(p).candidate == "colocated-chunk-64"
+    p.current = "recovery: disaggregated, a worker killed mid-run"
+    assert step_from_progress(p).candidate == "disaggregated"
+
+
+def test_a_stored_run_becomes_evidence_rows_per_candidate_and_mix():
+    def result(cand, mix, goodput, **kw):
+        return {"candidate": cand, "mix": mix, "status": "measured", "goodput_per_s": goodput,
+                "ttft_p99_ms": 900.0, "itl_p99_ms": 40.0, "total_pss_bytes": 200 << 20,
+                "record": {"summary": {"kv": None}}, **kw}
+    run = {"id": 3, "kind": "advise", "status": "complete", "started_at": "2026-01-01T10:00:00",
+           "results": [result("colocated-chunk-256", "short", 1.0), result("colocated-chunk-256", "short", 2.0),
+                       result("disaggregated", "short", 0.5,
+                              record={"summary": {"kv": {"transfer_ms": {"p50": 12.0}}}}),
+                       {"candidate": "replicas-2", "mix": None, "status": "infeasible", "reason": "one GPU"}],
+           "recommendations": [{"headline": "x", "data": {
+               "candidate": {"name": "colocated-chunk-256"}, "config": {"mode": "colocated", "chunk": 256},
+               "rule": "best goodput", "reason": "because", "confidence": "high", "confidence_why": "2 repeats",
+               "per_mix": [{"mix": "short", "candidate": "colocated-chunk-256", "rule": "r"}]}}]}
+    view = from_stored_run(run)
+    rows = {(r.candidate, r.mix): r for r in view.rows}
+    assert rows[("colocated-chunk-256", "short")].goodput_per_s == 1.5
+    assert rows[("colocated-chunk-256", "short")].n_repeats == 2
+    assert rows[("disaggregated", "short")].kv_transfer_ms == 12.0
+    assert rows[("replicas-2", "-")].infeasible == "one GPU"
+    assert view.mixes == ("short",) and view.recommendation.config == {"mode": "colocated", "chunk": 256}
+    assert recommendation_view({"headline": "no rule here"}) is None
+
+
+def test_the_conversation_leaves_out_failed_and_unfinished_turns():
+    state = AppState(turns=[ChatTurn("a", "b", stats=object()), ChatTurn("c", error="engine stopped"),
+                            ChatTurn("d", "partial")])
+    assert state.chat_messages() == [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
