@@ -89,6 +89,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         message, param, code = describe_validation_errors(exc.errors())
+        service = getattr(request.app.state, "service", None)
+        if service is not None:
+            service.metrics.rejected.labels(code).inc()
         return APIError(400, message, INVALID_REQUEST, code, param).response()
 
     @app.exception_handler(StarletteHTTPException)

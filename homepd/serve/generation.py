@@ -78,7 +78,8 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
     created = int(time.time())
     model = body.model
     if body.stream:
-        return EventSourceResponse(_sse(service, shape, stream, model, created, body.include_usage, request_class),
+        usage_mode = "continuous" if body.continuous_usage else "final" if body.include_usage else None
+        return EventSourceResponse(_sse(service, shape, stream, model, created, usage_mode, request_class),
                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return await _respond(service, request, shape, stream, model, created, request_class)
 
@@ -130,12 +131,18 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _sse(service, shape: Shape, stream, model: str, created: int, include_usage: bool, request_class: str):
+async def _sse(service, shape: Shape, stream, model: str, created: int, usage_mode: str | None,
+               request_class: str):
     """The SSE body: a chunk per piece of text, a final chunk with the finish reason and timings, the usage
-    chunk when asked (``stream_options.include_usage``), then ``data: [DONE]``."""
+    chunk when asked (``stream_options.include_usage``), then ``data: [DONE]``.  ``usage_mode``: None, "final"
+    (``usage`` null on every chunk but the last) or "continuous" (the usage so far on every chunk)."""
+    n_prompt, n_out = stream.lifecycle.n_prompt_tokens, 0
+
     def chunk(choices: list, **extra) -> bytes:
+        so_far = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
         body = {"id": stream.request_id, "object": shape.chunk_object, "created": created, "model": model,
-                "choices": choices, **({"usage": None} if include_usage else {}), **extra}
+                "choices": choices, **({"usage": so_far if usage_mode == "continuous" else None} if usage_mode else {}),
+                **extra}
         return format_sse_event(data_str=json.dumps(body, ensure_ascii=False))
 
     ended = False
@@ -144,13 +151,14 @@ async def _sse(service, shape: Shape, stream, model: str, created: int, include_
             yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                           "finish_reason": None}])
         async for event in stream:
+            n_out += event.kind == "token"
             if event.text:
                 yield chunk([shape.choice(event.text, None, is_chunk=True)])
             if event.kind == "done" and event.finish_reason != "cancelled":
                 lc = stream.lifecycle
                 yield chunk([shape.choice(None if shape.is_chat else "", event.finish_reason, is_chunk=True)],
                             homepd=timings(lc, service.config.mode, request_class))
-                if include_usage:
+                if usage_mode:
                     yield chunk([], usage=usage(lc))
             elif event.kind != "token":
                 why = event.error or "aborted: homepd is shutting down"

@@ -44,6 +44,7 @@ class Message(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="usage so far on every chunk (vLLM's extension)")
 
 
 def _only_neutral(neutral: dict[str, tuple], value, name: str):
@@ -102,6 +103,10 @@ class _Sampling(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class ChatCompletionRequest(_Sampling):

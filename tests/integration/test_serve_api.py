@@ -84,6 +84,16 @@ def test_streamed_completion_ends_with_usage_and_done(client):
     assert all(c["usage"] is None for c in chunks[:-1])
 
 
+def test_continuous_usage_stats_counts_tokens_on_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats, which GuideLLM sends."""
+    body = chat(max_completion_tokens=3, max_tokens=None, stream=True, ignore_eos=True, stop=None,
+                stream_options={"include_usage": True, "continuous_usage_stats": True})
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 3 and all(c["usage"] for c in chunks)
+
+
 def test_request_class_header(client):
     body = client.post("/v1/chat/completions", json=chat(), headers={"X-Homepd-Class": "Background"}).json()
     assert body["homepd"]["request_class"] == "background"
