@@ -54,3 +54,14 @@ def test_non_loopback_address_without_key_refuses_to_start(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "refusing to listen on '0.0.0.0' without an API key" in done.stderr
     assert "HOMEPD_API_KEY" in done.stderr
+
+
+def test_a_service_that_cannot_load_its_model_exits_1_saying_how_to_pull_it(tmp_path):
+    """Under systemd this exit is a failure: Restart=on-failure tries again, the journal says what to do."""
+    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path), "HOMEPD_MODELS_DIR": str(tmp_path / "empty")}
+    from test_serve_harness import free_port
+
+    done = subprocess.run([sys.executable, "-m", "homepd", "serve", "--port", str(free_port()), "--model",
+                           "smollm2-135m-instruct-q4_1"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "homepd models pull smollm2-135m-instruct-q4_1" in done.stderr
