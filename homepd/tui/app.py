@@ -12,6 +12,7 @@ from pathlib import Path
 
 from textual.app import App
 from textual.binding import Binding
+from textual.worker import Worker, WorkerState
 
 from homepd.tui import messages as m
 from homepd.tui.jobs import Jobs
@@ -85,7 +86,12 @@ class HomepdApp(App):
             return
         self.is_quitting = True
         self.sub_title = "stopping…"
-        self.jobs.stop(then=lambda: self.exit(0))
+        self.jobs.stop()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # why here and not from the worker: the app must not exit (and cancel workers) before it has ended
+        if event.worker.group == "stop" and event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
+            self.exit(0)
 
     # the source -----------------------------------------------------------------------------------
     def on_source_ready(self, message: m.SourceReady) -> None:

@@ -30,7 +30,6 @@ class Jobs:
     def __init__(self, app, source: DataSource, chat_max_tokens: int = CHAT_MAX_TOKENS):
         self.app, self.source, self.chat_max_tokens = app, source, chat_max_tokens
         self._ticking = threading.Lock()
-        self._stopped = False
 
     def _run(self, fn: Callable[[], None], group: str) -> None:
         self.app.run_worker(fn, thread=True, group=group, exit_on_error=False)
@@ -64,15 +63,9 @@ class Jobs:
                 self._ticking.release()
         self._run(work, "tick")
 
-    def stop(self, then: Callable[[], None]) -> None:
-        """Stop the source on a worker thread, then call ``then`` on the app's loop."""
-        def work() -> None:
-            try:
-                self.source.stop()
-            finally:
-                self.app.call_from_thread(then)
-        self._stopped = True
-        self._run(work, "stop")
+    def stop(self) -> None:
+        """Stop the source on a worker thread (the app exits when that worker has ended)."""
+        self._run(self.source.stop, "stop")
 
     # chat ---------------------------------------------------------------------------------------
     def chat(self, turn: int, messages: list[dict]) -> None:
