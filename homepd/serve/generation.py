@@ -79,8 +79,8 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
     model = body.model
     if body.stream:
         usage_mode = "continuous" if body.continuous_usage else "final" if body.include_usage else None
-        return EventSourceResponse(_sse(service, shape, stream, model, created, usage_mode, request_class),
-                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return EngineEventStream(service, stream, request_class,
+                                 _sse(service, shape, stream, model, created, usage_mode, request_class))
     return await _respond(service, request, shape, stream, model, created, request_class)
 
 
@@ -145,34 +145,48 @@ async def _sse(service, shape: Shape, stream, model: str, created: int, usage_mo
                 **extra}
         return format_sse_event(data_str=json.dumps(body, ensure_ascii=False))
 
-    ended = False
-    try:
-        if shape.is_chat:
-            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
-        async for event in stream:
-            n_out += event.kind == "token"
-            if event.text:
-                yield chunk([shape.choice(event.text, None, is_chunk=True)])
-            if event.kind == "done" and event.finish_reason != "cancelled":
-                lc = stream.lifecycle
-                yield chunk([shape.choice(None if shape.is_chat else "", event.finish_reason, is_chunk=True)],
-                            homepd=timings(lc, service.config.mode, request_class))
-                if usage_mode:
-                    yield chunk([], usage=usage(lc))
-            elif event.kind != "token":
-                why = event.error or "aborted: homepd is shutting down"
-                yield format_sse_event(data_str=json.dumps(APIError(
-                    503, f"the request failed: {why}", UNAVAILABLE, "worker_failed" if event.error else "aborted"
-                ).body()))
-        ended = True
-        yield format_sse_event(data_str="[DONE]")
-    finally:
-        if ended:
-            service.finished(stream.request_id, stream.lifecycle, request_class)
-        else:  # the client went away mid-stream: cancel, and free its place once the engine has ended it
-            service.engine.cancel(stream.request_id)
-            service.spawn_finish(stream, request_class)
+    if shape.is_chat:
+        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}])
+    async for event in stream:
+        n_out += event.kind == "token"
+        if event.text:
+            yield chunk([shape.choice(event.text, None, is_chunk=True)])
+        if event.kind == "done" and event.finish_reason != "cancelled":
+            lc = stream.lifecycle
+            yield chunk([shape.choice(None if shape.is_chat else "", event.finish_reason, is_chunk=True)],
+                        homepd=timings(lc, service.config.mode, request_class))
+            if usage_mode:
+                yield chunk([], usage=usage(lc))
+        elif event.kind != "token":
+            why = event.error or "aborted: homepd is shutting down"
+            yield format_sse_event(data_str=json.dumps(APIError(
+                503, f"the request failed: {why}", UNAVAILABLE, "worker_failed" if event.error else "aborted"
+            ).body()))
+    yield format_sse_event(data_str="[DONE]")
+
+
+class EngineEventStream(EventSourceResponse):
+    """The SSE response of one engine request, which frees the request however the response ends.
+
+    # why: cleanup lives here, not in the body generator: a client that leaves before the first byte
+    # gets its response task cancelled before the generator ever starts, and a generator that never
+    # started runs no ``finally``.
+    """
+
+    def __init__(self, service, stream, request_class: str, body):
+        super().__init__(body, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.service, self.stream, self.request_class = service, stream, request_class
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.stream.request_id in self.service.engine.streams:  # the client left: cancel, free it later
+                self.service.engine.cancel(self.stream.request_id)
+                self.service.spawn_finish(self.stream, self.request_class)
+            else:
+                self.service.finished(self.stream.request_id, self.stream.lifecycle, self.request_class)
 
 
 def usage(lc: Lifecycle) -> dict:

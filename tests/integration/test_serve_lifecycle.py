@@ -91,6 +91,17 @@ def test_client_disconnect_frees_the_sequence(server):
     server.wait_until(freed(rid), what=f"{rid} cancelled and its sequence freed")
 
 
+def test_client_that_never_reads_a_byte_frees_its_place_when_it_closes(server):
+    body = json.dumps(LONG).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.api_key}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head + body)
+        running = server.wait_until(lambda s: any(s["engine"]["requests"].values()), what="the request running")
+    rid = sum(running["engine"]["requests"].values(), [])[0]
+    server.wait_until(freed(rid), what=f"{rid} cancelled and freed")
+
+
 def test_non_streaming_disconnect_frees_the_sequence_too(server):
     import httpx
 
