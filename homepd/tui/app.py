@@ -112,6 +112,8 @@ class HomepdApp(App):
 
     def on_tick_arrived(self, message: m.TickArrived) -> None:
         self.state.add_tick(message.tick)
+        if message.tick.status and not self.state.switching:
+            self.state.description = self.sub_title = message.tick.status
         self._tell("tick")
 
     # chat -----------------------------------------------------------------------------------------

@@ -52,8 +52,9 @@ class ChatScreen(StateScreen):
         yield Input(placeholder="type a message, enter to send (esc: keys)", id="chat-input")
         yield Footer()
 
-    def on_mount(self) -> None:
-        self.query_one(Input).focus()
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        self.query_one(Input).focus()  # coming back to the chat means typing
 
     def action_leave_input(self) -> None:
         self.set_focus(None)
