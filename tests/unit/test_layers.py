@@ -39,6 +39,7 @@ OWNERS = {
     "uvicorn": "homepd.serve",
     "prometheus_client": "homepd.serve",
     "sdnotify": "homepd.serve",
+    "httpx": "homepd.tui",  # the app's remote source (the service itself is served by uvicorn)
 }
 FACE_LIBRARIES = ("textual", "fastapi", "starlette", "uvicorn", "sqlite_utils", "prometheus_client")
 CORE_FORBIDDEN = ("llama_cpp", "pynvml", "psutil", "jinja2") + FACE_LIBRARIES
