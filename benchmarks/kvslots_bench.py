@@ -1,4 +1,4 @@
-"""KV slot figures on this machine: memcpy, fresh vs pre-faulted segments, checksums, a hand-off.
+"""KV arena figures on this machine: memcpy, fresh vs pre-faulted segments, checksums, a hand-off.
 
     uv run python benchmarks/kvslots_bench.py [--mb 47 95] [--repeat 5]
 
@@ -19,7 +19,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from homepd.kv.header import payload_checksum
-from homepd.kv.pool import SlotExpectation, SlotHeader, SlotPool
+from homepd.kv.pool import KVArena, SlotExpectation, SlotHeader, extent_bytes_for
 
 FINGERPRINT = "0" * 64
 
@@ -61,26 +61,28 @@ def bench(n_bytes: int, repeat: int) -> None:
     finally:
         shm.close()
         shm.unlink()
+    extent = extent_bytes_for(n_bytes)
     create_s = time.perf_counter()
-    with SlotPool.create(1, n_bytes, verify="full") as pool:
+    with KVArena.create(extent, verify="full") as arena:
         create_s = time.perf_counter() - create_s
-        print(f"  {'SlotPool.create (allocate + pre-fault)':44s} {create_s * 1e3:25.2f} ms")
-        slot = pool.acquire_free()
-        seg = np.frombuffer(pool.payload(slot, n_bytes), dtype=np.uint8)
-        line("write into fresh SlotPool slot (first)", n_bytes, once_s(lambda: np.copyto(seg, src)), memcpy_s)
-        line("write into same slot (warm)", n_bytes, best_s(lambda: np.copyto(seg, src), repeat), memcpy_s)
+        print(f"  {'KVArena.create (allocate + pre-fault)':44s} {create_s * 1e3:25.2f} ms")
+        arena.begin(0, extent)
+        seg = np.frombuffer(arena.payload(0, n_bytes), dtype=np.uint8)
+        line("write into a fresh arena extent (first)", n_bytes, once_s(lambda: np.copyto(seg, src)), memcpy_s)
+        line("write into the same extent (warm)", n_bytes, best_s(lambda: np.copyto(seg, src), repeat), memcpy_s)
         del seg
         for populate in (False, True):
             attach_s = time.perf_counter()
-            attached = SlotPool.attach(list(pool.names), populate=populate)
+            attached = KVArena.attach(list(arena.names), populate=populate)
             attach_s = time.perf_counter() - attach_s
             # the attacher's own page tables start empty: what a worker's first export sees
-            seg = np.frombuffer(attached.payload(slot, n_bytes), dtype=np.uint8)
+            attached.begin(0, extent)
+            seg = np.frombuffer(attached.payload(0, n_bytes), dtype=np.uint8)
             label = f"attach populate={populate} ({attach_s * 1e3:.1f} ms), first write"
             line(label, n_bytes, once_s(lambda: np.copyto(seg, src)), memcpy_s)
             del seg
             attached.close()
-        pool.release(slot)
+        arena.release(0)
 
     # checksums --------------------------------------------------------------------
     view = memoryview(src)
@@ -97,19 +99,19 @@ def bench(n_bytes: int, repeat: int) -> None:
     for name, fn in candidates.items():
         line(name, n_bytes, best_s(fn, min(repeat, 3) if "hashlib" in name else repeat), memcpy_s)
 
-    # hand-off through one slot --------------------------------------------------------
+    # hand-off through one extent ------------------------------------------------------
     for verify in ("full", "sampled"):
-        with SlotPool.create(1, n_bytes, verify=verify) as producer:
-            consumer = SlotPool.attach(list(producer.names))
+        with KVArena.create(extent, verify=verify) as producer:
+            consumer = KVArena.attach(list(producer.names))
             expect = SlotExpectation("bench", FINGERPRINT, 4096)
 
             def export() -> None:
-                slot = producer.acquire_free()
-                np.copyto(np.frombuffer(producer.payload(slot, n_bytes), dtype=np.uint8), src)
-                producer.publish(slot, SlotHeader("bench", FINGERPRINT, 4096, 4096, n_bytes))
+                producer.begin(0, extent)
+                np.copyto(np.frombuffer(producer.payload(0, n_bytes), dtype=np.uint8), src)
+                producer.publish(0, SlotHeader("bench", FINGERPRINT, 4096, 4096, n_bytes))
 
             def import_() -> None:
-                _header, payload = consumer.open_ready(0, expect)
+                _header, payload = consumer.open_ready(0, expect, extent)
                 np.copyto(dst, np.frombuffer(payload, dtype=np.uint8))
                 consumer.release(0)
 

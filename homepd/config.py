@@ -85,6 +85,19 @@ def parse_bool(text: str) -> bool:
     raise ConfigError(f"expected a boolean (on/off, true/false, 1/0), got {text!r}")
 
 
+def parse_size(text: str) -> int:
+    """Bytes, or a number with a binary suffix: '256M', '1.5G', '512KiB' -> bytes."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    clean = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        value = float(clean[:-1]) * units[clean[-1]] if clean and clean[-1] in units else int(clean)
+    except ValueError:
+        raise ConfigError(f"not a size: {text!r} (use bytes, or 256M, 1.5G)") from None
+    if value < 1:
+        raise ConfigError(f"a size must be positive, got {text!r}")
+    return int(value)
+
+
 def _opt(flag: str | None, parse=str, help: str = "", **argparse_kw) -> dict:
     """Field metadata: the CLI flag (``--flag``, env ``HOMEPD_FLAG``) that sets this field."""
     return {"flag": flag, "parse": parse, "help": help, "argparse": argparse_kw}
@@ -125,7 +138,13 @@ class EngineConfig:
         "replicas", int, "replicas mode: colocated workers, each with its own model copy (one per GPU, "
                          "or the cores split)"))
     n_slots: int = field(default=4, metadata=_opt(
-        "slots", int, "disaggregated: shared-memory KV slots (back-pressure bound)"))
+        "slots", int, "disaggregated: KV handoffs in the arena at once (back-pressure bound)"))
+    kv_arena_bytes: int | None = field(default=None, metadata=_opt(
+        "kv-arena", parse_size, "disaggregated: bytes of pre-faulted shared memory for KV in transit, e.g. 256M "
+                                "(default: the placement plan's, from the prefill context and free RAM)"))
+    prefill_n_ctx: int | None = field(default=None, metadata=_opt(
+        "prefill-n-ctx", int, "disaggregated: the prefill worker's context; longer prompts are prefilled on "
+                              "the decode worker (default: the placement plan's, n_ctx/4 but at least 512)"))
     # when a worker dies: resume its requests (from their KV slot, else by re-prefilling prompt + output
     # on the restarted worker) instead of ending them with an error
     resume: bool = field(default=True, metadata=_opt(
@@ -172,6 +191,11 @@ class EngineConfig:
             raise ConfigError(f"n_replicas must be an integer >= 2, got {self.n_replicas!r}")
         if not isinstance(self.n_slots, int) or self.n_slots < 1:
             raise ConfigError(f"n_slots must be a positive integer, got {self.n_slots!r}")
+        if self.kv_arena_bytes is not None and (not isinstance(self.kv_arena_bytes, int) or self.kv_arena_bytes < 8192):
+            raise ConfigError(f"kv_arena_bytes must be at least 8192 (two pages), got {self.kv_arena_bytes!r}")
+        if self.prefill_n_ctx is not None and (not isinstance(self.prefill_n_ctx, int)
+                                               or not 16 <= self.prefill_n_ctx <= self.n_ctx):
+            raise ConfigError(f"prefill_n_ctx must be between 16 and n_ctx ({self.n_ctx}), got {self.prefill_n_ctx!r}")
         return self
 
     @property

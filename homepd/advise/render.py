@@ -5,6 +5,7 @@ import statistics
 
 from homepd.advise.campaign import AdviseResult
 from homepd.advise.recommend import Recommendation
+from homepd.measure.memory import CATEGORIES, breakdown_mib
 from homepd.measure.replay import RunRecord
 from homepd.measure.report import fmt
 
@@ -52,8 +53,24 @@ def evidence_rows(result: AdviseResult) -> list[dict]:
                 "memory_vs_colocated": pss / colocated_pss if pss is not None and colocated_pss else None,
                 "energy_j_per_token": energy,
                 "n_stalls": _med(len(r.stalls) for r in recs),
+                **{key: _med(breakdown_mib(r.memory_breakdown)[key] for r in recs)
+                   for key in breakdown_mib(None)},
             })
     return rows
+
+
+def render_memory(rows: list[dict]) -> str:
+    """Memory by what holds it, per candidate (the first mix measured; MiB, each byte counted once)."""
+    keys = list(breakdown_mib(None))
+    out = [f"{'candidate':<26} " + " ".join(f"{key:>15}" for _, key, _ in CATEGORIES) + f" {'total':>7}"]
+    seen = set()
+    for row in rows:
+        if "infeasible" in row or row["candidate"] in seen or row.get("mem_total_mib") is None:
+            continue
+        seen.add(row["candidate"])
+        out.append(f"{row['candidate']:<26} " + " ".join(f"{fmt(row[k]):>15}" for k in keys[:-1])
+                   + f" {fmt(row[keys[-1]]):>7}")
+    return "\n".join(out) if seen else ""
 
 
 COLUMNS = [("candidate", "candidate", 26, None), ("mix", "mix", 6, None), ("goodput_per_s", "good/s", 7, ".2f"),
@@ -116,6 +133,9 @@ def render_result(result: AdviseResult) -> str:
     parts = [f"evidence ({'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mixes x {s.repeats} "
              f"repeat(s); SLO {s.slo.describe()}; medians over repeats)",
              render_table(evidence_rows(result))]
+    memory = render_memory(evidence_rows(result))
+    if memory:
+        parts += ["memory by what holds it (MiB, each byte once):", memory]
     if result.predicted_chunk is not None:
         parts.append(f"step-time model: chunk {result.predicted_chunk} keeps a decode step under "
                      f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")

@@ -1,4 +1,4 @@
-"""``homepd bench engine``: engine vs a bare llama.cpp loop, and KV handoff figures."""
+"""``homepd bench engine``: engine vs a bare llama.cpp loop, KV handoff figures, the KV arena's peak use."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,8 @@ def register(subparsers) -> None:
     e.add_argument("--repeat", type=int, default=3)
     e.add_argument("--kv-tokens", type=int, default=2048,
                    help="prompt length for the KV handoff figures (0 = skip them)")
+    e.add_argument("--arena-requests", type=int, default=8,
+                   help="requests of the mixed trace replayed disaggregated for the KV arena's peak use (0 = skip)")
     e.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     e.set_defaults(func=_run_engine)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -27,7 +29,7 @@ def register(subparsers) -> None:
 
 def _run_engine(args: argparse.Namespace) -> int:
     out = bench_engine(args.model, args.threads, args.prompt_tokens, args.gen_tokens, args.chunk, args.repeat,
-                       kv_tokens=args.kv_tokens)
+                       kv_tokens=args.kv_tokens, arena_requests=args.arena_requests)
     print(f"model {out['model']}  n_threads={out['n_threads']}  chunk={out['chunk']}  "
           f"prompt={out['n_prompt_tokens']} tok  gen={out['n_gen_tokens']} tok  (median of {out['repeat']})")
     print(f"  prompt  engine {out['engine_prompt_tok_s']:8.1f} tok/s   raw {out['raw_prompt_tok_s']:8.1f} tok/s"
@@ -35,13 +37,21 @@ def _run_engine(args: argparse.Namespace) -> int:
     print(f"  decode  engine {out['engine_decode_tok_s']:8.1f} tok/s   raw {out['raw_decode_tok_s']:8.1f} tok/s"
           f"   ratio {out['decode_ratio']:.3f}")
     if "kv_bytes" in out:
-        print(f"  KV handoff of {out['kv_tokens']} tokens = {out['kv_bytes'] / 1e6:.1f} MB through a shared-memory slot:")
+        print(f"  KV handoff of {out['kv_tokens']} tokens = {out['kv_bytes'] / 1e6:.1f} MB through the KV arena "
+              f"(an extent of {out['kv_extent_bytes'] / 1e6:.2f} MB with its header):")
         print(f"    export {out['kv_export_ms']:.2f} ms ({out['kv_export_gb_s']:.2f} GB/s)   "
               f"import {out['kv_import_ms']:.2f} ms ({out['kv_import_gb_s']:.2f} GB/s)   "
               f"memcpy {out['memcpy_ms']:.2f} ms ({out['memcpy_gb_s']:.2f} GB/s)")
         print(f"    memcpy / (export + import) = {out['kv_handoff_ratio']:.2f} (0.5 ideal); with header "
               f"checks (publish {out['kv_publish_ms']:.2f} ms, open {out['kv_open_ms']:.2f} ms): "
               f"{out['kv_handoff_ratio_with_checks']:.2f}")
+    if "arena_bytes" in out:
+        mib = 2 ** 20
+        ratio = "NA" if out["arena_peak_ratio"] is None else f"{out['arena_peak_ratio']:.2f}"
+        print(f"  KV arena on the mixed trace ({args.arena_requests} requests, disaggregated, prefill n_ctx "
+              f"{out['arena_prefill_n_ctx']}): {out['arena_bytes'] / mib:.1f} MiB; peak use "
+              f"{out['arena_peak_bytes'] / mib:.2f} MiB with {out['arena_peak_kv_bytes'] / mib:.2f} MiB of KV in "
+              f"transit then (x{ratio}); {out['arena_handoffs']} handoffs")
     if args.json:
         print(json.dumps(out))
     return 0

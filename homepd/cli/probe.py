@@ -86,6 +86,10 @@ def register(subparsers: Any) -> None:
                         help="model weight size for the placement plan (e.g. 1.1G); overrides --model")
     parser.add_argument("--kv-bytes", type=_size, default=None,
                         help="KV cache size for the configured context and sequences; overrides --model")
+    parser.add_argument("--prefill-n-ctx", type=int, default=None,
+                        help="disaggregated: the prefill worker's context (default n_ctx/4, at least 512)")
+    parser.add_argument("--kv-arena", type=_size, default=None,
+                        help="disaggregated: the KV arena's size (default: the plan's, from the prefill context)")
     parser.set_defaults(func=run)
 
 
@@ -109,12 +113,15 @@ def model_sizes(model: str | None, n_ctx: int) -> tuple[int, int, str | None]:
 def run(args: argparse.Namespace) -> int:
     """Probe the box, plan placement, print; exit code 0."""
     # why: placement imports this module's dataclasses; importing it here avoids a cycle
-    from homepd.hw.placement import plan_placement, render_plan_text
+    from homepd.hw.placement import plan_placement, prefill_context, render_plan_text
 
     box = probe()
     model_bytes, kv_bytes, _ = model_sizes(args.model, args.n_ctx)
-    plan = plan_placement(box, model_bytes if args.model_bytes is None else args.model_bytes,
-                          kv_bytes if args.kv_bytes is None else args.kv_bytes)
+    kv_bytes = kv_bytes if args.kv_bytes is None else args.kv_bytes
+    prefill_n_ctx = prefill_context(args.n_ctx, args.prefill_n_ctx)
+    plan = plan_placement(box, model_bytes if args.model_bytes is None else args.model_bytes, kv_bytes,
+                          prefill_kv_bytes=kv_bytes * prefill_n_ctx // max(args.n_ctx, 1),
+                          transfer_bytes=args.kv_arena)
     if args.json:
         print(to_json(box, plan))
     else:

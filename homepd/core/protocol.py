@@ -33,20 +33,24 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Where one worker role runs: pinned CPUs, threads, GPU (a CUDA_VISIBLE_DEVICES value) and offload."""
+    """Where one worker role runs: pinned CPUs, threads, GPU (a CUDA_VISIBLE_DEVICES value) and offload;
+    ``n_ctx``: the role's own context when it differs from the engine's (the prefill worker's)."""
     cpu_cores: tuple[int, ...] | None
     n_threads: int
     cuda_visible_devices: str | None = None
     n_gpu_layers: int = 0
+    n_ctx: int | None = None
 
 
 @dataclass(frozen=True)
 class EngineSetup:
     """What an engine starts with, resolved by its caller (``homepd.launch``) before ``Engine.start``:
-    a checked model file, its fingerprint, and the placement of each worker role."""
+    a checked model file, its fingerprint, the placement of each worker role and, for disaggregation,
+    the KV arena's size in bytes."""
     model_path: str
     model_fingerprint: str
     placements: dict[str, RolePlacement]
+    kv_arena_bytes: int | None = None
 
 
 # controller -> worker ----------------------------------------------------------
@@ -86,6 +90,11 @@ class WorkerReady:
     load_s: float
     state_bytes_per_token: int = 0   # KV state growth per token (llama_state_seq_get_size)
     state_overhead_bytes: int = 0    # KV state size of an empty-ish sequence, without the tokens
+    # (phase, start address, end address) of the large private mappings made by loading the model ("model")
+    # and creating the context ("context"), and the context's resident bytes right after creation (its KV
+    # cache): homepd.hw.smaps, measured by the controller
+    memory_regions: tuple[tuple[str, int, int], ...] = ()
+    kv_cache_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,16 +160,23 @@ class WorkerFatal:
     error: str
 
 
-# disaggregation: KV handoff through shared-memory slots ---------------------------
+# disaggregation: KV handoff through the shared-memory KV arena -----------------------
 @dataclass(frozen=True)
 class AttachSlots:
-    """Controller -> prefill and decode workers: the KV slot pool to attach to."""
+    """Controller -> prefill and decode workers: the KV arena to attach to.
+
+    For a (re)started prefill worker, which allocates the arena's extents:
+    ``live_extents`` (offset, bytes) are still in use by requests in transit,
+    and at most ``max_extents`` may be in use at once (None: only bytes bound it).
+    """
     names: tuple[str, ...]
+    live_extents: tuple[tuple[int, int], ...] = ()
+    max_extents: int | None = None
 
 
 @dataclass(frozen=True)
 class KVHandoff:
-    """A request whose prompt is done and whose KV state sits in ``slot``.
+    """A request whose prompt is done and whose KV state sits in the arena extent at offset ``slot``.
 
     Prefill worker -> controller when exported; controller -> decode worker to
     import.  Carries everything the decode side needs to continue the request
@@ -168,22 +184,25 @@ class KVHandoff:
     (held-back text and partial UTF-8).
     """
     request_id: str
-    slot: int
+    slot: int              # offset of the extent in the arena's data region
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     params: SamplingParams
     sampler: object        # homepd.sampling.TokenSampler
     stream: object         # homepd.textstream.TextStream
-    n_bytes: int
+    n_bytes: int           # llama_state_seq_get_size: the payload
     n_tokens: int
-    slot_wait_s: float     # prompt done -> slot acquired (back-pressure)
+    slot_wait_s: float     # prompt done -> extent allocated (back-pressure)
     export_start_s: float
     export_end_s: float
+    extent_bytes: int = 0      # header + payload, whole pages: what the extent takes
+    arena_used_bytes: int = 0  # the allocator's bytes in use once this extent was taken
+    arena_kv_bytes: int = 0    # payload bytes of every live extent then (this one included)
 
 
 @dataclass(frozen=True)
 class KVImported:
-    """Decode worker -> controller: the request's KV is loaded; its slot is free again."""
+    """Decode worker -> controller: the request's KV is loaded; its extent is free again."""
     request_id: str
     slot: int
     import_start_s: float
@@ -192,5 +211,6 @@ class KVImported:
 
 @dataclass(frozen=True)
 class SlotFreed:
-    """Controller -> prefill worker: a slot went back to FREE (wakes a waiting export)."""
+    """Controller -> prefill worker: arena bytes may be free again (wakes a waiting export);
+    ``slot``: the extent's offset, -1 when unknown."""
     slot: int

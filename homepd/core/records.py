@@ -68,10 +68,16 @@ class WorkerSnapshot:
 
 @dataclass(frozen=True)
 class KVSlotsSnapshot:
+    """The KV arena of a disaggregated engine (one shared segment: ``n_slots`` is 1 and
+    ``capacity_bytes`` its size) and the requests whose KV is in transit through it."""
     n_slots: int
     capacity_bytes: int
-    occupancy: dict[str, int]           # slot state name -> count
-    in_slot: tuple[str, ...]            # request ids whose KV waits in a slot
+    occupancy: dict[str, int]           # extent state name -> count, over the requests in transit
+    in_slot: tuple[str, ...]            # request ids whose KV waits in the arena
+    in_transit_kv_bytes: int = 0        # their KV payload bytes
+    peak_used_bytes: int = 0            # most arena bytes in use at once since the engine started
+    peak_kv_bytes: int = 0              # KV payload bytes in transit at that moment
+    prefill_n_ctx: int = 0              # the prefill worker's context (longer prompts prefill on decode)
 
     @property
     def total_bytes(self) -> int:
@@ -79,6 +85,44 @@ class KVSlotsSnapshot:
 
     def to_dict(self) -> dict:
         return to_plain(self)
+
+
+@dataclass(frozen=True)
+class ProcessMemoryBreakdown:
+    """One homepd process's PSS by what holds it (bytes).  Shared mappings are this process's share."""
+    role: str                     # "controller", "colocated", "prefill", "decode", "replica-N"
+    pid: int
+    pss_bytes: int
+    weights_mapped_bytes: int     # its share of the model file's mapped pages
+    weights_copied_bytes: int     # private memory the model load made (repacked weights, vocabulary)
+    kv_cache_bytes: int           # llama.cpp's KV cache
+    compute_bytes: int            # llama.cpp's compute and output buffers, as far as steps touched them
+    arena_bytes: int              # its share of the KV arena
+    rest_bytes: int               # interpreter, libraries, heaps
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """The memory of every homepd process (controller, workers, KV arena) by what holds it, each byte
+    counted once: the model file's pages and the arena, mapped by several processes, count once at
+    their largest resident size; the rest is each process's own (bytes, resident in RAM; VRAM is not in it)."""
+    weights_shared_bytes: int     # model file pages mapped in (shared by the processes that map it)
+    weights_copied_bytes: int     # summed over processes: one private copy per worker
+    kv_cache_bytes: int
+    compute_bytes: int
+    arena_bytes: int
+    rest_bytes: int
+    processes: tuple[ProcessMemoryBreakdown, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_shared_bytes + self.weights_copied_bytes + self.kv_cache_bytes + self.compute_bytes
+                + self.arena_bytes + self.rest_bytes)
+
+    def to_dict(self) -> dict:
+        out = to_plain(self)
+        out["total_bytes"] = self.total_bytes
+        return out
 
 
 @dataclass(frozen=True)
@@ -94,6 +138,7 @@ class EngineSnapshot:
     n_steps: int
     worker_events: tuple[WorkerEvent, ...]
     t_s: float = 0.0
+    memory: MemoryBreakdown | None = None  # as last measured (Engine.measure_memory: at start, after each trace)
 
     @property
     def n_running(self) -> int:

@@ -25,7 +25,7 @@ from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
                                   StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
-from homepd.core.records import EngineSnapshot, KVSlotsSnapshot, WorkerEvent, WorkerEventKind
+from homepd.core.records import EngineSnapshot, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.core.textstream import TextStream
 from homepd.engine import recovery
@@ -57,6 +57,7 @@ class Engine:
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = {}
         self.kv = None  # KVRouter (disaggregated)
+        self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._restarting: dict[str, asyncio.Task] = {}  # worker name -> its restart in progress
@@ -84,10 +85,12 @@ class Engine:
             if self.config.mode == "disaggregated":
                 from homepd.kv.router import KVRouter
 
-                # sized from the prefill worker's measured KV state bytes per token
-                self.kv = KVRouter(self.config.n_slots, self.config.n_ctx, self.workers["prefill"].ready)
+                # the placement plan's arena (else sized from the prefill worker's measured KV state bytes)
+                self.kv = KVRouter(self.setup.kv_arena_bytes, self.workers["prefill"].ready,
+                                   max_extents=self.config.n_slots)
                 for handle in self.workers.values():
                     handle.send(self.kv.attach_message())
+            await asyncio.to_thread(self.measure_memory)
             if self.config.hang_timeout_s:
                 self._spawn_task(self._watch_for_hangs())
         except BaseException:
@@ -184,7 +187,7 @@ class Engine:
         lifecycle = Lifecycle(request_id=rid, arrived_s=arrived_s, n_prompt_tokens=len(ids))
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.streams[rid] = stream
-        self._entry_worker().send_request(rid, SubmitRequest(rid, tuple(ids), params))
+        self._entry_worker(n_tokens=len(ids)).send_request(rid, SubmitRequest(rid, tuple(ids), params))
         return stream
 
     def cancel(self, request_id: str) -> bool:
@@ -205,9 +208,13 @@ class Engine:
         stream = self.streams.get(request_id)
         return stream.lifecycle if stream is not None else self.records.get(request_id)
 
-    def _entry_worker(self, avoid: WorkerHandle | None = None) -> WorkerHandle:
-        """Where a new (or recomputed) request goes: the colocated or prefill worker, or the least
-        loaded replica that has not failed (``avoid``: a replica that just died, if another can take it)."""
+    def _entry_worker(self, avoid: WorkerHandle | None = None, n_tokens: int = 0) -> WorkerHandle:
+        """Where a new (or recomputed) request of ``n_tokens`` goes: the colocated or prefill worker (the
+        decode worker when its KV fits the prefill worker's context or the arena not: ``KVRouter.route``),
+        or the least loaded replica that has not failed (``avoid``: a replica that just died, if another
+        can take it)."""
+        if self.config.mode == "disaggregated" and self.kv is not None:
+            return self.workers[self.kv.route(n_tokens)]
         if self.config.mode != "replicas":
             return self.workers["colocated" if self.config.mode == "colocated" else "prefill"]
         usable = [h for h in self.workers.values() if not h.failed and h is not avoid] or \
@@ -351,7 +358,8 @@ class Engine:
             handle.send_request(rid, self.kv.in_slot[rid])
         for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
             self._note_resume(rid, "recompute")
-            self._entry_worker(avoid=handle).send_request(rid, self._recompute_request(rid))
+            request = self._recompute_request(rid)
+            self._entry_worker(avoid=handle, n_tokens=len(request.prompt_ids)).send_request(rid, request)
         self._restarting[handle.role] = self._spawn_task(self._restart(handle, died_s=now))
 
     def _held(self, rid: str, in_intact_slot: bool) -> recovery.HeldRequest:
@@ -419,13 +427,20 @@ class Engine:
         by_state: dict[str, list[str]] = {}
         for rid, stream in self.streams.items():
             by_state.setdefault(stream.lifecycle.state.value, []).append(rid)
-        kv = None
-        if self.kv is not None:
-            pool = self.kv.pool
-            kv = KVSlotsSnapshot(n_slots=len(pool), capacity_bytes=pool.capacity_bytes,
-                                 occupancy=pool.occupancy(), in_slot=tuple(sorted(self.kv.in_slot)))
         return EngineSnapshot(
             mode=self.config.mode, model=self.model_path, n_ctx=self.config.n_ctx, chunk=self.config.chunk,
-            workers=tuple(h.snapshot() for h in self.workers.values()), kv_slots=kv,
+            workers=tuple(h.snapshot() for h in self.workers.values()),
+            kv_slots=self.kv.snapshot() if self.kv is not None else None,
             requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
-            worker_events=tuple(self.worker_events), t_s=time.monotonic())
+            worker_events=tuple(self.worker_events), t_s=time.monotonic(), memory=self.memory)
+
+    def measure_memory(self) -> MemoryBreakdown:
+        """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept
+        as ``snapshot().memory``.  Reads /proc (a few ms): call it off the event loop when serving."""
+        from homepd.hw.smaps import ProcessRegions, measure_processes
+
+        processes = [ProcessRegions("controller", os.getpid())] + [
+            ProcessRegions(h.role, h.pid, h.ready.memory_regions, h.ready.kv_cache_bytes)
+            for h in list(self.workers.values()) if h.ready is not None and h.pid is not None]
+        self.memory = measure_processes(processes, self.model_path)
+        return self.memory

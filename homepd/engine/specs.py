@@ -14,7 +14,8 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
     for name in names:
         place = setup.placements[name]
         specs[name] = WorkerSpec(
-            role="colocated" if name.startswith("replica-") else name, model_path=setup.model_path, n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
+            role="colocated" if name.startswith("replica-") else name, model_path=setup.model_path,
+            n_ctx=place.n_ctx or config.n_ctx, n_seq_max=config.n_seq_max,
             chunk=config.chunk, n_threads=place.n_threads, cpu_cores=place.cpu_cores,
             n_gpu_layers=999 if place.n_gpu_layers < 0 else place.n_gpu_layers, fault=config.fault,
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,

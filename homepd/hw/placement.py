@@ -4,10 +4,13 @@
 hardware, and returns a frozen ``PlacementPlan`` the engine turns into worker
 processes (device, pinned cores, ``n_threads``, ``n_gpu_layers``,
 ``CUDA_VISIBLE_DEVICES``).  One worker needs the model weights plus the KV cache
-for the configured context and sequences; disaggregation needs that twice, plus
-host shared memory for the KV handoff.  When that does not fit, disaggregation
-is infeasible: duplicated weights and the KV transfer would cost more memory
-than the interference it removes.
+for the configured context and sequences.  Disaggregation needs it per role —
+the decode worker's KV cache for the full context, the prefill worker's only
+for the prompts it works on (``prefill_context``) — plus the KV arena, host
+shared memory for the handoff (``arena_bytes_for``).  When that does not fit,
+disaggregation is infeasible and the reason names the numbers: duplicated
+weights and the KV transfer would cost more memory than the interference it
+removes.
 """
 from __future__ import annotations
 
@@ -21,6 +24,23 @@ VRAM_RESERVE_BYTES = 512 << 20
 # why: the OS, the engine's own process and the HTTP/TUI faces need room.
 RAM_RESERVE_BYTES = 1 << 30
 ALL_LAYERS = -1  # n_gpu_layers value that offloads every layer
+MIN_PREFILL_N_CTX = 512
+ARENA_SLACK_BYTES = 1 << 20  # per arena: extent headers, page rounding, llama.cpp's state overhead
+MIN_ARENA_FRACTION = 8       # on a short box the arena may shrink to 1/8 of its default, no further
+
+
+def prefill_context(n_ctx: int, prefill_n_ctx: int | None = None) -> int:
+    """The prefill worker's context: ``prefill_n_ctx`` if given, else a quarter of ``n_ctx`` but at least
+    ``MIN_PREFILL_N_CTX`` (never above ``n_ctx``).  Prompts longer than it are prefilled on the decode worker."""
+    if prefill_n_ctx is not None:
+        return min(prefill_n_ctx, n_ctx)
+    return min(n_ctx, max(MIN_PREFILL_N_CTX, n_ctx // 4))
+
+
+def arena_bytes_for(prefill_kv_bytes: int) -> int:
+    """The default KV arena: room for everything the prefill worker's KV cache holds, plus slack for extent
+    headers and llama.cpp's state overhead, in whole MiB."""
+    return -(-(prefill_kv_bytes + ARENA_SLACK_BYTES) // (1 << 20)) * (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -45,9 +65,10 @@ class ColocatedPlacement:
 class DisaggregatedPlacement:
     prefill: WorkerPlacement | None
     decode: WorkerPlacement | None
-    transfer_bytes: int            # host shared memory for the KV handoff
+    transfer_bytes: int            # host shared memory for the KV handoff: the KV arena
     feasible: bool
     reason: str
+    total_bytes: int = 0           # both workers and the arena
 
 
 @dataclass(frozen=True)
@@ -59,20 +80,22 @@ class ReplicasPlacement:
 
 @dataclass(frozen=True)
 class MemoryFit:
-    worker_bytes: int                    # model + KV for one worker
+    worker_bytes: int                    # model + KV for one worker (colocated, decode, replica)
     ram_available_bytes: int | None
     fits_ram_once: bool
-    fits_ram_twice: bool                 # two workers + the KV transfer
+    fits_ram_twice: bool                 # the prefill and decode workers + the KV arena
     gpu_indices: tuple[int, ...]         # the GPUs homepd may use, by NVML index
     vram_free_bytes: tuple[int | None, ...]
     fits_vram_once: tuple[bool, ...]     # per usable GPU
-    fits_vram_twice: tuple[bool, ...]    # two workers on that one GPU
+    fits_vram_twice: tuple[bool, ...]    # prefill and decode workers on that one GPU
+    prefill_worker_bytes: int = 0        # model + the prefill worker's KV (its smaller context)
 
 
 @dataclass(frozen=True)
 class PlacementPlan:
     model_bytes: int
     kv_bytes: int
+    prefill_kv_bytes: int
     uses_gpus: bool
     memory: MemoryFit
     colocated: ColocatedPlacement
@@ -89,8 +112,9 @@ def _vram_once(g: GpuInfo, worker_bytes: int) -> bool:
     return _fits(worker_bytes + VRAM_RESERVE_BYTES, g.vram_free_bytes)
 
 
-def _vram_twice(g: GpuInfo, worker_bytes: int) -> bool:
-    return _fits(2 * (worker_bytes + VRAM_RESERVE_BYTES), g.vram_free_bytes)
+def _vram_twice(g: GpuInfo, worker_bytes: int, other_bytes: int | None = None) -> bool:
+    other = worker_bytes if other_bytes is None else other_bytes
+    return _fits(worker_bytes + other + 2 * VRAM_RESERVE_BYTES, g.vram_free_bytes)
 
 
 CoreGroups = tuple[tuple[int, ...], ...]  # logical CPUs, grouped by physical core
@@ -143,19 +167,21 @@ def _colocated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int,
         "for the system); use a smaller quantisation, context or fewer sequences"))
 
 
-def _disaggregated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, transfer: int,
-                   fit: MemoryFit, ram: int | None) -> DisaggregatedPlacement:
+def _disaggregated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, model: int, need: int, prefill_need: int,
+                   transfer: int, fit: MemoryFit, ram: int | None) -> DisaggregatedPlacement:
+    total = need + prefill_need + transfer
+
     def plan(prefill, decode, reason):
-        return DisaggregatedPlacement(prefill, decode, transfer, True, reason)
+        return DisaggregatedPlacement(prefill, decode, transfer, True, reason, total)
 
     def refuse(reason):
-        return DisaggregatedPlacement(None, None, transfer, False, reason)
+        return DisaggregatedPlacement(None, None, transfer, False, reason, total)
 
     if len(groups) < 2:
         return refuse("needs at least 2 physical cores to pin prefill and decode apart; "
                       f"this box lets homepd use {len(groups)}")
     if not _fits(transfer + RAM_RESERVE_BYTES, ram):
-        return refuse(f"the KV transfer needs {fmt_bytes(transfer)} of shared memory; "
+        return refuse(f"the KV arena needs {fmt_bytes(transfer)} of shared memory; "
                       f"RAM has {fmt_bytes(ram)} available")
     half_a, half_b = _split(groups, (len(groups) + 1) // 2)
     roomy = sorted((g for g in gpus if _vram_once(g, need)),
@@ -163,36 +189,37 @@ def _disaggregated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, tra
     if len(roomy) >= 2:
         # why: decode keeps the KV of every running sequence, so it gets the larger GPU
         decode_gpu, prefill_gpu = roomy[0], roomy[1]
-        return plan(_worker("prefill", prefill_gpu, half_a, need),
+        return plan(_worker("prefill", prefill_gpu, half_a, prefill_need),
                     _worker("decode", decode_gpu, half_b, need),
                     f"prefill on cuda:{prefill_gpu.index}, decode on cuda:{decode_gpu.index} "
                     "(the one with more free VRAM, it holds every running sequence's KV); "
                     "KV moves GPU -> host shared memory -> GPU over PCIe")
-    if roomy and _vram_twice(roomy[0], need):
+    if roomy and _vram_twice(roomy[0], need, prefill_need):
         g = roomy[0]
-        return plan(_worker("prefill", g, half_a, need), _worker("decode", g, half_b, need),
-                    f"two processes share cuda:{g.index} (its VRAM holds two copies); "
+        return plan(_worker("prefill", g, half_a, prefill_need), _worker("decode", g, half_b, need),
+                    f"two processes share cuda:{g.index} (its VRAM holds both); "
                     "the GPU time-slices between them, so interference is reduced, not removed")
     decode_ram = need + transfer + RAM_RESERVE_BYTES
     if roomy and _fits(decode_ram, ram):
         g = roomy[0]
         one, rest = _split(groups, 1)
-        return plan(_worker("prefill", g, one, need), _worker("decode", None, rest, need),
+        return plan(_worker("prefill", g, one, prefill_need), _worker("decode", None, rest, need),
                     f"cuda:{g.index} holds only one copy, so prefill runs on it and decode on "
                     f"the CPU with {len(rest)} threads; decode is slower per token there")
     if fit.fits_ram_twice:
         prefix = "no GPU has room for model + KV; " if gpus else ""
-        return plan(_worker("prefill", None, half_a, need), _worker("decode", None, half_b, need),
+        return plan(_worker("prefill", None, half_a, prefill_need), _worker("decode", None, half_b, need),
                     prefix + f"CPU cores split: prefill pinned to {len(half_a)} physical "
                     f"core(s), decode to {len(half_b)}")
     where = (f"the largest GPU has {fmt_bytes(max((g.vram_free_bytes or 0) for g in gpus))} free "
-             f"VRAM (two copies need {fmt_bytes(2 * (need + VRAM_RESERVE_BYTES))}) and "
+             f"VRAM (both workers need {fmt_bytes(need + prefill_need + 2 * VRAM_RESERVE_BYTES)}) and "
              if gpus else "")
     return refuse(
-        f"model + KV ({fmt_bytes(need)}) does not fit twice: {where}RAM has "
-        f"{fmt_bytes(ram)} available (needs {fmt_bytes(2 * need + transfer + RAM_RESERVE_BYTES)} "
-        "for two copies and the KV transfer); duplicated weights + KV transfer would cost more "
-        "memory than the interference disaggregation removes")
+        f"model + KV does not fit twice: {where}RAM has {fmt_bytes(ram)} available, and needs "
+        f"{fmt_bytes(total + RAM_RESERVE_BYTES)}: prefill worker {fmt_bytes(prefill_need)} (model "
+        f"{fmt_bytes(model)} + KV {fmt_bytes(prefill_need - model)}) + decode worker {fmt_bytes(need)} (model "
+        f"{fmt_bytes(model)} + KV {fmt_bytes(need - model)}) + KV arena {fmt_bytes(transfer)} + {fmt_bytes(RAM_RESERVE_BYTES)} for the system; duplicated weights + "
+        "KV transfer would cost more memory than the interference disaggregation removes")
 
 
 def _replicas(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, fit: MemoryFit,
@@ -226,17 +253,31 @@ def _replicas(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, fit: Mem
 
 
 def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
-                   transfer_bytes: int | None = None, n_replicas: int = 2) -> PlacementPlan:
+                   transfer_bytes: int | None = None, n_replicas: int = 2,
+                   prefill_kv_bytes: int | None = None) -> PlacementPlan:
     """Place prefill and decode for colocated and disaggregated serving on ``probe``'s box.
 
     ``kv_bytes`` is the KV cache for the configured context and sequences, held
-    by each worker; ``transfer_bytes`` is the host shared memory for the KV
-    handoff (default ``kv_bytes``: every sequence's KV staged at once).
+    by a colocated, decode or replica worker; ``prefill_kv_bytes`` the prefill
+    worker's (its context holds only the prompts it works on; default
+    ``kv_bytes``); ``transfer_bytes`` the KV arena, host shared memory for the
+    handoff (default: ``arena_bytes_for(prefill_kv_bytes)``, shrunk down to an eighth
+    of that when RAM is short — longer prompts then prefill on the decode worker).
     """
     assert model_bytes >= 0 and kv_bytes >= 0
-    transfer = kv_bytes if transfer_bytes is None else transfer_bytes
-    need = model_bytes + kv_bytes
+    prefill_kv = kv_bytes if prefill_kv_bytes is None else prefill_kv_bytes
+    need, prefill_need = model_bytes + kv_bytes, model_bytes + prefill_kv
     notes: list[str] = []
+    ram = probe.memory.ram_available_bytes
+    if transfer_bytes is not None:
+        transfer = transfer_bytes
+    else:
+        transfer = arena_bytes_for(prefill_kv)
+        room = None if ram is None else ram - RAM_RESERVE_BYTES - need - prefill_need
+        if room is not None and transfer // MIN_ARENA_FRACTION <= room < transfer:
+            notes.append(f"KV arena shrunk to {fmt_bytes(room)} (from {fmt_bytes(transfer)}) to fit RAM: prompts "
+                         "whose KV does not fit it are prefilled on the decode worker")
+            transfer = room
     groups = probe.cpu.core_groups or tuple((c,) for c in probe.cpu.usable_cpus)
     gpus = tuple(g for g in probe.gpus if g.vram_total_bytes is not None)
     if len(gpus) < len(probe.gpus):
@@ -247,20 +288,20 @@ def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
     if model_bytes == 0:
         notes.append("model size is 0 (not given): the memory checks are trivially true; "
                      "pass --model-bytes and --kv-bytes")
-    ram = probe.memory.ram_available_bytes
     fit = MemoryFit(
         worker_bytes=need, ram_available_bytes=ram,
         fits_ram_once=_fits(need + RAM_RESERVE_BYTES, ram),
-        fits_ram_twice=_fits(2 * need + transfer + RAM_RESERVE_BYTES, ram),
+        fits_ram_twice=_fits(need + prefill_need + transfer + RAM_RESERVE_BYTES, ram),
         gpu_indices=tuple(g.index for g in gpus),
         vram_free_bytes=tuple(g.vram_free_bytes for g in gpus),
         fits_vram_once=tuple(_vram_once(g, need) for g in gpus),
-        fits_vram_twice=tuple(_vram_twice(g, need) for g in gpus),
+        fits_vram_twice=tuple(_vram_twice(g, need, prefill_need) for g in gpus),
+        prefill_worker_bytes=prefill_need,
     )
     return PlacementPlan(
-        model_bytes=model_bytes, kv_bytes=kv_bytes, uses_gpus=bool(gpus), memory=fit,
+        model_bytes=model_bytes, kv_bytes=kv_bytes, prefill_kv_bytes=prefill_kv, uses_gpus=bool(gpus), memory=fit,
         colocated=_colocated(gpus, groups, need, fit),
-        disaggregated=_disaggregated(gpus, groups, need, transfer, fit, ram),
+        disaggregated=_disaggregated(gpus, groups, model_bytes, need, prefill_need, transfer, fit, ram),
         replicas=_replicas(gpus, groups, need, fit, ram, n_replicas),
         notes=tuple(notes),
     )
@@ -277,13 +318,17 @@ def _worker_line(w: WorkerPlacement) -> str:
 def render_plan_text(plan: PlacementPlan) -> str:
     """The plan as the lines ``homepd probe`` prints under the probe."""
     m = plan.memory
+    d = plan.disaggregated
     lines = [f"placement  model {fmt_bytes(plan.model_bytes)} + KV {fmt_bytes(plan.kv_bytes)} "
-             f"= {fmt_bytes(m.worker_bytes)} per worker; fits in RAM once: "
-             f"{'yes' if m.fits_ram_once else 'no'}, twice: {'yes' if m.fits_ram_twice else 'no'}"]
+             f"= {fmt_bytes(m.worker_bytes)} per worker; fits in RAM once: {'yes' if m.fits_ram_once else 'no'}",
+             f"           disaggregated: prefill {fmt_bytes(m.prefill_worker_bytes)} (KV "
+             f"{fmt_bytes(plan.prefill_kv_bytes)}) + decode {fmt_bytes(m.worker_bytes)} + KV arena "
+             f"{fmt_bytes(d.transfer_bytes)} = {fmt_bytes(d.total_bytes)}; fits in RAM: "
+             f"{'yes' if m.fits_ram_twice else 'no'}"]
     for i, once, twice in zip(m.gpu_indices, m.fits_vram_once, m.fits_vram_twice):
         lines.append(f"           cuda:{i} VRAM: once {'yes' if once else 'no'}, "
                      f"twice {'yes' if twice else 'no'}")
-    c, d = plan.colocated, plan.disaggregated
+    c = plan.colocated
     lines.append(f"  colocated:     {'feasible' if c.feasible else 'INFEASIBLE'} - {c.reason}")
     lines += [_worker_line(w) for w in c.workers] if c.feasible else []
     lines.append(f"  disaggregated: {'feasible' if d.feasible else 'INFEASIBLE'} - {d.reason}")

@@ -1,18 +1,21 @@
-"""What one KV slot holds: the header layout, its checks, and the payload checksum.
+"""What one KV extent of the arena holds: the header layout, its checks, and the payload checksum.
 
-A slot is one shared-memory segment: a ``HEADER_BYTES`` header, then the
-payload (one sequence's ``llama_state_seq_get_data`` bytes).  Little-endian,
-byte offsets::
+An extent (historically a "slot") is a page-aligned run of the KV arena
+(``homepd.kv.pool``): a ``HEADER_BYTES`` header, then the payload (one
+sequence's ``llama_state_seq_get_data`` bytes), rounded up to whole pages.
+Little-endian, byte offsets from the start of the extent::
 
     0   magic        8s   b"HPDKVSL\\0"
     8   version      u16  LAYOUT_VERSION
-    10  state        u8   SlotState; the only byte that changes outside publish()
-    12  holder_pid   u32  last process that took the slot (payload() / open_ready())
+    10  state        u8   SlotState; the only byte that changes outside begin() and publish()
+    12  holder_pid   u32  last process that took the extent (begin() / payload() / open_ready())
     16  header_crc   u32  zlib.crc32 of bytes [BODY_OFFSET, HEADER_BYTES)
     32  body         BODY below; the rest of the header is reserved (zeros),
                           covered by header_crc, room for new fields
 
-The header is one page, so the payload starts page-aligned.
+The header is one page, so the payload starts page-aligned.  Version 2: the
+body names the extent's length, and ``n_ctx`` is the producer's context (the
+consumer checks that the tokens fit its own).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import numpy as np
 from homepd.errors import SlotError
 
 MAGIC = b"HPDKVSL\0"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_BYTES = 4096
 STATE_OFFSET = 10
 HOLDER_PID_OFFSET = 12
@@ -36,9 +39,9 @@ REQUEST_ID_MAX_BYTES = 64
 FINGERPRINT_BYTES = 32
 
 PREFIX = struct.Struct("<8sHBxII")  # magic, version, state, holder_pid, header_crc
-# payload_bytes, payload_checksum, n_ctx, n_tokens, export_start_s, export_end_s,
+# payload_bytes, payload_checksum, extent_bytes, n_ctx, n_tokens, export_start_s, export_end_s,
 # published_s, verify kind, request_id length, request_id, model fingerprint
-BODY = struct.Struct(f"<QQIIdddBB{REQUEST_ID_MAX_BYTES}s{FINGERPRINT_BYTES}s")
+BODY = struct.Struct(f"<QQQIIdddBB{REQUEST_ID_MAX_BYTES}s{FINGERPRINT_BYTES}s")
 assert BODY_OFFSET + BODY.size <= HEADER_BYTES
 
 VERIFY_KINDS = {"full": 1, "sampled": 2}
@@ -46,9 +49,9 @@ _VERIFY_NAMES = {code: name for name, code in VERIFY_KINDS.items()}
 
 
 class SlotState(enum.IntEnum):
-    """Who may touch a slot.  Each transition has one writer: the allocator
-    (FREE→WRITING), the producer holding it (WRITING→READY), the consumer it
-    was handed to (READY→READING→FREE)."""
+    """Who may touch an extent.  Each transition has one writer: the producer that
+    allocated it (FREE→WRITING→READY), the consumer it was handed to
+    (READY→READING→FREE), the controller after a death (→FREE, READING→READY)."""
     FREE = 0
     WRITING = 1
     READY = 2
@@ -57,11 +60,11 @@ class SlotState(enum.IntEnum):
 
 @dataclass(frozen=True)
 class SlotHeader:
-    """One request's KV hand-off.  The producer fills the first fields;
-    ``SlotPool.publish`` fills ``published_s``, ``payload_checksum`` and ``verify``."""
+    """One request's KV hand-off.  The producer fills the first fields; ``KVArena.publish``
+    fills ``extent_bytes``, ``published_s``, ``payload_checksum`` and ``verify``."""
     request_id: str
     model_fingerprint: str  # homepd.models.resolve.fingerprint(): 64 hex chars
-    n_ctx: int
+    n_ctx: int              # the producer's context
     n_tokens: int
     payload_bytes: int
     export_start_s: float = 0.0  # time.monotonic() around state_get
@@ -69,11 +72,13 @@ class SlotHeader:
     published_s: float = 0.0
     payload_checksum: int = 0
     verify: str = "full"
+    extent_bytes: int = 0   # header + payload rounded up to pages: what the extent takes in the arena
 
 
 @dataclass(frozen=True)
 class SlotExpectation:
-    """What a consumer knows the slot must hold; every field is checked."""
+    """What a consumer knows the extent must hold; every field is checked.  ``n_ctx`` is the
+    consumer's own context: the extent's tokens must fit it (the producer's may be smaller)."""
     request_id: str
     model_fingerprint: str
     n_ctx: int
@@ -84,21 +89,22 @@ def pack_body(header: SlotHeader) -> bytes:
     if len(request_id) > REQUEST_ID_MAX_BYTES:
         raise SlotError(f"request id {header.request_id[:20]!r}… is {len(request_id)} bytes of utf-8, "
                         f"a KV slot holds at most {REQUEST_ID_MAX_BYTES} — use shorter request ids")
-    return BODY.pack(header.payload_bytes, header.payload_checksum, header.n_ctx, header.n_tokens,
+    return BODY.pack(header.payload_bytes, header.payload_checksum, header.extent_bytes, header.n_ctx,
+                     header.n_tokens,
                      header.export_start_s, header.export_end_s, header.published_s,
                      VERIFY_KINDS[header.verify], len(request_id), request_id,
                      fingerprint_bytes(header.model_fingerprint))
 
 
 def unpack_body(body) -> SlotHeader:
-    (payload_bytes, payload_checksum, n_ctx, n_tokens, export_start_s, export_end_s, published_s,
+    (payload_bytes, payload_checksum, extent_bytes, n_ctx, n_tokens, export_start_s, export_end_s, published_s,
      verify_code, request_id_len, request_id, fingerprint) = BODY.unpack_from(body)
     return SlotHeader(request_id=request_id[:request_id_len].decode("utf-8", errors="replace"),
                       model_fingerprint=fingerprint.hex(), n_ctx=n_ctx, n_tokens=n_tokens,
                       payload_bytes=payload_bytes, export_start_s=export_start_s,
                       export_end_s=export_end_s, published_s=published_s,
                       payload_checksum=payload_checksum,
-                      verify=_VERIFY_NAMES.get(verify_code, f"unknown({verify_code})"))
+                      verify=_VERIFY_NAMES.get(verify_code, f"unknown({verify_code})"), extent_bytes=extent_bytes)
 
 
 def fingerprint_bytes(fingerprint: str) -> bytes:
@@ -116,34 +122,39 @@ def header_checksum(header_buf) -> int:
     return zlib.crc32(header_buf[BODY_OFFSET:HEADER_BYTES])
 
 
-def check_header(slot: int, header_buf, expect: SlotExpectation, capacity_bytes: int) -> SlotHeader:
-    """Verify everything but the payload checksum; raise SlotError naming the first mismatch."""
+def check_header(where: str, header_buf, expect: SlotExpectation, extent_bytes: int) -> SlotHeader:
+    """Verify everything but the payload checksum; raise SlotError naming the first mismatch.
+
+    ``where`` names the extent in messages (e.g. "KV extent at 8192"); ``extent_bytes``
+    is its length as the arena knows it (the header must agree).
+    """
     magic, version, _state, _holder, stored_crc = PREFIX.unpack_from(header_buf)
     if magic != MAGIC:
-        raise SlotError(f"slot {slot} is not a homepd KV slot (magic {magic!r}, expected {MAGIC!r})")
+        raise SlotError(f"{where} is not a homepd KV extent (magic {magic!r}, expected {MAGIC!r})")
     if version != LAYOUT_VERSION:
-        raise SlotError(f"slot {slot} has layout version {version}, this homepd reads version "
+        raise SlotError(f"{where} has layout version {version}, this homepd reads version "
                         f"{LAYOUT_VERSION} — run the controller and workers from the same homepd install")
     found_crc = header_checksum(header_buf)
     if found_crc != stored_crc:
-        raise SlotError(f"slot {slot} header checksum mismatch: stored {stored_crc:08x}, header gives "
+        raise SlotError(f"{where} header checksum mismatch: stored {stored_crc:08x}, header gives "
                         f"{found_crc:08x} — the header was overwritten after publish")
     header = unpack_body(header_buf[BODY_OFFSET:])
     if header.request_id != expect.request_id:
-        raise SlotError(f"slot {slot} holds KV for request id {header.request_id!r}, expected "
-                        f"{expect.request_id!r} — the slot was handed to the wrong request")
+        raise SlotError(f"{where} holds KV for request id {header.request_id!r}, expected "
+                        f"{expect.request_id!r} — the extent was handed to the wrong request")
     if header.model_fingerprint != expect.model_fingerprint.lower():
-        raise SlotError(f"slot {slot} holds KV for model fingerprint {header.model_fingerprint[:12]}…, "
+        raise SlotError(f"{where} holds KV for model fingerprint {header.model_fingerprint[:12]}…, "
                         f"this decode worker runs {expect.model_fingerprint[:12]}… "
                         "— both workers must load the same GGUF")
-    if header.n_ctx != expect.n_ctx:
-        raise SlotError(f"slot {slot} holds KV made with n_ctx {header.n_ctx}, this decode worker "
-                        f"runs n_ctx {expect.n_ctx} — start both workers with the same n_ctx")
-    if header.payload_bytes > capacity_bytes:
-        raise SlotError(f"slot {slot} claims payload bytes {header.payload_bytes}, its capacity is "
-                        f"{capacity_bytes} — the header is corrupt")
+    if header.n_tokens > expect.n_ctx:
+        raise SlotError(f"{where} holds KV of {header.n_tokens} tokens (made with n_ctx {header.n_ctx}), "
+                        f"this decode worker runs n_ctx {expect.n_ctx} — give the decode worker at least "
+                        "the context of the prefill worker")
+    if header.extent_bytes != extent_bytes or header.payload_bytes > extent_bytes - HEADER_BYTES:
+        raise SlotError(f"{where} claims payload bytes {header.payload_bytes} in an extent of "
+                        f"{header.extent_bytes} bytes, the arena gave it {extent_bytes} — the header is corrupt")
     if header.verify not in VERIFY_KINDS:
-        raise SlotError(f"slot {slot} payload checksum kind is {header.verify}, this homepd knows "
+        raise SlotError(f"{where} payload checksum kind is {header.verify}, this homepd knows "
                         f"{sorted(VERIFY_KINDS)} — run the controller and workers from the same homepd install")
     return header
 

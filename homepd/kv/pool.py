@@ -1,16 +1,23 @@
-"""A pool of pre-faulted shared-memory slots that carry one request's KV state
-from a prefill worker to a decode worker.
+"""The KV arena: one pre-faulted shared-memory segment that carries requests' KV state
+from a prefill worker to a decode worker, each in an extent of exactly the bytes it needs.
 
-The controller creates the pool (and unlinks it at close); workers attach by
-name and only close.  A slot goes FREE → WRITING (``acquire_free``, by the one
-allocator, normally the controller, which names the slot in the prefill
-message) → READY (``publish``, by the prefill worker, after ``state_get`` wrote
-into ``payload()``) → READING (``open_ready``, by the decode worker, which then
-``state_set``s from the returned view) → FREE (``release``).
+Page 0 of the segment is the arena header (magic, version, data bytes); the
+data region after it is carved into extents by the prefill worker's
+``RingAllocator`` (``homepd.kv.ring``).  An extent is a one-page header
+(``homepd.kv.header``) followed by the payload, rounded up to whole pages;
+offsets below are from the start of the data region.
 
-# why a plain byte store is enough for the state: every transition of a slot
-# has exactly one writer, so there is no compare-and-swap to lose; and a
-# consumer only looks at a slot after a pipe message told it to, and the
+The controller creates the arena (and unlinks it at close); workers attach by
+name and only close.  The prefill worker allocates an extent and ``begin``\\ s
+it (→ WRITING), lets ``state_get`` write into ``payload()``, ``publish``\\ es it
+(→ READY) and sends ``KVHandoff(offset)``; the decode worker ``open_ready``\\ s
+it (→ READING), ``state_set``\\ s from the view and ``release``\\ s it (→ FREE);
+the prefill worker sees the FREE state byte and gives the bytes back to its
+allocator.  The controller resets what a dead worker held (``reset_stale``).
+
+# why a plain byte store is enough for the state: every transition of an
+# extent has exactly one writer, so there is no compare-and-swap to lose; and a
+# consumer only looks at an extent after a pipe message told it to, and the
 # syscalls on both ends order the payload and header writes before the read
 # (x86 would order them anyway; ARM needs the syscall's barrier).  The state
 # byte is a check that catches protocol bugs, not the synchronisation.
@@ -18,96 +25,92 @@ into ``payload()``) → READING (``open_ready``, by the decode worker, which the
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 import weakref
 from dataclasses import replace
 
 from homepd.errors import SlotError
-from homepd.kv.header import (BODY_OFFSET, HEADER_BYTES, HEADER_CRC_OFFSET, HOLDER_PID_OFFSET,
-                                  LAYOUT_VERSION, MAGIC, PREFIX, STATE_OFFSET, VERIFY_KINDS,
-                                  SlotExpectation, SlotHeader, SlotState, check_header,
-                                  header_checksum, pack_body, payload_checksum, unpack_body)
-from homepd.kv.segment import (attach_segment, create_segment, new_token, parse_segment_name,
-                                   segment_name, unlink_segment)
+from homepd.kv.header import (BODY_OFFSET, HEADER_BYTES, HEADER_CRC_OFFSET, HOLDER_PID_OFFSET, LAYOUT_VERSION,
+                              MAGIC, PREFIX, STATE_OFFSET, VERIFY_KINDS, SlotExpectation, SlotHeader, SlotState,
+                              check_header, header_checksum, pack_body, payload_checksum, unpack_body)
+from homepd.kv.ring import PAGE_BYTES
+from homepd.kv.segment import (attach_segment, create_segment, new_token, parse_segment_name, segment_name,
+                               unlink_segment)
 
-__all__ = ["SlotPool", "SlotHeader", "SlotExpectation", "SlotState", "payload_checksum"]
+__all__ = ["KVArena", "SlotHeader", "SlotExpectation", "SlotState", "payload_checksum", "extent_bytes_for"]
+
+ARENA_MAGIC = b"HPDKVAR\0"
+ARENA_HEADER = struct.Struct("<8sH6xQ")  # magic, LAYOUT_VERSION, data bytes
+DATA_OFFSET = PAGE_BYTES                 # the data region starts after the arena header page
 
 
-class SlotPool:
-    """``n_slots`` segments of ``HEADER_BYTES + capacity_bytes`` each; see the module docstring."""
+def extent_bytes_for(payload_bytes: int) -> int:
+    """What a payload of ``payload_bytes`` takes in the arena: the header page plus whole payload pages."""
+    return HEADER_BYTES + -(-payload_bytes // PAGE_BYTES) * PAGE_BYTES
 
-    def __init__(self, names: list[str], maps, *, is_owner: bool, verify: str):
+
+class KVArena:
+    """One segment: the arena header page, then ``capacity_bytes`` of extents; see the module docstring."""
+
+    def __init__(self, names: list[str], shm_map, *, is_owner: bool, verify: str):
         self.names = tuple(names)
-        self.owner_pid, self.token = _pool_identity(names)
+        self.owner_pid, self.token = _arena_identity(names)
         self.is_owner = is_owner
         self.verify = verify
-        self._maps = list(maps)
-        self._bufs = [memoryview(m) for m in self._maps]
-        self._views: list[list[memoryview]] = [[] for _ in names]  # handed out, released on hand-over
-        self.capacity_bytes = len(self._maps[0]) - HEADER_BYTES
+        self._map = shm_map
+        self._buf = memoryview(shm_map)
+        self.capacity_bytes = len(shm_map) - DATA_OFFSET
+        self._writing: dict[int, int] = {}              # extents this process began: offset -> extent bytes
+        self._views: dict[int, list[memoryview]] = {}   # handed out, released on hand-over
         self._lock = threading.Lock()
         self._closed = False
         # why: an owner that forgets close() still unlinks at interpreter exit;
-        # the pid check keeps a forked child from unlinking its parent's pool.
+        # the pid check keeps a forked child from unlinking its parent's arena.
         self._finalizer = weakref.finalize(self, _unlink_if_pid, list(names), os.getpid()) if is_owner else None
 
     # lifecycle ---------------------------------------------------------------
     @classmethod
-    def create(cls, n_slots: int, capacity_bytes: int, owner_pid: int | None = None,
-               verify: str = "sampled") -> SlotPool:
-        """Create, allocate and pre-fault ``n_slots`` slots of ``capacity_bytes`` payload each.
+    def create(cls, capacity_bytes: int, owner_pid: int | None = None, verify: str = "sampled") -> KVArena:
+        """Create, allocate and pre-fault an arena of ``capacity_bytes`` (rounded up to pages) for extents.
 
         ``verify`` is the payload checksum this process writes when it publishes
         ("sampled" or "full", see ``payload_checksum``); consumers check whatever
         the header says.  Raises SlotError if /dev/shm has no room.
         """
         _check_verify(verify)
-        if n_slots < 1 or capacity_bytes < 1:
-            raise SlotError(f"a KV slot pool needs n_slots ≥ 1 and capacity_bytes ≥ 1, got {n_slots}, {capacity_bytes}")
+        if capacity_bytes < extent_bytes_for(1):
+            raise SlotError(f"a KV arena needs at least {extent_bytes_for(1)} bytes (one page of header and one "
+                            f"of payload), got {capacity_bytes}")
+        capacity_bytes = -(-capacity_bytes // PAGE_BYTES) * PAGE_BYTES
         owner_pid = os.getpid() if owner_pid is None else owner_pid
-        token = new_token()
-        names, maps = [], []
+        name = segment_name(owner_pid, new_token(), 0)
+        shm_map = create_segment(name, DATA_OFFSET + capacity_bytes)
         try:
-            for index in range(n_slots):
-                name = segment_name(owner_pid, token, index)
-                maps.append(create_segment(name, HEADER_BYTES + capacity_bytes))
-                names.append(name)
-                PREFIX.pack_into(maps[-1], 0, MAGIC, LAYOUT_VERSION, SlotState.FREE, 0, 0)
+            ARENA_HEADER.pack_into(shm_map, 0, ARENA_MAGIC, LAYOUT_VERSION, capacity_bytes)
         except BaseException:
-            for name in names:
-                unlink_segment(name)
-            for m in maps:
-                m.close()
+            unlink_segment(name)
+            shm_map.close()
             raise
-        return cls(names, maps, is_owner=True, verify=verify)
+        return cls([name], shm_map, is_owner=True, verify=verify)
 
     @classmethod
-    def attach(cls, names: list[str], verify: str = "sampled", populate: bool = True) -> SlotPool:
-        """Map the slots of a pool another process created; ``close()`` will not unlink them.
+    def attach(cls, names: list[str] | tuple[str, ...], verify: str = "sampled", populate: bool = True) -> KVArena:
+        """Map the arena another process created; ``close()`` will not unlink it.
 
         ``populate`` maps every page now so the first export/import does not take page faults.
         """
         _check_verify(verify)
-        _pool_identity(names)
-        maps = []
-        try:
-            for name in names:
-                maps.append(attach_segment(name, populate))
-            sizes = {len(m) for m in maps}
-            if len(sizes) != 1:
-                raise SlotError(f"the segments of {names[0]}… differ in size {sorted(sizes)} — not one pool")
-            for index, m in enumerate(maps):
-                magic, version = PREFIX.unpack_from(m)[:2]
-                if (magic, version) != (MAGIC, LAYOUT_VERSION):
-                    raise SlotError(f"{names[index]} has magic {magic!r} version {version}, this homepd "
-                                    f"reads {MAGIC!r} version {LAYOUT_VERSION} — run the controller and "
-                                    "workers from the same homepd install")
-        except BaseException:
-            for m in maps:
-                m.close()
-            raise
-        return cls(list(names), maps, is_owner=False, verify=verify)
+        _arena_identity(names)
+        shm_map = attach_segment(names[0], populate)
+        magic, version, data_bytes = ARENA_HEADER.unpack_from(shm_map)
+        if (magic, version) != (ARENA_MAGIC, LAYOUT_VERSION) or data_bytes != len(shm_map) - DATA_OFFSET:
+            shm_map.close()
+            raise SlotError(f"{names[0]} has magic {magic!r} version {version} ({data_bytes} data bytes), this "
+                            f"homepd reads {ARENA_MAGIC!r} version {LAYOUT_VERSION} — run the controller and "
+                            "workers from the same homepd install")
+        return cls(list(names), shm_map, is_owner=False, verify=verify)
 
     def close(self) -> None:
         """Unmap; the owner also unlinks.  Idempotent, never raises.
@@ -120,173 +123,178 @@ class SlotPool:
         self._closed = True
         if self._finalizer is not None:
             self._finalizer()  # unlink first: nothing in /dev/shm even if an unmap fails
-        for slot in range(len(self.names)):
-            self._release_views(slot)
-            try:
-                self._bufs[slot].release()
-                self._maps[slot].close()
-            except BufferError:
-                pass
+        for offset in list(self._views):
+            self._release_views(offset)
+        try:
+            self._buf.release()
+            self._map.close()
+        except BufferError:
+            pass
 
-    def __enter__(self) -> SlotPool:
+    def __enter__(self) -> KVArena:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def __len__(self) -> int:
-        return len(self.names)
+    # producer (the process that owns the allocator) -------------------------------
+    def begin(self, offset: int, extent_bytes: int) -> None:
+        """Start writing an extent the allocator just gave out (→ WRITING, held by this process)."""
+        self._check_range(offset, extent_bytes, "begin")
+        if extent_bytes < extent_bytes_for(1) or extent_bytes % PAGE_BYTES:
+            raise SlotError(f"begin: an extent of {extent_bytes} bytes is not a header page plus whole payload pages")
+        at = DATA_OFFSET + offset
+        PREFIX.pack_into(self._buf, at, MAGIC, LAYOUT_VERSION, SlotState.WRITING, os.getpid(), 0)
+        self._writing[offset] = extent_bytes
 
-    # producer ------------------------------------------------------------------
-    def acquire_free(self) -> int | None:
-        """Take a FREE slot (→ WRITING) and return its index; None when all are busy.
+    def payload(self, offset: int, n_bytes: int, request_id: str = "") -> memoryview:
+        """A writable view of the first ``n_bytes`` of a WRITING extent's payload, for ``state_get``."""
+        self._expect_state(offset, SlotState.WRITING, "payload")
+        capacity = self._writing.get(offset, HEADER_BYTES) - HEADER_BYTES
+        if n_bytes > capacity:
+            raise SlotError(f"KV state of request {request_id!r} needs {n_bytes} bytes, its extent at {offset} "
+                            f"holds {capacity} — allocate extent_bytes_for({n_bytes})")
+        return self._hand_out(offset, n_bytes)
 
-        None is back-pressure, not an error: wait for a release and retry.  Call
-        from one process only (the allocator); thread-safe within it.
-        """
-        if self._closed:
-            raise SlotError("acquire_free on a closed pool")
-        with self._lock:
-            for slot in range(len(self.names)):
-                if self._bufs[slot][STATE_OFFSET] == SlotState.FREE:
-                    self._set_state(slot, SlotState.WRITING)
-                    self._set_holder(slot)
-                    return slot
-        return None
-
-    def payload(self, slot: int, n_bytes: int, request_id: str = "") -> memoryview:
-        """A writable view of the first ``n_bytes`` of a WRITING slot's payload, for ``state_get``."""
-        self._expect_state(slot, SlotState.WRITING, "payload")
-        if n_bytes > self.capacity_bytes:
-            raise SlotError(f"KV state of request {request_id!r} needs {n_bytes} bytes, a KV slot holds "
-                            f"{self.capacity_bytes} — create the slot pool with capacity for the full "
-                            "n_ctx (state bytes per token × n_ctx + overhead)")
-        self._set_holder(slot)
-        return self._hand_out(slot, n_bytes)
-
-    def publish(self, slot: int, header: SlotHeader) -> SlotHeader:
-        """Checksum the payload, write the header, mark the slot READY; returns the header as stored.
+    def publish(self, offset: int, header: SlotHeader) -> SlotHeader:
+        """Checksum the payload, write the header, mark the extent READY; returns the header as stored.
 
         Views from ``payload()`` are released: writing after publish is an error.
         """
-        self._expect_state(slot, SlotState.WRITING, "publish")
-        if header.payload_bytes > self.capacity_bytes:
-            raise SlotError(f"KV state of request {header.request_id!r} is {header.payload_bytes} bytes, "
-                            f"a KV slot holds {self.capacity_bytes} — create the slot pool with capacity "
-                            "for the full n_ctx")
+        self._expect_state(offset, SlotState.WRITING, "publish")
+        extent = self._writing.get(offset)
+        if extent is None:
+            raise SlotError(f"publish: the extent at {offset} was not begun by this process")
+        if header.payload_bytes > extent - HEADER_BYTES:
+            raise SlotError(f"KV state of request {header.request_id!r} is {header.payload_bytes} bytes, its "
+                            f"extent at {offset} holds {extent - HEADER_BYTES}")
         if header.n_tokens > header.n_ctx:
             raise SlotError(f"request {header.request_id!r}: n_tokens {header.n_tokens} > n_ctx {header.n_ctx}")
-        self._release_views(slot)
-        buf = self._bufs[slot]
+        self._release_views(offset)
+        at = DATA_OFFSET + offset
+        buf = self._buf[at:at + extent]
         checksum = payload_checksum(buf[HEADER_BYTES:], header.payload_bytes, self.verify)
-        stored = replace(header, payload_checksum=checksum, verify=self.verify, published_s=time.monotonic())
+        stored = replace(header, payload_checksum=checksum, verify=self.verify, published_s=time.monotonic(),
+                         extent_bytes=extent)
         body = pack_body(stored)
         buf[BODY_OFFSET:BODY_OFFSET + len(body)] = body
+        buf[BODY_OFFSET + len(body):HEADER_BYTES] = bytes(HEADER_BYTES - BODY_OFFSET - len(body))
         buf[HEADER_CRC_OFFSET:HEADER_CRC_OFFSET + 4] = header_checksum(buf).to_bytes(4, "little")
-        self._set_state(slot, SlotState.READY)
+        del self._writing[offset]
+        self._set_state(offset, SlotState.READY)
         return stored
 
     # consumer ------------------------------------------------------------------
-    def open_ready(self, slot: int, expect: SlotExpectation) -> tuple[SlotHeader, memoryview]:
-        """Verify a READY slot against ``expect`` (→ READING); its header and a writable payload view.
+    def open_ready(self, offset: int, expect: SlotExpectation, extent_bytes: int) -> tuple[SlotHeader, memoryview]:
+        """Verify a READY extent against ``expect`` (→ READING); its header and a writable payload view.
 
-        Every mismatch raises SlotError naming the field, leaving the slot READY.
+        ``extent_bytes``: its length as the handoff message says.  Every mismatch
+        raises SlotError naming the field, leaving the extent READY.
         """
-        self._expect_state(slot, SlotState.READY, "open_ready")
-        buf = self._bufs[slot]
-        header = check_header(slot, buf[:HEADER_BYTES], expect, self.capacity_bytes)
-        self._set_state(slot, SlotState.READING)
-        self._set_holder(slot)
-        found = payload_checksum(buf[HEADER_BYTES:], header.payload_bytes, header.verify)
+        self._check_range(offset, extent_bytes, "open_ready")
+        self._expect_state(offset, SlotState.READY, "open_ready")
+        at = DATA_OFFSET + offset
+        header = check_header(f"KV extent at {offset}", self._buf[at:at + HEADER_BYTES], expect, extent_bytes)
+        self._set_state(offset, SlotState.READING)
+        self._set_holder(offset)
+        found = payload_checksum(self._buf[at + HEADER_BYTES:at + extent_bytes], header.payload_bytes, header.verify)
         if found != header.payload_checksum:
-            self._set_state(slot, SlotState.READY)
-            raise SlotError(f"slot {slot} payload checksum mismatch for request {header.request_id!r} "
+            self._set_state(offset, SlotState.READY)
+            raise SlotError(f"KV extent at {offset} payload checksum mismatch for request {header.request_id!r} "
                             f"({header.verify} check): header says {header.payload_checksum:016x}, payload "
                             f"gives {found:016x} — the KV was overwritten after publish")
-        return header, self._hand_out(slot, header.payload_bytes)
+        return header, self._hand_out(offset, header.payload_bytes)
 
-    def release(self, slot: int) -> None:
+    def release(self, offset: int) -> None:
         """Back to FREE: a consumer done importing, a producer abandoning an export, or a cancel."""
-        if self._state_checked(slot, "release") == SlotState.FREE:
-            raise SlotError(f"slot {slot} released twice — it is already FREE")
-        self._release_views(slot)
-        self._set_state(slot, SlotState.FREE)
+        state = self.state(offset)
+        if state is None:
+            raise SlotError(f"release: no KV extent starts at {offset}")
+        if state == SlotState.FREE:
+            raise SlotError(f"KV extent at {offset} released twice — it is already FREE")
+        self._release_views(offset)
+        self._writing.pop(offset, None)
+        self._set_state(offset, SlotState.FREE)
 
-    # owner's view and recovery -------------------------------------------------
-    def state(self, slot: int) -> SlotState:
-        return self._state_checked(slot, "state")
-
-    def states(self) -> list[str]:
-        return [self.state(slot).name for slot in range(len(self.names))]
-
-    def occupancy(self) -> dict[str, int]:
-        """Slots per state, every state present: ``{"FREE": 3, "WRITING": 1, "READY": 0, "READING": 0}``."""
-        counts = dict.fromkeys((state.name for state in SlotState), 0)
-        for name in self.states():
-            counts[name] += 1
-        return counts
-
-    def holder_pid(self, slot: int) -> int:
-        """The process that last took the slot: ``acquire_free``, ``payload`` or ``open_ready`` (0: none yet)."""
-        return int.from_bytes(self._bufs[slot][HOLDER_PID_OFFSET:HOLDER_PID_OFFSET + 4], "little")
-
-    def request_in(self, slot: int) -> str | None:
-        """The request id a READY or READING slot's (intact) header names; None otherwise."""
-        if self.state(slot) not in (SlotState.READY, SlotState.READING):
+    # anyone's view, and recovery ----------------------------------------------------
+    def state(self, offset: int) -> SlotState | None:
+        """The state of the extent at ``offset``; None if no extent header starts there (never was, or
+        overwritten by a later extent after this one was freed)."""
+        self._check_range(offset, HEADER_BYTES, "state")
+        at = DATA_OFFSET + offset
+        if self._buf[at:at + len(MAGIC)] != MAGIC:
             return None
-        buf = self._bufs[slot]
-        if header_checksum(buf) != int.from_bytes(buf[HEADER_CRC_OFFSET:HEADER_CRC_OFFSET + 4], "little"):
+        code = self._buf[at + STATE_OFFSET]
+        return SlotState(code) if code in SlotState._value2member_map_ else None
+
+    def holder_pid(self, offset: int) -> int:
+        """The process that last took the extent: ``begin`` or ``open_ready`` (0: none yet)."""
+        at = DATA_OFFSET + offset + HOLDER_PID_OFFSET
+        return int.from_bytes(self._buf[at:at + 4], "little")
+
+    def header_at(self, offset: int) -> SlotHeader | None:
+        """The (intact) header of a READY or READING extent at ``offset``; None otherwise."""
+        if self.state(offset) not in (SlotState.READY, SlotState.READING):
             return None
-        return unpack_body(buf[BODY_OFFSET:HEADER_BYTES]).request_id
+        at = DATA_OFFSET + offset
+        header_buf = self._buf[at:at + HEADER_BYTES]
+        if header_checksum(header_buf) != int.from_bytes(header_buf[HEADER_CRC_OFFSET:HEADER_CRC_OFFSET + 4],
+                                                         "little"):
+            return None
+        return unpack_body(header_buf[BODY_OFFSET:])
 
-    def slots_held_by(self, pid: int) -> list[int]:
-        """WRITING / READING slots whose holder is ``pid``: what a dead worker left behind."""
-        return [slot for slot in range(len(self.names))
-                if self.state(slot) in (SlotState.WRITING, SlotState.READING) and self.holder_pid(slot) == pid]
+    def request_in(self, offset: int) -> str | None:
+        """The request id a READY or READING extent's (intact) header names; None otherwise."""
+        header = self.header_at(offset)
+        return header.request_id if header is not None else None
 
-    def reset_stale(self, slot: int, to: SlotState = SlotState.FREE) -> None:
-        """Recover the slot of a dead worker: to FREE from any state, or READING → READY
+    def reset_stale(self, offset: int, to: SlotState = SlotState.FREE) -> None:
+        """Recover the extent of a dead worker: to FREE from any state, or READING → READY
         (the payload is intact; another decode worker may import it, checksums still apply)."""
         to = SlotState(to)
-        found = self._state_checked(slot, "reset_stale")
+        found = self.state(offset)
+        if found is None:
+            raise SlotError(f"reset_stale: no KV extent starts at {offset}")
         if not (to == SlotState.FREE or (to == SlotState.READY and found == SlotState.READING)):
-            raise SlotError(f"slot {slot} cannot go from {found.name} to {to.name}: only READING "
-                            "goes back to READY (a WRITING slot's payload is incomplete), anything goes to FREE")
-        self._release_views(slot)
-        self._set_state(slot, to)
+            raise SlotError(f"KV extent at {offset} cannot go from {found.name} to {to.name}: only READING "
+                            "goes back to READY (a WRITING extent's payload is incomplete), anything goes to FREE")
+        self._release_views(offset)
+        self._set_state(offset, to)
 
     # internals -------------------------------------------------------------------
-    def _set_state(self, slot: int, state: SlotState) -> None:
-        self._bufs[slot][STATE_OFFSET] = state
+    def _set_state(self, offset: int, state: SlotState) -> None:
+        self._buf[DATA_OFFSET + offset + STATE_OFFSET] = state
 
-    def _set_holder(self, slot: int) -> None:
-        self._bufs[slot][HOLDER_PID_OFFSET:HOLDER_PID_OFFSET + 4] = os.getpid().to_bytes(4, "little")
+    def _set_holder(self, offset: int) -> None:
+        at = DATA_OFFSET + offset + HOLDER_PID_OFFSET
+        self._buf[at:at + 4] = os.getpid().to_bytes(4, "little")
 
-    def _expect_state(self, slot: int, expected: SlotState, action: str) -> None:
-        found = self._state_checked(slot, action)
-        if found != expected:
-            raise SlotError(f"{action}: slot {slot} is {found.name}, expected {expected.name} "
-                            "— the slot was not handed to this process in that state")
-
-    def _state_checked(self, slot: int, action: str) -> SlotState:
+    def _check_range(self, offset: int, n_bytes: int, action: str) -> None:
         if self._closed:
-            raise SlotError(f"{action} on slot {slot} of a closed pool")
-        if not 0 <= slot < len(self.names):
-            raise SlotError(f"{action}: slot {slot} out of range, the pool has {len(self.names)} slots")
-        return SlotState(self._bufs[slot][STATE_OFFSET])
+            raise SlotError(f"{action} at {offset} on a closed KV arena")
+        if offset < 0 or offset % PAGE_BYTES or offset + n_bytes > self.capacity_bytes:
+            raise SlotError(f"{action}: [{offset}, {offset + n_bytes}) is not a page-aligned range of the "
+                            f"{self.capacity_bytes}-byte KV arena")
 
-    def _hand_out(self, slot: int, n_bytes: int) -> memoryview:
-        view = self._bufs[slot][HEADER_BYTES:HEADER_BYTES + n_bytes]
-        self._views[slot].append(view)
+    def _expect_state(self, offset: int, expected: SlotState, action: str) -> None:
+        self._check_range(offset, HEADER_BYTES, action)
+        found = self.state(offset)
+        if found != expected:
+            raise SlotError(f"{action}: KV extent at {offset} is {found.name if found is not None else 'not an extent'}"
+                            f", expected {expected.name} — it was not handed to this process in that state")
+
+    def _hand_out(self, offset: int, n_bytes: int) -> memoryview:
+        at = DATA_OFFSET + offset + HEADER_BYTES
+        view = self._buf[at:at + n_bytes]
+        self._views.setdefault(offset, []).append(view)
         return view
 
-    def _release_views(self, slot: int) -> None:
-        for view in self._views[slot]:
+    def _release_views(self, offset: int) -> None:
+        for view in self._views.pop(offset, ()):
             try:
                 view.release()
             except BufferError:
                 pass  # still exported (a live ctypes array); dies with its export
-        self._views[slot].clear()
 
 
 def _unlink_if_pid(names: list[str], creator_pid: int) -> None:
@@ -295,11 +303,11 @@ def _unlink_if_pid(names: list[str], creator_pid: int) -> None:
             unlink_segment(name)
 
 
-def _pool_identity(names) -> tuple[int, str]:
+def _arena_identity(names) -> tuple[int, str]:
     parsed = [parse_segment_name(name) for name in names]
-    if not parsed or None in parsed or len({(pid, token) for pid, token, _ in parsed}) != 1:
-        raise SlotError(f"{list(names)!r} are not the segment names of one homepd KV slot pool "
-                        "— pass SlotPool.names of the controller's pool")
+    if len(parsed) != 1 or None in parsed:
+        raise SlotError(f"{list(names)!r} are not the segment names of a homepd KV arena "
+                        "— pass KVArena.names of the controller's arena")
     return parsed[0][0], parsed[0][1]
 
 

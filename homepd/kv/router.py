@@ -1,81 +1,146 @@
-"""Controller side of disaggregation: the KV slot pool and the requests in transit.
+"""Controller side of disaggregation: the KV arena, where a request is prefilled, and the requests in transit.
 
-The controller owns the pool (creates, pre-faults, unlinks).  A request is
-"in a slot" from the prefill worker's ``KVHandoff`` until the decode worker's
-``KVImported`` (or its end).  After any worker death the router puts every
-slot back in order — nothing stays WRITING/READY/READING without a request
-that will use it — and names the requests the restarted decode worker can
-resume from their slot without a second prefill.
+The controller owns the arena (creates, pre-faults, unlinks); the prefill
+worker allocates extents in it.  A request is "in the arena" from the prefill
+worker's ``KVHandoff`` until the decode worker's ``KVImported`` (or its end).
+
+At admission ``route`` decides where a prompt is prefilled: on the prefill
+worker if its KV fits both the prefill worker's context and the arena, else on
+the decode worker itself (colocated-style, so it never waits for room that
+cannot come).  After any worker death ``recover`` puts the extents of the
+requests in transit back in order and names those the restarted decode worker
+can import without a second prefill; a restarted prefill worker rebuilds its
+allocator from ``live_extents``.
 """
 from __future__ import annotations
 
-from homepd.kv.header import SlotState
-from homepd.kv.pool import SlotPool
-from homepd.core.protocol import AttachSlots, KVHandoff, WorkerReady
+from collections import deque
 
-SLOT_SLACK_BYTES = 1 << 20
+from homepd.core.protocol import AttachSlots, KVHandoff, WorkerReady
+from homepd.core.records import KVSlotsSnapshot
+from homepd.kv.header import SlotState
+from homepd.kv.pool import KVArena, extent_bytes_for
+
+MAX_USAGE_SAMPLES = 10_000
+ARENA_SLACK_BYTES = 1 << 20  # default arena: the prefill context's KV state plus this, in whole MiB
 
 
 class KVRouter:
-    def __init__(self, n_slots: int, n_ctx: int, prefill_ready: WorkerReady):
-        capacity = prefill_ready.state_overhead_bytes + prefill_ready.state_bytes_per_token * n_ctx + SLOT_SLACK_BYTES
-        self.pool = SlotPool.create(n_slots, capacity)
+    """The arena of ``arena_bytes`` and the bookkeeping of the requests that cross it."""
+
+    def __init__(self, arena_bytes: int | None, prefill_ready: WorkerReady, prefill_n_ctx: int | None = None,
+                 max_extents: int | None = None):
+        """``arena_bytes`` None: room for the prefill worker's whole context (measured state bytes);
+        ``prefill_n_ctx`` None: the prefill worker's own, from its ``WorkerReady``."""
+        prefill_n_ctx = prefill_ready.n_ctx if prefill_n_ctx is None else prefill_n_ctx
+        if arena_bytes is None:
+            state = prefill_ready.state_overhead_bytes + prefill_ready.state_bytes_per_token * prefill_n_ctx
+            arena_bytes = -(-(state + ARENA_SLACK_BYTES) // ARENA_SLACK_BYTES) * ARENA_SLACK_BYTES
+        self.arena = KVArena.create(arena_bytes)
+        self.state_bytes_per_token = prefill_ready.state_bytes_per_token
+        self.state_overhead_bytes = prefill_ready.state_overhead_bytes
+        self.prefill_n_ctx = prefill_n_ctx
+        self.max_extents = max_extents
         self.in_slot: dict[str, KVHandoff] = {}
+        # (t_s, arena bytes in use, KV payload bytes in transit) as the prefill worker's allocator saw them
+        self.usage: deque[tuple[float, int, int]] = deque(maxlen=MAX_USAGE_SAMPLES)
 
     def attach_message(self) -> AttachSlots:
-        return AttachSlots(tuple(self.pool.names))
+        """What a (re)started worker attaches to; a prefill worker also rebuilds its allocator from it."""
+        return AttachSlots(self.arena.names, live_extents=self.live_extents(), max_extents=self.max_extents)
 
     def close(self) -> None:
-        self.pool.close()  # the owner unlinks
+        self.arena.close()  # the owner unlinks
 
+    # admission --------------------------------------------------------------------
+    def predicted_extent_bytes(self, n_tokens: int) -> int:
+        """The arena bytes a sequence of ``n_tokens`` will take (state size is linear in the tokens; an upper
+        bound for sliding-window models, whose state stops growing)."""
+        return extent_bytes_for(self.state_overhead_bytes + self.state_bytes_per_token * n_tokens)
+
+    def route(self, n_prompt_tokens: int) -> str:
+        """``"prefill"`` if the prompt's KV fits the prefill worker's context and the arena, else ``"decode"``."""
+        fits_context = n_prompt_tokens <= self.prefill_n_ctx
+        fits_arena = self.predicted_extent_bytes(n_prompt_tokens) <= self.arena.capacity_bytes
+        return "prefill" if fits_context and fits_arena else "decode"
+
+    def why_not_prefill(self, n_prompt_tokens: int) -> str:
+        """The sizes that keep a prompt off the prefill worker, for an error message."""
+        return (f"its KV ({self.predicted_extent_bytes(n_prompt_tokens)} bytes with the extent header, "
+                f"{n_prompt_tokens} tokens) must fit the prefill worker's n_ctx {self.prefill_n_ctx} and the "
+                f"{self.arena.capacity_bytes}-byte KV arena")
+
+    # transit -------------------------------------------------------------------
     def handed_off(self, msg: KVHandoff) -> None:
         self.in_slot[msg.request_id] = msg
+        self.usage.append((msg.export_end_s, msg.arena_used_bytes, msg.arena_kv_bytes))
 
     def imported(self, request_id: str) -> None:
         self.in_slot.pop(request_id, None)
 
     def drop(self, request_id: str) -> bool:
-        """The request ended: if its KV still waits in a slot nobody will import, free the slot.
+        """The request ended: if its KV still waits in the arena and nobody will import it, free it.
 
-        Returns True if the request was in a slot (the prefill worker may have room now).
+        Returns True if the request was in the arena (the prefill worker may have room now).
         """
         msg = self.in_slot.pop(request_id, None)
         if msg is None:
             return False
-        if self.pool.state(msg.slot) == SlotState.READY and self.pool.request_in(msg.slot) == request_id:
-            self.pool.reset_stale(msg.slot)
+        if self._holds(msg) and self.arena.state(msg.slot) == SlotState.READY:
+            self.arena.reset_stale(msg.slot)
         return True
 
     def discard_export(self, msg: KVHandoff) -> None:
-        """An export nobody wants (cancelled meanwhile): free its slot."""
-        if self.pool.request_in(msg.slot) == msg.request_id:
-            self.pool.reset_stale(msg.slot)
+        """An export nobody wants (cancelled meanwhile): free its extent."""
+        if self._holds(msg):
+            self.arena.reset_stale(msg.slot)
+
+    def _holds(self, msg: KVHandoff) -> bool:
+        """The extent of ``msg`` still holds its request (not freed and overwritten by a later export)."""
+        return self.arena.request_in(msg.slot) == msg.request_id
+
+    def live_extents(self) -> tuple[tuple[int, int], ...]:
+        """(offset, extent bytes) of every request in transit whose extent is intact and not yet freed."""
+        return tuple(sorted((msg.slot, msg.extent_bytes) for msg in self.in_slot.values() if self._holds(msg)))
 
     def recover(self, role: str, dead_pid: int, resumable_ids: set[str]) -> list[str]:
-        """Put slots back in order after ``dead_pid`` (a ``role`` worker) died.
+        """Put the extents in transit back in order after ``dead_pid`` (a ``role`` worker) died.
 
         ``resumable_ids``: requests the dead decode worker held that are still wanted.
-        Returns those whose KV is intact in their slot (to re-send to the restarted worker).
+        Returns those whose KV is intact in the arena (to re-send to the restarted worker).
+
+        What a dead prefill worker was writing, or published without its handoff
+        reaching us, is in no request's extent: the restarted prefill worker's
+        allocator (rebuilt from ``live_extents``) treats those bytes as free.
         """
         resumed = []
-        for slot in range(len(self.pool)):
-            state, holder = self.pool.state(slot), self.pool.holder_pid(slot)
-            owner = self.pool.request_in(slot)
-            if state == SlotState.WRITING and holder == dead_pid:
-                self.pool.reset_stale(slot)  # a half-written export
-            elif state == SlotState.READING and holder == dead_pid:
-                if owner in resumable_ids and self.in_slot.get(owner, None) is not None \
-                        and self.in_slot[owner].slot == slot:
-                    self.pool.reset_stale(slot, to=SlotState.READY)  # intact: import it again
-                else:
-                    self.pool.reset_stale(slot)
-            elif state == SlotState.READY and role == "prefill" and owner not in self.in_slot:
-                # published, but its producer died before the handoff reached us: nobody will import it
-                self.pool.reset_stale(slot)
-        if role == "decode":
-            for rid in sorted(resumable_ids):
-                msg = self.in_slot.get(rid)
-                if msg is not None and self.pool.state(msg.slot) == SlotState.READY \
-                        and self.pool.request_in(msg.slot) == rid:
-                    resumed.append(rid)
+        for rid, msg in sorted(self.in_slot.items()):
+            if not self._holds(msg):
+                continue
+            state, holder = self.arena.state(msg.slot), self.arena.holder_pid(msg.slot)
+            if state == SlotState.READING and holder == dead_pid:  # died mid-import
+                self.arena.reset_stale(msg.slot, to=SlotState.READY if rid in resumable_ids else SlotState.FREE)
+            if role == "decode" and rid in resumable_ids and self.arena.state(msg.slot) == SlotState.READY:
+                resumed.append(rid)
         return resumed
+
+    # figures ---------------------------------------------------------------------
+    def snapshot(self) -> KVSlotsSnapshot:
+        """The arena and the requests in transit, for ``Engine.snapshot``."""
+        occupancy = dict.fromkeys((state.name for state in SlotState), 0)
+        for msg in self.in_slot.values():
+            state = self.arena.state(msg.slot) if self._holds(msg) else None
+            if state is not None:
+                occupancy[state.name] += 1
+        peak_used, peak_kv = self.peak_usage()
+        return KVSlotsSnapshot(n_slots=1, capacity_bytes=self.arena.capacity_bytes, occupancy=occupancy,
+                               in_slot=tuple(sorted(self.in_slot)), in_transit_kv_bytes=self.in_transit_kv_bytes(),
+                               peak_used_bytes=peak_used, peak_kv_bytes=peak_kv, prefill_n_ctx=self.prefill_n_ctx)
+
+    def in_transit_kv_bytes(self) -> int:
+        return sum(msg.n_bytes for msg in self.in_slot.values())
+
+    def peak_usage(self, t0_s: float = float("-inf"), t1_s: float = float("inf")) -> tuple[int, int]:
+        """(peak arena bytes in use, KV payload bytes in transit at that moment) between two monotonic times."""
+        inside = [(used, kv) for t, used, kv in self.usage if t0_s <= t <= t1_s]
+        return max(inside, default=(0, 0))

@@ -1,9 +1,11 @@
-"""Engine overhead against a bare llama.cpp loop.
+"""Engine overhead against a bare llama.cpp loop, and the KV arena.
 
 A benchmark, not a test: it prints figures.  On one model and thread count it
 measures single-stream prompt tok/s and decode tok/s through the engine
 (separate worker process, pipes, controller) and through a bare loop over the
-same llama.cpp calls in this process, with the same chunk and thread count.
+same llama.cpp calls in this process, with the same chunk and thread count;
+the KV handoff through the arena against a memcpy; and the arena's peak use
+on the default mixed trace, disaggregated.
 """
 from __future__ import annotations
 
@@ -57,17 +59,20 @@ async def _interleaved_runs(config: EngineConfig, model, prompt_ids: list[int], 
 
 
 def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
-    """KV handoff through a pre-faulted shared-memory slot vs a plain memcpy of the same bytes.
+    """KV handoff through the pre-faulted KV arena vs a plain memcpy of the same bytes.
 
-    Prefills ``n_tokens`` into sequence 0, then per repeat: export (``state_get``
-    into the slot payload), publish (header + sampled checksum), open (header
-    checks), import into sequence 1 (``state_set``), and ``np.copyto`` of the
-    same bytes between two warm buffers.  Best of ``repeat`` for each.
+    Prefills ``n_tokens`` into sequence 0, then per repeat: allocate an extent of
+    exactly ``llama_state_seq_get_size`` bytes plus its header (a ring over an
+    arena of two such extents, so the rounds alternate and wrap), export
+    (``state_get`` into the extent's payload), publish (header + sampled
+    checksum), open (header checks), import into sequence 1 (``state_set``), and
+    ``np.copyto`` of the same bytes between two warm buffers.  Best of ``repeat``.
     """
     import numpy as np
 
     from homepd.kv.header import SlotExpectation, SlotHeader
-    from homepd.kv.pool import SlotPool
+    from homepd.kv.pool import KVArena, extent_bytes_for
+    from homepd.kv.ring import RingAllocator
     from homepd.llm import LlamaContext
 
     # why: room for the source sequence and its imported copy side by side
@@ -78,26 +83,30 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
             stop = min(len(ids), start + 512)
             ctx.decode(ids[start:stop], list(range(start, stop)), [0] * (stop - start), [False] * (stop - start))
         n_bytes = ctx.state_size(0)
+        extent = extent_bytes_for(n_bytes)
         fp = "0" * 64
         times = {"export": [], "import": [], "memcpy": [], "publish": [], "open": []}
-        with SlotPool.create(1, n_bytes + 4096) as pool:
+        with KVArena.create(2 * extent) as arena:
+            ring = RingAllocator(arena.capacity_bytes)
             warm = np.empty(n_bytes, dtype=np.uint8)
-            warm[:] = 1  # touch every page: a warm destination, like the pre-faulted slot
+            warm[:] = 1  # touch every page: a warm destination, like the pre-faulted arena
             for _ in range(repeat + 1):
-                slot = pool.acquire_free()
+                offset = ring.alloc(extent)
+                arena.begin(offset, extent)
                 t0 = time.perf_counter()
-                ctx.state_get(0, pool.payload(slot, n_bytes, "bench"))
+                ctx.state_get(0, arena.payload(offset, n_bytes, "bench"))
                 t1 = time.perf_counter()
-                pool.publish(slot, SlotHeader("bench", fp, ctx.n_ctx, n_tokens, n_bytes))
+                arena.publish(offset, SlotHeader("bench", fp, ctx.n_ctx, n_tokens, n_bytes))
                 t2 = time.perf_counter()
-                _, view = pool.open_ready(slot, SlotExpectation("bench", fp, ctx.n_ctx))
+                _, view = arena.open_ready(offset, SlotExpectation("bench", fp, ctx.n_ctx), extent)
                 t3 = time.perf_counter()
                 ctx.state_set(1, view, n_bytes)
                 t4 = time.perf_counter()
                 np.copyto(warm, np.frombuffer(view, dtype=np.uint8, count=n_bytes))
                 t5 = time.perf_counter()
                 del view
-                pool.release(slot)
+                arena.release(offset)
+                ring.free(offset)
                 ctx.seq_rm(1)
                 for key, dt in (("export", t1 - t0), ("publish", t2 - t1), ("open", t3 - t2),
                                 ("import", t4 - t3), ("memcpy", t5 - t4)):
@@ -106,7 +115,7 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
         ctx.close()
     best = {k: min(v[1:]) for k, v in times.items()}  # the first round warms the context's own buffers
     return {
-        "kv_tokens": n_tokens, "kv_bytes": n_bytes,
+        "kv_tokens": n_tokens, "kv_bytes": n_bytes, "kv_extent_bytes": extent,
         "kv_export_ms": best["export"] * 1e3, "kv_import_ms": best["import"] * 1e3,
         "kv_publish_ms": best["publish"] * 1e3, "kv_open_ms": best["open"] * 1e3,
         "memcpy_ms": best["memcpy"] * 1e3,
@@ -118,8 +127,31 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
     }
 
 
+def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed: int = 0) -> dict:
+    """The KV arena on the default mixed trace (``n_requests`` requests), disaggregated with the default
+    chunk and arena: its size, its peak use, and the KV payload bytes in transit at that peak."""
+    from homepd.measure.replay import run_trace
+    from homepd.measure.trace import make_trace
+
+    config = EngineConfig(model=model_path, mode="disaggregated", n_ctx=n_ctx).validated()
+
+    async def replay() -> dict:
+        from homepd.engine.controller import Engine
+        from homepd.launch import prepare
+
+        async with Engine(config, prepare(config, pull=False)) as engine:
+            record = await run_trace(engine, make_trace("mixed", n_requests=n_requests, seed=seed), trace_name="mixed")
+            return {"arena_bytes": record.kv_slot_bytes, "arena_prefill_n_ctx": engine.kv.prefill_n_ctx,
+                    "arena_peak_bytes": record.arena_peak_bytes, "arena_peak_kv_bytes": record.arena_peak_kv_bytes,
+                    "arena_handoffs": record.summary.kv.n_moved if record.summary.kv else 0}
+
+    out = asyncio.run(replay())
+    out["arena_peak_ratio"] = out["arena_peak_bytes"] / out["arena_peak_kv_bytes"] if out["arena_peak_kv_bytes"] else None
+    return out
+
+
 def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, chunk: int | None,
-                 repeat: int, n_ctx: int = 2048, kv_tokens: int = 0) -> dict:
+                 repeat: int, n_ctx: int = 2048, kv_tokens: int = 0, arena_requests: int = 0) -> dict:
     """Run the engine-vs-raw benchmark; return a flat dict of figures (medians over ``repeat``)."""
     from homepd.llm import LlamaModel
     from homepd.models.resolve import resolve_model
@@ -143,4 +175,6 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
     out["prompt_ratio"] = out["engine_prompt_tok_s"] / out["raw_prompt_tok_s"]
     out["decode_ratio"] = out["engine_decode_tok_s"] / out["raw_decode_tok_s"]
     out.update(handoff)
+    if arena_requests:
+        out.update(bench_arena_trace(path, arena_requests))
     return out

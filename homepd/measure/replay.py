@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from homepd.core.lifecycle import Lifecycle
-from homepd.core.records import WorkerEvent, to_plain
+from homepd.core.records import MemoryBreakdown, WorkerEvent, to_plain
 from homepd.core.sampling import SamplingParams
 from homepd.hw.monitor import energy_by_source_j
 from homepd.measure.metrics import SLO, RunSummary, summarize
@@ -41,19 +41,25 @@ class RunRecord:
     stalls: tuple[Stall, ...]
     worker_events: tuple[WorkerEvent, ...]
     memory: tuple[ProcessMemory, ...]
-    kv_slot_bytes: int
+    kv_slot_bytes: int                  # the KV arena's size (0: colocated)
     energy_j: dict[str, float | None]
     requests: tuple[Lifecycle, ...] = field(repr=False, default=())
+    memory_breakdown: MemoryBreakdown | None = None  # at the end of the run, by what holds the memory
+    arena_peak_bytes: int = 0           # most arena bytes in use at once during the run
+    arena_peak_kv_bytes: int = 0        # KV payload bytes in transit at that moment
 
     @property
     def total_pss_bytes(self) -> int | None:
-        """PSS summed over every homepd process (shared pages, slots included, counted once)."""
+        """Peak PSS summed over every homepd process (shared pages, the KV arena included, split between
+        the processes that map them: counted once unless a process outside homepd maps them too)."""
         values = [m.pss_bytes for m in self.memory]
         return None if not values or None in values else sum(values)
 
     def to_dict(self) -> dict:
         out = to_plain({k: getattr(self, k) for k in ("mode", "config", "trace_name", "summary", "stalls",
-                                                     "worker_events", "memory", "kv_slot_bytes", "energy_j")})
+                                                     "worker_events", "memory", "kv_slot_bytes", "energy_j",
+                                                     "arena_peak_bytes", "arena_peak_kv_bytes")})
+        out["memory_breakdown"] = self.memory_breakdown.to_dict() if self.memory_breakdown else None
         out["summary"]["slo_attainment"] = self.summary.slo_attainment
         out["total_pss_bytes"] = self.total_pss_bytes
         out["requests"] = [r.to_dict() for r in self.requests]
@@ -114,6 +120,8 @@ async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = No
     if sampler is not None:
         sampler.sample_once()
         memory, energy = peak_memory(sampler, t0, t1), energy_by_source_j(list(sampler.history()), t0, t1)
+    breakdown = await asyncio.to_thread(engine.measure_memory)
+    arena_peak = engine.kv.peak_usage(t0, t1) if engine.kv is not None else (0, 0)
     snap = engine.snapshot()
     target = itl_target_ms if itl_target_ms is not None else (slo.itl_ms or slo.tpot_ms)
     return RunRecord(
@@ -122,7 +130,8 @@ async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = No
         stalls=tuple(attribute_stalls(records, steps, target)[:MAX_STALLS_KEPT]),
         worker_events=tuple(list(engine.worker_events)[events_before:]), memory=memory,
         kv_slot_bytes=snap.kv_slots.total_bytes if snap.kv_slots else 0, energy_j=energy,
-        requests=tuple(records))
+        requests=tuple(records), memory_breakdown=breakdown, arena_peak_bytes=arena_peak[0],
+        arena_peak_kv_bytes=arena_peak[1])
 
 
 def peak_memory(sampler, t0_s: float, t1_s: float) -> tuple[ProcessMemory, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from homepd.config import env_default
+from homepd.measure.memory import render_breakdown
 from homepd.measure.metrics import SLO, Dist
 from homepd.measure.replay import RunRecord
 
@@ -81,7 +82,11 @@ def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int 
     if record.memory:
         out.append(f"total PSS of every homepd process: {mb(record.total_pss_bytes)} MiB")
     if record.kv_slot_bytes:
-        out.append(f"KV slots: {mb(record.kv_slot_bytes)} MiB of pre-faulted shared memory (in the workers' PSS)")
+        out.append(f"KV arena: {mb(record.kv_slot_bytes)} MiB of pre-faulted shared memory (in the PSS above); "
+                   f"peak use {mb(record.arena_peak_bytes)} MiB with {mb(record.arena_peak_kv_bytes)} MiB of KV in "
+                   "transit then")
+    if record.memory_breakdown is not None:
+        out += render_breakdown(record.memory_breakdown)
     energy = {k: v for k, v in record.energy_j.items() if v is not None}
     out.append("energy: " + (", ".join(f"{k} {v:.1f} J" for k, v in energy.items()) if energy
                              else "NA (no RAPL counters or GPU energy readable on this box)"))

@@ -1,18 +1,22 @@
-"""The disaggregated roles of a worker: KV handoff through shared-memory slots.
+"""The disaggregated roles of a worker: KV handoff through the shared-memory KV arena.
 
-``PrefillRole``: when a prompt's first token is out, export the sequence's
-KV state straight into a free slot (``llama_state_seq_get_data`` writes into
-the shared mapping, no intermediate bytes), publish the slot and tell the
-controller.  No free slot = back-pressure: the sequence keeps its KV here and
-waits (a ``SlotFreed`` message wakes the loop).
+``PrefillRole``: when a prompt's first token is out, take an extent of exactly
+``llama_state_seq_get_size`` bytes plus its header from the arena (its own
+``RingAllocator``), export the sequence's KV state straight into it
+(``llama_state_seq_get_data`` writes into the shared mapping, no intermediate
+bytes), publish it and tell the controller.  No room = back-pressure: the
+sequence keeps its KV here and waits (a ``SlotFreed`` message wakes the loop;
+the bytes come back when the extent's state byte reads FREE).  A state that
+could never fit the arena fails its request with the sizes — the controller
+normally routes such a prompt to the decode worker before it gets here.
 
 ``DecodeRole``: a ``KVHandoff`` from the controller is imported into a free
-sequence (``llama_state_seq_set_data`` from the slot), the slot freed, and the
-request continues in the decode batch with its sampler and text stream.
+sequence (``llama_state_seq_set_data`` from the extent), the extent freed, and
+the request continues in the decode batch with its sampler and text stream.
 
 Both get only what they use: the context, the controller's ``send``, the
 loop's ``finish`` (a sequence leaves this worker) and, for the decode role,
-the scheduler that admits imported requests.  The slot pool comes with the
+the scheduler that admits imported requests.  The arena comes with the
 controller's ``AttachSlots`` message.
 """
 from __future__ import annotations
@@ -21,46 +25,66 @@ import time
 from collections import deque
 from typing import Callable
 
-from homepd.errors import HomepdError
-from homepd.kv.header import SlotExpectation, SlotHeader
-from homepd.kv.segment import unlink_pool_of
-from homepd.kv.pool import SlotPool
 from homepd.core.protocol import AttachSlots, KVHandoff, KVImported, RequestDone, SlotFreed
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
+from homepd.errors import HomepdError
+from homepd.kv.header import SlotExpectation, SlotHeader, SlotState
+from homepd.kv.pool import KVArena, extent_bytes_for
+from homepd.kv.ring import RingAllocator
+from homepd.kv.segment import unlink_pool_of
+
+_IN_USE = (SlotState.WRITING, SlotState.READY, SlotState.READING)
 
 
-class _SlotRole:
+class _ArenaRole:
     def __init__(self, ctx, send: Callable[[object], None], finish: Callable[[Sequence], None],
-                 model_fingerprint: str, pool: SlotPool | None = None):
+                 model_fingerprint: str, arena: KVArena | None = None):
         self.ctx, self.send, self.finish = ctx, send, finish
         self.model_fingerprint = model_fingerprint
-        self.pool = pool
+        self.arena = arena
 
     def handle(self, msg) -> bool:
         if isinstance(msg, AttachSlots):
-            if self.pool is not None:
-                self.pool.close()
-            self.pool = SlotPool.attach(list(msg.names))
+            if self.arena is not None:
+                self.arena.close()
+            self.arena = KVArena.attach(msg.names)
+            self._attached(msg)
             return True
         return isinstance(msg, SlotFreed)  # only wakes the loop
 
+    def _attached(self, msg: AttachSlots) -> None:
+        pass
+
     def abandon(self) -> None:
-        """Controller gone: unlink its slot segments (it cannot any more)."""
-        if self.pool is not None:
-            unlink_pool_of(self.pool.owner_pid, self.pool.token)
-            self.pool.close()
-            self.pool = None
+        """Controller gone: unlink its arena segment (it cannot any more)."""
+        if self.arena is not None:
+            unlink_pool_of(self.arena.owner_pid, self.arena.token)
+            self.arena.close()
+            self.arena = None
 
     def _fail(self, request_id: str, error: str) -> None:
         self.send(RequestDone(request_id, "error", time.monotonic(), error=error))
 
 
-class PrefillRole(_SlotRole):
+class PrefillRole(_ArenaRole):
     def __init__(self, ctx, send: Callable[[object], None], finish: Callable[[Sequence], None],
-                 model_fingerprint: str, pool: SlotPool | None = None):
-        super().__init__(ctx, send, finish, model_fingerprint, pool)
+                 model_fingerprint: str, arena: KVArena | None = None, max_extents: int | None = None):
+        super().__init__(ctx, send, finish, model_fingerprint, arena)
         self.waiting: deque[tuple[Sequence, float]] = deque()  # (seq, prompt done at)
+        self.allocator: RingAllocator | None = None
+        self._payload_bytes: dict[int, int] = {}  # live extent offset -> its KV payload bytes
+        if arena is not None:
+            self._attached(AttachSlots(arena.names, max_extents=max_extents))
+
+    def _attached(self, msg: AttachSlots) -> None:
+        """A new arena, or this worker restarted: the allocator starts from what is still in transit."""
+        self.allocator = RingAllocator(self.arena.capacity_bytes, max_extents=msg.max_extents)
+        self._payload_bytes = {}
+        for offset, n_bytes in msg.live_extents:
+            self.allocator.reserve(offset, n_bytes)
+            header = self.arena.header_at(offset)
+            self._payload_bytes[offset] = header.payload_bytes if header is not None else 0
 
     @property
     def has_work(self) -> bool:
@@ -76,40 +100,61 @@ class PrefillRole(_SlotRole):
         pass  # not here any more: the controller handles a request already handed off
 
     def pump(self) -> None:
-        """Export waiting sequences while slots are free (oldest first)."""
-        while self.waiting and self.pool is not None:
-            slot = self.pool.acquire_free()
-            if slot is None:
+        """Export waiting sequences while the arena has room (oldest first)."""
+        while self.waiting and self.arena is not None:
+            self.reclaim()
+            seq, done_s = self.waiting[0]
+            n_bytes = self.ctx.state_size(seq.seq_id)
+            extent = extent_bytes_for(n_bytes)
+            if not self.allocator.can_ever_fit(extent):
+                self.waiting.popleft()
+                self._fail(seq.request_id, f"its KV state is {n_bytes} bytes ({extent} with the extent header), "
+                                           f"the KV arena holds {self.arena.capacity_bytes}: it can never fit — "
+                                           "start homepd with a larger --kv-arena")
+                self.finish(seq)
+                continue
+            offset = self.allocator.alloc(extent)
+            if offset is None:
                 return  # back-pressure: wait for SlotFreed
-            seq, done_s = self.waiting.popleft()
-            self._export(seq, slot, time.monotonic() - done_s)
+            self.waiting.popleft()
+            self._export(seq, offset, extent, n_bytes, time.monotonic() - done_s)
 
-    def _export(self, seq: Sequence, slot: int, wait_s: float) -> None:
-        ctx, pool = self.ctx, self.pool
+    def reclaim(self) -> None:
+        """Give back to the allocator every extent whose state byte no longer says it is in use."""
+        for offset in self.allocator.live:
+            if self.arena.state(offset) not in _IN_USE:
+                self.allocator.free(offset)
+                self._payload_bytes.pop(offset, None)
+
+    def _export(self, seq: Sequence, offset: int, extent: int, n_bytes: int, wait_s: float) -> None:
+        ctx, arena = self.ctx, self.arena
         try:
-            n_bytes = ctx.state_size(seq.seq_id)
+            arena.begin(offset, extent)
             t0 = time.monotonic()
-            written = ctx.state_get(seq.seq_id, pool.payload(slot, n_bytes, seq.request_id))
+            written = ctx.state_get(seq.seq_id, arena.payload(offset, n_bytes, seq.request_id))
             t1 = time.monotonic()
-            pool.publish(slot, SlotHeader(request_id=seq.request_id, model_fingerprint=self.model_fingerprint,
-                                          n_ctx=ctx.n_ctx, n_tokens=seq.n_kv_tokens, payload_bytes=written,
-                                          export_start_s=t0, export_end_s=t1))
+            arena.publish(offset, SlotHeader(request_id=seq.request_id, model_fingerprint=self.model_fingerprint,
+                                             n_ctx=ctx.n_ctx, n_tokens=seq.n_kv_tokens, payload_bytes=written,
+                                             export_start_s=t0, export_end_s=t1))
         except HomepdError as exc:
-            pool.release(slot)
+            arena.release(offset)
+            self.allocator.free(offset)
             self._fail(seq.request_id, f"KV export failed: {exc}")
             self.finish(seq)
             return
+        self._payload_bytes[offset] = written
         self.send(KVHandoff(
-            request_id=seq.request_id, slot=slot, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
+            request_id=seq.request_id, slot=offset, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
             params=seq.params, sampler=seq.sampler, stream=seq.stream, n_bytes=written,
-            n_tokens=seq.n_kv_tokens, slot_wait_s=wait_s, export_start_s=t0, export_end_s=t1))
+            n_tokens=seq.n_kv_tokens, slot_wait_s=wait_s, export_start_s=t0, export_end_s=t1, extent_bytes=extent,
+            arena_used_bytes=self.allocator.used_bytes, arena_kv_bytes=sum(self._payload_bytes.values())))
         self.finish(seq)
 
 
-class DecodeRole(_SlotRole):
+class DecodeRole(_ArenaRole):
     def __init__(self, ctx, send: Callable[[object], None], finish: Callable[[Sequence], None],
-                 model_fingerprint: str, scheduler: Scheduler, pool: SlotPool | None = None):
-        super().__init__(ctx, send, finish, model_fingerprint, pool)
+                 model_fingerprint: str, scheduler: Scheduler, arena: KVArena | None = None):
+        super().__init__(ctx, send, finish, model_fingerprint, arena)
         self.scheduler = scheduler
         self.pending: deque[KVHandoff] = deque()
 
@@ -133,33 +178,41 @@ class DecodeRole(_SlotRole):
         for msg in list(self.pending):
             if msg.request_id == request_id:
                 self.pending.remove(msg)
-                if self.pool is not None and self.pool.request_in(msg.slot) == request_id:
-                    self.pool.reset_stale(msg.slot)
+                if self.arena is not None and self.arena.request_in(msg.slot) == request_id:
+                    self.arena.reset_stale(msg.slot)
                 self.send(RequestDone(request_id, "cancelled", time.monotonic()))
 
     def pump(self) -> None:
         """Import pending handoffs while sequences and context are free (in arrival order)."""
-        while self.pending and self.pool is not None:
+        while self.pending and self.arena is not None:
             msg = self.pending[0]
             seq = Sequence(request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params,
                            n_prefilled=len(msg.prompt_ids), output_ids=list(msg.output_ids),
                            sampler=msg.sampler, stream=msg.stream)
             if not self.scheduler.can_admit(seq):
-                return  # back-pressure: the slot stays READY until a sequence frees
+                return  # back-pressure: the extent stays READY until a sequence frees
             self.pending.popleft()
             self.scheduler.admit(seq)
             try:
                 t0 = time.monotonic()
-                header, view = self.pool.open_ready(msg.slot, SlotExpectation(
-                    request_id=msg.request_id, model_fingerprint=self.model_fingerprint, n_ctx=self.ctx.n_ctx))
+                header, view = self.arena.open_ready(msg.slot, SlotExpectation(
+                    request_id=msg.request_id, model_fingerprint=self.model_fingerprint, n_ctx=self.ctx.n_ctx),
+                    msg.extent_bytes)
                 self.ctx.state_set(seq.seq_id, view, header.payload_bytes)
                 t1 = time.monotonic()
             except HomepdError as exc:
                 self._fail(msg.request_id, f"KV import refused: {exc}")
                 self.finish(seq)
-                if self.pool.state(msg.slot).name in ("READY", "READING") and \
-                        self.pool.request_in(msg.slot) in (msg.request_id, None):
-                    self.pool.reset_stale(msg.slot)  # never free a slot that already holds another request
+                if self._extent_of(msg) in (SlotState.READY, SlotState.READING):
+                    self.arena.reset_stale(msg.slot)  # never free an extent that already holds another request
                 continue
-            self.pool.release(msg.slot)
+            self.arena.release(msg.slot)
             self.send(KVImported(msg.request_id, msg.slot, t0, t1))
+
+    def _extent_of(self, msg: KVHandoff) -> SlotState | None:
+        """The state of msg's extent if it is still msg's (its header names msg's request, or is unreadable)."""
+        try:
+            state = self.arena.state(msg.slot)
+        except HomepdError:  # the offset is not even inside the arena
+            return None
+        return state if self.arena.request_in(msg.slot) in (msg.request_id, None) else None

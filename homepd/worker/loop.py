@@ -19,6 +19,7 @@ from homepd.core.sampling import TokenSampler
 from homepd.core.scheduler import Scheduler, StepPlan
 from homepd.core.sequence import Sequence
 from homepd.core.textstream import TextStream
+from homepd.hw.smaps import anon_intervals, new_intervals, resident_bytes
 from homepd.worker.roles import Role, make_role
 
 
@@ -35,13 +36,20 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from homepd.backends import model_classes
 
         model_cls, context_cls = model_classes(spec.backend)
+        before_model = anon_intervals()
         model = model_cls(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.cuda_visible_devices else 0)
+        after_model = anon_intervals()
         ctx = context_cls(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
                            n_threads=spec.n_threads)
+        # what llama.cpp allocated for the model and the context; the context's resident part now is its KV cache
+        regions = tuple(("model", a, b) for a, b in new_intervals(before_model, after_model)) + \
+            tuple(("context", a, b) for a, b in new_intervals(after_model, anon_intervals()))
+        kv_cache_bytes = resident_bytes("self", [(a, b) for kind, a, b in regions if kind == "context"])
         per_token, overhead = measure_state_bytes(ctx, model) if spec.role != "colocated" else (0, 0)
         conn.send(WorkerReady(pid=os.getpid(), role=spec.role, model_size_bytes=model.size_bytes,
                               n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0,
-                              state_bytes_per_token=per_token, state_overhead_bytes=overhead))
+                              state_bytes_per_token=per_token, state_overhead_bytes=overhead,
+                              memory_regions=regions, kv_cache_bytes=kv_cache_bytes))
         loop = WorkerLoop(spec, model, ctx, conn)
         try:
             loop.run()

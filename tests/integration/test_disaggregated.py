@@ -1,4 +1,4 @@
-"""Disaggregated serving with the real model: prefill worker -> shared-memory KV slot -> decode worker."""
+"""Disaggregated serving with the real model: prefill worker -> shared-memory KV arena -> decode worker."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from homepd.kv.header import SlotExpectation, SlotHeader
-from homepd.kv.pool import SlotPool
+from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.models.resolve import fingerprint
 from homepd.measure.reference import teacher_forced_deficits
@@ -23,22 +23,23 @@ GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
 
 REIMPORT = r"""
 import sys
-from homepd.kv.pool import SlotPool
+from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.kv.header import SlotExpectation, SlotHeader
 from homepd.llm import LlamaContext, LlamaModel
-path, fp, rid, *names = sys.argv[1:]
+path, fp, rid, extent, *names = sys.argv[1:]
 model = LlamaModel(path)
 ctx = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
-pool = SlotPool.attach(names)
-header, view = pool.open_ready(0, SlotExpectation(rid, fp, 512))
+arena = KVArena.attach(names)
+header, view = arena.open_ready(0, SlotExpectation(rid, fp, 512), int(extent))
 ctx.state_set(3, view, header.payload_bytes)
-pool.release(0)
-slot = pool.acquire_free()
+arena.release(0)
 n = ctx.state_size(3)
-written = ctx.state_get(3, pool.payload(slot, n, rid))
-pool.publish(slot, SlotHeader(rid, fp, 512, header.n_tokens, written))
-print(slot, flush=True)
-pool.close()
+out = int(extent)  # right after the first extent (the parent's allocator left it free)
+arena.begin(out, extent_bytes_for(n))
+written = ctx.state_get(3, arena.payload(out, n, rid))
+arena.publish(out, SlotHeader(rid, fp, 512, header.n_tokens, written))
+print(out, flush=True)
+arena.close()
 """
 
 
@@ -51,17 +52,18 @@ def test_handoff_is_lossless_across_processes(request, which):
     ids = model.tokenize(PROMPTS[2])
     ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
     n = ctx.state_size(0)
-    with SlotPool.create(2, n + 4096, verify="full") as pool:
-        slot = pool.acquire_free()
-        written = ctx.state_get(0, pool.payload(slot, n, "r1"))
+    extent = extent_bytes_for(n)
+    with KVArena.create(2 * extent, verify="full") as arena:
+        arena.begin(0, extent)
+        written = ctx.state_get(0, arena.payload(0, n, "r1"))
         assert written == n  # the bytes moved are exactly llama_state_seq_get_size
-        pool.publish(slot, SlotHeader("r1", fp, 512, len(ids), written))
-        out = subprocess.run([sys.executable, "-c", REIMPORT, str(path), fp, "r1", *pool.names],
+        assert arena.publish(0, SlotHeader("r1", fp, 512, len(ids), written)).extent_bytes == extent
+        out = subprocess.run([sys.executable, "-c", REIMPORT, str(path), fp, "r1", str(extent), *arena.names],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        header, view = pool.open_ready(int(out.stdout), SlotExpectation("r1", fp, 512))
+        header, view = arena.open_ready(int(out.stdout), SlotExpectation("r1", fp, 512), extent)
         reexported = bytes(view[:header.payload_bytes])
-        pool.release(int(out.stdout))
+        arena.release(int(out.stdout))
         original = bytearray(n)
         ctx.state_get(0, original)
     ctx.close()
@@ -110,10 +112,10 @@ def test_concurrent_disaggregated_requests_pass_teacher_forced_check(default_mod
     model.close()
 
 
-def test_slot_exhaustion_makes_prefill_wait_not_fail(default_model_path):
-    """One slot, one decode sequence: request 0 decodes for long; request 1 is exported and sits in
-    the only slot (the decode worker has no free sequence); request 2's prompt finishes and must
-    wait for a slot — until request 0 ends and request 1 is imported."""
+def test_arena_exhaustion_makes_prefill_wait_not_fail(default_model_path):
+    """One handoff in the arena at a time, one decode sequence: request 0 decodes for long; request 1 is
+    exported and sits in the arena (the decode worker has no free sequence); request 2's prompt finishes
+    and must wait for room — until request 0 ends and request 1 is imported."""
     cfg = disagg(default_model_path, n_slots=1, n_seq_max=1)
     lengths = [200, 24, 24]
 

@@ -1,4 +1,4 @@
-"""Disaggregated failures: refused slots, killed workers (with resume), killed controller, /dev/shm hygiene."""
+"""Disaggregated failures: refused extents, killed workers (with resume), killed controller, /dev/shm hygiene."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +11,7 @@ import pytest
 from homepd.core.records import WorkerEventKind
 from homepd.kv.header import SlotHeader
 from homepd.kv.segment import parse_segment_name
-from homepd.kv.pool import SlotPool
+from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.core.protocol import KVHandoff, RequestDone
 from homepd.models.resolve import fingerprint
@@ -46,28 +46,31 @@ def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path
     ctx.seq_rm(0)
     outbox = Outbox()
     loop = WorkerLoop(spec, model, ctx, outbox)
-    with SlotPool.create(1, n + 4096) as pool:
-        loop.role.pool = SlotPool.attach(list(pool.names))
-        slot = pool.acquire_free()
+    extent = extent_bytes_for(n)
+    with KVArena.create(extent) as arena:
+        loop.role.arena = KVArena.attach(list(arena.names))
+        slot = 0
+        arena.begin(slot, extent)
         ctx2 = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=1, n_threads=1)
         ctx2.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
-        ctx2.state_get(0, pool.payload(slot, n, "r1"))
+        ctx2.state_get(0, arena.payload(slot, n, "r1"))
         ctx2.close()
+        # n_ctx: KV that claims more tokens than this decode worker's context holds
         header = SlotHeader("r1", "0" * 64 if bad == "fingerprint" else fp, 1024 if bad == "n_ctx" else 512,
-                            len(ids), n)
-        pool.publish(slot, header)
+                            600 if bad == "n_ctx" else len(ids), n)
+        arena.publish(slot, header)
         if bad == "checksum":
-            pool._bufs[slot][4096 + 100] ^= 0xFF  # flip a payload byte inside the fully checked head
+            arena._buf[4096 + 4096 + 100] ^= 0xFF  # flip a payload byte inside the fully checked head
         params = SamplingParams(max_tokens=4)
         loop.handle(KVHandoff("r1", slot, tuple(ids), (42,), params, TokenSampler(params), TextStream(), n,
-                              len(ids), 0.0, 0.0, 0.0))
+                              len(ids), 0.0, 0.0, 0.0, extent_bytes=extent))
         loop.role.pump()
         (done,) = outbox.sent
         assert isinstance(done, RequestDone) and done.reason == "error"
         assert "KV import refused" in done.error and bad.replace("_", "") in done.error.replace("_", "").lower()
-        assert pool.state(slot).name == "FREE"           # the slot is usable again
+        assert arena.state(slot).name == "FREE"          # the extent is usable again
         assert loop.scheduler.allocator.free_seq_ids and not loop.scheduler.running  # the sequence too
-        loop.role.pool.close()
+        loop.role.arena.close()
     outbox.close()
     ctx.close()
     model.close()
@@ -161,7 +164,7 @@ async def main():
     await engine.start()
     s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=300, ignore_eos=True))
     await s.__anext__()
-    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.kv.pool.names, flush=True)
+    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.kv.arena.names, flush=True)
     await asyncio.sleep(3600)   # stands for a controller busy forever; the test kills it
 asyncio.run(main())
 """

@@ -1,90 +1,153 @@
-"""Controller-side slot bookkeeping after deaths and cancels (real shared memory, no model)."""
+"""Controller-side arena bookkeeping: routing at admission, deaths and cancels (real shared memory, no model)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from homepd.kv.router import KVRouter
-from homepd.kv.header import HOLDER_PID_OFFSET, STATE_OFFSET, SlotHeader, SlotState
 from homepd.core.protocol import KVHandoff, WorkerReady
 from homepd.core.sampling import SamplingParams
+from homepd.kv.header import HOLDER_PID_OFFSET, STATE_OFFSET, SlotHeader, SlotState
+from homepd.kv.pool import DATA_OFFSET, extent_bytes_for
+from homepd.kv.ring import RingAllocator
+
+from homepd.kv.router import KVRouter
 
 FP = "ab" * 32
 DEAD_PID = 2 ** 22 + 12345  # beyond pid_max here: never a live process
+READY = WorkerReady(1, "prefill", 0, 64, 0.0, state_bytes_per_token=100, state_overhead_bytes=1000)
 
 
 @pytest.fixture
 def router():
-    r = KVRouter(n_slots=3, n_ctx=64, prefill_ready=WorkerReady(1, "prefill", 0, 64, 0.0, 100, 1000))
+    r = KVRouter(arena_bytes=64 * 4096, prefill_ready=READY, prefill_n_ctx=64)
+    r.ring = RingAllocator(r.arena.capacity_bytes)  # stands in for the prefill worker's allocator
     yield r
     r.close()
 
 
-def publish(router, rid: str, holder_pid: int | None = None) -> KVHandoff:
-    pool = router.pool
-    slot = pool.acquire_free()
-    pool.payload(slot, 16, rid)[:] = bytes(range(16))
-    pool.publish(slot, SlotHeader(rid, FP, 64, 4, 16))
+def publish(router, rid: str, n_bytes: int = 16, holder_pid: int | None = None) -> KVHandoff:
+    """An export as the prefill worker makes it: allocate, begin, write, publish; the handoff message."""
+    arena, extent = router.arena, extent_bytes_for(n_bytes)
+    offset = router.ring.alloc(extent)
+    arena.begin(offset, extent)
+    arena.payload(offset, n_bytes, rid)[:] = bytes(i % 256 for i in range(n_bytes))
+    arena.publish(offset, SlotHeader(rid, FP, 64, 4, n_bytes))
     if holder_pid is not None:  # pretend another process touched it last
-        pool._bufs[slot][HOLDER_PID_OFFSET:HOLDER_PID_OFFSET + 4] = holder_pid.to_bytes(4, "little")
-    return KVHandoff(rid, slot, (1, 2, 3, 4), (5,), SamplingParams(), None, None, 16, 4, 0.0, 0.0, 0.0)
+        set_state(router, offset, SlotState.READY, holder_pid)
+    return KVHandoff(rid, offset, (1, 2, 3, 4), (5,), SamplingParams(), None, None, n_bytes, 4, 0.0, 0.0, 0.0,
+                     extent_bytes=extent, arena_used_bytes=router.ring.used_bytes, arena_kv_bytes=n_bytes)
 
 
-def set_state(router, slot: int, state: SlotState, holder_pid: int) -> None:
-    """What a worker that died holding the slot leaves behind."""
-    router.pool._bufs[slot][STATE_OFFSET] = state
-    router.pool._bufs[slot][HOLDER_PID_OFFSET:HOLDER_PID_OFFSET + 4] = holder_pid.to_bytes(4, "little")
+def set_state(router, offset: int, state: SlotState, holder_pid: int) -> None:
+    """What a worker that died holding the extent leaves behind."""
+    at = DATA_OFFSET + offset
+    router.arena._buf[at + STATE_OFFSET] = state
+    router.arena._buf[at + HOLDER_PID_OFFSET:at + HOLDER_PID_OFFSET + 4] = holder_pid.to_bytes(4, "little")
 
 
-def test_decode_death_mid_import_puts_slot_back_to_ready_and_resumes(router):
+def reclaim(router) -> None:
+    """What the prefill worker does before allocating: free what the state bytes say is free."""
+    for offset in router.ring.live:
+        if router.arena.state(offset) not in (SlotState.WRITING, SlotState.READY, SlotState.READING):
+            router.ring.free(offset)
+
+
+def test_route_sends_prompts_whose_kv_cannot_fit_the_prefill_context_or_the_arena_to_decode():
+    small_arena = KVRouter(arena_bytes=3 * 4096, prefill_ready=READY, prefill_n_ctx=1000)
+    try:
+        assert small_arena.predicted_extent_bytes(10) == extent_bytes_for(1000 + 100 * 10) == 2 * 4096
+        assert small_arena.route(10) == "prefill"
+        assert small_arena.route(100) == "decode"          # 11 000 bytes of KV: more than the 12 KiB arena holds
+        assert "12288-byte KV arena" in small_arena.why_not_prefill(100)
+    finally:
+        small_arena.close()
+    big_arena = KVRouter(arena_bytes=1 << 20, prefill_ready=READY, prefill_n_ctx=64)
+    try:
+        assert big_arena.route(64) == "prefill" and big_arena.route(65) == "decode"  # the prefill context
+    finally:
+        big_arena.close()
+
+
+def test_default_arena_holds_the_prefill_workers_whole_context():
+    r = KVRouter(arena_bytes=None, prefill_ready=READY, prefill_n_ctx=4096)
+    try:
+        assert r.arena.capacity_bytes >= r.predicted_extent_bytes(4096)
+        assert r.route(4096) == "prefill"
+    finally:
+        r.close()
+
+
+def test_decode_death_mid_import_puts_the_extent_back_to_ready_and_resumes(router):
     msg = publish(router, "a")
     router.handed_off(msg)
     set_state(router, msg.slot, SlotState.READING, DEAD_PID)  # READING by the dead decode worker
     assert router.recover("decode", DEAD_PID, {"a"}) == ["a"]
-    assert router.pool.state(msg.slot).name == "READY"
+    assert router.arena.state(msg.slot) == SlotState.READY
+    assert router.live_extents() == ((msg.slot, msg.extent_bytes),)
 
 
-def test_decode_death_after_release_does_not_resume_into_a_reused_slot(router):
-    msg = publish(router, "a")
+def test_decode_death_after_release_does_not_resume_into_reused_bytes(router):
+    msg = publish(router, "a", n_bytes=3 * 4096)
     router.handed_off(msg)
-    router.pool.release(msg.slot)  # the decode worker freed it, then died before KVImported
-    other = publish(router, "b")    # prefill reused the same slot for another request
-    assert other.slot == msg.slot
+    router.arena.release(msg.slot)  # the decode worker freed it, then died before KVImported
+    reclaim(router)
+    router.ring.head = msg.slot + 4096   # the prefill worker's next export lands inside a's old extent
+    other = publish(router, "b")
+    assert msg.slot < other.slot < msg.slot + msg.extent_bytes
     assert router.recover("decode", DEAD_PID, {"a"}) == []
-    assert router.pool.request_in(msg.slot) == "b" and router.pool.state(msg.slot).name == "READY"
+    assert router.arena.request_in(other.slot) == "b" and router.arena.state(other.slot) == SlotState.READY
+    assert router.live_extents() == ()  # b's handoff has not reached the router yet; a's bytes are b's
 
 
-def test_cancelled_request_in_a_slot_is_not_resumed_and_its_slot_frees(router):
+def test_cancelled_request_in_the_arena_is_not_resumed_and_its_extent_frees(router):
     msg = publish(router, "a")
     router.handed_off(msg)
     set_state(router, msg.slot, SlotState.READING, DEAD_PID)
     assert router.recover("decode", DEAD_PID, set()) == []   # not wanted any more
-    assert router.pool.state(msg.slot).name == "FREE"
+    assert router.arena.state(msg.slot) == SlotState.FREE
 
 
-def test_prefill_death_frees_half_written_and_orphaned_slots(router):
-    half = router.pool.acquire_free()
-    set_state(router, half, SlotState.WRITING, DEAD_PID)                      # WRITING by the dead prefill worker
-    orphan = publish(router, "o")                              # READY, but its KVHandoff never arrived
+def test_prefill_death_leaves_only_known_handoffs_live(router):
+    half = publish(router, "half")
+    set_state(router, half.slot, SlotState.WRITING, DEAD_PID)  # WRITING by the dead prefill worker
+    orphan = publish(router, "o")                               # READY, but its KVHandoff never arrived
     kept = publish(router, "k")
-    router.handed_off(kept)                                    # READY and known: the decode worker will import it
+    router.handed_off(kept)                                     # READY and known: the decode worker will import it
     assert router.recover("prefill", DEAD_PID, {"x"}) == []
-    assert router.pool.state(half).name == "FREE"
-    assert router.pool.state(orphan.slot).name == "FREE"
-    assert router.pool.state(kept.slot).name == "READY"
+    assert router.arena.state(kept.slot) == SlotState.READY
+    # the restarted prefill worker rebuilds its allocator from this: the rest is free space
+    assert router.attach_message().live_extents == ((kept.slot, kept.extent_bytes),)
+    fresh = RingAllocator(router.arena.capacity_bytes)
+    for offset, n in router.attach_message().live_extents:
+        fresh.reserve(offset, n)
+    assert fresh.used_bytes == kept.extent_bytes and fresh.alloc(half.extent_bytes) == half.slot
 
 
-def test_drop_frees_a_ready_slot_only_if_it_still_holds_that_request(router):
+def test_drop_frees_a_ready_extent_only_if_it_still_holds_that_request(router):
     a = publish(router, "a")
     router.handed_off(a)
     assert router.drop("a") is True          # e.g. cancelled while waiting in the decode backlog
-    assert router.pool.state(a.slot).name == "FREE"
+    assert router.arena.state(a.slot) == SlotState.FREE
     b = publish(router, "b")
     router.handed_off(b)
-    router.pool.release(b.slot)              # the decode worker already freed it...
-    c = publish(router, "c")                 # ...and prefill reused it
+    router.arena.release(b.slot)             # the decode worker already freed it...
+    reclaim(router)
+    router.ring.head = b.slot
+    c = publish(router, "c")                 # ...and prefill reused its bytes
+    assert c.slot == b.slot
     assert router.drop("b") is True
-    assert router.pool.request_in(c.slot) == "c" and router.pool.state(c.slot).name == "READY"
+    assert router.arena.request_in(c.slot) == "c" and router.arena.state(c.slot) == SlotState.READY
     assert router.drop("nobody") is False
-    assert os.getpid() == router.pool.owner_pid
+    assert os.getpid() == router.arena.owner_pid
+
+
+def test_peak_usage_pairs_arena_bytes_with_the_kv_in_transit_then(router):
+    msgs = [publish(router, f"r{i}", n_bytes=5000 * (i + 1)) for i in range(3)]
+    for i, msg in enumerate(msgs):
+        router.handed_off(KVHandoff(**{**msg.__dict__, "export_end_s": float(i)}))
+    assert router.peak_usage() == (msgs[2].arena_used_bytes, msgs[2].arena_kv_bytes)
+    assert router.peak_usage(0.0, 1.0) == (msgs[1].arena_used_bytes, msgs[1].arena_kv_bytes)
+    snap = router.snapshot()
+    assert snap.peak_used_bytes == msgs[2].arena_used_bytes and snap.occupancy["READY"] == 3
+    assert snap.in_transit_kv_bytes == 5000 + 10000 + 15000 and snap.capacity_bytes == 64 * 4096

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fake_nvml import CPU_LLAMA, CUDA_LLAMA, GIB, FakeGpu, FakeNvml
-from homepd.hw.placement import VRAM_RESERVE_BYTES, plan_placement, render_plan_text
+from homepd.hw.placement import VRAM_RESERVE_BYTES, arena_bytes_for, plan_placement, render_plan_text
 from homepd.hw.probe import BoxProbe, CpuInfo, MemoryInfo, probe
 
 
@@ -50,7 +50,7 @@ def test_cpu_only_colocated_uses_every_core_and_disaggregated_splits_them():
     assert d.feasible and not plan.uses_gpus
     assert (d.prefill.role, d.prefill.cpu_cores, d.prefill.n_threads) == ("prefill", (0, 1, 2, 3), 4)
     assert (d.decode.role, d.decode.cpu_cores, d.decode.n_threads) == ("decode", (4, 5, 6, 7), 4)
-    assert d.transfer_bytes == GIB
+    assert d.transfer_bytes == arena_bytes_for(GIB)
     assert plan.memory.fits_ram_once and plan.memory.fits_ram_twice
 
 

@@ -1,4 +1,4 @@
-"""Worker roles on the fake backend: a prefill worker exports KV into a real shared-memory slot pool
+"""Worker roles on the fake backend: a prefill worker exports KV into a real shared-memory KV arena
 and a decode worker imports it and continues, in this process (no llama.cpp, no child processes)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
 from homepd.core.textstream import TextStream
 from homepd.fakellm import FakeContext, FakeModel
-from homepd.kv.pool import SlotPool
+from homepd.kv.pool import KVArena
 from homepd.worker.handoff import DecodeRole, PrefillRole
 from homepd.worker.loop import WorkerLoop
 from homepd.worker.roles import ColocatedRole
@@ -27,11 +27,11 @@ N_CTX = 512
 class Worker:
     """One in-process worker loop of ``role`` on the fake backend, with its outbox."""
 
-    def __init__(self, role: str, n_seq_max: int = 4):
-        self.spec = WorkerSpec(role=role, model_path="fake", n_ctx=N_CTX, n_seq_max=n_seq_max, chunk=32,
+    def __init__(self, role: str, n_seq_max: int = 4, n_ctx: int = N_CTX):
+        self.spec = WorkerSpec(role=role, model_path="fake", n_ctx=n_ctx, n_seq_max=n_seq_max, chunk=32,
                                n_threads=1, model_fingerprint=FINGERPRINT, backend="fake")
         self.model = FakeModel()
-        self.ctx = FakeContext(self.model, n_ctx=N_CTX, n_batch=self.spec.n_batch, n_seq_max=n_seq_max,
+        self.ctx = FakeContext(self.model, n_ctx=n_ctx, n_batch=self.spec.n_batch, n_seq_max=n_seq_max,
                                n_threads=1)
         self.out = Outbox()
         self.loop = WorkerLoop(self.spec, self.model, self.ctx, self.out)
@@ -54,8 +54,8 @@ class Worker:
 
 @pytest.fixture
 def pool():
-    with SlotPool.create(2, 64 * 1024) as pool:
-        yield pool
+    with KVArena.create(64 * 1024) as arena:
+        yield arena
 
 
 def submit(worker: Worker, request_id: str, text: str, max_tokens: int = 10) -> None:
@@ -103,14 +103,14 @@ def test_prefill_exports_into_a_slot_and_decode_continues_exactly_as_colocated(p
     decode.close()
 
 
-def test_prefill_waits_for_a_free_slot_and_exports_oldest_first(pool):
+def test_prefill_waits_for_a_free_extent_and_exports_oldest_first(pool):
     prefill = Worker("prefill")
-    prefill.loop.handle(AttachSlots(pool.names))
+    prefill.loop.handle(AttachSlots(pool.names, max_extents=2))
     for i in range(3):
         submit(prefill, f"r{i}", f"prompt {i}")
     for _ in range(3):
         prefill.turn()
-    assert [m.request_id for m in prefill.out.of_type(KVHandoff)] == ["r0", "r1"]  # two slots
+    assert [m.request_id for m in prefill.out.of_type(KVHandoff)] == ["r0", "r1"]  # two extents at most
     assert prefill.loop.role.has_work and [q.request_id for q in prefill.loop.scheduler.running] == ["r2"]
     pool.release(prefill.out.of_type(KVHandoff)[0].slot)  # the decode side freed one
     prefill.turn()
@@ -130,14 +130,16 @@ def test_cancelling_a_request_waiting_for_a_slot_drops_it_from_the_prefill_role(
     prefill.close()
 
 
-def exported(pool: SlotPool, request_id: str, text: str, fingerprint: str = FINGERPRINT) -> KVHandoff:
-    """A KVHandoff of ``text``'s prompt, exported by a bare prefill role (no loop) into ``pool``."""
+def exported(pool: KVArena, request_id: str, text: str, fingerprint: str = FINGERPRINT, at: int = 0) -> KVHandoff:
+    """A KVHandoff of ``text``'s prompt, exported by a bare prefill role (no loop) into ``pool`` at offset ``at``
+    (each bare role has its own allocator: two of them must be told apart)."""
     model = FakeModel()
     ctx = FakeContext(model, n_ctx=N_CTX, n_batch=64, n_seq_max=1, n_threads=1)
     ids = model.tokenize(text)
     ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * (len(ids) - 1) + [True])
     sent, finished = [], []
-    role = PrefillRole(ctx, sent.append, finished.append, fingerprint, pool=pool)
+    role = PrefillRole(ctx, sent.append, finished.append, fingerprint, arena=pool)
+    role.allocator.head = at
     params = SamplingParams(max_tokens=6)
     seq = Sequence(request_id, ids, params, seq_id=0, n_prefilled=len(ids), output_ids=[40],
                    sampler=TokenSampler(params), stream=TextStream())
@@ -153,7 +155,7 @@ def test_decode_role_alone_imports_with_only_a_context_a_scheduler_and_send(pool
     ctx = FakeContext(FakeModel(), n_ctx=N_CTX, n_batch=64, n_seq_max=2, n_threads=1)
     scheduler = Scheduler(n_seq_max=2, n_ctx=N_CTX, n_batch=64, chunk=64)
     sent = []
-    role = DecodeRole(ctx, sent.append, scheduler.release, FINGERPRINT, scheduler, pool=pool)
+    role = DecodeRole(ctx, sent.append, scheduler.release, FINGERPRINT, scheduler, arena=pool)
     assert role.handle(handoff) and role.has_work
     role.pump()
     (seq,) = scheduler.running
@@ -163,11 +165,11 @@ def test_decode_role_alone_imports_with_only_a_context_a_scheduler_and_send(pool
 
 
 def test_decode_role_waits_for_a_free_sequence(pool):
-    first, second = exported(pool, "r0", "one"), exported(pool, "r1", "two")
+    first, second = exported(pool, "r0", "one"), exported(pool, "r1", "two", at=4 * 4096)
     ctx = FakeContext(FakeModel(), n_ctx=N_CTX, n_batch=64, n_seq_max=1, n_threads=1)
     scheduler = Scheduler(n_seq_max=1, n_ctx=N_CTX, n_batch=64, chunk=64)
     sent = []
-    role = DecodeRole(ctx, sent.append, scheduler.release, FINGERPRINT, scheduler, pool=pool)
+    role = DecodeRole(ctx, sent.append, scheduler.release, FINGERPRINT, scheduler, arena=pool)
     role.handle(first)
     role.handle(second)
     role.pump()
@@ -199,3 +201,54 @@ def test_cancelling_a_pending_handoff_frees_its_slot(pool):
     assert [(m.request_id, m.reason) for m in decode.out.of_type(RequestDone)] == [("r", "cancelled")]
     assert pool.state(handoff.slot).name == "FREE" and not decode.loop.role.has_work
     decode.close()
+
+
+def test_prefill_takes_exactly_the_state_bytes_and_gets_them_back_once_imported(pool):
+    prefill, decode = Worker("prefill", n_ctx=2048), Worker("decode", n_ctx=2048)
+    for w in (prefill, decode):
+        w.loop.handle(AttachSlots(pool.names))
+    submit(prefill, "r0", "x" * 1100)  # 1101 tokens: 4416 bytes of fake KV state
+    while not prefill.out.of_type(KVHandoff):
+        prefill.turn()
+    (first,) = prefill.out.of_type(KVHandoff)
+    assert first.n_bytes == 8 + 4 + 4 * 1101 and first.extent_bytes == 4096 + 2 * 4096  # header + 2 pages
+    assert first.arena_used_bytes == first.extent_bytes and first.arena_kv_bytes == first.n_bytes
+    decode.loop.handle(first)
+    decode.turn()  # imported: the extent's state byte says FREE
+    submit(prefill, "r1", "y")
+    while len(prefill.out.of_type(KVHandoff)) < 2:
+        prefill.turn()
+    second = prefill.out.of_type(KVHandoff)[1]
+    assert second.slot == first.extent_bytes  # the ring goes on after the first extent...
+    assert second.arena_used_bytes == second.extent_bytes  # ...whose bytes came back to the allocator
+    prefill.close()
+    decode.close()
+
+
+def test_a_state_that_can_never_fit_the_arena_fails_with_the_sizes_instead_of_waiting():
+    with KVArena.create(8192) as arena:  # one page of header, one of payload
+        prefill = Worker("prefill", n_ctx=4096)
+        prefill.loop.handle(AttachSlots(arena.names))
+        submit(prefill, "big", "z" * 2000)
+        submit(prefill, "small", "hi")
+        while prefill.loop.scheduler.has_work or prefill.loop.role.has_work:
+            prefill.turn()
+        (done,) = prefill.out.of_type(RequestDone)
+        assert done.request_id == "big" and done.reason == "error"
+        assert "8016 bytes (12288 with the extent header), the KV arena holds 8192" in done.error
+        assert [m.request_id for m in prefill.out.of_type(KVHandoff)] == ["small"]  # the next one went on
+        assert not prefill.loop.role.has_work and not prefill.ctx._seqs
+        prefill.close()
+
+
+def test_a_restarted_prefill_worker_leaves_the_extents_in_transit_alone(pool):
+    handoff = exported(pool, "r", "hello")  # READY, waiting for the decode worker
+    prefill = Worker("prefill")
+    prefill.loop.handle(AttachSlots(pool.names, live_extents=((handoff.slot, handoff.extent_bytes),)))
+    submit(prefill, "next", "another prompt")
+    while not prefill.out.of_type(KVHandoff):
+        prefill.turn()
+    (after,) = prefill.out.of_type(KVHandoff)
+    assert after.slot >= handoff.slot + handoff.extent_bytes
+    assert pool.request_in(handoff.slot) == "r" and after.arena_used_bytes == handoff.extent_bytes + after.extent_bytes
+    prefill.close()
