@@ -28,7 +28,9 @@ class WorkerSpec:
 
     @property
     def n_batch(self) -> int:
-        return self.n_ctx if self.chunk is None else max(self.chunk, self.n_seq_max)
+        # why: llama.cpp clamps n_batch to the n_ctx asked for; a larger plan would abort llama_decode
+        # (a prefill worker's context can be smaller than the chunk)
+        return self.n_ctx if self.chunk is None else max(min(self.chunk, self.n_ctx), self.n_seq_max)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,74 @@
+"""Memory accounting by what holds it (homepd.hw.smaps): this process's own mappings, a file mapped like
+model weights, a KV arena, and private regions like a KV cache; shared pages counted once."""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+from homepd.core.records import MemoryBreakdown
+from homepd.hw.smaps import (ProcessRegions, anon_intervals, measure_processes, new_intervals, read_smaps,
+                             resident_bytes)
+from homepd.kv.pool import DATA_OFFSET, KVArena
+from homepd.measure.memory import breakdown_mib, render_breakdown
+
+MIB = 1 << 20
+
+
+def test_new_intervals_are_what_was_mapped_in_between_and_large_enough():
+    before = [(0, 10 * MIB), (20 * MIB, 30 * MIB)]
+    after = [(0, 15 * MIB), (20 * MIB, 40 * MIB), (50 * MIB, 51 * MIB)]
+    assert new_intervals(before, after) == [(10 * MIB, 15 * MIB), (30 * MIB, 40 * MIB)]  # 1 MiB: too small
+    assert new_intervals(before, after, min_bytes=1) == [(10 * MIB, 15 * MIB), (30 * MIB, 40 * MIB),
+                                                         (50 * MIB, 51 * MIB)]
+
+
+def test_resident_bytes_count_the_pages_written_so_far():
+    before = anon_intervals()
+    block = np.empty(32 * MIB, dtype=np.uint8)  # a private anonymous mapping, untouched (like a compute buffer)
+    regions = new_intervals(before, anon_intervals())
+    assert sum(b - a for a, b in regions) >= 32 * MIB
+    untouched = resident_bytes("self", regions)
+    block[:8 * MIB] = 1
+    # a neighbouring mapping the kernel merged in (an interpreter arena) may be touched meanwhile: a little more
+    assert 8 * MIB <= resident_bytes("self", regions) - untouched <= 10 * MIB
+    del block
+
+
+def test_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions_per_process(tmp_path):
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(os.urandom(6 * MIB))
+    with open(weights, "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    bytes(mapped[:])  # touch every page, as a worker's first steps do
+    before = anon_intervals()
+    kv = np.ones(16 * MIB, dtype=np.uint8)  # written at once: stands for a cleared KV cache
+    regions = tuple(("context", a, b) for a, b in new_intervals(before, anon_intervals()))
+    with KVArena.create(4 * MIB) as arena:
+        me = ProcessRegions("worker", os.getpid(), regions, kv_cache_bytes=resident_bytes("self", [r[1:] for r in regions]))
+        # the same process twice stands for two processes mapping the same file and arena
+        b = measure_processes([me, ProcessRegions("controller", os.getpid())], str(weights))
+    assert isinstance(b, MemoryBreakdown) and [p.role for p in b.processes] == ["worker", "controller"]
+    assert b.weights_shared_bytes == 6 * MIB                          # once, not per process
+    assert b.arena_bytes == DATA_OFFSET + 4 * MIB                     # pre-faulted, once
+    assert 16 * MIB <= b.kv_cache_bytes < 18 * MIB and b.compute_bytes < 2 * MIB
+    assert b.processes[1].kv_cache_bytes == 0                         # told no regions: all its own is rest
+    assert b.total_bytes == sum(getattr(b, f) for f in ("weights_shared_bytes", "weights_copied_bytes",
+                                                         "kv_cache_bytes", "compute_bytes", "arena_bytes",
+                                                         "rest_bytes"))
+    own = sum(m.pss_bytes for m in read_smaps(os.getpid()))
+    assert abs(b.processes[0].pss_bytes - own) < 8 * MIB
+    mib = breakdown_mib(b)
+    assert mib["mem_weights_shared_mib"] == 6.0 and mib["mem_total_mib"] == b.total_bytes / MIB
+    lines = render_breakdown(b)
+    assert lines[0].startswith("memory by what holds it (MiB, each byte once): weights (shared) 6,")
+    assert lines[1].startswith(f"  worker (pid {os.getpid()}): PSS ")
+    assert breakdown_mib(None)["mem_kv_cache_mib"] is None
+    mapped.close()
+    del kv
+
+
+def test_an_unreadable_process_gives_zeros_not_an_error():
+    b = measure_processes([ProcessRegions("gone", 2 ** 22 + 12345, (("context", 0, 4096),), 4096)], None)
+    assert b.total_bytes == 0 and b.processes[0].pss_bytes == 0
