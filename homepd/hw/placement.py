@@ -218,7 +218,8 @@ def _disaggregated(gpus: tuple[GpuInfo, ...], groups: CoreGroups, model: int, ne
         f"model + KV does not fit twice: {where}RAM has {fmt_bytes(ram)} available, and needs "
         f"{fmt_bytes(total + RAM_RESERVE_BYTES)}: prefill worker {fmt_bytes(prefill_need)} (model "
         f"{fmt_bytes(model)} + KV {fmt_bytes(prefill_need - model)}) + decode worker {fmt_bytes(need)} (model "
-        f"{fmt_bytes(model)} + KV {fmt_bytes(need - model)}) + KV arena {fmt_bytes(transfer)} + {fmt_bytes(RAM_RESERVE_BYTES)} for the system; duplicated weights + "
+        f"{fmt_bytes(model)} + KV {fmt_bytes(need - model)}) + KV arena {fmt_bytes(transfer)} + "
+        f"{fmt_bytes(RAM_RESERVE_BYTES)} for the system; duplicated weights + "
         "KV transfer would cost more memory than the interference disaggregation removes")
 
 

@@ -64,12 +64,6 @@ class KVRouter:
         fits_arena = self.predicted_extent_bytes(n_prompt_tokens) <= self.arena.capacity_bytes
         return "prefill" if fits_context and fits_arena else "decode"
 
-    def why_not_prefill(self, n_prompt_tokens: int) -> str:
-        """The sizes that keep a prompt off the prefill worker, for an error message."""
-        return (f"its KV ({self.predicted_extent_bytes(n_prompt_tokens)} bytes with the extent header, "
-                f"{n_prompt_tokens} tokens) must fit the prefill worker's n_ctx {self.prefill_n_ctx} and the "
-                f"{self.arena.capacity_bytes}-byte KV arena")
-
     # transit -------------------------------------------------------------------
     def handed_off(self, msg: KVHandoff) -> None:
         self.in_slot[msg.request_id] = msg

@@ -146,7 +146,8 @@ def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed:
                     "arena_handoffs": record.summary.kv.n_moved if record.summary.kv else 0}
 
     out = asyncio.run(replay())
-    out["arena_peak_ratio"] = out["arena_peak_bytes"] / out["arena_peak_kv_bytes"] if out["arena_peak_kv_bytes"] else None
+    kv = out["arena_peak_kv_bytes"]
+    out["arena_peak_ratio"] = out["arena_peak_bytes"] / kv if kv else None
     return out
 
 

@@ -62,7 +62,8 @@ def test_an_arena_smaller_than_one_prompts_kv_routes_it_to_decode_and_the_others
         assert events[-1].kind == "done" and s.token_ids == r.token_ids  # same output as colocated
     long_id = streams[0].request_id
     assert streams[0].lifecycle.kv_bytes is None  # never in the arena...
-    assert any(rid == long_id for st in steps if st.worker_role == "decode" for rid, _ in st.prefill)  # ...prefilled there
+    # ...prefilled on the decode worker
+    assert any(rid == long_id for st in steps if st.worker_role == "decode" for rid, _ in st.prefill)
     assert all(s.lifecycle.kv_bytes for s in streams[1:])  # the others went through the arena
     assert snap.kv_slots.capacity_bytes == 8192 and snap.kv_slots.peak_used_bytes <= 8192
 

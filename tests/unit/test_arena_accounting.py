@@ -46,7 +46,8 @@ def test_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions_p
     kv = np.ones(16 * MIB, dtype=np.uint8)  # written at once: stands for a cleared KV cache
     regions = tuple(("context", a, b) for a, b in new_intervals(before, anon_intervals()))
     with KVArena.create(4 * MIB) as arena:
-        me = ProcessRegions("worker", os.getpid(), regions, kv_cache_bytes=resident_bytes("self", [r[1:] for r in regions]))
+        kv_cache_bytes = resident_bytes("self", [r[1:] for r in regions])
+        me = ProcessRegions("worker", os.getpid(), regions, kv_cache_bytes=kv_cache_bytes)
         # the same process twice stands for two processes mapping the same file and arena
         b = measure_processes([me, ProcessRegions("controller", os.getpid())], str(weights))
     assert isinstance(b, MemoryBreakdown) and [p.role for p in b.processes] == ["worker", "controller"]

@@ -59,7 +59,6 @@ def test_route_sends_prompts_whose_kv_cannot_fit_the_prefill_context_or_the_aren
         assert small_arena.predicted_extent_bytes(10) == extent_bytes_for(1000 + 100 * 10) == 2 * 4096
         assert small_arena.route(10) == "prefill"
         assert small_arena.route(100) == "decode"          # 11 000 bytes of KV: more than the 12 KiB arena holds
-        assert "12288-byte KV arena" in small_arena.why_not_prefill(100)
     finally:
         small_arena.close()
     big_arena = KVRouter(arena_bytes=1 << 20, prefill_ready=READY, prefill_n_ctx=64)
