@@ -129,7 +129,9 @@ def measure_process(proc: ProcessRegions, model_path: str | None) -> tuple[Proce
     """One process's breakdown, and its resident bytes of the model file and of the KV arena (for counting once)."""
     mappings = read_smaps(proc.pid)
     real_model = os.path.realpath(model_path) if model_path else None
-    model = [m for m in mappings if real_model and m.path and os.path.realpath(m.path) == real_model]
+    name = os.path.basename(real_model) if real_model else None
+    model = [m for m in mappings if real_model and os.path.basename(m.path) == name
+             and os.path.realpath(m.path) == real_model]
     arena = [m for m in mappings if m.path.startswith(ARENA_PREFIX)]
     copied = resident_bytes(proc.pid, [(a, b) for kind, a, b in proc.regions if kind == "model"])
     context = resident_bytes(proc.pid, [(a, b) for kind, a, b in proc.regions if kind == "context"])
