@@ -47,8 +47,11 @@ def test_breakdown_sizes_each_roles_kv_and_counts_weights_and_arena_once(default
     else:
         assert b.arena_bytes == 0 and snap.kv_slots is None
     assert snap.memory is b  # the snapshot carries the last measurement
+    # PSS splits shared pages with every process that maps them, a test run outside homepd mapping the same GGUF
+    # included; counted once at their resident size, the total is never below the PSS sum, and above it by
+    # no more than the shared weights and arena
     pss_sum = sum(p.pss_bytes for p in b.processes)
-    assert abs(b.total_bytes - pss_sum) < 0.1 * pss_sum  # the once-counted total is close to the PSS sum
+    assert pss_sum - MIB <= b.total_bytes <= pss_sum + b.weights_shared_bytes + b.arena_bytes
 
 
 def test_a_prompt_longer_than_the_prefill_context_is_prefilled_on_decode_with_colocated_output(default_model_path):
