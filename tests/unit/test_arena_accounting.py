@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +19,29 @@ from homepd.measure.memory import breakdown_mib, render_breakdown
 MIB = 1 << 20
 
 
+def _in_fresh_interpreter(check: str, *args: str) -> None:
+    """Run ``check`` in a new interpreter.
+
+    # why: these checks find a new mapping by diffing /proc/self/maps; in a process that already freed big
+    # arrays (the rest of the suite), the allocator and the kernel may place and merge mappings so that
+    # nothing new shows — a worker measures its context the same way, but right after it started.
+    """
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_arena_accounting as t; "
+            f"t.{check}(*{[Path(a) for a in args]!r})")
+    out = subprocess.run([sys.executable, "-c", code.replace("PosixPath", "__import__('pathlib').Path")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_resident_bytes_count_the_pages_written_so_far():
+    _in_fresh_interpreter("_check_resident_bytes_count_the_pages_written_so_far")
+
+
+def test_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions_per_process(tmp_path):
+    _in_fresh_interpreter("_check_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions_per_process",
+                          str(tmp_path))
+
+
 def test_new_intervals_are_what_was_mapped_in_between_and_large_enough():
     before = [(0, 10 * MIB), (20 * MIB, 30 * MIB)]
     after = [(0, 15 * MIB), (20 * MIB, 40 * MIB), (50 * MIB, 51 * MIB)]
@@ -24,9 +50,13 @@ def test_new_intervals_are_what_was_mapped_in_between_and_large_enough():
                                                          (50 * MIB, 51 * MIB)]
 
 
-def test_resident_bytes_count_the_pages_written_so_far():
+def _check_resident_bytes_count_the_pages_written_so_far():
     before = anon_intervals()
-    block = np.empty(32 * MIB, dtype=np.uint8)  # a private anonymous mapping, untouched (like a compute buffer)
+    # why mmap, not np.empty: after other tests freed big arrays, glibc may serve 32 MiB from its heap (its
+    # mmap threshold adapts) and no new mapping appears; llama.cpp's buffers are their own mappings
+    # a private anonymous mapping, untouched (like a compute buffer); mmap's default would be MAP_SHARED
+    raw = mmap.mmap(-1, 32 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    block = np.frombuffer(raw, dtype=np.uint8)
     regions = new_intervals(before, anon_intervals())
     assert sum(b - a for a, b in regions) >= 32 * MIB
     untouched = resident_bytes("self", regions)
@@ -34,16 +64,20 @@ def test_resident_bytes_count_the_pages_written_so_far():
     # a neighbouring mapping the kernel merged in (an interpreter arena) may be touched meanwhile: a little more
     assert 8 * MIB <= resident_bytes("self", regions) - untouched <= 10 * MIB
     del block
+    raw.close()
 
 
-def test_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions_per_process(tmp_path):
+def _check_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions_per_process(tmp_path):
     weights = tmp_path / "model.gguf"
     weights.write_bytes(os.urandom(6 * MIB))
     with open(weights, "rb") as fh:
         mapped = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
     bytes(mapped[:])  # touch every page, as a worker's first steps do
     before = anon_intervals()
-    kv = np.ones(16 * MIB, dtype=np.uint8)  # written at once: stands for a cleared KV cache
+    # its own private mapping (see above), written at once: a cleared KV cache
+    kv_map = mmap.mmap(-1, 16 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    kv = np.frombuffer(kv_map, dtype=np.uint8)
+    kv[:] = 1
     regions = tuple(("context", a, b) for a, b in new_intervals(before, anon_intervals()))
     with KVArena.create(4 * MIB) as arena:
         kv_cache_bytes = resident_bytes("self", [r[1:] for r in regions])
@@ -68,6 +102,7 @@ def test_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions_p
     assert breakdown_mib(None)["mem_kv_cache_mib"] is None
     mapped.close()
     del kv
+    kv_map.close()
 
 
 def test_an_unreadable_process_gives_zeros_not_an_error():
