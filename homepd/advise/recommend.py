@@ -153,8 +153,11 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
     if best_co is None:
         d = max(disagg, key=_goodput_key)
         return d.candidate, "only-disaggregated", "only the disaggregated architecture ran on this mix"
-    chunked = [r for r in colocated if by_name[r.candidate].mode == "colocated"]
-    inter = max(chunked or colocated, key=lambda r: (r.interference_slowdown or 0.0))
+    chunked = [r for r in colocated if by_name[r.candidate].mode == "colocated"] or colocated
+    # the strongest interference among runs with enough disturbed steps to trust it (else the best sampled)
+    sampled = [r for r in chunked if r.interference_samples >= MIN_INTERFERENCE_SAMPLES]
+    inter = max(sampled, key=lambda r: r.interference_slowdown or 0.0) if sampled else \
+        max(chunked, key=lambda r: (r.interference_samples, r.interference_slowdown or 0.0))
     significant = (inter.interference_slowdown or 0.0) >= INTERFERENCE_SIGNIFICANT \
         and inter.interference_samples >= MIN_INTERFERENCE_SAMPLES
     co_text = f"{best_co.candidate} has the best goodput without disaggregation ({_fmt(best_co.goodput_per_s)} req/s)"

@@ -102,3 +102,12 @@ def test_confidence_is_low_when_the_lead_is_within_the_repeat_spread():
         ("colocated-unchunked", "mixed"): [m(0.55, slowdown=1.0), m(0.60, slowdown=1.0)],
     }, candidates=(CO_NONE, CO64)))
     assert rec.confidence == "low" and "spread" in rec.confidence_why
+
+
+def test_interference_is_read_from_a_run_with_enough_samples_not_a_single_outlier():
+    rec = recommend(evidence({
+        ("colocated-unchunked", "mixed"): [m(0.3, slowdown=40.0, samples=1)],   # one disturbed step
+        ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=2.5, samples=12)],
+        ("disaggregated", "mixed"): [m(0.9)],
+    }))
+    assert rec.rule == "disaggregated-wins" and "x2.50 over 12 disturbed steps" in rec.reason
