@@ -14,15 +14,15 @@ import sys
 from homepd.errors import HomepdError
 
 # modules that add commands, in help order (a face not built yet is skipped)
-COMMAND_MODULES = ("homepd.cli.run", "homepd.cli.models", "homepd.cli.bench", "homepd.cli.probe",
-                   "homepd.cli.trace", "homepd.cli.history",
-                   "homepd.serve.command", "homepd.advise.command", "homepd.tui.command")
+COMMAND_MODULES = ("homepd.advise.command", "homepd.tui.command", "homepd.serve.command", "homepd.cli.history",
+                   "homepd.cli.run", "homepd.cli.trace", "homepd.cli.probe", "homepd.cli.models",
+                   "homepd.cli.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="homepd",
-        description="Single-box LLM serving: colocated chunked prefill vs. disaggregated prefill/decode, measured.",
+        description="Single-box LLM serving: colocated chunked prefill, disaggregated prefill/decode or replicas — measured on this box, recommended, served.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
