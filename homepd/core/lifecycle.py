@@ -61,6 +61,7 @@ class Lifecycle:
     error: str | None = None
     finish_reason: str | None = None
     n_prompt_tokens: int = 0
+    request_class: str = "interactive"   # homepd.core.admission.RequestClass value: its latency budgets
     # KV handoff (disaggregated): bytes moved and where the transfer time went
     kv_bytes: int | None = None
     kv_slot_wait_s: float | None = None
@@ -122,7 +123,7 @@ class Lifecycle:
             "admitted_s": self.admitted_s, "prefill_start_s": self.prefill_start_s,
             "prefill_end_s": self.prefill_end_s, "transfer_start_s": self.transfer_start_s,
             "transfer_end_s": self.transfer_end_s, "first_token_s": self.first_token_s,
-            "ended_s": self.ended_s, "n_prompt_tokens": self.n_prompt_tokens,
+            "ended_s": self.ended_s, "n_prompt_tokens": self.n_prompt_tokens, "request_class": self.request_class,
             "n_output_tokens": len(self.token_times_s), "queue_wait_s": self.queue_wait_s,
             "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "transfer_s": self.transfer_s,
             "kv_bytes": self.kv_bytes, "kv_slot_wait_s": self.kv_slot_wait_s, "kv_export_s": self.kv_export_s,

@@ -138,6 +138,7 @@ class EngineSnapshot:
     n_steps: int
     worker_events: tuple[WorkerEvent, ...]
     t_s: float = 0.0
+    requests_by_class: dict[str, int] = dataclasses.field(default_factory=dict)  # running + waiting per class
     memory: MemoryBreakdown | None = None  # as last measured (Engine.measure_memory: at start, after each trace)
 
     @property

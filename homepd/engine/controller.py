@@ -18,10 +18,11 @@ import itertools
 import logging
 import os
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import replace
 
 from homepd.config import EngineConfig
+from homepd.core.admission import RequestClass
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
                                   StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
@@ -166,12 +167,17 @@ class Engine:
         return ids
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,
-                     params: SamplingParams | None = None, request_id: str | None = None) -> RequestStream:
+                     params: SamplingParams | None = None, request_id: str | None = None,
+                     request_class: str | None = None) -> RequestStream:
         """Admit a request; returns its event stream.  Raises RequestError before any worker sees it.
 
         Its clock starts here, before the chat template and the tokenizer run: TTFT is what a caller sees.
         """
         arrived_s = time.monotonic()
+        try:
+            klass = RequestClass.parse(request_class)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         params = (params or SamplingParams()).validated()
         ids = self.prepare(prompt, messages)
         failed = [h for h in self.workers.values() if h.failed]
@@ -184,7 +190,8 @@ class Engine:
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
-        lifecycle = Lifecycle(request_id=rid, arrived_s=arrived_s, n_prompt_tokens=len(ids))
+        lifecycle = Lifecycle(request_id=rid, arrived_s=arrived_s, n_prompt_tokens=len(ids),
+                              request_class=klass.value)
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.streams[rid] = stream
         self._entry_worker(n_tokens=len(ids)).send_request(rid, SubmitRequest(rid, tuple(ids), params))
@@ -432,6 +439,7 @@ class Engine:
             workers=tuple(h.snapshot() for h in self.workers.values()),
             kv_slots=self.kv.snapshot() if self.kv is not None else None,
             requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
+            requests_by_class=dict(Counter(st.lifecycle.request_class for st in self.streams.values())),
             worker_events=tuple(self.worker_events), t_s=time.monotonic(), memory=self.memory)
 
     def measure_memory(self) -> MemoryBreakdown:

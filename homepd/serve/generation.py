@@ -68,7 +68,8 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
     rid = shape.id_prefix + uuid.uuid4().hex
     service.admit(rid, request_class)
     try:
-        stream = await service.engine.submit(prompt, messages=messages, params=params, request_id=rid)
+        stream = await service.engine.submit(prompt, messages=messages, params=params, request_id=rid,
+                                             request_class=request_class)
     except HomepdError as exc:
         service.finished(rid, None, request_class)
         error = from_homepd_error(exc)
