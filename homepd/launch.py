@@ -23,13 +23,18 @@ def prepare(config: EngineConfig, *, pull: bool = True, progress: bool = True, b
     if config.backend == "fake":
         from homepd.fakellm import FAKE_MODEL_PATH
 
-        path = FAKE_MODEL_PATH if config.model == EngineConfig.model else config.model
-        return EngineSetup(path, "f" * 64, placements(config, path, box), kv_arena_bytes(config, path, box))
-    from homepd.hw.isa import check_build
+        path, identity = FAKE_MODEL_PATH if config.model == EngineConfig.model else config.model, "f" * 64
+    else:
+        from homepd.hw.isa import check_build
 
-    check_build()  # before any process loads llama.cpp: a build for another CPU is refused, not a SIGILL
-    path = str(resolve_model(config.model, config.models_dir, pull=pull, progress=progress))
-    return EngineSetup(path, fingerprint(path), placements(config, path, box), kv_arena_bytes(config, path, box))
+        check_build()  # before any process loads llama.cpp: a build for another CPU is refused, not a SIGILL
+        path = str(resolve_model(config.model, config.models_dir, pull=pull, progress=progress))
+        identity = fingerprint(path)
+    if box is None and config.mode != "colocated":
+        from homepd.hw.probe import probe
+
+        box = probe()  # once: the placements and the arena are planned on the same reading
+    return EngineSetup(path, identity, placements(config, path, box), kv_arena_bytes(config, path, box))
 
 
 def kv_arena_bytes(config: EngineConfig, model_path: str, box=None) -> int | None:
