@@ -126,7 +126,8 @@ class Campaign:
 
         self._t0 = time.monotonic()
         setup = await asyncio.to_thread(prepare, self.base, pull=False)
-        box = self.box or await asyncio.to_thread(probe)
+        # one reading of the box for the plan and every candidate's placement
+        self.box = box = self.box or await asyncio.to_thread(probe)
         plan = await asyncio.to_thread(placement_plan, self.base, setup.model_path, box)
         candidates = candidate_list(self.base, plan, self.settings)
         feasible = [c for c in candidates if c.feasible]
@@ -215,22 +216,18 @@ class Campaign:
         async with Engine(config, setup, sampler=self.sampler) as engine:
             await self._warm_up(engine)
             victim = {"colocated": "colocated", "disaggregated": "decode"}.get(cand.mode, "replica-0")
-            killed = asyncio.Event()
 
-            def on_token_count():
-                if not killed.is_set() and sum(1 for st in engine.streams.values() if st.token_ids) >= 2:
+            def kill_once_two_stream(_step) -> None:
+                if sum(1 for st in engine.streams.values() if st.token_ids) >= 2:
+                    engine.step_listeners.remove(kill_once_two_stream)
                     os.kill(engine.workers[victim].pid, signal.SIGKILL)
-                    killed.set()
 
-            watcher = asyncio.ensure_future(_watch(on_token_count, killed))
-            try:
-                record = await run_trace(engine, self._trace("mixed", 0), trace_name="mixed+kill",
-                                         slo=self.settings.slo, sampler=self.sampler)
-                await engine.wait_restarts()
-                record = dataclasses.replace(record, worker_events=tuple(
-                    e for e in engine.worker_events if e.t_s >= record.requests[0].arrived_s))
-            finally:
-                watcher.cancel()
+            engine.step_listeners.append(kill_once_two_stream)
+            record = await run_trace(engine, self._trace("mixed", 0), trace_name="mixed+kill",
+                                     slo=self.settings.slo, sampler=self.sampler)
+            await engine.wait_restarts()  # the restart may end after the last request
+            record = dataclasses.replace(record, worker_events=tuple(
+                e for e in engine.worker_events if e.t_s >= record.requests[0].arrived_s))
         self.recovery[cand.mode] = record
         if self.store is not None:
             self.store.add_result(run_id, f"{cand.name}+kill:{victim}", "mixed+kill", 0, record)
@@ -274,13 +271,6 @@ class Campaign:
         elapsed = time.monotonic() - self._t0
         eta = elapsed / self._done * (self._total - self._done) if self._done else None
         self.on_progress(Progress(self._done, self._total, current, elapsed, eta))
-
-
-async def _watch(check: Callable[[], None], done: asyncio.Event) -> None:
-    # why: the engine has no token callback; a 20 ms look at the running streams is cheap and stops at once
-    while not done.is_set():
-        check()
-        await asyncio.sleep(0.02)
 
 
 def _headline(rec: Recommendation) -> str:

@@ -55,6 +55,7 @@ class Engine:
         self.records: OrderedDict[str, Lifecycle] = OrderedDict()  # finished requests, newest last
         self.streams: dict[str, RequestStream] = {}                # running requests
         self.step_log: deque[StepRecord] = deque(maxlen=MAX_STEP_LOG)
+        self.step_listeners: list = []  # called with each StepRecord once its tokens and ends are applied
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = {}
         self.kv = None  # KVRouter (disaggregated)
@@ -265,6 +266,8 @@ class Engine:
                 stream.queue.put_nowait(Event("token", tok.request_id, tok.t_s, tok.token_id, tok.text))
         for done in report.done:
             self._on_done(done)
+        for listener in self.step_listeners:
+            listener(step)
 
     def _on_handoff(self, msg: KVHandoff) -> None:
         """Prefill worker exported a request's KV into a slot: route it to the decode worker."""
