@@ -60,3 +60,9 @@ def no_controller_errors(caplog):
     yield
     errors = [r.getMessage() for r in caplog.records if r.name.startswith("homepd") and r.levelno >= logging.ERROR]
     assert not errors, f"controller errors: {errors}"
+
+
+@pytest.fixture
+def anyio_backend():
+    """The app's async tests (Textual) run on asyncio."""
+    return "asyncio"

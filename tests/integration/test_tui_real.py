@@ -15,17 +15,9 @@ from homepd.tui.screens.chat import ChatScreen
 from homepd.tui.sources.embedded import EmbeddedSource
 from homepd.tui.sources.remote import RemoteSource
 
+from pilot_helpers import settle
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-async def settle(app, pilot) -> None:
-    await app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 @contextlib.asynccontextmanager

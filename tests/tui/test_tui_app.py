@@ -23,26 +23,9 @@ from homepd.tui.widgets.charts import LiveChart
 from homepd.tui.widgets.evidence import BarChart, EvidencePanel
 from homepd.tui.widgets.hardware import HardwarePanel
 
+from pilot_helpers import settle, settle_group
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-async def settle(app, pilot) -> None:
-    """Every worker done and every message it posted handled."""
-    await app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-async def settle_group(app, pilot, group: str) -> None:
-    """The workers of ``group`` done (not the ones held at a gate) and their messages handled."""
-    workers = [w for w in app.workers if w.group == group]
-    if workers:  # why: wait_for_complete([]) waits for every worker
-        await app.workers.wait_for_complete(workers)
-    await pilot.pause()
 
 
 async def ticks(app, pilot, n: int) -> None:

@@ -1,0 +1,16 @@
+"""Helpers for tests that drive the app with Textual's Pilot (tests/tui and tests/integration)."""
+from __future__ import annotations
+
+
+async def settle(app, pilot) -> None:
+    """Every worker done and every message it posted handled."""
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def settle_group(app, pilot, group: str) -> None:
+    """The workers of ``group`` done (not the ones held at a gate) and their messages handled."""
+    workers = [w for w in app.workers if w.group == group]
+    if workers:  # why: wait_for_complete([]) waits for every worker
+        await app.workers.wait_for_complete(workers)
+    await pilot.pause()
