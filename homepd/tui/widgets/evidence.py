@@ -37,8 +37,16 @@ def render_recommendation(rec: RecommendationView | None) -> Text:
     return text
 
 
+def short_label(candidate: str) -> str:
+    """A candidate's name without the words every bar shares, so a narrow label still tells chunks apart."""
+    for prefix, short in (("colocated-chunk-", "chunk "), ("colocated-", ""), ("replicas-", "replicas ")):
+        if candidate.startswith(prefix):
+            return short + candidate[len(prefix):]
+    return candidate
+
+
 def render_bars(title: str, rows: list[EvidenceRow], field: str, spec: str, width: int) -> Text:
-    values = [(r.candidate, getattr(r, field)) for r in rows]
+    values = [(short_label(r.candidate), getattr(r, field)) for r in rows]
     top = max((v for _, v in values if v is not None), default=None)
     label_w = min(22, max((len(c) for c, _ in values), default=8), max(8, width // 2 - 4))
     bar_w = max(4, width - label_w - 9)
