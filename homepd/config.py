@@ -158,6 +158,24 @@ class EngineConfig:
     backend: str = field(default="llama", metadata=_opt(
         "backend", help="llama (llama.cpp, the default) or fake: a deterministic stand-in without a model, "
                         "for tests and dry runs", choices=BACKENDS))
+    # two queues, two latency budgets (homepd.core.admission, homepd.core.steppolicy): an interactive request's
+    # first token is due within ttft_budget_ms and each next one within itl_budget_ms; a background one's first
+    # within background_ttft_ms.  Prompts are served to keep those deadlines; adaptive_chunk sizes each step's
+    # prompt budget to the ITL budget; admission rejects early what would miss its TTFT budget.
+    adaptive_chunk: bool = field(default=False, metadata=_opt(
+        "adaptive-chunk", parse_bool, "size each step's prompt budget (at most --chunk) so running interactive "
+                                      "streams keep --itl-budget, from a step-time model fitted online",
+        action=argparse.BooleanOptionalAction))
+    itl_budget_ms: float = field(default=100.0, metadata=_opt(
+        "itl-budget", float, "interactive requests: budget (ms) between two tokens"))
+    ttft_budget_ms: float = field(default=4000.0, metadata=_opt(
+        "ttft-budget", float, "interactive requests: budget (ms) to the first token"))
+    background_ttft_ms: float = field(default=120_000.0, metadata=_opt(
+        "background-ttft-budget", float, "background requests: budget (ms) to the first token"))
+    admission: bool = field(default=False, metadata=_opt(
+        "admission", parse_bool, "reject a request at once (HTTP 503 + Retry-After) when its predicted TTFT "
+                                 "misses its class's budget, instead of letting it fail late",
+        action=argparse.BooleanOptionalAction))
     fault: str | None = field(default=None, metadata=_opt(None))  # test-only scheduling bug, one of FAULTS
 
     def validated(self) -> "EngineConfig":
@@ -196,6 +214,10 @@ class EngineConfig:
         if self.prefill_n_ctx is not None and (not isinstance(self.prefill_n_ctx, int)
                                                or not 16 <= self.prefill_n_ctx <= self.n_ctx):
             raise ConfigError(f"prefill_n_ctx must be between 16 and n_ctx ({self.n_ctx}), got {self.prefill_n_ctx!r}")
+        for name in ("itl_budget_ms", "ttft_budget_ms", "background_ttft_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number of milliseconds, got {value!r}")
         return self
 
     @property

@@ -1,13 +1,10 @@
-"""Two queues, two latency budgets: request classes, SLO-aware admission, the prompt budget of a step,
-and per-request routing in disaggregated mode.  Pure policy: measurements in, decisions out.
+"""Two queues, two latency budgets: request classes, SLO-aware admission and per-request routing in disaggregated mode.  Pure policy: measurements in, decisions out.
 
 * ``admit``: predicts a new request's TTFT from the prompt tokens queued ahead of it (interactive work
   goes first, so background prompts are not ahead of an interactive one) and the measured prefill speed;
   a request that would miss its class's TTFT budget is rejected early (Mooncake's early rejection) with a
   retry-after, instead of failing late.  Background work is deferred while interactive work is queued.
-* ``prompt_budget``: the prompt tokens a colocated step may carry so that the running interactive
-  decodes keep their ITL budget (from a fitted step-time model); the whole ``max_chunk`` when only
-  background streams are decoding.
+* the prompt budget of each step and the order prompts are served in: ``homepd.core.steppolicy``.
 * ``route``: in disaggregated mode, whether a prompt is prefilled on the decode worker itself (short
   prompts: no handoff, no queue behind long documents) or on the prefill worker (long ones), from the
   measured prefill speeds, the handoff cost and the queue depths — not a constant threshold.
@@ -102,20 +99,6 @@ def admit(req_class: RequestClass, n_prompt: int, q: QueueState,
         return Decision(Verdict.DEFER, predicted, budget, reason="interactive prompts are queued: background "
                                                                  "waits behind them")
     return Decision(Verdict.ADMIT, predicted, budget)
-
-
-def prompt_budget(step_model, n_decodes: int, n_interactive_decodes: int, itl_budget_ms: float | None,
-                  min_chunk: int = 16, max_chunk: int = 512) -> int:
-    """Prompt tokens the next colocated step may carry.
-
-    ``step_model``: anything with ``chunk_for_itl(itl_ms, n_decode, lo, hi)`` (the fitted step-time
-    model), or None before enough steps were seen (then ``min_chunk`` while interactive streams decode:
-    safe until measured)."""
-    if n_interactive_decodes == 0 or itl_budget_ms is None:
-        return max_chunk
-    if step_model is None:
-        return min_chunk
-    return step_model.chunk_for_itl(itl_budget_ms, n_decodes, lo=min_chunk, hi=max_chunk)
 
 
 @dataclass(frozen=True)

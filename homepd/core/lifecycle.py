@@ -62,6 +62,9 @@ class Lifecycle:
     finish_reason: str | None = None
     n_prompt_tokens: int = 0
     request_class: str = "interactive"   # homepd.core.admission.RequestClass value: its latency budgets
+    predicted_ttft_s: float | None = None  # admission's prediction when it arrived
+    admission: str | None = None         # "admitted" or "deferred" (homepd.core.admission.Verdict)
+    n_prefilled: int = 0                 # prompt tokens prefilled so far (from the step log)
     # KV handoff (disaggregated): bytes moved and where the transfer time went
     kv_bytes: int | None = None
     kv_slot_wait_s: float | None = None
@@ -129,4 +132,5 @@ class Lifecycle:
             "kv_bytes": self.kv_bytes, "kv_slot_wait_s": self.kv_slot_wait_s, "kv_export_s": self.kv_export_s,
             "kv_import_s": self.kv_import_s, "n_resumes": self.n_resumes, "resumed_by": list(self.resumed_by),
             "finish_reason": self.finish_reason, "error": self.error,
+            "predicted_ttft_s": self.predicted_ttft_s, "admission": self.admission,
         }

@@ -25,6 +25,9 @@ class WorkerSpec:
     cuda_visible_devices: str = ""      # "" hides every GPU; else an index or UUID
     model_fingerprint: str = ""        # identity checked on every KV slot (disaggregation)
     backend: str = "llama"             # "llama" or "fake" (homepd.fakellm: tests without a model)
+    # adaptive chunk: each step's prompt budget keeps interactive decodes within this ITL (None: fixed chunk,
+    # which is then also the largest adaptive budget)
+    itl_budget_ms: float | None = None
 
     @property
     def n_batch(self) -> int:
@@ -69,6 +72,8 @@ class SubmitRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     stream: object | None = None   # homepd.textstream.TextStream
+    request_class: str = "interactive"
+    deadline_s: float | None = None  # first token due (monotonic): arrival + the class's TTFT budget
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class StepRecord:
     t_end_s: float
     decode_request_ids: tuple[str, ...]
     prefill: tuple[tuple[str, int], ...]  # (request_id, prompt tokens in this step)
+    budget: int = 0                       # the prompt-token budget the step policy gave this step
+    kv_tokens: int = 0                    # context its tokens attend to (a step-time feature)
 
     @property
     def n_decode_tokens(self) -> int:

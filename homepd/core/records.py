@@ -126,6 +126,37 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True)
+class ClassQueue:
+    """One request class at one moment: what waits for its first token, and what admission decided so far."""
+    request_class: str
+    queued_requests: int        # not yet given a first token
+    queued_prompt_tokens: int   # of those, prompt tokens not yet prefilled
+    running: int                # in the engine (queued or decoding)
+    admitted: int               # since the engine started
+    deferred: int               # admitted behind queued interactive work (background)
+    rejected: int               # refused early: predicted to miss the TTFT budget
+    ttft_budget_ms: float
+    itl_budget_ms: float | None
+
+
+@dataclass(frozen=True)
+class AdmissionSnapshot:
+    """Two queues, two budgets: per-class queues and decisions, each worker's latest prompt budget (the chosen
+    chunk) and prefill speed, and how good the TTFT predictions were (finished requests, ms)."""
+    classes: tuple[ClassQueue, ...]
+    chunk_by_worker: dict[str, int]            # prompt-token budget of the worker's latest step
+    prefill_tok_s_by_worker: dict[str, float]  # measured (step-time model), at that budget
+    admission: bool                            # early rejection on
+    adaptive_chunk: bool
+    ttft_error_mean_ms: float | None = None    # mean |predicted - actual|
+    ttft_error_p90_ms: float | None = None
+    n_predictions: int = 0
+    routed_local: int = 0                      # disaggregated: short prompts prefilled on the decode worker
+    routed_remote: int = 0                     # ... and prompts sent through the prefill worker and a KV handoff
+    route_threshold_tokens: int | None = None  # the latest learned threshold
+
+
+@dataclass(frozen=True)
 class EngineSnapshot:
     """A picture of a running engine: workers, queues, KV slots, requests by state, recent worker events."""
     mode: str
@@ -140,6 +171,7 @@ class EngineSnapshot:
     t_s: float = 0.0
     requests_by_class: dict[str, int] = dataclasses.field(default_factory=dict)  # running + waiting per class
     memory: MemoryBreakdown | None = None  # as last measured (Engine.measure_memory: at start, after each trace)
+    admission: AdmissionSnapshot | None = None
 
     @property
     def n_running(self) -> int:

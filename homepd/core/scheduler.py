@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from homepd.core.allocator import KVAllocator
 from homepd.core.sequence import Sequence
+from homepd.core.steppolicy import StepPolicy
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,12 @@ class PrefillSlice:
 class StepPlan:
     decode: tuple[Sequence, ...]
     prefill: tuple[PrefillSlice, ...]
+    budget: int = 0  # the prompt-token budget the policy gave this step
+
+    @property
+    def kv_tokens(self) -> int:
+        """Context the step's tokens attend to (decodes' contexts + each slice's end): a step-time feature."""
+        return sum(s.n_kv_tokens for s in self.decode) + sum(sl.stop for sl in self.prefill)
 
     @property
     def n_decode_tokens(self) -> int:
@@ -53,11 +60,13 @@ class StepPlan:
 class Scheduler:
     """Owns the waiting queue and the running set; admits through a ``KVAllocator``."""
 
-    def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True):
+    def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True,
+                 policy: StepPolicy | None = None):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
         self.chunk = chunk
+        self.policy = policy or StepPolicy(chunk, n_batch)
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
         self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx)
         self.waiting: deque[Sequence] = deque()
@@ -99,27 +108,30 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     # the policy ------------------------------------------------------------
-    def schedule(self) -> StepPlan:
-        """Decide the next step's composition; admits waiting requests as room allows."""
+    def schedule(self, now_s: float = 0.0) -> StepPlan:
+        """Decide the next step's composition; admits waiting requests as room allows.
+
+        The policy gives the prompt budget and the order prompts are served in (``now_s``: the clock its
+        deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving)."""
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
-        budget = self.n_batch if self.chunk is None else self.chunk
-        budget = min(budget, self.n_batch) - len(decode)
+        budget = self.policy.budget(decode)
         prefilling = [s for s in self.running if s.is_prefilling]
         if prefilling or self.waiting:
             # why: a prompt always advances, even when decodes fill the chunk
             budget = max(budget, 1)
+        planned = budget
         slices: list[PrefillSlice] = []
-        for seq in prefilling:
+        for seq in self.policy.order([*prefilling, *self.waiting], now_s, len(decode)):
             if budget <= 0:
                 break
+            if seq.seq_id is None:  # waiting: admit it if its KV fits, else it (and all after it) wait
+                if not self.can_admit(seq):
+                    break
+                self.waiting.remove(seq)
+                self.admit(seq)
             slices.append(self._slice(seq, budget))
             budget -= slices[-1].n_tokens
-        while budget > 0 and self.waiting and self.can_admit(self.waiting[0]):
-            seq = self.waiting.popleft()
-            self.admit(seq)
-            slices.append(self._slice(seq, budget))
-            budget -= slices[-1].n_tokens
-        return StepPlan(decode=decode, prefill=tuple(slices))
+        return StepPlan(decode=decode, prefill=tuple(slices), budget=planned)
 
     @staticmethod
     def _slice(seq: Sequence, budget: int) -> PrefillSlice:

@@ -19,6 +19,8 @@ class Sequence:
     is_finished: bool = False
     sampler: TokenSampler | None = field(default=None, repr=False)  # its RNG state is the request's
     stream: TextStream | None = field(default=None, repr=False)     # held-back text and partial UTF-8
+    request_class: str = "interactive"  # homepd.core.admission.RequestClass value
+    deadline_s: float | None = None  # when its first token is due (monotonic): arrival + its class's TTFT budget
 
     @property
     def n_prompt(self) -> int:

@@ -22,7 +22,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import replace
 
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.admission import RequestClass, Verdict
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
                                   StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
@@ -30,10 +30,11 @@ from homepd.core.records import EngineSnapshot, MemoryBreakdown, WorkerEvent, Wo
 from homepd.core.sampling import SamplingParams
 from homepd.core.textstream import TextStream
 from homepd.engine import recovery
+from homepd.engine.gate import AdmissionGate, WorkerLoad
 from homepd.engine.handles import WorkerHandle
 from homepd.engine.prompt import render_chat
 from homepd.engine.streams import Event, RequestStream
-from homepd.errors import EngineError, PromptTooLongError, RequestError
+from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
 
 MAX_RECORDS = 10_000       # finished request records kept for metrics
 MAX_STEP_LOG = 100_000
@@ -61,6 +62,7 @@ class Engine:
         self.kv = None  # KVRouter (disaggregated)
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
+        self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
         self._tasks: set[asyncio.Task] = set()
         self._restarting: dict[str, asyncio.Task] = {}  # worker name -> its restart in progress
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -191,12 +193,55 @@ class Engine:
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
+        worker = self._route_new(len(ids))
+        decision = self.gate.decide(klass, len(ids), worker.role, self._load(worker), worker.spec.n_ctx)
+        if decision is not None and decision.verdict is Verdict.REJECT:
+            raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
+                                    f"{decision.retry_after_s:g} s", decision.retry_after_s, klass.value,
+                                    decision.predicted_ttft_ms)
         lifecycle = Lifecycle(request_id=rid, arrived_s=arrived_s, n_prompt_tokens=len(ids),
-                              request_class=klass.value)
+                              request_class=klass.value,
+                              predicted_ttft_s=decision.predicted_ttft_ms / 1e3 if decision else None,
+                              admission=decision.verdict.value if decision else Verdict.ADMIT.value)
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.streams[rid] = stream
-        self._entry_worker(n_tokens=len(ids)).send_request(rid, SubmitRequest(rid, tuple(ids), params))
+        worker.send_request(rid, SubmitRequest(rid, tuple(ids), params, request_class=klass.value,
+                                               deadline_s=self._deadline(lifecycle)))
         return stream
+
+    def _deadline(self, lc: Lifecycle) -> float:
+        return lc.arrived_s + self.gate.budgets[RequestClass(lc.request_class)].ttft_ms / 1e3
+
+    def _route_new(self, n_tokens: int) -> WorkerHandle:
+        """The entry worker of a new request; in disaggregated mode a prompt that fits the prefill worker is
+        still prefilled on the decode worker when the gate predicts that is sooner (short prompts)."""
+        worker = self._entry_worker(n_tokens=n_tokens)
+        if worker.role == "prefill":
+            prefill, decode = self.workers["prefill"], self.workers["decode"]
+            if not decode.failed and self.gate.route(n_tokens, self._load(prefill), self._load(decode),
+                                                     prefill.spec.n_ctx, decode.spec.n_ctx,
+                                                     decode.spec.n_threads, prefill.spec.n_threads):
+                return decode
+        return worker
+
+    def _load(self, handle: WorkerHandle) -> WorkerLoad:
+        """What ``handle`` holds: prompt tokens still to prefill per class, and its decoding streams."""
+        tokens: Counter = Counter()
+        queued: Counter = Counter()
+        n_decode = n_interactive = 0
+        for rid in handle.in_flight:
+            stream = self.streams.get(rid)
+            if stream is None:
+                continue
+            lc = stream.lifecycle
+            klass = RequestClass(lc.request_class)
+            if lc.first_token_s is None:
+                tokens[klass] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
+                queued[klass] += 1
+            else:
+                n_decode += 1
+                n_interactive += klass is RequestClass.INTERACTIVE
+        return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a running request; True if it was running.  Its stream ends with finish_reason 'cancelled'."""
@@ -249,6 +294,10 @@ class Engine:
         if step.worker_role != handle.role:  # a replica: name the step after its worker
             step = replace(step, worker_role=handle.role)
         self.step_log.append(step)
+        self.gate.observe(handle.role, step)
+        for rid, n in step.prefill:
+            if rid in self.streams:
+                self.streams[rid].lifecycle.n_prefilled += n
         for rid in report.prefill_started:
             if rid in self.streams:
                 self.streams[rid].lifecycle.advance(RequestState.PREFILLING, step.t_start_s)
@@ -318,6 +367,7 @@ class Engine:
         lc = stream.lifecycle
         lc.finish_reason, lc.error = reason, error
         lc.advance(state, t_s)
+        self.gate.finished(lc)
         self.records[rid] = lc
         while len(self.records) > MAX_RECORDS:
             self.records.popitem(last=False)
@@ -393,7 +443,9 @@ class Engine:
         params = replace(stream.params, max_tokens=stream.params.max_tokens - len(stream.token_ids))
         if self.kv is not None:
             self.kv.drop(rid)  # a stale slot entry must not be imported later
-        return SubmitRequest(rid, stream.prompt_ids + tuple(stream.token_ids), params, stream=text)
+        stream.lifecycle.n_prefilled = 0
+        return SubmitRequest(rid, stream.prompt_ids + tuple(stream.token_ids), params, stream=text,
+                             request_class=stream.lifecycle.request_class, deadline_s=self._deadline(stream.lifecycle))
 
     async def _restart(self, handle: WorkerHandle, died_s: float) -> None:
         error = None
@@ -435,15 +487,23 @@ class Engine:
     def snapshot(self) -> EngineSnapshot:
         """A picture of the engine: workers, queues, KV slots, running requests, recent worker events."""
         by_state: dict[str, list[str]] = {}
+        loads: dict[RequestClass, list[int]] = {}
         for rid, stream in self.streams.items():
-            by_state.setdefault(stream.lifecycle.state.value, []).append(rid)
+            lc = stream.lifecycle
+            by_state.setdefault(lc.state.value, []).append(rid)
+            load = loads.setdefault(RequestClass(lc.request_class), [0, 0, 0])
+            load[2] += 1
+            if lc.first_token_s is None:
+                load[0] += 1
+                load[1] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
         return EngineSnapshot(
             mode=self.config.mode, model=self.model_path, n_ctx=self.config.n_ctx, chunk=self.config.chunk,
             workers=tuple(h.snapshot() for h in self.workers.values()),
             kv_slots=self.kv.snapshot() if self.kv is not None else None,
             requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
             requests_by_class=dict(Counter(st.lifecycle.request_class for st in self.streams.values())),
-            worker_events=tuple(self.worker_events), t_s=time.monotonic(), memory=self.memory)
+            worker_events=tuple(self.worker_events), t_s=time.monotonic(), memory=self.memory,
+            admission=self.gate.snapshot({c: tuple(v) for c, v in loads.items()}))
 
     def measure_memory(self) -> MemoryBreakdown:
         """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept

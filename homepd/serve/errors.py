@@ -9,13 +9,14 @@ anything unexpected onto it.
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from homepd.errors import EngineError, HomepdError, PromptTooLongError, RequestError
+from homepd.errors import AdmissionRejected, EngineError, HomepdError, PromptTooLongError, RequestError
 
 log = logging.getLogger("homepd.serve")
 
@@ -53,6 +54,8 @@ def from_homepd_error(exc: HomepdError) -> APIError:
     if isinstance(exc, PromptTooLongError):
         return APIError(400, str(exc), "exceed_context_size_error", "context_length_exceeded", "messages",
                         n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    if isinstance(exc, AdmissionRejected):  # early rejection: it would miss its TTFT budget now
+        return unavailable(str(exc), "admission_rejected", retry_after_s=max(1, math.ceil(exc.retry_after_s)))
     if isinstance(exc, RequestError):
         return APIError(400, str(exc), INVALID_REQUEST, "invalid_value")
     if isinstance(exc, EngineError):

@@ -94,6 +94,7 @@ class EngineCollector:
             restarts.add_metric([w.role], w.restarts)
         yield up
         yield restarts
+        yield from _admission_metrics(snap.admission)
         inter = interference(list(engine.step_log)[-INTERFERENCE_STEPS:])
         if inter.slowdown is not None:
             yield _gauge("homepd_interference_ratio", "Decode step time with prefill beside it / without, at equal "
@@ -129,6 +130,41 @@ class EngineCollector:
                     self._energy_j[source] = self._energy_j.get(source, 0.0) + joules
             self._energy_until_s = now
         return self._energy_j
+
+
+def _admission_metrics(adm):
+    """Two queues, two budgets: per-class queues and decisions, the chosen chunk, TTFT prediction error."""
+    if adm is None:
+        return
+    queued = GaugeMetricFamily("homepd_class_queued_requests", "Requests waiting for their first token, by class",
+                               labels=["request_class"])
+    queued_tokens = GaugeMetricFamily("homepd_class_queued_prompt_tokens", "Prompt tokens not yet prefilled, by "
+                                      "class", labels=["request_class"])
+    decisions = CounterMetricFamily("homepd_admission_decisions", "Admission decisions by class (deferred ones "
+                                    "are also admitted)", labels=["request_class", "decision"])
+    for c in adm.classes:
+        queued.add_metric([c.request_class], c.queued_requests)
+        queued_tokens.add_metric([c.request_class], c.queued_prompt_tokens)
+        for decision in ("admitted", "deferred", "rejected"):
+            decisions.add_metric([c.request_class, decision], getattr(c, decision))
+    yield queued
+    yield queued_tokens
+    yield decisions
+    chunk = GaugeMetricFamily("homepd_step_prompt_budget_tokens", "Prompt-token budget of the worker's latest step "
+                              "(the chosen chunk)", labels=["role"])
+    for role, n in sorted(adm.chunk_by_worker.items()):
+        chunk.add_metric([role], n)
+    yield chunk
+    if adm.ttft_error_mean_ms is not None:
+        yield _gauge("homepd_ttft_prediction_error_mean_seconds", "Mean |predicted - actual| TTFT of finished "
+                     "requests", adm.ttft_error_mean_ms / 1e3)
+        yield _gauge("homepd_ttft_prediction_error_p90_seconds", "90th percentile of |predicted - actual| TTFT",
+                     adm.ttft_error_p90_ms / 1e3)
+    routed = CounterMetricFamily("homepd_routed_prompts", "Disaggregated: prompts prefilled on the decode worker "
+                                 "(local) or the prefill worker (remote)", labels=["path"])
+    routed.add_metric(["local"], adm.routed_local)
+    routed.add_metric(["remote"], adm.routed_remote)
+    yield routed
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

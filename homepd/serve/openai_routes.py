@@ -16,11 +16,12 @@ ERROR_RESPONSES = {code: {"description": why} for code, why in (
     (400, "malformed JSON, an unknown or unsupported field, a value out of range, a prompt longer than the context "
           "(exceed_context_size_error)"),
     (401, "missing or wrong API key"), (404, "model not served here"), (413, "prompt over --max-prompt-bytes"),
-    (503, "not ready, draining, queue full or a worker restarting (Retry-After)"))}
+    (503, "not ready, draining, queue full, a worker restarting, or rejected early by admission: predicted to "
+          "miss its class's TTFT budget (Retry-After)"))}
 
 
-def request_class(body_class: str | None, header_class: str | None) -> str:
-    """The request's class from the body field or the header (they must agree); 'interactive' by default."""
+def request_class(body_class: str | None, header_class: str | None, default: str = "interactive") -> str:
+    """The request's class from the body field or the header (they must agree); else the route's default."""
     if header_class is not None:
         header_class = header_class.strip().lower()
         if header_class not in REQUEST_CLASSES:
@@ -29,21 +30,25 @@ def request_class(body_class: str | None, header_class: str | None) -> str:
         if body_class is not None and body_class != header_class:
             raise APIError(400, f"request_class {body_class!r} and header {CLASS_HEADER} {header_class!r} differ",
                            code="invalid_value", param="request_class")
-    return body_class or header_class or "interactive"
+    return body_class or header_class or default
 
 
 @router.post("/chat/completions", responses=ERROR_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            x_homepd_class: Annotated[str | None, Header()] = None):
     """A chat completion (``stream: true``: server-sent events ending with ``data: [DONE]``)."""
-    return await complete(request.app.state.service, request, body, request_class(body.request_class, x_homepd_class))
+    service = request.app.state.service
+    return await complete(service, request, body, request_class(body.request_class, x_homepd_class,
+                                                                service.settings.chat_class))
 
 
 @router.post("/completions", responses=ERROR_RESPONSES)
 async def completions(body: CompletionRequest, request: Request,
                       x_homepd_class: Annotated[str | None, Header()] = None):
     """A text completion of one prompt (``stream: true``: server-sent events ending with ``data: [DONE]``)."""
-    return await complete(request.app.state.service, request, body, request_class(body.request_class, x_homepd_class))
+    service = request.app.state.service
+    return await complete(service, request, body, request_class(body.request_class, x_homepd_class,
+                                                                service.settings.completions_class))
 
 
 @router.get("/models")

@@ -41,6 +41,11 @@ class ServeSettings:
         "max-tokens", int, "most tokens a request may ask to generate, and what it gets when it does not say"))
     cors_origins: tuple[str, ...] = field(default=(), metadata=_opt(
         "cors-origins", parse_origins, "comma-separated origins allowed by CORS (default: CORS off)"))
+    chat_class: str = field(default="interactive", metadata=_opt(
+        "chat-class", help="request class of /v1/chat/completions when a request names none", choices=REQUEST_CLASSES))
+    completions_class: str = field(default="interactive", metadata=_opt(
+        "completions-class", help="request class of /v1/completions when a request names none",
+        choices=REQUEST_CLASSES))
     warmup: bool = field(default=True, metadata=_opt(
         "warmup", parse_bool, "run one short request before reporting ready",
         action=argparse.BooleanOptionalAction))
@@ -54,6 +59,9 @@ class ServeSettings:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0 or self.drain_timeout_s < 0:
             raise ConfigError("max_queue and drain_timeout_s must be >= 0")
+        for name in ("chat_class", "completions_class"):
+            if getattr(self, name) not in REQUEST_CLASSES:
+                raise ConfigError(f"{name} must be one of {', '.join(REQUEST_CLASSES)}, got {getattr(self, name)!r}")
         if self.api_key is not None and len(self.api_key) < 8:
             raise ConfigError("the API key must be at least 8 characters")
         if not is_loopback(self.host) and not self.api_key:

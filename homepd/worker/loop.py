@@ -18,6 +18,8 @@ from homepd.core.protocol import (WorkerSpec, CancelRequest, Heartbeat, RequestD
 from homepd.core.sampling import TokenSampler
 from homepd.core.scheduler import Scheduler, StepPlan
 from homepd.core.sequence import Sequence
+from homepd.core.stepmodel import OnlineStepModel
+from homepd.core.steppolicy import StepPolicy
 from homepd.core.textstream import TextStream
 from homepd.hw.smaps import anon_intervals, new_intervals, resident_bytes
 from homepd.worker.roles import Role, make_role
@@ -83,8 +85,13 @@ class WorkerLoop:
 
     def __init__(self, spec: WorkerSpec, model, ctx, conn):
         self.spec, self.model, self.ctx, self.conn = spec, model, ctx, conn
+        # the worker's own step-time model, fitted online from its steps: the adaptive budget and the
+        # deadline order read it every step
+        self.step_model = OnlineStepModel()
+        policy = StepPolicy(spec.chunk, spec.n_batch, spec.itl_budget_ms if spec.role != "prefill" else None,
+                            estimate=self.step_model.estimate)
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
-                                   chunk=spec.chunk, decodes=spec.role != "prefill")
+                                   chunk=spec.chunk, decodes=spec.role != "prefill", policy=policy)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us
@@ -102,7 +109,7 @@ class WorkerLoop:
             if not self.running:
                 break
             self.role.pump()
-            plan = self.scheduler.schedule()
+            plan = self.scheduler.schedule(time.monotonic())
             idle = plan.is_empty
             if not idle:
                 self.step(plan)
@@ -131,7 +138,8 @@ class WorkerLoop:
             self.scheduler.add(Sequence(
                 request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params,
                 sampler=TokenSampler(msg.params),
-                stream=msg.stream if msg.stream is not None else TextStream(msg.params.stop)))
+                stream=msg.stream if msg.stream is not None else TextStream(msg.params.stop),
+                request_class=msg.request_class, deadline_s=msg.deadline_s))
         elif isinstance(msg, CancelRequest):
             seq = self.scheduler.find(msg.request_id)
             if seq is not None:
@@ -158,14 +166,17 @@ class WorkerLoop:
                 self.finish(seq)
                 self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
             return
+        shape = (plan.n_prompt_tokens, plan.n_decode_tokens, plan.kv_tokens)
         plan, sampled = self._sample(plan, logit_rows)
         t_end = time.monotonic()
+        self.step_model.observe(*shape, (t_end - t_start) * 1e3)  # what a decoding stream waits: decode + sampling
         got_token = self.scheduler.postprocess(plan, sampled)
         self.n_steps += 1
         record = StepRecord(
             worker_role=self.spec.role, index=self.n_steps, t_start_s=t_start, t_end_s=t_end,
             decode_request_ids=tuple(s.request_id for s in plan.decode),
-            prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill))
+            prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill), budget=plan.budget,
+            kv_tokens=plan.kv_tokens)
         outs, done = [], []
         for seq in got_token:
             out, fin = self.emit(seq, t_end)
@@ -218,7 +229,8 @@ class WorkerLoop:
             self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=error))
         return StepPlan(decode=tuple(q for q in plan.decode if q.request_id in sampled),
                         prefill=tuple(sl for sl in plan.prefill
-                                      if not sl.completes_prompt or sl.seq.request_id in sampled)), sampled
+                                      if not sl.completes_prompt or sl.seq.request_id in sampled),
+                        budget=plan.budget), sampled
 
     def emit(self, seq: Sequence, t_s: float) -> tuple[TokenOut | None, RequestDone | None]:
         """Turn seq's newest token into an output event; decide whether seq is finished."""

@@ -1,9 +1,8 @@
-"""Admission, prompt budget and routing policies on constructed queues and step-time models (pure)."""
+"""Admission and routing policies on constructed queues and measurements (pure)."""
 import pytest
 
 from homepd.core.admission import (ClassBudget, QueueState, RequestClass, RouteState, Verdict, admit,
-                                   budgets_for_box, predict_ttft_ms, prompt_budget, route)
-from homepd.measure.steptime import StepTimeModel
+                                   budgets_for_box, predict_ttft_ms, route)
 
 I, B = RequestClass.INTERACTIVE, RequestClass.BACKGROUND
 BUDGETS = {I: ClassBudget(ttft_ms=2000.0, itl_ms=100.0), B: ClassBudget(ttft_ms=30_000.0, itl_ms=None)}
@@ -30,16 +29,6 @@ def test_background_waits_behind_queued_interactive_work_and_is_admitted_when_no
     assert admit(B, 1000, idle, BUDGETS).verdict is Verdict.ADMIT
     flooded = QueueState(queued_interactive_tokens=0, queued_background_tokens=10_000, prefill_tok_s=200.0)
     assert admit(B, 1000, flooded, BUDGETS).verdict is Verdict.REJECT
-
-
-def test_prompt_budget_keeps_interactive_itl_and_grows_for_background_only():
-    model = StepTimeModel(base_ms=10.0, ms_per_prompt_token=0.5, ms_per_decode_token=2.0, n_steps=50,
-                          rmse_ms=1.0)
-    assert prompt_budget(model, n_decodes=4, n_interactive_decodes=2, itl_budget_ms=100.0) == 164
-    assert prompt_budget(model, n_decodes=4, n_interactive_decodes=0, itl_budget_ms=100.0) == 512
-    assert prompt_budget(None, n_decodes=4, n_interactive_decodes=1, itl_budget_ms=100.0) == 16
-    tight = prompt_budget(model, n_decodes=4, n_interactive_decodes=4, itl_budget_ms=25.0)
-    assert tight == 16  # even an empty step is near the target: the smallest chunk
 
 
 def test_routing_threshold_follows_the_measurements():

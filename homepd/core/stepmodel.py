@@ -1,0 +1,128 @@
+"""A step-time model fitted online, one step at a time, from a worker's own step log.
+
+``step_ms ≈ base + per_prompt · n_prompt + per_decode · n_decode + per_kv · kv_tokens / 1000``: one
+llama_decode costs a fixed part (reading the weights once), a part per prompt token, a part per decode
+token and a part for the context the decodes attend to.  Exponentially weighted least squares (a
+forgetting factor, so the model follows the box when it gets busier or quieter), with a small ridge
+towards the previous estimate so that a run of identical steps (the same chunk again and again) cannot
+make it degenerate.  Pure: no clock, no numpy (4×4 solves in Python are ~20 µs, once per step).
+
+``chunk_for_itl`` turns the model around: the largest prompt budget that keeps a step with ``n_decode``
+decodes within an ITL budget, less a margin of the model's recent error (the box's noise is part of
+what an ITL budget must hold).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+N_FEATURES = 4
+MIN_STEPS = 8            # steps seen before the model is trusted
+FORGET = 0.98            # weight of the past per step: ~50 steps of memory
+RIDGE = 1e-3
+
+
+def features(n_prompt: int, n_decode: int, kv_tokens: int) -> tuple[float, ...]:
+    return (1.0, float(n_prompt), float(n_decode), kv_tokens / 1000.0)
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The fitted coefficients (ms), how many steps were seen, and the recent error of the predictions."""
+    base_ms: float
+    ms_per_prompt_token: float
+    ms_per_decode_token: float
+    ms_per_kv_ktoken: float
+    n_steps: int
+    error_ms: float           # exponentially weighted RMS of (actual - predicted), before each update
+
+    def predict_ms(self, n_prompt: int, n_decode: int, kv_tokens: int = 0) -> float:
+        return (self.base_ms + self.ms_per_prompt_token * n_prompt + self.ms_per_decode_token * n_decode
+                + self.ms_per_kv_ktoken * kv_tokens / 1000.0)
+
+    def chunk_for_itl(self, itl_budget_ms: float, n_decode: int, kv_tokens: int = 0, lo: int = 8,
+                      hi: int = 2048, margin_sd: float = 1.0) -> int:
+        """Largest prompt budget (clamped to [lo, hi]) with predicted step time + ``margin_sd`` × recent
+        error within ``itl_budget_ms``; ``lo`` when even a step without prompt tokens would be over."""
+        room = itl_budget_ms - margin_sd * self.error_ms - self.predict_ms(0, n_decode, kv_tokens)
+        per = max(self.ms_per_prompt_token, 1e-3)
+        return int(max(lo, min(hi, math.floor(room / per))))
+
+    def prefill_tok_s(self, n_decode: int = 0, chunk: int = 256) -> float:
+        """Prompt tokens per second when steps of ``chunk`` prompt tokens run beside ``n_decode`` decodes."""
+        return chunk / max(self.predict_ms(chunk, n_decode), 1e-3) * 1e3
+
+
+class OnlineStepModel:
+    """Exponentially weighted least squares over (n_prompt, n_decode, kv_tokens) → step ms."""
+
+    def __init__(self, forget: float = FORGET, prior: StepEstimate | None = None):
+        self.forget = forget
+        self.xtx = [[0.0] * N_FEATURES for _ in range(N_FEATURES)]
+        self.xty = [0.0] * N_FEATURES
+        self.n_steps = 0
+        self._err2 = 0.0
+        self.coef = [prior.base_ms, prior.ms_per_prompt_token, prior.ms_per_decode_token,
+                     prior.ms_per_kv_ktoken] if prior is not None else [0.0] * N_FEATURES
+        self._has_prior = prior is not None
+
+    def observe(self, n_prompt: int, n_decode: int, kv_tokens: int, step_ms: float) -> None:
+        if n_prompt <= 0 and n_decode <= 0 or not math.isfinite(step_ms) or step_ms < 0:
+            return
+        x = features(n_prompt, n_decode, kv_tokens)
+        if self.n_steps >= MIN_STEPS or self._has_prior:
+            err = step_ms - sum(c * xi for c, xi in zip(self.coef, x))
+            w = 0.05 if self._err2 else 1.0
+            self._err2 = (1 - w) * self._err2 + w * err * err
+        lam = self.forget
+        for i in range(N_FEATURES):
+            self.xty[i] = lam * self.xty[i] + x[i] * step_ms
+            row = self.xtx[i]
+            for j in range(N_FEATURES):
+                row[j] = lam * row[j] + x[i] * x[j]
+        self.n_steps += 1
+        self.coef = self._solve()
+
+    def _solve(self) -> list[float]:
+        """(XᵀX + ρ·diag) c = Xᵀy + ρ·diag·c_prev: ridge towards the previous estimate."""
+        scale = max(self.xtx[0][0], 1e-9)
+        a = [row[:] for row in self.xtx]
+        b = self.xty[:]
+        for i in range(N_FEATURES):
+            rho = RIDGE * scale * (1.0 if i == 0 else 1e-2)
+            a[i][i] += rho
+            b[i] += rho * self.coef[i]
+        solved = _gauss(a, b)
+        if solved is None:
+            return self.coef
+        # a step never costs less for more work: clamp the marginal costs at zero
+        base, per_prompt, per_decode, per_kv = solved
+        return [max(0.0, base), max(1e-3, per_prompt), max(0.0, per_decode), max(0.0, per_kv)]
+
+    @property
+    def ready(self) -> bool:
+        return self._has_prior or self.n_steps >= MIN_STEPS
+
+    def estimate(self) -> StepEstimate | None:
+        if not self.ready:
+            return None
+        return StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=math.sqrt(self._err2))
+
+
+def _gauss(a: list[list[float]], b: list[float]) -> list[float] | None:
+    n = len(b)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        b[col], b[pivot] = b[pivot], b[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n):
+                a[r][c] -= f * a[col][c]
+            b[r] -= f * b[col]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (b[r] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
+    return out

@@ -1,0 +1,110 @@
+"""What each step carries: its prompt-token budget, and the order waiting prompts are served in.
+
+Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
+
+* ``prompt_budget``: while interactive streams decode, the prompt tokens a step may carry so that the
+  step — and so every running interactive stream's next token — stays within the ITL budget, from the
+  online step-time model (decode batch size, prompt tokens, context).  When only background streams
+  decode, or none, the whole ``max_chunk``: prefill runs at full speed when nobody is waiting on a token.
+* ``prompt_order``: interactive prompts before background ones; among interactive prompts, those whose
+  TTFT deadline can still be met in deadline order (earliest first), and the ones that cannot all be met
+  are set aside — Moore–Hodgson: when the deadlines ahead cannot all be kept, the prompt with the most
+  remaining work goes last, so that one long prompt does not make several short ones late.  Set-aside
+  prompts still run, after the others.  Without a model (or deadlines), arrival order.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence as Seq
+
+from homepd.core.sequence import Sequence
+from homepd.core.stepmodel import StepEstimate
+
+BACKGROUND = "background"
+
+
+def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,
+                  itl_budget_ms: float | None, kv_tokens: int = 0, min_chunk: int = 16,
+                  max_chunk: int = 512) -> int:
+    """Prompt tokens the next step may carry (before the batch-size cap).
+
+    Before the model has seen enough steps: ``min_chunk`` while interactive streams decode (safe until
+    measured)."""
+    if n_interactive_decodes == 0 or itl_budget_ms is None:
+        return max_chunk
+    if model is None:
+        return min_chunk
+    return model.chunk_for_itl(itl_budget_ms, n_decodes, kv_tokens=kv_tokens, lo=min_chunk, hi=max_chunk)
+
+
+def prompt_order(prompts: Seq[Sequence], now_s: float, ms_per_prompt_token: float | None,
+                 tokens_per_step: int | None = None, step_ms: float = 0.0) -> list[Sequence]:
+    """``prompts`` (prefilling and waiting) in the order their tokens should be served.
+
+    ``ms_per_prompt_token``: the measured marginal prefill cost; with ``tokens_per_step`` and ``step_ms``
+    (the budget and the cost of the rest of a step) the time a prompt's remaining tokens take is
+    ``remaining × per_token + ceil(remaining / tokens_per_step) × step_ms``."""
+    interactive = [s for s in prompts if s.request_class != BACKGROUND]
+    background = [s for s in prompts if s.request_class == BACKGROUND]
+    if ms_per_prompt_token is None or any(s.deadline_s is None for s in interactive):
+        return interactive + background
+
+    def work_s(seq: Sequence) -> float:
+        left = seq.n_prompt - seq.n_prefilled
+        steps = -(-left // tokens_per_step) if tokens_per_step else 1
+        return (left * ms_per_prompt_token + steps * step_ms) / 1e3
+
+    return moore_hodgson(interactive, now_s, work_s, lambda s: s.deadline_s) + background
+
+
+def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callable) -> list:
+    """Jobs in earliest-deadline order, except that whenever the deadlines so far cannot all be kept, the
+    longest job so far moves to the end (late ones keep deadline order among themselves).  Stable: equal
+    deadlines keep their given (arrival) order.  Maximises the number of deadlines kept on one server."""
+    kept: list = []
+    late: list = []
+    t = now_s
+    for job in sorted(jobs, key=deadline_s):
+        if now_s + work_s(job) > deadline_s(job):  # cannot be kept even if served alone now
+            late.append(job)
+            continue
+        kept.append(job)
+        t += work_s(job)
+        if t > deadline_s(job):
+            longest = max(reversed(kept), key=work_s)  # ties: the latest deadline goes
+            kept.remove(longest)
+            late.append(longest)
+            t -= work_s(longest)
+    return kept + sorted(late, key=deadline_s)
+
+
+class StepPolicy:
+    """A worker's step policy: the prompt budget of each step (fixed ``chunk``, or adaptive from the ITL
+    budget) and the order of prompts.  ``estimate``: the worker's online step-time model, read per step."""
+
+    def __init__(self, chunk: int | None, n_batch: int, itl_budget_ms: float | None = None,
+                 estimate: Callable[[], StepEstimate | None] = lambda: None, min_chunk: int = 16):
+        self.chunk, self.n_batch, self.itl_budget_ms = chunk, n_batch, itl_budget_ms
+        self.estimate, self.min_chunk = estimate, min(min_chunk, n_batch)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.itl_budget_ms is not None
+
+    def budget(self, decode: Seq[Sequence]) -> int:
+        """Prompt tokens for the next step, given the sequences it decodes."""
+        room = self.n_batch - len(decode)
+        if not self.adaptive:
+            return min(self.n_batch if self.chunk is None else self.chunk, self.n_batch) - len(decode)
+        interactive = sum(1 for s in decode if s.request_class != BACKGROUND)
+        kv = sum(s.n_kv_tokens for s in decode)
+        return min(room, prompt_budget(self.estimate(), len(decode), interactive, self.itl_budget_ms, kv,
+                                       min_chunk=self.min_chunk, max_chunk=self.n_batch))
+
+    def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int) -> list[Sequence]:
+        est = self.estimate()
+        if est is None:
+            return prompt_order(prompts, now_s, None)
+        per_step = max(1, self.budget(()) if not self.adaptive else
+                       est.chunk_for_itl(self.itl_budget_ms, n_decode, lo=self.min_chunk, hi=self.n_batch))
+        return prompt_order(prompts, now_s, est.ms_per_prompt_token, tokens_per_step=per_step,
+                            step_ms=est.predict_ms(0, n_decode))

@@ -1,0 +1,157 @@
+"""The controller's side of two queues, two budgets: it measures, predicts, admits and routes.
+
+Every worker's steps feed an online step-time model here (the same model each worker fits for its own
+prompt budget).  From it and what is queued, ``decide`` predicts a new request's TTFT on the worker it
+would enter and applies the pure admission policy (``homepd.core.admission``); ``route`` chooses, in
+disaggregated mode, between prefilling on the decode worker and the prefill worker + KV handoff from the
+measured speeds, handoff cost and queue depth.  It counts every decision and keeps the prediction errors,
+so the snapshot (and ``/metrics``, the app, run records) show what it did and how well it predicted.
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from homepd.config import EngineConfig
+from homepd.core.admission import (ClassBudget, Decision, QueueState, RequestClass, RouteState, Verdict, admit,
+                                   route)
+from homepd.core.lifecycle import Lifecycle
+from homepd.core.protocol import StepRecord
+from homepd.core.records import AdmissionSnapshot, ClassQueue
+from homepd.core.stepmodel import OnlineStepModel, StepEstimate
+
+MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
+MAX_ERRORS = 2000
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """What one worker holds, as the controller sees it."""
+    queued_tokens: dict[RequestClass, int]   # prompt tokens not yet prefilled, per class
+    queued_requests: dict[RequestClass, int]
+    n_decode: int
+    n_interactive_decode: int
+
+
+class AdmissionGate:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.budgets = {RequestClass.INTERACTIVE: ClassBudget(config.ttft_budget_ms, config.itl_budget_ms),
+                        RequestClass.BACKGROUND: ClassBudget(config.background_ttft_ms, None)}
+        self.models: dict[str, OnlineStepModel] = {}
+        self.prompt_steps: Counter[str] = Counter()
+        self.last_budget: dict[str, int] = {}
+        self.counts: dict[RequestClass, Counter[str]] = {c: Counter() for c in RequestClass}
+        self.errors_ms: deque[float] = deque(maxlen=MAX_ERRORS)
+        self.handoff_ms_per_token: float | None = None
+        self.routed: Counter[str] = Counter()
+        self.route_threshold: int | None = None
+
+    # measurements -------------------------------------------------------------
+    def observe(self, worker: str, step: StepRecord) -> None:
+        model = self.models.setdefault(worker, OnlineStepModel())
+        model.observe(step.n_prompt_tokens, step.n_decode_tokens, step.kv_tokens, step.duration_ms)
+        if step.n_prompt_tokens:
+            self.prompt_steps[worker] += 1
+        if step.budget:
+            self.last_budget[worker] = step.budget
+
+    def estimate(self, worker: str) -> StepEstimate | None:
+        """The worker's step-time model, once it has seen enough steps with prompt tokens to price them."""
+        model = self.models.get(worker)
+        if model is None or self.prompt_steps[worker] < MIN_PROMPT_STEPS:
+            return None
+        return model.estimate()
+
+    def max_chunk(self, worker_n_ctx: int) -> int:
+        return min(self.config.chunk or worker_n_ctx, worker_n_ctx)
+
+    def prefill_rate(self, worker: str, n_decode: int, n_interactive_decode: int, worker_n_ctx: int,
+                     itl_budget: bool = True) -> tuple[float, float] | None:
+        """(prompt tokens/s, ms of the rest of a step) on ``worker`` beside ``n_decode`` decodes, at the
+        budget its policy would give (the ITL-safe one when interactive streams decode and the chunk adapts)."""
+        est = self.estimate(worker)
+        if est is None:
+            return None
+        hi = self.max_chunk(worker_n_ctx)
+        per_step = hi
+        if itl_budget and self.config.adaptive_chunk and n_interactive_decode:
+            per_step = est.chunk_for_itl(self.config.itl_budget_ms, n_decode, lo=16, hi=hi)
+        per_step = max(1, min(per_step, hi - n_decode))
+        return per_step / max(est.predict_ms(per_step, n_decode), 1e-3) * 1e3, est.predict_ms(0, n_decode)
+
+    def finished(self, lc: Lifecycle) -> None:
+        """A request ended: keep its TTFT prediction error and what its KV handoff cost per token."""
+        if lc.predicted_ttft_s is not None and lc.ttft_s is not None:
+            self.errors_ms.append((lc.ttft_s - lc.predicted_ttft_s) * 1e3)
+        if lc.kv_export_s is not None and lc.kv_import_s is not None and lc.n_prompt_tokens:
+            per = (lc.kv_export_s + lc.kv_import_s) * 1e3 / lc.n_prompt_tokens
+            self.handoff_ms_per_token = per if self.handoff_ms_per_token is None else \
+                0.8 * self.handoff_ms_per_token + 0.2 * per
+
+    # decisions -----------------------------------------------------------------
+    def decide(self, klass: RequestClass, n_prompt: int, worker: str, load: WorkerLoad, worker_n_ctx: int
+               ) -> Decision | None:
+        """Admission's verdict for a new request entering ``worker``; None while the worker's speed is unmeasured
+        (then it is admitted: there is nothing to predict from)."""
+        rate = self.prefill_rate(worker, load.n_decode, load.n_interactive_decode, worker_n_ctx)
+        if rate is None:
+            self.counts[klass]["admitted"] += 1
+            return None
+        tok_s, step_ms = rate
+        q = QueueState(queued_interactive_tokens=load.queued_tokens.get(RequestClass.INTERACTIVE, 0),
+                       queued_background_tokens=load.queued_tokens.get(RequestClass.BACKGROUND, 0),
+                       prefill_tok_s=tok_s, step_overhead_ms=step_ms)
+        decision = admit(klass, n_prompt, q, self.budgets)
+        if decision.verdict is Verdict.REJECT and not self.config.admission:
+            decision = Decision(Verdict.ADMIT, decision.predicted_ttft_ms, decision.budget_ms)
+        self.counts[klass]["rejected" if decision.verdict is Verdict.REJECT else "admitted"] += 1
+        if decision.verdict is Verdict.DEFER:
+            self.counts[klass]["deferred"] += 1
+        return decision
+
+    def route(self, n_prompt: int, prefill_load: WorkerLoad, decode_load: WorkerLoad, prefill_n_ctx: int,
+              decode_n_ctx: int, decode_threads: int, prefill_threads: int) -> bool:
+        """True: prefill this prompt on the decode worker itself; False: on the prefill worker, then hand off.
+
+        Until the prefill worker's speed is measured every prompt goes there.  The decode worker's prefill
+        speed is its own measurement once it has prefilled a few prompts, else the prefill worker's scaled
+        by their thread counts."""
+        remote = self.prefill_rate("prefill", 0, 0, prefill_n_ctx)
+        if remote is None:
+            self.routed["remote"] += 1
+            return False
+        local = self.prefill_rate("decode", decode_load.n_decode, decode_load.n_interactive_decode, decode_n_ctx)
+        local_tok_s = local[0] if local is not None else remote[0] * decode_threads / max(prefill_threads, 1) \
+            * 0.5  # why: beside its decodes it gets about half its time for prompts until measured
+        decision = route(n_prompt, RouteState(
+            prefill_queue_tokens=sum(prefill_load.queued_tokens.values()), prefill_tok_s_prefill=remote[0],
+            prefill_tok_s_decode=local_tok_s, handoff_ms_per_token=self.handoff_ms_per_token or 0.0,
+            handoff_base_ms=remote[1], max_local_tokens=decode_n_ctx))
+        self.route_threshold = decision.threshold_tokens
+        self.routed["local" if decision.on_decode_worker else "remote"] += 1
+        return decision.on_decode_worker
+
+    # what it did ------------------------------------------------------------------
+    def snapshot(self, loads: dict[RequestClass, tuple[int, int, int]]) -> AdmissionSnapshot:
+        """``loads``: per class, (queued requests, queued prompt tokens, running requests) over the engine."""
+        classes = tuple(ClassQueue(
+            request_class=c.value, queued_requests=loads.get(c, (0, 0, 0))[0],
+            queued_prompt_tokens=loads.get(c, (0, 0, 0))[1], running=loads.get(c, (0, 0, 0))[2],
+            admitted=self.counts[c]["admitted"], deferred=self.counts[c]["deferred"],
+            rejected=self.counts[c]["rejected"], ttft_budget_ms=self.budgets[c].ttft_ms,
+            itl_budget_ms=self.budgets[c].itl_ms) for c in RequestClass)
+        rates = {}
+        for worker in self.models:
+            est = self.estimate(worker)
+            if est is not None:
+                chunk = self.last_budget.get(worker) or self.config.chunk or 256
+                rates[worker] = round(chunk / max(est.predict_ms(chunk, 0), 1e-3) * 1e3, 1)
+        errors = sorted(abs(e) for e in self.errors_ms)
+        return AdmissionSnapshot(
+            classes=classes, chunk_by_worker=dict(self.last_budget), prefill_tok_s_by_worker=rates,
+            admission=self.config.admission, adaptive_chunk=self.config.adaptive_chunk,
+            ttft_error_mean_ms=sum(errors) / len(errors) if errors else None,
+            ttft_error_p90_ms=errors[min(len(errors) - 1, int(0.9 * len(errors)))] if errors else None,
+            n_predictions=len(errors), routed_local=self.routed["local"], routed_remote=self.routed["remote"],
+            route_threshold_tokens=self.route_threshold)
