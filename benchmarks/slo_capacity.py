@@ -50,6 +50,7 @@ class Outcome:
     status: int = 0
     ttft_s: float | None = None
     max_itl_s: float | None = None
+    itls_s: list[float] = field(default_factory=list)
     n_chunks: int = 0
     prompt_tokens: int | None = None
     error: str | None = None
@@ -78,7 +79,10 @@ class RunResult:
         for kind in ("short", "long"):
             rows = [o for o in self.outcomes if o.kind == kind]
             by_kind[kind] = f"{sum(o.good for o in rows)}/{len(rows)}"
-        return {"good": self.n_good, "n": len(self.outcomes), **{f"good_{k}": v for k, v in by_kind.items()},
+        gaps = sorted(g for o in self.outcomes if o.request_class == "interactive" for g in o.itls_s)
+        background = [o for o in self.outcomes if o.request_class == "background"]
+        return {"good": self.n_good, "interactive_itl_p99_ms": _ms(_pct(gaps, 99)),
+                "background_done": f"{sum(o.n_chunks > 0 and o.error is None for o in background)}/{len(background)}", "n": len(self.outcomes), **{f"good_{k}": v for k, v in by_kind.items()},
                 "ttft_p50_ms": _ms(_pct(ttfts, 50)), "ttft_p90_ms": _ms(_pct(ttfts, 90)),
                 "max_itl_p50_ms": _ms(_pct(itls, 50)), "max_itl_p90_ms": _ms(_pct(itls, 90)),
                 "rejected": sum(o.status == 503 for o in self.outcomes),
@@ -199,6 +203,7 @@ async def one_request(client: httpx.AsyncClient, base: str, body: dict, headers:
                     out.ttft_s = now - t0
                 else:
                     gap = now - last
+                    out.itls_s.append(gap)
                     out.max_itl_s = gap if out.max_itl_s is None else max(out.max_itl_s, gap)
                 last = now
                 out.n_chunks += 1
@@ -251,7 +256,8 @@ async def bench_server(cfg: ServerConfig, args, traces: dict, log_dir: Path) -> 
                     print(f"{cfg.name:28s} rate {rate:5.2f}/s  rep {repeat}  good {s['good']:2d}/{s['n']} "
                           f"(short {s['good_short']}, long {s['good_long']})  TTFT p50/p90 {s['ttft_p50_ms']}/"
                           f"{s['ttft_p90_ms']} ms  max-ITL p50/p90 {s['max_itl_p50_ms']}/{s['max_itl_p90_ms']} ms  "
-                          f"rejected {s['rejected']}  errors {s['errors']}", flush=True)
+                          f"interactive ITL p99 {s['interactive_itl_p99_ms']} ms  background done "
+                          f"{s['background_done']}  rejected {s['rejected']}  errors {s['errors']}", flush=True)
             if cfg.kind == "homepd":
                 r = await client.get(server.base + "/metrics")
                 keep = [ln for ln in r.text.splitlines() if ln.startswith(("homepd_ttft_prediction",

@@ -9,7 +9,7 @@ import pytest
 from engine_helpers import make_engine, run
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
-from homepd.errors import RequestError
+from homepd.errors import AdmissionRejected, RequestError
 
 
 def test_each_request_carries_its_class_and_the_snapshot_counts_them():
@@ -31,3 +31,54 @@ def test_each_request_carries_its_class_and_the_snapshot_counts_them():
     assert [lc.request_class for lc in lcs] == ["interactive", "background", "interactive"]
     assert counts == {"interactive": 2, "background": 1} and after == {}
     assert lcs[1].to_dict()["request_class"] == "background"
+
+
+def test_admission_rejects_early_once_it_can_predict_and_says_when_to_retry():
+    """With a TTFT budget no prediction can meet, requests are admitted while the worker's speed is unmeasured,
+    then refused at submit with AdmissionRejected (a RequestError) carrying retry_after_s; nothing reaches a
+    worker, and the gate counts both decisions."""
+    async def scenario():
+        config = EngineConfig(backend="fake", n_ctx=2048, admission=True, ttft_budget_ms=1e-6, chunk=8)
+        async with make_engine(config) as engine:
+            admitted = 0
+            while engine.gate.estimate("colocated") is None:  # measure: long prompts, several chunks each
+                stream = await engine.submit("word " * 40, params=SamplingParams(max_tokens=2))
+                await stream.collect()
+                admitted += 1
+            with pytest.raises(AdmissionRejected) as caught:
+                await engine.submit("one more", params=SamplingParams(max_tokens=2))
+            in_flight = sum(len(h.in_flight) for h in engine.workers.values())
+            return admitted, caught.value, engine.snapshot().admission, in_flight
+
+    admitted, exc, adm, in_flight = run(scenario())
+    assert isinstance(exc, RequestError) and exc.retry_after_s >= 1.0 and exc.request_class == "interactive"
+    assert "predicted TTFT" in str(exc) and in_flight == 0
+    interactive = next(c for c in adm.classes if c.request_class == "interactive")
+    assert (interactive.admitted, interactive.rejected) == (admitted, 1)
+    assert adm.admission and 0 < adm.chunk_by_worker["colocated"] <= 8  # fixed chunk: 8 less its decodes
+
+
+def test_background_is_deferred_behind_queued_interactive_work_and_predictions_are_scored():
+    """A long background document is running when a chat arrives: the chat's prompt overtakes it (its
+    prefill ends first, though it arrived later), and background work arriving meanwhile is deferred."""
+    async def scenario():
+        config = EngineConfig(backend="fake", n_ctx=8192, chunk=8, n_seq_max=4)
+        async with make_engine(config) as engine:
+            warm = [await engine.submit("word " * 40, params=SamplingParams(max_tokens=2)) for _ in range(3)]
+            await asyncio.gather(*(s.collect() for s in warm))
+            assert engine.gate.estimate("colocated") is not None
+            doc = await engine.submit("doc " * 300, params=SamplingParams(max_tokens=4), request_class="background")
+            chat = await engine.submit("word " * 40, params=SamplingParams(max_tokens=4))
+            late = await engine.submit("doc " * 10, params=SamplingParams(max_tokens=4), request_class="background")
+            snap = engine.snapshot().admission
+            await asyncio.gather(doc.collect(), chat.collect(), late.collect())
+            return [s.lifecycle for s in (doc, chat, late)], snap, engine.snapshot().admission
+
+    (doc, chat, late), during, after = run(scenario())
+    assert (doc.admission, chat.admission, late.admission) == ("admit", "admit", "defer")
+    queued = {c.request_class: c for c in during.classes}
+    assert queued["interactive"].queued_requests == 1 and queued["interactive"].queued_prompt_tokens > 0
+    assert queued["background"].deferred == 1 and queued["background"].queued_requests == 2
+    assert chat.prefill_end_s < doc.prefill_end_s          # interactive overtook the running background prompt
+    assert all(lc.state.value == "finished" for lc in (doc, chat, late))  # background still completes
+    assert after.n_predictions == 3 and after.ttft_error_mean_ms is not None
