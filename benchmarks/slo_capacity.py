@@ -116,7 +116,7 @@ def server_configs(threads: int, parallel: int, n_ctx: int) -> list[ServerConfig
     hp = ("--threads", str(threads), "--n-ctx", str(n_ctx), "--n-seq-max", str(parallel))
     return [
         ServerConfig("llama-server-default", "llama-server", ls),
-        *(ServerConfig(f"llama-server-b{b}", "llama-server", (*ls, "-b", str(b), "-ub", str(b))) for b in (16, 32, 64)),
+        *(ServerConfig(f"llama-server-b{b}", "llama-server", (*ls, "-b", str(b), "-ub", str(b))) for b in (8, 16, 32, 64)),
         ServerConfig("homepd-chunk16", "homepd", (*hp, "--chunk", "16")),
         ServerConfig("homepd-chunk32", "homepd", (*hp, "--chunk", "32")),
         ServerConfig("homepd-adaptive", "homepd", (*hp, "--chunk", "256", "--adaptive-chunk")),
@@ -249,6 +249,9 @@ async def bench_server(cfg: ServerConfig, args, traces: dict, log_dir: Path) -> 
                                                     "max_tokens": 8, "stream": True, "ignore_eos": True}, {}, warm)
             for repeat in range(args.repeats):
                 for rate in args.rates:
+                    worse = [r for r in results if r.rate < rate and r.n_good < args.stop_below * len(r.outcomes)]
+                    if worse:  # a lower rate already failed badly: higher ones cannot pass
+                        continue
                     res = await run_trace(client, server.base, model_id, traces[rate], args.classes, cfg.name,
                                           rate, repeat)
                     results.append(res)
@@ -287,7 +290,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="GGUF path (default: homepd's embedded default model)")
     ap.add_argument("--llama-server", type=Path, default=HERE.parent / ".cache/llama-server/build/bin/llama-server")
-    ap.add_argument("--rates", default="0.5,0.75,1.0,1.25", help="arrival rates (requests/s), comma-separated")
+    ap.add_argument("--rates", default="0.3,0.4,0.5,0.6,0.75", help="arrival rates (requests/s), comma-separated")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--long-tokens", type=int, default=470, help="estimated tokens of a long prompt's text")
@@ -296,6 +299,8 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=4, help="llama-server -np and homepd --n-seq-max")
     ap.add_argument("--n-ctx", type=int, default=16384)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stop-below", type=float, default=0.5,
+                    help="skip a config's higher rates once a rate has fewer good requests than this fraction")
     ap.add_argument("--only", default=None, help="comma-separated config names (default: all)")
     ap.add_argument("--classes", action="store_true", help="send long documents as background (else all "
                                                            "interactive, as the capacity figure asks)")

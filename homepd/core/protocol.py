@@ -114,7 +114,7 @@ class StepRecord:
     decode_request_ids: tuple[str, ...]
     prefill: tuple[tuple[str, int], ...]  # (request_id, prompt tokens in this step)
     budget: int = 0                       # the prompt-token budget the step policy gave this step
-    kv_tokens: int = 0                    # context its tokens attend to (a step-time feature)
+    kv_in_use: int = 0                    # KV cells of every running sequence (its tokens attend over them)
 
     @property
     def n_decode_tokens(self) -> int:

@@ -38,11 +38,7 @@ class StepPlan:
     decode: tuple[Sequence, ...]
     prefill: tuple[PrefillSlice, ...]
     budget: int = 0  # the prompt-token budget the policy gave this step
-
-    @property
-    def kv_tokens(self) -> int:
-        """Context the step's tokens attend to (decodes' contexts + each slice's end): a step-time feature."""
-        return sum(s.n_kv_tokens for s in self.decode) + sum(sl.stop for sl in self.prefill)
+    kv_in_use: int = 0  # KV cells held by every running sequence once this step's prompt tokens are in
 
     @property
     def n_decode_tokens(self) -> int:
@@ -114,14 +110,15 @@ class Scheduler:
         The policy gives the prompt budget and the order prompts are served in (``now_s``: the clock its
         deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving)."""
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
-        budget = self.policy.budget(decode)
+        kv_in_use = sum(s.n_kv_tokens for s in self.running)
+        budget = self.policy.budget(decode, kv_in_use)
         prefilling = [s for s in self.running if s.is_prefilling]
         if prefilling or self.waiting:
             # why: a prompt always advances, even when decodes fill the chunk
             budget = max(budget, 1)
         planned = budget
         slices: list[PrefillSlice] = []
-        for seq in self.policy.order([*prefilling, *self.waiting], now_s, len(decode)):
+        for seq in self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use):
             if budget <= 0:
                 break
             if seq.seq_id is None:  # waiting: admit it if its KV fits, else it (and all after it) wait
@@ -131,7 +128,8 @@ class Scheduler:
                 self.admit(seq)
             slices.append(self._slice(seq, budget))
             budget -= slices[-1].n_tokens
-        return StepPlan(decode=decode, prefill=tuple(slices), budget=planned)
+        return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
+                        kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices))
 
     @staticmethod
     def _slice(seq: Sequence, budget: int) -> PrefillSlice:

@@ -1,8 +1,10 @@
 """A step-time model fitted online, one step at a time, from a worker's own step log.
 
-``step_ms ≈ base + per_prompt · n_prompt + per_decode · n_decode + per_kv · kv_tokens / 1000``: one
-llama_decode costs a fixed part (reading the weights once), a part per prompt token, a part per decode
-token and a part for the context the decodes attend to.  Exponentially weighted least squares (a
+``step_ms ≈ base + per_prompt · n_prompt + per_decode · n_decode + per_kv · (n_prompt + n_decode) · kv / 1000``:
+one llama_decode costs a fixed part (reading the weights once), a part per prompt token, a part per decode
+token, and attention: every token of the batch attends over the KV cells in use (``kv``: with llama.cpp's
+unified cache, the cells of every running sequence, measured here to add ~30 % to a 16-token step at a few
+hundred cells).  Exponentially weighted least squares (a
 forgetting factor, so the model follows the box when it gets busier or quieter), with a small ridge
 towards the previous estimate so that a run of identical steps (the same chunk again and again) cannot
 make it degenerate.  Pure: no clock, no numpy (4×4 solves in Python are ~20 µs, once per step).
@@ -22,8 +24,8 @@ FORGET = 0.98            # weight of the past per step: ~50 steps of memory
 RIDGE = 1e-3
 
 
-def features(n_prompt: int, n_decode: int, kv_tokens: int) -> tuple[float, ...]:
-    return (1.0, float(n_prompt), float(n_decode), kv_tokens / 1000.0)
+def features(n_prompt: int, n_decode: int, kv_in_use: int) -> tuple[float, ...]:
+    return (1.0, float(n_prompt), float(n_decode), (n_prompt + n_decode) * kv_in_use / 1000.0)
 
 
 @dataclass(frozen=True)
@@ -36,16 +38,16 @@ class StepEstimate:
     n_steps: int
     error_ms: float           # exponentially weighted RMS of (actual - predicted), before each update
 
-    def predict_ms(self, n_prompt: int, n_decode: int, kv_tokens: int = 0) -> float:
+    def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0) -> float:
         return (self.base_ms + self.ms_per_prompt_token * n_prompt + self.ms_per_decode_token * n_decode
-                + self.ms_per_kv_ktoken * kv_tokens / 1000.0)
+                + self.ms_per_kv_ktoken * (n_prompt + n_decode) * kv_in_use / 1000.0)
 
-    def chunk_for_itl(self, itl_budget_ms: float, n_decode: int, kv_tokens: int = 0, lo: int = 8,
-                      hi: int = 2048, margin_sd: float = 1.0) -> int:
+    def chunk_for_itl(self, itl_budget_ms: float, n_decode: int, kv_in_use: int = 0, lo: int = 8,
+                      hi: int = 2048, margin_sd: float = 2.0) -> int:
         """Largest prompt budget (clamped to [lo, hi]) with predicted step time + ``margin_sd`` × recent
         error within ``itl_budget_ms``; ``lo`` when even a step without prompt tokens would be over."""
-        room = itl_budget_ms - margin_sd * self.error_ms - self.predict_ms(0, n_decode, kv_tokens)
-        per = max(self.ms_per_prompt_token, 1e-3)
+        room = itl_budget_ms - margin_sd * self.error_ms - self.predict_ms(0, n_decode, kv_in_use)
+        per = max(self.ms_per_prompt_token + self.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
         return int(max(lo, min(hi, math.floor(room / per))))
 
     def prefill_tok_s(self, n_decode: int = 0, chunk: int = 256) -> float:
@@ -54,7 +56,7 @@ class StepEstimate:
 
 
 class OnlineStepModel:
-    """Exponentially weighted least squares over (n_prompt, n_decode, kv_tokens) → step ms."""
+    """Exponentially weighted least squares over (n_prompt, n_decode, kv_in_use) → step ms."""
 
     def __init__(self, forget: float = FORGET, prior: StepEstimate | None = None):
         self.forget = forget
@@ -66,10 +68,10 @@ class OnlineStepModel:
                      prior.ms_per_kv_ktoken] if prior is not None else [0.0] * N_FEATURES
         self._has_prior = prior is not None
 
-    def observe(self, n_prompt: int, n_decode: int, kv_tokens: int, step_ms: float) -> None:
+    def observe(self, n_prompt: int, n_decode: int, kv_in_use: int, step_ms: float) -> None:
         if n_prompt <= 0 and n_decode <= 0 or not math.isfinite(step_ms) or step_ms < 0:
             return
-        x = features(n_prompt, n_decode, kv_tokens)
+        x = features(n_prompt, n_decode, kv_in_use)
         if self.n_steps >= MIN_STEPS or self._has_prior:
             err = step_ms - sum(c * xi for c, xi in zip(self.coef, x))
             w = 0.05 if self._err2 else 1.0

@@ -23,7 +23,7 @@ BACKGROUND = "background"
 
 
 def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,
-                  itl_budget_ms: float | None, kv_tokens: int = 0, min_chunk: int = 16,
+                  itl_budget_ms: float | None, kv_in_use: int = 0, min_chunk: int = 4,
                   max_chunk: int = 512) -> int:
     """Prompt tokens the next step may carry (before the batch-size cap).
 
@@ -33,7 +33,7 @@ def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_deco
         return max_chunk
     if model is None:
         return min_chunk
-    return model.chunk_for_itl(itl_budget_ms, n_decodes, kv_tokens=kv_tokens, lo=min_chunk, hi=max_chunk)
+    return model.chunk_for_itl(itl_budget_ms, n_decodes, kv_in_use=kv_in_use, lo=min_chunk, hi=max_chunk)
 
 
 def prompt_order(prompts: Seq[Sequence], now_s: float, ms_per_prompt_token: float | None,
@@ -82,7 +82,7 @@ class StepPolicy:
     budget) and the order of prompts.  ``estimate``: the worker's online step-time model, read per step."""
 
     def __init__(self, chunk: int | None, n_batch: int, itl_budget_ms: float | None = None,
-                 estimate: Callable[[], StepEstimate | None] = lambda: None, min_chunk: int = 16):
+                 estimate: Callable[[], StepEstimate | None] = lambda: None, min_chunk: int = 4):
         self.chunk, self.n_batch, self.itl_budget_ms = chunk, n_batch, itl_budget_ms
         self.estimate, self.min_chunk = estimate, min(min_chunk, n_batch)
 
@@ -90,21 +90,21 @@ class StepPolicy:
     def adaptive(self) -> bool:
         return self.itl_budget_ms is not None
 
-    def budget(self, decode: Seq[Sequence]) -> int:
-        """Prompt tokens for the next step, given the sequences it decodes."""
+    def budget(self, decode: Seq[Sequence], kv_in_use: int = 0) -> int:
+        """Prompt tokens for the next step, given the sequences it decodes and the KV cells in use."""
         room = self.n_batch - len(decode)
         if not self.adaptive:
             return min(self.n_batch if self.chunk is None else self.chunk, self.n_batch) - len(decode)
         interactive = sum(1 for s in decode if s.request_class != BACKGROUND)
-        kv = sum(s.n_kv_tokens for s in decode)
-        return min(room, prompt_budget(self.estimate(), len(decode), interactive, self.itl_budget_ms, kv,
+        return min(room, prompt_budget(self.estimate(), len(decode), interactive, self.itl_budget_ms, kv_in_use,
                                        min_chunk=self.min_chunk, max_chunk=self.n_batch))
 
-    def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int) -> list[Sequence]:
+    def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0) -> list[Sequence]:
         est = self.estimate()
         if est is None:
             return prompt_order(prompts, now_s, None)
         per_step = max(1, self.budget(()) if not self.adaptive else
-                       est.chunk_for_itl(self.itl_budget_ms, n_decode, lo=self.min_chunk, hi=self.n_batch))
-        return prompt_order(prompts, now_s, est.ms_per_prompt_token, tokens_per_step=per_step,
-                            step_ms=est.predict_ms(0, n_decode))
+                       est.chunk_for_itl(self.itl_budget_ms, n_decode, kv_in_use, lo=self.min_chunk, hi=self.n_batch))
+        per_token = est.ms_per_prompt_token + est.ms_per_kv_ktoken * kv_in_use / 1000.0
+        return prompt_order(prompts, now_s, per_token, tokens_per_step=per_step,
+                            step_ms=est.predict_ms(0, n_decode, kv_in_use))

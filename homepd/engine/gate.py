@@ -50,7 +50,7 @@ class AdmissionGate:
     # measurements -------------------------------------------------------------
     def observe(self, worker: str, step: StepRecord) -> None:
         model = self.models.setdefault(worker, OnlineStepModel())
-        model.observe(step.n_prompt_tokens, step.n_decode_tokens, step.kv_tokens, step.duration_ms)
+        model.observe(step.n_prompt_tokens, step.n_decode_tokens, step.kv_in_use, step.duration_ms)
         if step.n_prompt_tokens:
             self.prompt_steps[worker] += 1
         if step.budget:

@@ -166,7 +166,7 @@ class WorkerLoop:
                 self.finish(seq)
                 self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
             return
-        shape = (plan.n_prompt_tokens, plan.n_decode_tokens, plan.kv_tokens)
+        shape = (plan.n_prompt_tokens, plan.n_decode_tokens, plan.kv_in_use)
         plan, sampled = self._sample(plan, logit_rows)
         t_end = time.monotonic()
         self.step_model.observe(*shape, (t_end - t_start) * 1e3)  # what a decoding stream waits: decode + sampling
@@ -176,7 +176,7 @@ class WorkerLoop:
             worker_role=self.spec.role, index=self.n_steps, t_start_s=t_start, t_end_s=t_end,
             decode_request_ids=tuple(s.request_id for s in plan.decode),
             prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill), budget=plan.budget,
-            kv_tokens=plan.kv_tokens)
+            kv_in_use=plan.kv_in_use)
         outs, done = [], []
         for seq in got_token:
             out, fin = self.emit(seq, t_end)
@@ -230,7 +230,7 @@ class WorkerLoop:
         return StepPlan(decode=tuple(q for q in plan.decode if q.request_id in sampled),
                         prefill=tuple(sl for sl in plan.prefill
                                       if not sl.completes_prompt or sl.seq.request_id in sampled),
-                        budget=plan.budget), sampled
+                        budget=plan.budget, kv_in_use=plan.kv_in_use), sampled
 
     def emit(self, seq: Sequence, t_s: float) -> tuple[TokenOut | None, RequestDone | None]:
         """Turn seq's newest token into an output event; decide whether seq is finished."""

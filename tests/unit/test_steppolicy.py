@@ -15,7 +15,8 @@ TRUE = dict(base=12.0, prompt=4.5, decode=2.0, kv=0.5)  # ms, like SmolLM2 on 2 
 
 
 def true_ms(n_prompt, n_decode, kv):
-    return TRUE["base"] + TRUE["prompt"] * n_prompt + TRUE["decode"] * n_decode + TRUE["kv"] * kv / 1000
+    return (TRUE["base"] + TRUE["prompt"] * n_prompt + TRUE["decode"] * n_decode
+            + TRUE["kv"] * (n_prompt + n_decode) * kv / 1000)
 
 
 def seq(rid, n_prompt, klass="interactive", deadline=None, max_tokens=8):
@@ -34,6 +35,7 @@ def test_online_model_recovers_the_step_cost_from_noisy_steps():
     assert est.ms_per_prompt_token == pytest.approx(TRUE["prompt"], rel=0.05)
     assert est.ms_per_decode_token == pytest.approx(TRUE["decode"], abs=0.5)
     assert est.base_ms == pytest.approx(TRUE["base"], abs=2.0)
+    assert est.ms_per_kv_ktoken == pytest.approx(TRUE["kv"], abs=0.1)
     assert 0.5 < est.error_ms < 2.0            # the noise it saw
 
 
@@ -140,7 +142,7 @@ def test_adaptive_scheduler_chooses_each_steps_chunk_from_the_decodes_beside_it(
     s.running.append(chat)
     plan = s.schedule(0.0)
     assert plan.decode == (chat,)
-    assert est.predict_ms(plan.n_prompt_tokens, 1, plan.kv_tokens) <= 100.0
+    assert est.predict_ms(plan.n_prompt_tokens, 1, plan.kv_in_use) <= 100.0
     assert plan.n_prompt_tokens == plan.budget < 256
     chat.request_class = "background"                                  # only background decodes: full chunk
     assert s.schedule(0.0).n_prompt_tokens == 256 - 1
