@@ -223,7 +223,12 @@ async def run_trace(client: httpx.AsyncClient, base: str, model_id: str, trace, 
         klass = req.request_class if classes else "interactive"
         out = Outcome(i, req.kind, klass, req.arrival_s)
         result.outcomes.append(out)
-        body = {"model": model_id, "messages": list(req.messages), "max_tokens": req.max_tokens, "stream": True,
+        # a tag unique to this run and request at the start of the user's text: prompts repeat in the corpus, and
+        # llama-server would serve a repeated one from a slot's KV (homepd has no prefix cache); the chat
+        # template's own prefix stays shared, as it would be
+        tag = f"[run {rate:g}/{repeat} request {i}] "
+        messages = [dict(m, content=tag + m["content"]) if m["role"] == "user" else dict(m) for m in req.messages]
+        body = {"model": model_id, "messages": messages, "max_tokens": req.max_tokens, "stream": True,
                 "temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True}}
         headers = {"X-Homepd-Class": klass}
         tasks.append(asyncio.create_task(one_request(client, base, body, headers, out)))
@@ -252,7 +257,7 @@ async def bench_server(cfg: ServerConfig, args, traces: dict, log_dir: Path) -> 
                     worse = [r for r in results if r.rate < rate and r.n_good < args.stop_below * len(r.outcomes)]
                     if worse:  # a lower rate already failed badly: higher ones cannot pass
                         continue
-                    res = await run_trace(client, server.base, model_id, traces[rate], args.classes, cfg.name,
+                    res = await run_trace(client, server.base, model_id, traces[rate, repeat], args.classes, cfg.name,
                                           rate, repeat)
                     results.append(res)
                     s = res.summary()
@@ -318,8 +323,11 @@ def main() -> None:
         configs = [c for c in configs if c.name in wanted]
     if any(c.kind == "llama-server" for c in configs) and not args.llama_server.exists():
         raise SystemExit(f"{args.llama_server} is missing: build it with uv run python benchmarks/build_llama_server.py")
-    traces = {rate: make_trace("mixed", args.requests, rate, max_tokens=args.max_tokens,
-                               long_tokens=args.long_tokens, seed=args.seed) for rate in args.rates}
+    # why a seed per (rate, repeat): llama-server keeps each slot's KV and reuses a matching prefix, so the same
+    # documents again would be served from its cache; every run gets its own documents (the same for every server)
+    traces = {(rate, rep): make_trace("mixed", args.requests, rate, max_tokens=args.max_tokens,
+                                      long_tokens=args.long_tokens, seed=args.seed + 1000 * rep + i)
+              for rep in range(args.repeats) for i, rate in enumerate(args.rates)}
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "homepd-slo-bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     results: list[RunResult] = []
