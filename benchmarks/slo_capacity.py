@@ -116,7 +116,7 @@ def server_configs(threads: int, parallel: int, n_ctx: int) -> list[ServerConfig
     hp = ("--threads", str(threads), "--n-ctx", str(n_ctx), "--n-seq-max", str(parallel))
     return [
         ServerConfig("llama-server-default", "llama-server", ls),
-        *(ServerConfig(f"llama-server-b{b}", "llama-server", (*ls, "-b", str(b), "-ub", str(b))) for b in (8, 16, 32, 64)),
+        *(ServerConfig(f"llama-server-b{b}", "llama-server", (*ls, "-b", str(b), "-ub", str(b))) for b in (4, 8, 16, 32, 64)),
         ServerConfig("homepd-chunk16", "homepd", (*hp, "--chunk", "16")),
         ServerConfig("homepd-chunk32", "homepd", (*hp, "--chunk", "32")),
         ServerConfig("homepd-adaptive", "homepd", (*hp, "--chunk", "256", "--adaptive-chunk")),

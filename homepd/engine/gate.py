@@ -19,6 +19,7 @@ from homepd.core.lifecycle import Lifecycle
 from homepd.core.protocol import StepRecord
 from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.stepmodel import OnlineStepModel, StepEstimate
+from homepd.core.steppolicy import STEP_SHARE_OF_ITL
 
 MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
 MAX_ERRORS = 2000
@@ -76,7 +77,7 @@ class AdmissionGate:
         hi = self.max_chunk(worker_n_ctx)
         per_step = hi
         if itl_budget and self.config.adaptive_chunk and n_interactive_decode:
-            per_step = est.chunk_for_itl(self.config.itl_budget_ms, n_decode, lo=16, hi=hi)
+            per_step = est.chunk_for_itl(self.config.itl_budget_ms * STEP_SHARE_OF_ITL, n_decode, lo=4, hi=hi)
         per_step = max(1, min(per_step, hi - n_decode))
         return per_step / max(est.predict_ms(per_step, n_decode), 1e-3) * 1e3, est.predict_ms(0, n_decode)
 

@@ -83,7 +83,28 @@ def architecture_view(engine: dict, kv_mb_s: float | None = None, note: str = ""
         chunk=engine.get("chunk"), n_ctx=int(engine.get("n_ctx") or 0), workers=workers,
         by_state={state: len(ids) for state, ids in (engine.get("requests") or {}).items()},
         kv_slots=int(kv.get("n_slots") or 0), kv_slot_bytes=int(kv.get("capacity_bytes") or 0),
-        kv_occupancy=dict(kv.get("occupancy") or {}), kv_mb_s=kv_mb_s, events=events, note=note)
+        kv_occupancy=dict(kv.get("occupancy") or {}), kv_mb_s=kv_mb_s, events=events, note=note,
+        **admission_lines(engine.get("admission")))
+
+
+def admission_lines(adm: dict | None) -> dict:
+    """Two queues, two budgets as panel lines: per class what waits and what admission decided; each worker's
+    latest prompt budget (the chunk chosen for its step), how far TTFT predictions were off, and routing."""
+    if not adm:
+        return {}
+    classes = []
+    for c in adm.get("classes") or ():
+        itl = f" ITL ≤{c['itl_budget_ms']:.0f} ms" if c.get("itl_budget_ms") else ""
+        classes.append(f"{c['request_class']}: {c['queued_requests']} queued ({c['queued_prompt_tokens']} tok) · "
+                       f"{c['running']} in · admitted {c['admitted']} · deferred {c['deferred']} · rejected "
+                       f"{c['rejected']} · TTFT ≤{c['ttft_budget_ms'] / 1e3:g} s{itl}")
+    parts = [f"{role} {n}" for role, n in sorted((adm.get("chunk_by_worker") or {}).items())]
+    text = ("chunk " + ", ".join(parts) + (" (adaptive)" if adm.get("adaptive_chunk") else "")) if parts else ""
+    if adm.get("ttft_error_mean_ms") is not None:
+        text += f" · TTFT predicted ±{adm['ttft_error_mean_ms']:.0f} ms (p90 {adm['ttft_error_p90_ms']:.0f})"
+    if adm.get("routed_local") or adm.get("routed_remote"):
+        text += f" · routed local {adm['routed_local']} / remote {adm['routed_remote']}"
+    return {"classes": tuple(classes), "budgets": text.lstrip(" ·")}
 
 
 def _event_text(e: dict) -> str:

@@ -75,6 +75,8 @@ class ArchitectureView:
     kv_mb_s: float | None = None   # KV handed off per second over the last tick
     events: tuple[str, ...] = ()   # recent worker deaths and restarts, newest last
     note: str = ""                 # e.g. "remote: http://127.0.0.1:8439 (ready)"
+    classes: tuple[str, ...] = ()  # two queues: one line per request class (queued, decisions, budgets)
+    budgets: str = ""              # chosen prompt budget per worker, TTFT prediction error, routing
 
     @property
     def n_waiting(self) -> int:

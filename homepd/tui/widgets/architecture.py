@@ -55,6 +55,10 @@ def render_architecture(view: ArchitectureView | None) -> Text:
             lines += _worker_lines(w, f"prefill {s.get('prefilling', 0)} · decode {s.get('decoding', 0)}"
                                       f" · backlog {w.backlog}")
         lines.append(Text(f"  step: ≤{view.chunk or 'all'} prompt tok + 1/stream", style="dim"))
+    for line in view.classes:
+        lines.append(Text(line, style="cyan"))
+    if view.budgets:
+        lines.append(Text(view.budgets, style="dim"))
     for event in view.events:
         lines.append(Text(f"! {event}", style="yellow"))
     return Text("\n").join(lines)
