@@ -14,7 +14,8 @@ together; each is warmed with one request first.
     uv run python benchmarks/slo_capacity.py --only homepd-adaptive --rates 1.0 --repeats 3
     uv run python benchmarks/slo_capacity.py --classes             # long documents sent as background
 
-Prints one row per (config, rate) and a capacity table; ``-o FILE`` keeps every request's figures (JSON).
+Prints one row per (config, rate) and a capacity table; ``-o FILE`` keeps every request's figures (JSON);
+``slo_capacity.py merge FILE...`` prints the table over several such files (interleaved invocations).
 """
 from __future__ import annotations
 
@@ -291,7 +292,47 @@ def capacity(results: list[RunResult], name: str, rates: list[float]) -> tuple[f
     return best, medians
 
 
+def print_table(results: list[RunResult], names: list[str], rates: list[float], n_requests: int) -> dict:
+    n_repeats = max((sum(1 for r in results if r.config == names[0] and r.rate == rate) for rate in rates), default=0)
+    print(f"\nSLO capacity: highest rate with >= {GOOD_FRACTION:.0%} of requests at TTFT <= {TTFT_S:g} s and every "
+          f"ITL <= {ITL_S * 1e3:g} ms (median over {n_repeats} run(s); median good requests per rate, then each run)")
+    print(f"{'config':28s} {'capacity':>9s}  " + "  ".join(f"{r:>14g}/s" for r in rates))
+    caps = {}
+    for name in names:
+        cap, medians = capacity(results, name, rates)
+        caps[name] = cap
+        cells = []
+        for r in rates:
+            runs = [x.n_good for x in results if x.config == name and x.rate == r]
+            cells.append(f"{round(medians[r] * n_requests):>2d} ({','.join(map(str, runs))})" if r in medians
+                         else "-")
+        print(f"{name:28s} {('%g/s' % cap) if cap else '< min':>9s}  " + "  ".join(f"{c:>16s}" for c in cells))
+    ls_best = max((c for n, c in caps.items() if n.startswith("llama-server") and c), default=None)
+    hp_best = max((c for n, c in caps.items() if n.startswith("homepd") and c), default=None)
+    if ls_best and hp_best:
+        print(f"\nhomepd best {hp_best:g}/s vs llama-server best {ls_best:g}/s: {hp_best / ls_best:.2f}x")
+    return caps
+
+
+def merge(paths: list[Path]) -> None:
+    """The capacity table over several result files (e.g. interleaved invocations with different seeds)."""
+    results, names, rates, n = [], [], set(), 24
+    for path in paths:
+        data = json.loads(path.read_text())
+        n = data["args"]["requests"]
+        for run in data["runs"]:
+            res = RunResult(run["config"], run["rate"], run["repeat"],
+                            [Outcome(**{k: v for k, v in o.items()}) for o in run["outcomes"]])
+            results.append(res)
+            rates.add(res.rate)
+            if res.config not in names:
+                names.append(res.config)
+    print_table(results, names, sorted(rates), n)
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "merge":
+        return merge([Path(p) for p in sys.argv[2:]])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="GGUF path (default: homepd's embedded default model)")
     ap.add_argument("--llama-server", type=Path, default=HERE.parent / ".cache/llama-server/build/bin/llama-server")
@@ -333,20 +374,7 @@ def main() -> None:
     results: list[RunResult] = []
     for cfg in configs:
         results += asyncio.run(bench_server(cfg, args, traces, log_dir))
-    print(f"\nSLO capacity: highest rate with >= {GOOD_FRACTION:.0%} of requests at TTFT <= {TTFT_S:g} s and every "
-          f"ITL <= {ITL_S * 1e3:g} ms (median over {args.repeats} repeat(s); good requests per rate)")
-    print(f"{'config':28s} {'capacity':>9s}  " + "  ".join(f"{r:>6g}/s" for r in args.rates))
-    caps = {}
-    for cfg in configs:
-        cap, medians = capacity(results, cfg.name, args.rates)
-        caps[cfg.name] = cap
-        cells = "  ".join(f"{round(medians.get(r, 0) * args.requests):>5d}/{args.requests}" if r in medians
-                          else f"{'-':>8s}" for r in args.rates)
-        print(f"{cfg.name:28s} {('%g/s' % cap) if cap else '< min':>9s}  {cells}")
-    ls_best = max((c for n, c in caps.items() if n.startswith("llama-server") and c), default=None)
-    hp_best = max((c for n, c in caps.items() if n.startswith("homepd") and c), default=None)
-    if ls_best and hp_best:
-        print(f"\nhomepd best {hp_best:g}/s vs llama-server best {ls_best:g}/s: {hp_best / ls_best:.2f}x")
+    caps = print_table(results, [c.name for c in configs], args.rates, args.requests)
     if args.output:
         args.output.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
                                                     for k, v in vars(args).items()},

@@ -1,0 +1,105 @@
+"""The two-queue mechanism on recorded data: step logs of the real model (SmolLM2, 2 threads, this project's
+CI-class box) on the mixed trace with long documents as background, recorded by ``benchmarks/record_steps.py``
+with a fixed chunk of 32 and with the adaptive chunk.  Deterministic: the tests read the recordings.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from homepd.core.stepmodel import OnlineStepModel
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def load(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    return load("steps-chunk32.json")
+
+
+@pytest.fixture(scope="module")
+def adaptive():
+    return load("steps-adaptive.json")
+
+
+def interactive_ids(rec: dict) -> set[str]:
+    return {r["request_id"] for r in rec["requests"] if r["request_class"] == "interactive"}
+
+
+def steps_with_interactive_decodes(rec: dict) -> list[dict]:
+    ids = interactive_ids(rec)
+    return [s for s in rec["steps"] if any(d in ids for d in s["decode"])]
+
+
+def over_budget_share(rec: dict) -> float:
+    steps = steps_with_interactive_decodes(rec)
+    budget = rec["config"]["itl_budget_ms"]
+    return sum(s["duration_ms"] > budget for s in steps) / len(steps)
+
+
+def test_recordings_are_what_they_claim(fixed, adaptive):
+    assert fixed["config"]["adaptive_chunk"] is False and fixed["config"]["chunk"] == 32
+    assert adaptive["config"]["adaptive_chunk"] is True
+    for rec in (fixed, adaptive):
+        classes = {r["request_class"] for r in rec["requests"]}
+        assert classes == {"interactive", "background"}
+        assert len(steps_with_interactive_decodes(rec)) > 100
+
+
+def test_adaptive_budget_shrinks_beside_interactive_decodes_and_opens_without_them(adaptive):
+    ids = interactive_ids(adaptive)
+    max_chunk = adaptive["config"]["chunk"]
+    beside = [s for s in adaptive["steps"] if s["prefill"] and any(d in ids for d in s["decode"])]
+    alone = [s for s in adaptive["steps"] if s["prefill"] and not any(d in ids for d in s["decode"])]
+    assert beside and alone
+    for s in adaptive["steps"]:
+        assert sum(n for _, n in s["prefill"]) <= s["budget"] or s["budget"] == 0
+    # beside interactive decodes the budget is what the ITL allows, far below the chunk
+    assert max(s["budget"] for s in beside) < max_chunk // 4
+    # with no interactive stream waiting on a token, prefill runs at the whole chunk (less its decodes)
+    assert max(s["budget"] for s in alone) >= max_chunk - 8
+    # more decodes beside a prompt leave fewer prompt tokens (the step-time model's trade)
+    by_decodes: dict[int, list[int]] = {}
+    for s in beside:
+        by_decodes.setdefault(len(s["decode"]), []).append(s["budget"])
+    counts = sorted(k for k, v in by_decodes.items() if len(v) >= 10)
+    medians = [sorted(by_decodes[k])[len(by_decodes[k]) // 2] for k in counts]
+    assert len(medians) >= 2 and medians[0] > medians[-1]
+
+
+def test_adaptive_steps_keep_the_itl_budget_where_fixed_chunks_do_not(fixed, adaptive):
+    """Share of steps carrying an interactive stream's token that took longer than the ITL budget."""
+    assert over_budget_share(fixed) > 0.10
+    assert over_budget_share(adaptive) < 0.02
+    assert over_budget_share(adaptive) < over_budget_share(fixed) / 5
+
+
+def test_background_work_still_completes(fixed, adaptive):
+    for rec in (fixed, adaptive):
+        background = [r for r in rec["requests"] if r["request_class"] == "background"]
+        assert background and all(r["state"] == "finished" for r in background)
+
+
+def test_online_model_predicts_the_recorded_steps(adaptive):
+    """Replayed through the online model one step at a time, each step is predicted before it is seen."""
+    model = OnlineStepModel()
+    errors, durations = [], []
+    for s in adaptive["steps"]:
+        est = model.estimate()
+        n_prompt = sum(n for _, n in s["prefill"])
+        if est is not None:
+            errors.append(abs(est.predict_ms(n_prompt, len(s["decode"]), s["kv_in_use"]) - s["duration_ms"]))
+            durations.append(s["duration_ms"])
+        model.observe(n_prompt, len(s["decode"]), s["kv_in_use"], s["duration_ms"])
+    errors.sort()
+    median_err = errors[len(errors) // 2]
+    mean_step = sum(durations) / len(durations)
+    assert median_err < 0.25 * mean_step
+    final = model.estimate()
+    assert final.ms_per_prompt_token > 0.5 and final.ms_per_kv_ktoken > 0  # attention over the cells in use costs
