@@ -162,6 +162,12 @@ class RunSummary:
     slo: SLO
     n_slo_met: int
     goodput_per_s: float | None     # requests per second that met every SLO
+    # two queues, two budgets: how far admission's TTFT predictions were off (|predicted - actual|), what it
+    # decided, and the interactive class's own gaps
+    ttft_prediction_error_ms: Dist | None = None
+    n_rejected: int = 0
+    n_deferred: int = 0
+    interactive_itl_ms: Dist | None = None
 
     @property
     def slo_attainment(self) -> float | None:
@@ -204,4 +210,9 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord], slo: SLO | None
         n_steps=len(steps), max_prompt_tokens_per_step=max((s.n_prompt_tokens for s in steps), default=0),
         interference=interference(steps),
         interference_kind="concurrent" if any(s.worker_role == "prefill" for s in steps) else "same_step",
-        kv=kv, slo=slo, n_slo_met=n_met, goodput_per_s=n_met / span_s if span_s > 0 else None)
+        kv=kv, slo=slo, n_slo_met=n_met, goodput_per_s=n_met / span_s if span_s > 0 else None,
+        ttft_prediction_error_ms=Dist.of([abs(r.ttft_s - r.predicted_ttft_s) * 1e3 for r in done
+                                          if r.ttft_s is not None and r.predicted_ttft_s is not None]),
+        n_rejected=sum(r.admission == "reject" for r in records),
+        n_deferred=sum(r.admission == "defer" for r in records),
+        interactive_itl_ms=Dist.of([x * 1e3 for r in done if r.request_class == "interactive" for x in r.itl_s]))

@@ -12,9 +12,10 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from homepd.core.lifecycle import Lifecycle
+from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.records import MemoryBreakdown, WorkerEvent, to_plain
 from homepd.core.sampling import SamplingParams
+from homepd.errors import AdmissionRejected
 from homepd.hw.monitor import energy_by_source_j
 from homepd.measure.metrics import SLO, RunSummary, summarize
 from homepd.measure.stalls import Stall, attribute_stalls
@@ -79,10 +80,19 @@ async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
 
     async def one(req):
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=getattr(req, "ignore_eos", False))
-        if getattr(req, "messages", None) is not None:
-            stream = await engine.submit(messages=list(req.messages), params=params)
-        else:
-            stream = await engine.submit(req.prompt, params=params)
+        klass = getattr(req, "request_class", None)
+        arrived = time.monotonic()
+        try:
+            if getattr(req, "messages", None) is not None:
+                stream = await engine.submit(messages=list(req.messages), params=params, request_class=klass)
+            else:
+                stream = await engine.submit(req.prompt, params=params, request_class=klass)
+        except AdmissionRejected as exc:  # early rejection: a failed request in the record, not a crash
+            lc = Lifecycle(request_id=f"rejected-{requests.index(req)}", arrived_s=arrived, request_class=klass or "interactive",
+                           admission="reject")
+            lc.error = str(exc)
+            lc.advance(RequestState.FAILED, time.monotonic())
+            return lc
         await stream.collect()
         if on_done:
             on_done(stream)

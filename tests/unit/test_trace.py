@@ -294,11 +294,13 @@ class FakeEngine:
     def __init__(self, service_s: float = 0.02):
         self.service_s, self.in_flight, self.max_in_flight = service_s, 0, 0
         self.submitted: list[tuple[float, object, object]] = []
+        self.classes: list[str | None] = []
 
-    async def submit(self, prompt=None, *, messages=None, params=None):
+    async def submit(self, prompt=None, *, messages=None, params=None, request_class=None):
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.submitted.append((time.monotonic(), prompt or messages, params))
+        self.classes.append(request_class)
         return FakeStream(self, len(self.submitted) - 1)
 
 
@@ -319,6 +321,8 @@ def test_closed_loop_replay_keeps_at_most_n_in_flight_and_returns_trace_order():
     assert engine.max_in_flight == 3 and engine.in_flight == 0
     assert sorted(lifecycles) == list(range(10))
     assert [engine.submitted[i][1] for i in lifecycles] == [list(r.messages) for r in trace]
+    assert [engine.classes[i] for i in lifecycles] == [r.request_class for r in trace]  # the trace's classes
+    assert {"interactive", "background"} <= set(engine.classes)
     assert time.monotonic() - t0 < 10 * 0.02  # arrival offsets ignored; 3 lanes overlap
 
 
