@@ -172,6 +172,10 @@ class EngineConfig:
         "ttft-budget", float, "interactive requests: budget (ms) to the first token"))
     background_ttft_ms: float = field(default=120_000.0, metadata=_opt(
         "background-ttft-budget", float, "background requests: budget (ms) to the first token"))
+    local_prefill: bool = field(default=True, metadata=_opt(
+        "local-prefill", parse_bool, "disaggregated: prefill a prompt on the decode worker itself when that is "
+                                     "predicted sooner than the prefill worker's queue + KV handoff (short prompts)",
+        action=argparse.BooleanOptionalAction))
     admission: bool = field(default=False, metadata=_opt(
         "admission", parse_bool, "reject a request at once (HTTP 503 + Retry-After) when its predicted TTFT "
                                  "misses its class's budget, instead of letting it fail late",

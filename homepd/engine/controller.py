@@ -216,7 +216,7 @@ class Engine:
         """The entry worker of a new request; in disaggregated mode a prompt that fits the prefill worker is
         still prefilled on the decode worker when the gate predicts that is sooner (short prompts)."""
         worker = self._entry_worker(n_tokens=n_tokens)
-        if worker.role == "prefill":
+        if worker.role == "prefill" and self.config.local_prefill:
             prefill, decode = self.workers["prefill"], self.workers["decode"]
             if not decode.failed and self.gate.route(n_tokens, self._load(prefill), self._load(decode),
                                                      prefill.spec.n_ctx, decode.spec.n_ctx,

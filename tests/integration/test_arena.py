@@ -85,7 +85,9 @@ def test_many_concurrent_handoffs_share_the_arena_by_bytes():
     prompts = [f"prompt number {i} " * (10 + 15 * (i % 4)) for i in range(12)]  # all within the prefill context
 
     async def scenario():
-        async with make_engine(fake(kv_arena_bytes=5 * 4096, n_seq_max=2, n_slots=8)) as engine:
+        # every prompt through the prefill worker and the arena (no short prompt prefilled on the decode worker)
+        cfg = fake(kv_arena_bytes=5 * 4096, n_seq_max=2, n_slots=8, local_prefill=False)
+        async with make_engine(cfg) as engine:
             streams, ends = await generate(engine, prompts, max_tokens=40)
             await assert_arena_settled(engine)
             return streams, ends, engine.snapshot().kv_slots

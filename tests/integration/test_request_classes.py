@@ -82,3 +82,25 @@ def test_background_is_deferred_behind_queued_interactive_work_and_predictions_a
     assert chat.prefill_end_s < doc.prefill_end_s          # interactive overtook the running background prompt
     assert all(lc.state.value == "finished" for lc in (doc, chat, late))  # background still completes
     assert after.n_predictions == 3 and after.ttft_error_mean_ms is not None
+
+
+def test_disaggregated_routes_a_short_prompt_to_the_decode_worker_when_the_prefill_queue_is_long():
+    """Learned routing: once the prefill worker's speed is measured, a long prompt reaching an idle prefill worker
+    goes there (and through a KV handoff), and a short prompt arriving behind queued long ones is prefilled on
+    the decode worker itself (no handoff)."""
+    async def scenario():
+        config = EngineConfig(backend="fake", mode="disaggregated", n_ctx=4096, chunk=16, n_seq_max=4,
+                              prefill_threads=1, decode_threads=1)
+        async with make_engine(config) as engine:
+            while engine.gate.estimate("prefill") is None:  # measure the prefill worker
+                stream = await engine.submit("word " * 40, params=SamplingParams(max_tokens=2))
+                await stream.collect()
+            longs = [await engine.submit("doc " * 150, params=SamplingParams(max_tokens=2)) for _ in range(3)]
+            short = await engine.submit("hi", params=SamplingParams(max_tokens=2))
+            await asyncio.gather(*(s.collect() for s in [*longs, short]))
+            return [s.lifecycle for s in longs], short.lifecycle, engine.snapshot().admission
+
+    longs, short, adm = run(scenario())
+    assert longs[0].kv_bytes                        # the first long prompt: the idle prefill worker, then a handoff
+    assert short.kv_bytes is None and short.state.value == "finished"   # prefilled where it decodes
+    assert adm.routed_local >= 1 and adm.routed_remote >= 1 and adm.route_threshold_tokens is not None
