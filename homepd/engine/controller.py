@@ -6,7 +6,7 @@ at once.  Disaggregation's slot bookkeeping lives in ``homepd.kv.router``; what
 to do about a dead worker is decided by ``homepd.engine.recovery`` (pure) and
 applied here.
 
-# why ~430 lines: one concept, the controller's request table and the worker
+# why ~520 lines: one concept, the controller's request table and the worker
 # messages that move it (submit, steps, handoffs, ends, deaths, restarts).
 # Splitting the death handling out would hand another object the table's
 # private state — the mixin this module replaced.
