@@ -207,6 +207,7 @@ class KVHandoff:
     extent_bytes: int = 0      # header + payload, whole pages: what the extent takes
     arena_used_bytes: int = 0  # the allocator's bytes in use once this extent was taken
     arena_kv_bytes: int = 0    # payload bytes of every live extent then (this one included)
+    request_class: str = "interactive"  # its budgets follow it to the decode worker
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ class StepPolicy:
                  estimate: Callable[[], StepEstimate | None] = lambda: None, min_chunk: int = 4):
         self.chunk, self.n_batch, self.itl_budget_ms = chunk, n_batch, itl_budget_ms
         self.estimate, self.min_chunk = estimate, min(min_chunk, n_batch)
+        self.between_steps_ms = 0.0  # time spent outside steps before the next one (set by the worker loop)
 
     @property
     def adaptive(self) -> bool:
@@ -100,7 +101,8 @@ class StepPolicy:
         if not self.adaptive:
             return min(self.n_batch if self.chunk is None else self.chunk, self.n_batch) - len(decode)
         interactive = sum(1 for s in decode if s.request_class != BACKGROUND)
-        return min(room, prompt_budget(self.estimate(), len(decode), interactive, self.itl_budget_ms, kv_in_use,
+        itl = max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
+        return min(room, prompt_budget(self.estimate(), len(decode), interactive, itl, kv_in_use,
                                        min_chunk=self.min_chunk, max_chunk=self.n_batch))
 
     def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0) -> list[Sequence]:

@@ -147,7 +147,8 @@ class PrefillRole(_ArenaRole):
             request_id=seq.request_id, slot=offset, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
             params=seq.params, sampler=seq.sampler, stream=seq.stream, n_bytes=written,
             n_tokens=seq.n_kv_tokens, slot_wait_s=wait_s, export_start_s=t0, export_end_s=t1, extent_bytes=extent,
-            arena_used_bytes=self.allocator.used_bytes, arena_kv_bytes=sum(self._payload_bytes.values())))
+            arena_used_bytes=self.allocator.used_bytes, arena_kv_bytes=sum(self._payload_bytes.values()),
+            request_class=seq.request_class))
         self.finish(seq)
 
 
@@ -188,7 +189,7 @@ class DecodeRole(_ArenaRole):
             msg = self.pending[0]
             seq = Sequence(request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params,
                            n_prefilled=len(msg.prompt_ids), output_ids=list(msg.output_ids),
-                           sampler=msg.sampler, stream=msg.stream)
+                           sampler=msg.sampler, stream=msg.stream, request_class=msg.request_class)
             if not self.scheduler.can_admit(seq):
                 return  # back-pressure: the extent stays READY until a sequence frees
             self.pending.popleft()

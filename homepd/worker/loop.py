@@ -108,8 +108,13 @@ class WorkerLoop:
             self.drain_inbox(block=idle)
             if not self.running:
                 break
+            t_pump = time.monotonic()
             self.role.pump()
-            plan = self.scheduler.schedule(time.monotonic())
+            now = time.monotonic()
+            # why: a decoding stream also waits for what runs between steps (a KV import); the next step's
+            # budget leaves room for it
+            self.scheduler.policy.between_steps_ms = (now - t_pump) * 1e3
+            plan = self.scheduler.schedule(now)
             idle = plan.is_empty
             if not idle:
                 self.step(plan)

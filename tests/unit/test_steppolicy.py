@@ -148,3 +148,14 @@ def test_adaptive_scheduler_chooses_each_steps_chunk_from_the_decodes_beside_it(
     assert plan.n_prompt_tokens == plan.budget < 256
     chat.request_class = "background"                                  # only background decodes: full chunk
     assert s.schedule(0.0).n_prompt_tokens == 256 - 1
+
+
+def test_time_spent_between_steps_comes_out_of_the_next_steps_budget():
+    est = estimate()
+    policy = StepPolicy(chunk=256, n_batch=256, itl_budget_ms=100.0, estimate=lambda: est)
+    chat = seq("chat", 4)
+    chat.seq_id, chat.n_prefilled, chat.output_ids = 1, 4, [1]
+    free = policy.budget((chat,))
+    policy.between_steps_ms = 30.0  # e.g. a KV import before this step
+    slower = policy.budget((chat,))
+    assert est.predict_ms(slower, 1) + 30.0 <= 100.0 * STEP_SHARE_OF_ITL + 1e-6 and slower < free
