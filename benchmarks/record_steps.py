@@ -24,8 +24,8 @@ from homepd.measure.trace import make_trace
 
 
 async def record(args) -> dict:
-    config = EngineConfig(model=args.model, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_threads=args.threads,
-                          chunk=args.chunk, adaptive_chunk=args.adaptive_chunk)
+    config = EngineConfig(model=args.model, mode=args.mode, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max,
+                          n_threads=args.threads, chunk=args.chunk, adaptive_chunk=args.adaptive_chunk)
     trace = make_trace("mixed", args.requests, args.rate, max_tokens=48, long_tokens=470, seed=args.seed)
     async with Engine(config, prepare(config, pull=True)) as engine:
         warm = await engine.submit("Hi", params=SamplingParams(max_tokens=4))
@@ -34,7 +34,7 @@ async def record(args) -> dict:
         records = await replay(engine, trace)
         steps = list(engine.step_log)[n0:]
     return {
-        "config": {"chunk": args.chunk, "adaptive_chunk": args.adaptive_chunk, "threads": args.threads,
+        "config": {"mode": args.mode, "chunk": args.chunk, "adaptive_chunk": args.adaptive_chunk, "threads": args.threads,
                    "rate": args.rate, "model": args.model, "itl_budget_ms": config.itl_budget_ms},
         "steps": [{"role": s.worker_role, "t_start_s": round(s.t_start_s - steps[0].t_start_s, 6),
                    "duration_ms": round(s.duration_ms, 3), "decode": list(s.decode_request_ids),
@@ -50,6 +50,7 @@ async def record(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct-q4_1")
+    ap.add_argument("--mode", default="colocated", choices=("colocated", "disaggregated"))
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--adaptive-chunk", action="store_true")
     ap.add_argument("--rate", type=float, default=0.5)

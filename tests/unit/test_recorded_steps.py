@@ -119,3 +119,20 @@ def test_ttft_predictions_stay_within_the_bound_stated_for_this_box(adaptive):
     assert len(errors) >= 0.8 * len(adaptive["requests"])  # every request after the first few steps is predicted
     assert sum(errors) / len(errors) <= 0.5
     assert errors[int(0.9 * (len(errors) - 1))] <= 1.0
+
+
+def test_disaggregated_decode_worker_keeps_interactive_gaps_within_budget_while_documents_complete():
+    """The disaggregated recording (one thread per worker, learned routing, adaptive budget on the decode
+    worker): no decode step carrying an interactive token over the ITL budget, every interactive request's
+    longest gap within it, background documents complete, and some prompts were prefilled on each worker."""
+    rec = load("steps-disaggregated.json")
+    assert rec["config"]["mode"] == "disaggregated" and rec["config"]["adaptive_chunk"] is True
+    budget_ms = rec["config"]["itl_budget_ms"]
+    decode_steps = [s for s in rec["steps"] if s["role"] == "decode"]
+    ids = interactive_ids(rec)
+    carrying = [s for s in decode_steps if any(d in ids for d in s["decode"])]
+    assert len(carrying) > 100 and max(s["duration_ms"] for s in carrying) <= budget_ms
+    assert max(r["itl_max_s"] for r in rec["requests"] if r["request_class"] == "interactive") * 1e3 <= budget_ms
+    assert all(r["state"] == "finished" for r in rec["requests"])
+    assert any(s["prefill"] for s in decode_steps)                              # routed to the decode worker
+    assert any(s["prefill"] for s in rec["steps"] if s["role"] == "prefill")     # and through the handoff
