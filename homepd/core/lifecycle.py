@@ -63,7 +63,7 @@ class Lifecycle:
     n_prompt_tokens: int = 0
     request_class: str = "interactive"   # homepd.core.admission.RequestClass value: its latency budgets
     predicted_ttft_s: float | None = None  # admission's prediction when it arrived
-    admission: str | None = None         # "admitted" or "deferred" (homepd.core.admission.Verdict)
+    admission: str | None = None         # a homepd.core.admission.Verdict value: "admit", "defer" or "reject"
     n_prefilled: int = 0                 # prompt tokens prefilled so far (from the step log)
     # KV handoff (disaggregated): bytes moved and where the transfer time went
     kv_bytes: int | None = None

@@ -78,7 +78,7 @@ async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
     concurrency = getattr(trace, "concurrency", None)
     t0 = time.monotonic()
 
-    async def one(req):
+    async def one(i, req):
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=getattr(req, "ignore_eos", False))
         klass = getattr(req, "request_class", None)
         arrived = time.monotonic()
@@ -88,7 +88,7 @@ async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
             else:
                 stream = await engine.submit(req.prompt, params=params, request_class=klass)
         except AdmissionRejected as exc:  # early rejection: a failed request in the record, not a crash
-            lc = Lifecycle(request_id=f"rejected-{requests.index(req)}", arrived_s=arrived, request_class=klass or "interactive",
+            lc = Lifecycle(request_id=f"rejected-{i}", arrived_s=arrived, request_class=klass or "interactive",
                            admission="reject")
             lc.error = str(exc)
             lc.advance(RequestState.FAILED, time.monotonic())
@@ -98,18 +98,18 @@ async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
             on_done(stream)
         return stream.lifecycle
 
-    async def at_offset(req):
+    async def at_offset(i, req):
         await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
-        return await one(req)
+        return await one(i, req)
 
     if not concurrency:
-        return list(await asyncio.gather(*(at_offset(r) for r in requests)))
+        return list(await asyncio.gather(*(at_offset(i, r) for i, r in enumerate(requests))))
     lifecycles: list = [None] * len(requests)
     pending = iter(range(len(requests)))  # why: one iterator shared by the lanes hands out each index once
 
     async def lane():
         for i in pending:
-            lifecycles[i] = await one(requests[i])
+            lifecycles[i] = await one(i, requests[i])
 
     await asyncio.gather(*(lane() for _ in range(min(concurrency, len(requests)))))
     return lifecycles
