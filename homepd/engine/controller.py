@@ -194,7 +194,7 @@ class Engine:
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
         worker = self._route_new(len(ids))
-        decision = self.gate.decide(klass, len(ids), worker.role, self._load(worker), worker.spec.n_ctx)
+        decision = self.gate.decide(klass, len(ids), worker.role, worker.spec, self._load(worker))
         if decision is not None and decision.verdict is Verdict.REJECT:
             raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
                                     f"{decision.retry_after_s:g} s", decision.retry_after_s, klass.value,
@@ -218,9 +218,8 @@ class Engine:
         worker = self._entry_worker(n_tokens=n_tokens)
         if worker.role == "prefill" and self.config.local_prefill:
             prefill, decode = self.workers["prefill"], self.workers["decode"]
-            if not decode.failed and self.gate.route(n_tokens, self._load(prefill), self._load(decode),
-                                                     prefill.spec.n_ctx, decode.spec.n_ctx,
-                                                     decode.spec.n_threads, prefill.spec.n_threads):
+            if not decode.failed and self.gate.route(n_tokens, prefill.spec, self._load(prefill), decode.spec,
+                                                     self._load(decode)):
                 return decode
         return worker
 

@@ -16,10 +16,10 @@ from homepd.config import EngineConfig
 from homepd.core.admission import (ClassBudget, Decision, QueueState, RequestClass, RouteState, Verdict, admit,
                                    route)
 from homepd.core.lifecycle import Lifecycle
-from homepd.core.protocol import StepRecord
+from homepd.core.protocol import StepRecord, WorkerSpec
 from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.stepmodel import OnlineStepModel, StepEstimate
-from homepd.core.steppolicy import STEP_SHARE_OF_ITL
+from homepd.core.steppolicy import prompt_budget
 
 MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
 MAX_ERRORS = 2000
@@ -64,21 +64,16 @@ class AdmissionGate:
             return None
         return model.estimate()
 
-    def max_chunk(self, worker_n_ctx: int) -> int:
-        return min(self.config.chunk or worker_n_ctx, worker_n_ctx)
-
-    def prefill_rate(self, worker: str, n_decode: int, n_interactive_decode: int, worker_n_ctx: int,
-                     itl_budget: bool = True) -> tuple[float, float] | None:
+    def prefill_rate(self, worker: str, spec: WorkerSpec, n_decode: int, n_interactive_decode: int
+                     ) -> tuple[float, float] | None:
         """(prompt tokens/s, ms of the rest of a step) on ``worker`` beside ``n_decode`` decodes, at the
         budget its policy would give (the ITL-safe one when interactive streams decode and the chunk adapts)."""
         est = self.estimate(worker)
         if est is None:
             return None
-        hi = self.max_chunk(worker_n_ctx)
-        per_step = hi
-        if itl_budget and self.config.adaptive_chunk and n_interactive_decode:
-            per_step = est.chunk_for_itl(self.config.itl_budget_ms * STEP_SHARE_OF_ITL, n_decode, lo=4, hi=hi)
-        per_step = max(1, min(per_step, hi - n_decode))
+        itl = spec.itl_budget_ms if spec.role != "prefill" else None  # as the worker's StepPolicy is built
+        per_step = prompt_budget(est, n_decode, n_interactive_decode, itl, max_chunk=spec.n_batch)
+        per_step = max(1, min(per_step, spec.n_batch - n_decode))
         return per_step / max(est.predict_ms(per_step, n_decode), 1e-3) * 1e3, est.predict_ms(0, n_decode)
 
     def finished(self, lc: Lifecycle) -> None:
@@ -91,11 +86,11 @@ class AdmissionGate:
                 0.8 * self.handoff_ms_per_token + 0.2 * per
 
     # decisions -----------------------------------------------------------------
-    def decide(self, klass: RequestClass, n_prompt: int, worker: str, load: WorkerLoad, worker_n_ctx: int
+    def decide(self, klass: RequestClass, n_prompt: int, worker: str, spec: WorkerSpec, load: WorkerLoad
                ) -> Decision | None:
         """Admission's verdict for a new request entering ``worker``; None while the worker's speed is unmeasured
         (then it is admitted: there is nothing to predict from)."""
-        rate = self.prefill_rate(worker, load.n_decode, load.n_interactive_decode, worker_n_ctx)
+        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode)
         if rate is None:
             self.counts[klass]["admitted"] += 1
             return None
@@ -111,24 +106,24 @@ class AdmissionGate:
             self.counts[klass]["deferred"] += 1
         return decision
 
-    def route(self, n_prompt: int, prefill_load: WorkerLoad, decode_load: WorkerLoad, prefill_n_ctx: int,
-              decode_n_ctx: int, decode_threads: int, prefill_threads: int) -> bool:
+    def route(self, n_prompt: int, prefill: WorkerSpec, prefill_load: WorkerLoad, decode: WorkerSpec,
+              decode_load: WorkerLoad) -> bool:
         """True: prefill this prompt on the decode worker itself; False: on the prefill worker, then hand off.
 
         Until the prefill worker's speed is measured every prompt goes there.  The decode worker's prefill
         speed is its own measurement once it has prefilled a few prompts, else the prefill worker's scaled
         by their thread counts."""
-        remote = self.prefill_rate("prefill", 0, 0, prefill_n_ctx)
+        remote = self.prefill_rate("prefill", prefill, 0, 0)
         if remote is None:
             self.routed["remote"] += 1
             return False
-        local = self.prefill_rate("decode", decode_load.n_decode, decode_load.n_interactive_decode, decode_n_ctx)
-        local_tok_s = local[0] if local is not None else remote[0] * decode_threads / max(prefill_threads, 1) \
+        local = self.prefill_rate("decode", decode, decode_load.n_decode, decode_load.n_interactive_decode)
+        local_tok_s = local[0] if local is not None else remote[0] * decode.n_threads / max(prefill.n_threads, 1) \
             * 0.5  # why: beside its decodes it gets about half its time for prompts until measured
         decision = route(n_prompt, RouteState(
             prefill_queue_tokens=sum(prefill_load.queued_tokens.values()), prefill_tok_s_prefill=remote[0],
             prefill_tok_s_decode=local_tok_s, handoff_ms_per_token=self.handoff_ms_per_token or 0.0,
-            handoff_base_ms=remote[1], max_local_tokens=decode_n_ctx))
+            handoff_base_ms=remote[1], max_local_tokens=decode.n_ctx))
         self.route_threshold = decision.threshold_tokens
         self.routed["local" if decision.on_decode_worker else "remote"] += 1
         return decision.on_decode_worker
