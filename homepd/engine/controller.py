@@ -194,7 +194,7 @@ class Engine:
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
         worker = self._route_new(len(ids))
-        decision = self.gate.decide(klass, len(ids), worker.role, worker.spec, self._load(worker))
+        decision = self.gate.decide(klass, len(ids), worker.role, worker.spec, self._load(worker.in_flight))
         if decision is not None and decision.verdict is Verdict.REJECT:
             raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
                                     f"{decision.retry_after_s:g} s", decision.retry_after_s, klass.value,
@@ -218,17 +218,18 @@ class Engine:
         worker = self._entry_worker(n_tokens=n_tokens)
         if worker.role == "prefill" and self.config.local_prefill:
             prefill, decode = self.workers["prefill"], self.workers["decode"]
-            if not decode.failed and self.gate.route(n_tokens, prefill.spec, self._load(prefill), decode.spec,
-                                                     self._load(decode)):
+            if not decode.failed and self.gate.route(n_tokens, prefill.spec, self._load(prefill.in_flight),
+                                                     decode.spec, self._load(decode.in_flight)):
                 return decode
         return worker
 
-    def _load(self, handle: WorkerHandle) -> WorkerLoad:
-        """What ``handle`` holds: prompt tokens still to prefill per class, and its decoding streams."""
+    def _load(self, request_ids) -> WorkerLoad:
+        """What these running requests (a worker's, or all) hold: prompt tokens still to prefill and requests
+        waiting for a first token, per class, and the decoding streams."""
         tokens: Counter = Counter()
         queued: Counter = Counter()
         n_decode = n_interactive = 0
-        for rid in handle.in_flight:
+        for rid in request_ids:
             stream = self.streams.get(rid)
             if stream is None:
                 continue
@@ -486,23 +487,16 @@ class Engine:
     def snapshot(self) -> EngineSnapshot:
         """A picture of the engine: workers, queues, KV slots, running requests, recent worker events."""
         by_state: dict[str, list[str]] = {}
-        loads: dict[RequestClass, list[int]] = {}
         for rid, stream in self.streams.items():
-            lc = stream.lifecycle
-            by_state.setdefault(lc.state.value, []).append(rid)
-            load = loads.setdefault(RequestClass(lc.request_class), [0, 0, 0])
-            load[2] += 1
-            if lc.first_token_s is None:
-                load[0] += 1
-                load[1] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
+            by_state.setdefault(stream.lifecycle.state.value, []).append(rid)
+        by_class = dict(Counter(st.lifecycle.request_class for st in self.streams.values()))
         return EngineSnapshot(
             mode=self.config.mode, model=self.model_path, n_ctx=self.config.n_ctx, chunk=self.config.chunk,
             workers=tuple(h.snapshot() for h in self.workers.values()),
             kv_slots=self.kv.snapshot() if self.kv is not None else None,
             requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
-            requests_by_class=dict(Counter(st.lifecycle.request_class for st in self.streams.values())),
-            worker_events=tuple(self.worker_events), t_s=time.monotonic(), memory=self.memory,
-            admission=self.gate.snapshot({c: tuple(v) for c, v in loads.items()}))
+            requests_by_class=by_class, worker_events=tuple(self.worker_events), t_s=time.monotonic(),
+            memory=self.memory, admission=self.gate.snapshot(self._load(self.streams), by_class))
 
     def measure_memory(self) -> MemoryBreakdown:
         """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept

@@ -18,6 +18,7 @@ from homepd.core.admission import (ClassBudget, Decision, QueueState, RequestCla
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.protocol import StepRecord, WorkerSpec
 from homepd.core.records import AdmissionSnapshot, ClassQueue
+from homepd.core.stats import percentile
 from homepd.core.stepmodel import OnlineStepModel, StepEstimate
 from homepd.core.steppolicy import prompt_budget
 
@@ -74,7 +75,7 @@ class AdmissionGate:
         itl = spec.itl_budget_ms if spec.role != "prefill" else None  # as the worker's StepPolicy is built
         per_step = prompt_budget(est, n_decode, n_interactive_decode, itl, max_chunk=spec.n_batch)
         per_step = max(1, min(per_step, spec.n_batch - n_decode))
-        return per_step / max(est.predict_ms(per_step, n_decode), 1e-3) * 1e3, est.predict_ms(0, n_decode)
+        return est.prefill_tok_s(n_decode, per_step), est.predict_ms(0, n_decode)
 
     def finished(self, lc: Lifecycle) -> None:
         """A request ended: keep its TTFT prediction error and what its KV handoff cost per token."""
@@ -129,11 +130,11 @@ class AdmissionGate:
         return decision.on_decode_worker
 
     # what it did ------------------------------------------------------------------
-    def snapshot(self, loads: dict[RequestClass, tuple[int, int, int]]) -> AdmissionSnapshot:
-        """``loads``: per class, (queued requests, queued prompt tokens, running requests) over the engine."""
+    def snapshot(self, load: WorkerLoad, running_by_class: dict[str, int]) -> AdmissionSnapshot:
+        """``load``: what every running request holds; ``running_by_class``: running requests per class value."""
         classes = tuple(ClassQueue(
-            request_class=c.value, queued_requests=loads.get(c, (0, 0, 0))[0],
-            queued_prompt_tokens=loads.get(c, (0, 0, 0))[1], running=loads.get(c, (0, 0, 0))[2],
+            request_class=c.value, queued_requests=load.queued_requests.get(c, 0),
+            queued_prompt_tokens=load.queued_tokens.get(c, 0), running=running_by_class.get(c.value, 0),
             admitted=self.counts[c]["admitted"], deferred=self.counts[c]["deferred"],
             rejected=self.counts[c]["rejected"], ttft_budget_ms=self.budgets[c].ttft_ms,
             itl_budget_ms=self.budgets[c].itl_ms) for c in RequestClass)
@@ -142,12 +143,12 @@ class AdmissionGate:
             est = self.estimate(worker)
             if est is not None:
                 chunk = self.last_budget.get(worker) or self.config.chunk or 256
-                rates[worker] = round(chunk / max(est.predict_ms(chunk, 0), 1e-3) * 1e3, 1)
-        errors = sorted(abs(e) for e in self.errors_ms)
+                rates[worker] = round(est.prefill_tok_s(0, chunk), 1)
+        errors = [abs(e) for e in self.errors_ms]
         return AdmissionSnapshot(
             classes=classes, chunk_by_worker=dict(self.last_budget), prefill_tok_s_by_worker=rates,
             admission=self.config.admission, adaptive_chunk=self.config.adaptive_chunk,
             ttft_error_mean_ms=sum(errors) / len(errors) if errors else None,
-            ttft_error_p90_ms=errors[min(len(errors) - 1, int(0.9 * len(errors)))] if errors else None,
+            ttft_error_p90_ms=percentile(errors, 90),
             n_predictions=len(errors), routed_local=self.routed["local"], routed_remote=self.routed["remote"],
             route_threshold_tokens=self.route_threshold)

@@ -8,21 +8,12 @@ prefill worker runs at the same time (disaggregated).
 from __future__ import annotations
 
 import bisect
-import math
 import statistics
 from dataclasses import dataclass
 
 from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[k]
+from homepd.core.stats import percentile
 
 
 @dataclass(frozen=True)
