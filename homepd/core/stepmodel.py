@@ -58,21 +58,19 @@ class StepEstimate:
 class OnlineStepModel:
     """Exponentially weighted least squares over (n_prompt, n_decode, kv_in_use) → step ms."""
 
-    def __init__(self, forget: float = FORGET, prior: StepEstimate | None = None):
+    def __init__(self, forget: float = FORGET):
         self.forget = forget
         self.xtx = [[0.0] * N_FEATURES for _ in range(N_FEATURES)]
         self.xty = [0.0] * N_FEATURES
         self.n_steps = 0
         self._err2 = 0.0
-        self.coef = [prior.base_ms, prior.ms_per_prompt_token, prior.ms_per_decode_token,
-                     prior.ms_per_kv_ktoken] if prior is not None else [0.0] * N_FEATURES
-        self._has_prior = prior is not None
+        self.coef = [0.0] * N_FEATURES
 
     def observe(self, n_prompt: int, n_decode: int, kv_in_use: int, step_ms: float) -> None:
         if n_prompt <= 0 and n_decode <= 0 or not math.isfinite(step_ms) or step_ms < 0:
             return
         x = features(n_prompt, n_decode, kv_in_use)
-        if self.n_steps >= MIN_STEPS or self._has_prior:
+        if self.ready:
             err = step_ms - sum(c * xi for c, xi in zip(self.coef, x))
             w = 0.05 if self._err2 else 1.0
             self._err2 = (1 - w) * self._err2 + w * err * err
@@ -103,7 +101,7 @@ class OnlineStepModel:
 
     @property
     def ready(self) -> bool:
-        return self._has_prior or self.n_steps >= MIN_STEPS
+        return self.n_steps >= MIN_STEPS
 
     def estimate(self) -> StepEstimate | None:
         if not self.ready:
