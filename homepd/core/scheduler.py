@@ -118,7 +118,7 @@ class Scheduler:
             budget = max(budget, 1)
         planned = budget
         slices: list[PrefillSlice] = []
-        for seq in self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use):
+        for seq in self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget):
             if budget <= 0:
                 break
             if seq.seq_id is None:  # waiting: admit it if its KV fits, else it (and all after it) wait

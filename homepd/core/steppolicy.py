@@ -105,13 +105,13 @@ class StepPolicy:
         return min(room, prompt_budget(self.estimate(), len(decode), interactive, itl, kv_in_use,
                                        min_chunk=self.min_chunk, max_chunk=self.n_batch))
 
-    def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0) -> list[Sequence]:
+    def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0,
+              tokens_per_step: int = 1) -> list[Sequence]:
+        """``prompts`` in serving order; ``tokens_per_step``: this step's prompt budget (``budget``), what the
+        deadline order assumes each step gives."""
         est = self.estimate()
         if est is None:
             return prompt_order(prompts, now_s, None)
-        per_step = max(1, self.budget(()) if not self.adaptive else
-                       est.chunk_for_itl(self.itl_budget_ms * STEP_SHARE_OF_ITL, n_decode, kv_in_use,
-                                         lo=self.min_chunk, hi=self.n_batch))
         per_token = est.ms_per_prompt_token + est.ms_per_kv_ktoken * kv_in_use / 1000.0
-        return prompt_order(prompts, now_s, per_token, tokens_per_step=per_step,
+        return prompt_order(prompts, now_s, per_token, tokens_per_step=max(1, tokens_per_step),
                             step_ms=est.predict_ms(0, n_decode, kv_in_use))
