@@ -61,8 +61,7 @@ class Scheduler:
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
-        self.chunk = chunk
-        self.policy = policy or StepPolicy(chunk, n_batch)
+        self.policy = policy or StepPolicy(chunk, n_batch)  # the chunk lives in the policy
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
         self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx)
         self.waiting: deque[Sequence] = deque()
