@@ -36,6 +36,7 @@ import httpx
 
 from homepd.measure.trace import make_trace
 from homepd.config import DEFAULT_MODEL_NAME
+from homepd.core.stats import percentile
 from homepd.models.resolve import resolve_model
 
 TTFT_S, ITL_S, GOOD_FRACTION = 4.0, 0.100, 0.90
@@ -82,16 +83,12 @@ class RunResult:
             by_kind[kind] = f"{sum(o.good for o in rows)}/{len(rows)}"
         gaps = sorted(g for o in self.outcomes if o.request_class == "interactive" for g in o.itls_s)
         background = [o for o in self.outcomes if o.request_class == "background"]
-        return {"good": self.n_good, "interactive_itl_p99_ms": _ms(_pct(gaps, 99)),
+        return {"good": self.n_good, "interactive_itl_p99_ms": _ms(percentile(gaps, 99)),
                 "background_done": f"{sum(o.n_chunks > 0 and o.error is None for o in background)}/{len(background)}", "n": len(self.outcomes), **{f"good_{k}": v for k, v in by_kind.items()},
-                "ttft_p50_ms": _ms(_pct(ttfts, 50)), "ttft_p90_ms": _ms(_pct(ttfts, 90)),
-                "max_itl_p50_ms": _ms(_pct(itls, 50)), "max_itl_p90_ms": _ms(_pct(itls, 90)),
+                "ttft_p50_ms": _ms(percentile(ttfts, 50)), "ttft_p90_ms": _ms(percentile(ttfts, 90)),
+                "max_itl_p50_ms": _ms(percentile(itls, 50)), "max_itl_p90_ms": _ms(percentile(itls, 90)),
                 "rejected": sum(o.status == 503 for o in self.outcomes),
                 "errors": sum(o.status not in (200, 503) or o.error is not None for o in self.outcomes)}
-
-
-def _pct(xs, p):
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else None
 
 
 def _ms(x):
