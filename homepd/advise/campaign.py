@@ -1,7 +1,7 @@
 """The advise campaign: every feasible architecture on identical traces, stored as evidence, then the rule.
 
-probe -> placement plan -> candidates (colocated unchunked and chunked, the chunk the measured step-time
-model predicts for the ITL target, disaggregated, replicas; infeasible ones with their reason) -> for each
+probe -> placement plan -> candidates (colocated unchunked and chunked, the chunk the calibration worker's own
+step-time model predicts for the ITL target, as its step policy would budget it, disaggregated, replicas; infeasible ones with their reason) -> for each
 candidate, one engine, the short / long / mixed traces (same seeds for every candidate) -> a recovery
 scenario per architecture (a worker killed mid-run) -> ``recommend`` -> store.  Never changes the serving
 configuration: ``homepd advise apply`` is a separate step.
@@ -17,18 +17,21 @@ from typing import Callable
 from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
 from homepd.core.records import WorkerEventKind, to_plain
+from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
+from homepd.core.stepmodel import StepEstimate
+from homepd.core.steppolicy import prompt_budget
 from homepd.engine.controller import Engine
 from homepd.launch import placement_plan, prepare
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord, run_trace
-from homepd.measure.steptime import fit_step_time
 from homepd.measure.trace import make_trace
 
 CALIBRATION_CHUNK = 256
 # why: below this a long prompt needs hundreds of steps; when the model says even an empty step misses the
 # target, the smallest chunk still helps more than an unbounded one, and the evidence shows the cost
 MIN_PREDICTED_CHUNK = 16
+MAX_PREDICTED_CHUNK = 2048
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,8 @@ class Campaign:
         self.box = box
         self.records: dict[tuple[str, str, int], RunRecord] = {}
         self.recovery: dict[str, RunRecord] = {}
-        self._steps: dict[str, list] = {}   # candidate -> its step log (the step-time model's data)
+        self._steps: dict[str, list] = {}   # candidate -> its step log
+        self._estimates: dict[str, StepEstimate | None] = {}  # candidate -> its worker's last published estimate
         self._done, self._total, self._t0 = 0, 0, 0.0
 
     async def run(self) -> AdviseResult:
@@ -204,6 +208,8 @@ class Campaign:
                     self._done += 1
                     self._report(f"{cand.name} on the {mix} trace done")
             self._steps[cand.name] = list(engine.step_log)
+            if cand.mode == "colocated":
+                self._estimates[cand.name] = engine.gate.estimate("colocated")
 
     async def _recovery(self, cand: Candidate, run_id) -> None:
         """The mixed trace with a worker killed once the second request has its first token."""
@@ -249,17 +255,8 @@ class Campaign:
                 "seed": s.seed, "arrival": "poisson", "ignore_eos": True}
 
     def _predicted_chunk(self, cand: Candidate) -> int | None:
-        """The chunk the step-time model (fitted on the calibration runs) predicts keeps a step with the
-        typical decode batch under the ITL target, rounded down to a power of two."""
-        steps = self._steps.get(cand.name, [])
-        model = fit_step_time(steps)
-        if model is None:
-            return None
-        target = self.settings.slo.itl_ms or self.settings.slo.tpot_ms
-        batches = sorted(st.n_decode_tokens for st in steps if st.n_decode_tokens)
-        n_decode = batches[len(batches) // 2] if batches else 1
-        chunk = model.chunk_for_itl(target, n_decode, lo=MIN_PREDICTED_CHUNK)
-        return 1 << (chunk.bit_length() - 1)
+        return predicted_chunk(self._estimates.get(cand.name), self._steps.get(cand.name, []),
+                               self.settings.slo.itl_ms or self.settings.slo.tpot_ms)
 
     def _best_of(self, mode: str, evidence: Evidence) -> Candidate | None:
         rec = recommend(Evidence([c for c in evidence.candidates if c.mode == mode and c.feasible],
@@ -271,6 +268,25 @@ class Campaign:
         elapsed = time.monotonic() - self._t0
         eta = elapsed / self._done * (self._total - self._done) if self._done else None
         self.on_progress(Progress(self._done, self._total, current, elapsed, eta))
+
+
+def predicted_chunk(estimate: StepEstimate | None, steps: list[StepRecord], itl_target_ms: float) -> int | None:
+    """The chunk to try for ``itl_target_ms``: the prompt budget the serving step policy gives (``prompt_budget``,
+    its share of the ITL and its error margin included) with the calibration worker's ``estimate``, beside the
+    typical (median) decode batch and KV cells in use of its ``steps``, every decode interactive; at least
+    ``MIN_PREDICTED_CHUNK``, rounded down to a power of two.  None while the worker had no trusted estimate."""
+    if estimate is None:
+        return None
+    decoding = [st for st in steps if st.n_decode_tokens]
+    n_decode = _median([st.n_decode_tokens for st in decoding]) if decoding else 1
+    kv_in_use = _median([st.kv_in_use for st in decoding]) if decoding else 0
+    chunk = prompt_budget(estimate, n_decode, n_decode, itl_target_ms, kv_in_use=kv_in_use,
+                          min_chunk=MIN_PREDICTED_CHUNK, max_chunk=MAX_PREDICTED_CHUNK)
+    return 1 << (chunk.bit_length() - 1)
+
+
+def _median(values: list[int]) -> int:
+    return sorted(values)[len(values) // 2]
 
 
 def _headline(rec: Recommendation) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from homepd.core.sampling import SamplingParams
+from homepd.core.stepmodel import StepEstimate
 
 
 # what a worker is started with --------------------------------------------------
@@ -149,11 +150,15 @@ class RequestDone:
 
 @dataclass(frozen=True)
 class StepReport:
+    """One step's record and what it moved, and the worker's step-time model after it: the estimate its own
+    step policy budgets with (None until the model has seen enough steps), which the controller's admission
+    gate reads instead of fitting a model of its own.  The budget the policy gave is ``step.budget``."""
     step: StepRecord
     prefill_started: tuple[str, ...] = ()
     prefill_ended: tuple[str, ...] = ()
     tokens: tuple[TokenOut, ...] = ()
     done: tuple[RequestDone, ...] = field(default=())
+    estimate: StepEstimate | None = None
 
 
 @dataclass(frozen=True)

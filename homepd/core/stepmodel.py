@@ -30,13 +30,15 @@ def features(n_prompt: int, n_decode: int, kv_in_use: int) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class StepEstimate:
-    """The fitted coefficients (ms), how many steps were seen, and the recent error of the predictions."""
+    """The fitted coefficients (ms), how many steps were seen (of them, with prompt tokens), and the recent
+    error of the predictions.  A worker publishes its own on every ``StepReport``."""
     base_ms: float
     ms_per_prompt_token: float
     ms_per_decode_token: float
     ms_per_kv_ktoken: float
     n_steps: int
     error_ms: float           # exponentially weighted RMS of (actual - predicted), before each update
+    n_prompt_steps: int = 0   # steps with prompt tokens: what the prefill cost is measured from
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0) -> float:
         return (self.base_ms + self.ms_per_prompt_token * n_prompt + self.ms_per_decode_token * n_decode
@@ -63,6 +65,7 @@ class OnlineStepModel:
         self.xtx = [[0.0] * N_FEATURES for _ in range(N_FEATURES)]
         self.xty = [0.0] * N_FEATURES
         self.n_steps = 0
+        self.n_prompt_steps = 0
         self._err2 = 0.0
         self.coef = [0.0] * N_FEATURES
 
@@ -81,6 +84,7 @@ class OnlineStepModel:
             for j in range(N_FEATURES):
                 row[j] = lam * row[j] + x[i] * x[j]
         self.n_steps += 1
+        self.n_prompt_steps += n_prompt > 0
         self.coef = self._solve()
 
     def _solve(self) -> list[float]:
@@ -106,7 +110,8 @@ class OnlineStepModel:
     def estimate(self) -> StepEstimate | None:
         if not self.ready:
             return None
-        return StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=math.sqrt(self._err2))
+        return StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=math.sqrt(self._err2),
+                            n_prompt_steps=self.n_prompt_steps)
 
 
 def _gauss(a: list[list[float]], b: list[float]) -> list[float] | None:

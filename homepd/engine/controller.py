@@ -294,7 +294,7 @@ class Engine:
         if step.worker_role != handle.role:  # a replica: name the step after its worker
             step = replace(step, worker_role=handle.role)
         self.step_log.append(step)
-        self.gate.observe(handle.role, step)
+        self.gate.observe(handle.role, step, report.estimate)
         for rid, n in step.prefill:
             if rid in self.streams:
                 self.streams[rid].lifecycle.n_prefilled += n

@@ -1,7 +1,7 @@
 """The controller's side of two queues, two budgets: it measures, predicts, admits and routes.
 
-Every worker's steps feed an online step-time model here (the same model each worker fits for its own
-prompt budget).  From it and what is queued, ``decide`` predicts a new request's TTFT on the worker it
+Every worker publishes its online step-time model's estimate with each step (``StepReport.estimate``: the
+model its own step policy budgets with); the gate keeps the latest one.  From it and what is queued, ``decide`` predicts a new request's TTFT on the worker it
 would enter and applies the pure admission policy (``homepd.core.admission``); ``route`` chooses, in
 disaggregated mode, between prefilling on the decode worker and the prefill worker + KV handoff from the
 measured speeds, handoff cost and queue depth.  It counts every decision and keeps the prediction errors,
@@ -19,7 +19,7 @@ from homepd.core.lifecycle import Lifecycle
 from homepd.core.protocol import StepRecord, WorkerSpec
 from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.stats import percentile
-from homepd.core.stepmodel import OnlineStepModel, StepEstimate
+from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import prompt_budget
 
 MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
@@ -40,8 +40,8 @@ class AdmissionGate:
         self.config = config
         self.budgets = {RequestClass.INTERACTIVE: ClassBudget(config.ttft_budget_ms, config.itl_budget_ms),
                         RequestClass.BACKGROUND: ClassBudget(config.background_ttft_ms, None)}
-        self.models: dict[str, OnlineStepModel] = {}
-        self.prompt_steps: Counter[str] = Counter()
+        # each worker's latest trusted estimate (None: not yet), in the order the workers first stepped
+        self.estimates: dict[str, StepEstimate | None] = {}
         self.last_budget: dict[str, int] = {}
         self.counts: dict[RequestClass, Counter[str]] = {c: Counter() for c in RequestClass}
         self.errors_ms: deque[float] = deque(maxlen=MAX_ERRORS)
@@ -50,20 +50,22 @@ class AdmissionGate:
         self.route_threshold: int | None = None
 
     # measurements -------------------------------------------------------------
-    def observe(self, worker: str, step: StepRecord) -> None:
-        model = self.models.setdefault(worker, OnlineStepModel())
-        model.observe(step.n_prompt_tokens, step.n_decode_tokens, step.kv_in_use, step.duration_ms)
-        if step.n_prompt_tokens:
-            self.prompt_steps[worker] += 1
+    def observe(self, worker: str, step: StepRecord, estimate: StepEstimate | None) -> None:
+        """A step of ``worker`` and the estimate it published after it."""
+        # why: a worker that restarts publishes a fresh model, untrusted for its first steps; until it is
+        # trusted its predecessor's (same cores, same model) is the better guess.  Without restarts the
+        # published counts only grow, so this is simply the latest estimate once trusted.
+        if estimate is not None and estimate.n_prompt_steps >= MIN_PROMPT_STEPS:
+            self.estimates[worker] = estimate
+        else:
+            self.estimates.setdefault(worker, None)
         if step.budget:
             self.last_budget[worker] = step.budget
 
     def estimate(self, worker: str) -> StepEstimate | None:
-        """The worker's step-time model, once it has seen enough steps with prompt tokens to price them."""
-        model = self.models.get(worker)
-        if model is None or self.prompt_steps[worker] < MIN_PROMPT_STEPS:
-            return None
-        return model.estimate()
+        """The worker's published step-time estimate, once its model has seen enough steps with prompt tokens
+        to price them."""
+        return self.estimates.get(worker)
 
     def prefill_rate(self, worker: str, spec: WorkerSpec, n_decode: int, n_interactive_decode: int
                      ) -> tuple[float, float] | None:
@@ -139,8 +141,7 @@ class AdmissionGate:
             rejected=self.counts[c]["rejected"], ttft_budget_ms=self.budgets[c].ttft_ms,
             itl_budget_ms=self.budgets[c].itl_ms) for c in RequestClass)
         rates = {}
-        for worker in self.models:
-            est = self.estimate(worker)
+        for worker, est in self.estimates.items():
             if est is not None:
                 chunk = self.last_budget.get(worker) or self.config.chunk or 256
                 rates[worker] = round(est.prefill_tok_s(0, chunk), 1)

@@ -192,7 +192,7 @@ class WorkerLoop:
         self.conn.send(StepReport(
             step=record, prefill_started=started,
             prefill_ended=tuple(sl.seq.request_id for sl in plan.prefill if sl.completes_prompt),
-            tokens=tuple(outs), done=tuple(done)))
+            tokens=tuple(outs), done=tuple(done), estimate=self.step_model.estimate()))
 
     def _batch(self, plan: StepPlan):
         """The step's batch: decode tokens first, then prompt slices; logit_rows pairs every sequence
