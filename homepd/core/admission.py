@@ -19,6 +19,9 @@ class RequestClass(str, enum.Enum):
     INTERACTIVE = "interactive"   # chat, voice: tight TTFT and ITL
     BACKGROUND = "background"     # summaries, batch: loose TTFT, throughput matters
 
+    def __str__(self) -> str:  # why: f-strings, dict keys in JSON and metric labels show the value, as before
+        return self.value
+
     @classmethod
     def parse(cls, value: "str | RequestClass | None") -> "RequestClass":
         if value is None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from homepd.core.admission import RequestClass
+from homepd.core.records import FinishReason
+
 
 class RequestState(enum.Enum):
     WAITING = "waiting"          # arrived, not yet admitted to a worker sequence
@@ -39,6 +42,13 @@ for _state in RequestState:
         _ALLOWED[_state] |= {RequestState.FAILED, RequestState.CANCELLED}
 
 
+def end_state(reason: FinishReason) -> RequestState:
+    """The state a request that ended for ``reason`` is left in."""
+    if reason is FinishReason.CANCELLED:
+        return RequestState.CANCELLED
+    return RequestState.FAILED if reason is FinishReason.ERROR else RequestState.FINISHED
+
+
 class LifecycleError(AssertionError):
     """An illegal transition: an internal bug, never a user error."""
 
@@ -59,9 +69,9 @@ class Lifecycle:
     token_times_s: list[float] = field(default_factory=list)
     ended_s: float | None = None
     error: str | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     n_prompt_tokens: int = 0
-    request_class: str = "interactive"   # homepd.core.admission.RequestClass value: its latency budgets
+    request_class: RequestClass = RequestClass.INTERACTIVE  # its latency budgets
     predicted_ttft_s: float | None = None  # admission's prediction when it arrived
     admission: str | None = None         # a homepd.core.admission.Verdict value: "admit", "defer" or "reject"
     n_prefilled: int = 0                 # prompt tokens prefilled so far (from the step log)
@@ -73,6 +83,10 @@ class Lifecycle:
     # recovery: how often a worker death interrupted it, and how it came back
     n_resumes: int = 0
     resumed_by: list[str] = field(default_factory=list)  # "slot" (KV re-imported) or "recompute"
+
+    def __post_init__(self):
+        self.request_class = RequestClass(self.request_class)
+        self.finish_reason = FinishReason.parse(self.finish_reason)
 
     def advance(self, new: RequestState, at_s: float) -> None:
         """Move to ``new``; the only place the state changes."""

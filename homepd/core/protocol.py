@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from homepd.core.admission import RequestClass
+from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
 
@@ -73,8 +75,11 @@ class SubmitRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     stream: object | None = None   # homepd.textstream.TextStream
-    request_class: str = "interactive"
+    request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # first token due (monotonic): arrival + the class's TTFT budget
+
+    def __post_init__(self):
+        object.__setattr__(self, "request_class", RequestClass(self.request_class))
 
 
 @dataclass(frozen=True)
@@ -140,12 +145,15 @@ class TokenOut:
 
 @dataclass(frozen=True)
 class RequestDone:
-    """A request left the worker: finished ('stop', 'length'), cancelled, or failed (error set)."""
+    """A request left the worker: finished (``STOP``, ``LENGTH``), ``CANCELLED``, or failed (``ERROR``, error set)."""
     request_id: str
-    reason: str
+    reason: FinishReason
     t_s: float
     text: str = ""  # text held back until the end (stop-string look-ahead)
     error: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "reason", FinishReason(self.reason))  # an unknown reason fails here, in the worker
 
 
 @dataclass(frozen=True)
@@ -212,7 +220,10 @@ class KVHandoff:
     extent_bytes: int = 0      # header + payload, whole pages: what the extent takes
     arena_used_bytes: int = 0  # the allocator's bytes in use once this extent was taken
     arena_kv_bytes: int = 0    # payload bytes of every live extent then (this one included)
-    request_class: str = "interactive"  # its budgets follow it to the decode worker
+    request_class: RequestClass = RequestClass.INTERACTIVE  # its budgets follow it to the decode worker
+
+    def __post_init__(self):
+        object.__setattr__(self, "request_class", RequestClass(self.request_class))
 
 
 @dataclass(frozen=True)

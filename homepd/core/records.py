@@ -17,6 +17,9 @@ class FinishReason(str, enum.Enum):
     CANCELLED = "cancelled"  # the caller cancelled it (or disconnected)
     ERROR = "error"          # failed: the error says why
 
+    def __str__(self) -> str:  # why: f-strings and metric labels show the value ("stop"), as the string did
+        return self.value
+
     @classmethod
     def parse(cls, value: "str | FinishReason | None") -> "FinishReason | None":
         return None if value is None else cls(value)

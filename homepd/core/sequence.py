@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from homepd.core.admission import RequestClass
 from homepd.core.sampling import SamplingParams, TokenSampler
 from homepd.core.textstream import TextStream
 
@@ -19,8 +20,11 @@ class Sequence:
     is_finished: bool = False
     sampler: TokenSampler | None = field(default=None, repr=False)  # its RNG state is the request's
     stream: TextStream | None = field(default=None, repr=False)     # held-back text and partial UTF-8
-    request_class: str = "interactive"  # homepd.core.admission.RequestClass value
+    request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # when its first token is due (monotonic): arrival + its class's TTFT budget
+
+    def __post_init__(self):
+        self.request_class = RequestClass(self.request_class)
 
     @property
     def n_prompt(self) -> int:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence as Seq
 
+from homepd.core.admission import RequestClass
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import StepEstimate
 
-BACKGROUND = "background"
 # why: a client sees a step's tokens after the controller, the HTTP server and the OS scheduler have passed
 # them on; on a busy 2-core box that adds up to ~10-15 ms of jitter to single gaps, so steps aim at 85% of
 # the ITL budget (measured: at 100% of it a third of the requests saw one gap over the budget at 0.5 req/s)
@@ -47,8 +47,8 @@ def prompt_order(prompts: Seq[Sequence], now_s: float, ms_per_prompt_token: floa
     ``ms_per_prompt_token``: the measured marginal prefill cost; with ``tokens_per_step`` and ``step_ms``
     (the budget and the cost of the rest of a step) the time a prompt's remaining tokens take is
     ``remaining × per_token + ceil(remaining / tokens_per_step) × step_ms``."""
-    interactive = [s for s in prompts if s.request_class != BACKGROUND]
-    background = [s for s in prompts if s.request_class == BACKGROUND]
+    interactive = [s for s in prompts if s.request_class != RequestClass.BACKGROUND]
+    background = [s for s in prompts if s.request_class == RequestClass.BACKGROUND]
     if ms_per_prompt_token is None or any(s.deadline_s is None for s in interactive):
         return interactive + background
 
@@ -100,7 +100,7 @@ class StepPolicy:
         room = self.n_batch - len(decode)
         if not self.adaptive:
             return min(self.n_batch if self.chunk is None else self.chunk, self.n_batch) - len(decode)
-        interactive = sum(1 for s in decode if s.request_class != BACKGROUND)
+        interactive = sum(1 for s in decode if s.request_class != RequestClass.BACKGROUND)
         itl = max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
         return min(room, prompt_budget(self.estimate(), len(decode), interactive, itl, kv_in_use,
                                        min_chunk=self.min_chunk, max_chunk=self.n_batch))

@@ -23,10 +23,10 @@ from dataclasses import replace
 
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, Verdict
-from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
                                   StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
-from homepd.core.records import EngineSnapshot, MemoryBreakdown, WorkerEvent, WorkerEventKind
+from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.core.textstream import TextStream
 from homepd.engine import recovery
@@ -251,7 +251,7 @@ class Engine:
         for handle in list(self.workers.values()):
             if request_id in handle.in_flight:
                 if handle.drop_backlog(request_id):
-                    self._end(request_id, RequestState.CANCELLED, time.monotonic(), reason="cancelled")
+                    self._end(request_id, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
                 else:
                     handle.send(CancelRequest(request_id))
         return True
@@ -325,7 +325,7 @@ class Engine:
         if rid not in self.streams or rid in self.cancelling:
             self.kv.discard_export(msg)  # nobody wants it any more
             self.workers["prefill"].send(SlotFreed(msg.slot))
-            self._end(rid, RequestState.CANCELLED, time.monotonic(), reason="cancelled")
+            self._end(rid, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
             return
         lc = self.streams[rid].lifecycle
         lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
@@ -348,11 +348,10 @@ class Engine:
             lc.advance(RequestState.DECODING, msg.import_end_s)
 
     def _on_done(self, done: RequestDone) -> None:
-        state = {"cancelled": RequestState.CANCELLED, "error": RequestState.FAILED}.get(done.reason,
-                                                                                      RequestState.FINISHED)
-        self._end(done.request_id, state, done.t_s, reason=done.reason, text=done.text, error=done.error)
+        self._end(done.request_id, end_state(done.reason), done.t_s, reason=done.reason, text=done.text,
+                  error=done.error)
 
-    def _end(self, rid: str, state: RequestState, t_s: float, reason: str | None = None, text: str = "",
+    def _end(self, rid: str, state: RequestState, t_s: float, reason: FinishReason | None = None, text: str = "",
              error: str | None = None) -> None:
         """The one place a request ends: its stream gets its last event, its resources are freed."""
         stream = self.streams.pop(rid, None)
@@ -402,7 +401,7 @@ class Engine:
             failed_requests=tuple(rid for rid, _ in plan.fail), resumed_from_slot=plan.from_slot,
             recomputed_requests=plan.recompute))
         for rid in plan.cancel:  # the cancel died with the worker: honour it
-            self._end(rid, RequestState.CANCELLED, now, reason="cancelled")
+            self._end(rid, RequestState.CANCELLED, now, reason=FinishReason.CANCELLED)
         for rid, error in plan.fail:
             self._end(rid, RequestState.FAILED, now, error=error)
         handle.last_error = None

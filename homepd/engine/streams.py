@@ -5,6 +5,7 @@ import asyncio
 from dataclasses import dataclass
 
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.records import FinishReason
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class Event:
     t_s: float
     token_id: int | None = None
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
 
 

@@ -11,6 +11,7 @@ import bisect
 import statistics
 from dataclasses import dataclass
 
+from homepd.core.admission import RequestClass
 from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.stats import percentile
@@ -206,4 +207,5 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord], slo: SLO | None
                                           if r.ttft_s is not None and r.predicted_ttft_s is not None]),
         n_rejected=sum(r.admission == "reject" for r in records),
         n_deferred=sum(r.admission == "defer" for r in records),
-        interactive_itl_ms=Dist.of([x * 1e3 for r in done if r.request_class == "interactive" for x in r.itl_s]))
+        interactive_itl_ms=Dist.of([x * 1e3 for r in done if r.request_class == RequestClass.INTERACTIVE
+                                    for x in r.itl_s]))
