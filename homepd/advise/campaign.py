@@ -1,10 +1,10 @@
 """The advise campaign: every feasible architecture on identical traces, stored as evidence, then the rule.
 
 probe -> placement plan -> candidates (colocated unchunked and chunked, the chunk the calibration worker's own
-step-time model predicts for the ITL target, as its step policy would budget it, disaggregated, replicas; infeasible ones with their reason) -> for each
-candidate, one engine, the short / long / mixed traces (same seeds for every candidate) -> a recovery
-scenario per architecture (a worker killed mid-run) -> ``recommend`` -> store.  Never changes the serving
-configuration: ``homepd advise apply`` is a separate step.
+step-time model gives for the ITL target, as its step policy would budget it, disaggregated, replicas;
+infeasible ones with their reason) -> for each candidate, one engine, the short / long / mixed traces (same
+seeds for every candidate) -> a recovery scenario per architecture (a worker killed mid-run) -> ``recommend``
+-> store.  Never changes the serving configuration: ``homepd advise apply`` is a separate step.
 """
 from __future__ import annotations
 
