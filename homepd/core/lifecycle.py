@@ -2,15 +2,18 @@
 
 All timestamps are ``time.monotonic()`` seconds (CLOCK_MONOTONIC, shared by
 every process on the box), so worker-side and controller-side times compare.
-Metrics (queue wait, TTFT, TPOT, transfer time) fall out of the record.
+Metrics (queue wait, TTFT, TPOT, transfer time) fall out of the record, as one
+``RequestTimings``: the figures of ``Lifecycle.to_dict``, of the ``homepd``
+object in every HTTP response, and of what the app shows.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
 from homepd.core.admission import RequestClass
-from homepd.core.records import FinishReason
+from homepd.core.records import FinishReason, RecordShapeError, from_plain, to_plain
 
 
 class RequestState(enum.Enum):
@@ -51,6 +54,49 @@ def end_state(reason: FinishReason) -> RequestState:
 
 class LifecycleError(AssertionError):
     """An illegal transition: an internal bug, never a user error."""
+
+
+@dataclass(frozen=True)
+class RequestTimings:
+    """One request's figures (seconds, tokens, tokens per second), from ``Lifecycle.timings``.
+
+    ``to_dict`` is the shape everywhere: inside ``Lifecycle.to_dict`` (``/events``, the store, ``--json``) and,
+    with the mode, ``homepd serve``'s ``homepd`` object.  The ``kv_`` figures are None unless the request's KV
+    was handed off (disaggregated, prefilled on the prefill worker)."""
+    request_id: str
+    state: RequestState
+    request_class: RequestClass
+    n_prompt_tokens: int
+    n_output_tokens: int
+    queue_wait_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None                  # arrival -> end
+    prompt_tok_s: float | None           # prompt tokens / prefill time
+    decode_tok_s: float | None           # 1 / TPOT
+    n_resumes: int
+    kv_bytes: int | None
+    kv_transfer_s: float | None          # prompt done -> KV imported
+    kv_export_s: float | None
+    kv_import_s: float | None
+    kv_slot_wait_s: float | None         # prompt done -> extent allocated in the arena (back-pressure)
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RequestTimings":
+        """The exact inverse of ``to_dict``; ``RecordShapeError`` on a missing, unknown or mistyped field."""
+        return from_plain(cls, data)
+
+    @classmethod
+    def from_lifecycle_dict(cls, data: dict) -> "RequestTimings":
+        """The figures inside a ``Lifecycle.to_dict()`` (which adds timestamps); every figure must be there."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise RecordShapeError(f"request {data.get('request_id', '?')}: missing field(s) {', '.join(missing)}")
+        return from_plain(cls, {n: data[n] for n in names})
 
 
 @dataclass
@@ -134,17 +180,27 @@ class Lifecycle:
             return None
         return self.transfer_end_s - self.transfer_start_s
 
+    def timings(self) -> RequestTimings:
+        prefill_s = (self.prefill_end_s - self.prefill_start_s) if self.prefill_end_s and self.prefill_start_s \
+            else None
+        n_out = len(self.token_times_s)
+        return RequestTimings(
+            request_id=self.request_id, state=self.state, request_class=self.request_class,
+            n_prompt_tokens=self.n_prompt_tokens, n_output_tokens=n_out, queue_wait_s=self.queue_wait_s,
+            ttft_s=self.ttft_s, tpot_s=self.tpot_s, e2e_s=None if self.ended_s is None else self.ended_s - self.arrived_s,
+            prompt_tok_s=self.n_prompt_tokens / prefill_s if prefill_s else None,
+            decode_tok_s=1.0 / self.tpot_s if self.tpot_s else None, n_resumes=self.n_resumes,
+            kv_bytes=self.kv_bytes, kv_transfer_s=self.transfer_s,
+            kv_export_s=self.kv_export_s, kv_import_s=self.kv_import_s, kv_slot_wait_s=self.kv_slot_wait_s)
+
     def to_dict(self) -> dict:
+        """``timings()`` as a dict plus the transition times and what admission and recovery did."""
         return {
-            "request_id": self.request_id, "state": self.state.value, "arrived_s": self.arrived_s,
+            **self.timings().to_dict(), "arrived_s": self.arrived_s,
             "admitted_s": self.admitted_s, "prefill_start_s": self.prefill_start_s,
             "prefill_end_s": self.prefill_end_s, "transfer_start_s": self.transfer_start_s,
             "transfer_end_s": self.transfer_end_s, "first_token_s": self.first_token_s,
-            "ended_s": self.ended_s, "n_prompt_tokens": self.n_prompt_tokens, "request_class": self.request_class,
-            "n_output_tokens": len(self.token_times_s), "queue_wait_s": self.queue_wait_s,
-            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "transfer_s": self.transfer_s,
-            "kv_bytes": self.kv_bytes, "kv_slot_wait_s": self.kv_slot_wait_s, "kv_export_s": self.kv_export_s,
-            "kv_import_s": self.kv_import_s, "n_resumes": self.n_resumes, "resumed_by": list(self.resumed_by),
+            "ended_s": self.ended_s, "resumed_by": list(self.resumed_by),
             "finish_reason": self.finish_reason, "error": self.error,
             "predicted_ttft_s": self.predicted_ttft_s, "admission": self.admission,
         }

@@ -1,13 +1,19 @@
 """Typed records that cross layers: what the engine reports, what the store keeps, what faces show.
 
 Plain frozen dataclasses and enums (standard library only).  ``to_dict`` gives
-the JSON shape used by ``--json`` output, the HTTP status route and the store.
+the JSON shape used by ``--json`` output, the HTTP status route and the store;
+``EngineSnapshot.from_dict`` (``from_plain``) reads that shape back, strictly,
+where JSON comes in (the app's HTTP edge).
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
+import types
+import typing
 from dataclasses import dataclass
+
+from homepd.errors import HomepdError
 
 
 class FinishReason(str, enum.Enum):
@@ -70,21 +76,22 @@ class WorkerSnapshot:
 
 
 @dataclass(frozen=True)
-class KVSlotsSnapshot:
-    """The KV arena of a disaggregated engine (one shared segment: ``n_slots`` is 1 and
-    ``capacity_bytes`` its size) and the requests whose KV is in transit through it."""
-    n_slots: int
+class KVArenaSnapshot:
+    """The KV arena of a disaggregated engine (one shared segment of ``capacity_bytes``) and the requests whose
+    KV is in transit through it, one extent each (``homepd.kv.pool``)."""
     capacity_bytes: int
-    occupancy: dict[str, int]           # extent state name -> count, over the requests in transit
-    in_slot: tuple[str, ...]            # request ids whose KV waits in the arena
+    max_extents: int | None             # extents live at once (the handoff back-pressure bound); None: no cap
+    occupancy: dict[str, int]           # extent state name -> extents, over the requests in transit
+    in_arena: tuple[str, ...]           # request ids whose KV waits in the arena
+    used_bytes: int = 0                 # arena bytes their extents hold (headers and page rounding included)
     in_transit_kv_bytes: int = 0        # their KV payload bytes
     peak_used_bytes: int = 0            # most arena bytes in use at once since the engine started
     peak_kv_bytes: int = 0              # KV payload bytes in transit at that moment
     prefill_n_ctx: int = 0              # the prefill worker's context (longer prompts prefill on decode)
 
     @property
-    def total_bytes(self) -> int:
-        return self.n_slots * self.capacity_bytes
+    def n_extents(self) -> int:
+        return sum(self.occupancy.values())
 
     def to_dict(self) -> dict:
         return to_plain(self)
@@ -161,13 +168,16 @@ class AdmissionSnapshot:
 
 @dataclass(frozen=True)
 class EngineSnapshot:
-    """A picture of a running engine: workers, queues, KV slots, requests by state, recent worker events."""
+    """A picture of a running engine: workers, queues, the KV arena, requests by state, recent worker events.
+
+    ``to_dict`` is ``/status``'s ``engine`` object; ``from_dict`` its exact inverse, which raises
+    ``RecordShapeError`` on a missing, unknown or mistyped field instead of reading it as 0."""
     mode: str
     model: str | None
     n_ctx: int
     chunk: int | None
     workers: tuple[WorkerSnapshot, ...]
-    kv_slots: KVSlotsSnapshot | None
+    kv_arena: KVArenaSnapshot | None
     requests: dict[str, tuple[str, ...]]  # lifecycle state value -> request ids
     n_steps: int
     worker_events: tuple[WorkerEvent, ...]
@@ -190,6 +200,10 @@ class EngineSnapshot:
     def to_dict(self) -> dict:
         return to_plain(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineSnapshot":
+        return from_plain(cls, data)
+
 
 def to_plain(obj):
     """Dataclasses, enums and tuples -> JSON-ready dicts, strings and lists."""
@@ -202,3 +216,63 @@ def to_plain(obj):
     if isinstance(obj, dict):
         return {str(k): to_plain(v) for k, v in obj.items()}
     return obj
+
+
+class RecordShapeError(HomepdError, ValueError):
+    """JSON that does not have a record's shape: a missing, unknown or mistyped field (the message names it)."""
+
+
+def from_plain(cls: type, data):
+    """The inverse of ``to_plain`` for the dataclass ``cls``: JSON-ready dicts and lists -> records, tuples and
+    enums, checked against the field annotations.  Every field must be present and no other (a renamed field
+    fails here, loudly, instead of showing up as 0); raises ``RecordShapeError`` naming the field's path."""
+    return _decode(cls, data, cls.__name__)
+
+
+def _decode(tp, value, path: str):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        arms = [a for a in args if a is not type(None)]
+        assert len(arms) == 1, f"{path}: a union of {arms} cannot be decoded"
+        return _decode(arms[0], value, path)
+    if dataclasses.is_dataclass(tp):
+        _expect(value, dict, path)
+        hints = typing.get_type_hints(tp)
+        names = [f.name for f in dataclasses.fields(tp)]
+        missing, unknown = [n for n in names if n not in value], sorted(set(value) - set(names))
+        if missing or unknown:
+            raise RecordShapeError(f"{path}: " + "; ".join(
+                part for part in (missing and f"missing field(s) {', '.join(missing)}",
+                                  unknown and f"unknown field(s) {', '.join(unknown)}") if part))
+        return tp(**{n: _decode(hints[n], value[n], f"{path}.{n}") for n in names})
+    if origin is tuple:
+        _expect(value, list, path)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise RecordShapeError(f"{path}: expected {len(args)} items, got {len(value)}")
+        return tuple(_decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        _expect(value, dict, path)
+        return {_decode(args[0], k, f"{path} key"): _decode(args[1], v, f"{path}[{k!r}]") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise RecordShapeError(f"{path}: {value!r} is not a {tp.__name__}") from None
+    if tp is float:
+        _expect(value, (int, float), path)
+        return float(value)
+    if tp in (int, str, bool):
+        _expect(value, tp, path)
+        return value
+    raise AssertionError(f"{path}: no decoder for {tp!r}")
+
+
+def _expect(value, kind, path: str) -> None:
+    # why the bool check: JSON true is not a count, and isinstance(True, int) holds
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise RecordShapeError(f"{path}: expected {names}, got {type(value).__name__} {value!r:.40}")

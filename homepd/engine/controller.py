@@ -414,7 +414,7 @@ class Engine:
             return
         for rid in plan.from_slot:  # KV intact in its slot: the restarted decode worker imports it
             self._note_resume(rid, "slot")
-            handle.send_request(rid, self.kv.in_slot[rid])
+            handle.send_request(rid, self.kv.in_arena[rid])
         for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
             self._note_resume(rid, "recompute")
             request = self._recompute_request(rid)
@@ -492,7 +492,7 @@ class Engine:
         return EngineSnapshot(
             mode=self.config.mode, model=self.model_path, n_ctx=self.config.n_ctx, chunk=self.config.chunk,
             workers=tuple(h.snapshot() for h in self.workers.values()),
-            kv_slots=self.kv.snapshot() if self.kv is not None else None,
+            kv_arena=self.kv.snapshot() if self.kv is not None else None,
             requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
             requests_by_class=by_class, worker_events=tuple(self.worker_events), t_s=time.monotonic(),
             memory=self.memory, admission=self.gate.snapshot(self._load(self.streams), by_class))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 
 from homepd.core.protocol import AttachSlots, KVHandoff, WorkerReady
-from homepd.core.records import KVSlotsSnapshot
+from homepd.core.records import KVArenaSnapshot
 from homepd.kv.header import SlotState
 from homepd.kv.pool import KVArena, extent_bytes_for
 
@@ -41,7 +41,7 @@ class KVRouter:
         self.state_overhead_bytes = prefill_ready.state_overhead_bytes
         self.prefill_n_ctx = prefill_n_ctx
         self.max_extents = max_extents
-        self.in_slot: dict[str, KVHandoff] = {}
+        self.in_arena: dict[str, KVHandoff] = {}
         # (t_s, arena bytes in use, KV payload bytes in transit) as the prefill worker's allocator saw them
         self.usage: deque[tuple[float, int, int]] = deque(maxlen=MAX_USAGE_SAMPLES)
 
@@ -66,18 +66,18 @@ class KVRouter:
 
     # transit -------------------------------------------------------------------
     def handed_off(self, msg: KVHandoff) -> None:
-        self.in_slot[msg.request_id] = msg
+        self.in_arena[msg.request_id] = msg
         self.usage.append((msg.export_end_s, msg.arena_used_bytes, msg.arena_kv_bytes))
 
     def imported(self, request_id: str) -> None:
-        self.in_slot.pop(request_id, None)
+        self.in_arena.pop(request_id, None)
 
     def drop(self, request_id: str) -> bool:
         """The request ended: if its KV still waits in the arena and nobody will import it, free it.
 
         Returns True if the request was in the arena (the prefill worker may have room now).
         """
-        msg = self.in_slot.pop(request_id, None)
+        msg = self.in_arena.pop(request_id, None)
         if msg is None:
             return False
         if self._holds(msg) and self.arena.state(msg.slot) == SlotState.READY:
@@ -95,7 +95,7 @@ class KVRouter:
 
     def live_extents(self) -> tuple[tuple[int, int], ...]:
         """(offset, extent bytes) of every request in transit whose extent is intact and not yet freed."""
-        return tuple(sorted((msg.slot, msg.extent_bytes) for msg in self.in_slot.values() if self._holds(msg)))
+        return tuple(sorted((msg.slot, msg.extent_bytes) for msg in self.in_arena.values() if self._holds(msg)))
 
     def recover(self, role: str, dead_pid: int, resumable_ids: set[str]) -> list[str]:
         """Put the extents in transit back in order after ``dead_pid`` (a ``role`` worker) died.
@@ -108,7 +108,7 @@ class KVRouter:
         allocator (rebuilt from ``live_extents``) treats those bytes as free.
         """
         resumed = []
-        for rid, msg in sorted(self.in_slot.items()):
+        for rid, msg in sorted(self.in_arena.items()):
             if not self._holds(msg):
                 continue
             state, holder = self.arena.state(msg.slot), self.arena.holder_pid(msg.slot)
@@ -119,20 +119,23 @@ class KVRouter:
         return resumed
 
     # figures ---------------------------------------------------------------------
-    def snapshot(self) -> KVSlotsSnapshot:
-        """The arena and the requests in transit, for ``Engine.snapshot``."""
+    def snapshot(self) -> KVArenaSnapshot:
+        """The arena and the requests in transit (their extents by state, the bytes those hold), for
+        ``Engine.snapshot``."""
         occupancy = dict.fromkeys((state.name for state in SlotState), 0)
-        for msg in self.in_slot.values():
-            state = self.arena.state(msg.slot) if self._holds(msg) else None
-            if state is not None:
-                occupancy[state.name] += 1
+        used_bytes = 0
+        for msg in self.in_arena.values():
+            if self._holds(msg):
+                occupancy[self.arena.state(msg.slot).name] += 1
+                used_bytes += msg.extent_bytes
         peak_used, peak_kv = self.peak_usage()
-        return KVSlotsSnapshot(n_slots=1, capacity_bytes=self.arena.capacity_bytes, occupancy=occupancy,
-                               in_slot=tuple(sorted(self.in_slot)), in_transit_kv_bytes=self.in_transit_kv_bytes(),
-                               peak_used_bytes=peak_used, peak_kv_bytes=peak_kv, prefill_n_ctx=self.prefill_n_ctx)
+        return KVArenaSnapshot(capacity_bytes=self.arena.capacity_bytes, max_extents=self.max_extents,
+                               occupancy=occupancy, in_arena=tuple(sorted(self.in_arena)), used_bytes=used_bytes,
+                               in_transit_kv_bytes=self.in_transit_kv_bytes(), peak_used_bytes=peak_used,
+                               peak_kv_bytes=peak_kv, prefill_n_ctx=self.prefill_n_ctx)
 
     def in_transit_kv_bytes(self) -> int:
-        return sum(msg.n_bytes for msg in self.in_slot.values())
+        return sum(msg.n_bytes for msg in self.in_arena.values())
 
     def peak_usage(self, t0_s: float = float("-inf"), t1_s: float = float("inf")) -> tuple[int, int]:
         """(peak arena bytes in use, KV payload bytes in transit at that moment) between two monotonic times."""

@@ -139,7 +139,7 @@ async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = No
         summary=summarize(records, steps, slo),
         stalls=tuple(attribute_stalls(records, steps, target)[:MAX_STALLS_KEPT]),
         worker_events=tuple(list(engine.worker_events)[events_before:]), memory=memory,
-        kv_slot_bytes=snap.kv_slots.total_bytes if snap.kv_slots else 0, energy_j=energy,
+        kv_slot_bytes=snap.kv_arena.capacity_bytes if snap.kv_arena else 0, energy_j=energy,
         requests=tuple(records), memory_breakdown=breakdown, arena_peak_bytes=arena_peak[0],
         arena_peak_kv_bytes=arena_peak[1])
 

@@ -81,7 +81,7 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
     if body.stream:
         usage_mode = "continuous" if body.continuous_usage else "final" if body.include_usage else None
         return EngineEventStream(service, stream, request_class,
-                                 _sse(service, shape, stream, model, created, usage_mode, request_class))
+                                 _sse(service, shape, stream, model, created, usage_mode))
     return await _respond(service, request, shape, stream, model, created, request_class)
 
 
@@ -123,7 +123,7 @@ async def _respond(service, request: Request, shape: Shape, stream, model: str, 
     return JSONResponse({
         "id": stream.request_id, "object": shape.object, "created": created, "model": model,
         "choices": [shape.choice(text, last.finish_reason, is_chunk=False)],
-        "usage": usage(lc), "homepd": timings(lc, service.config.mode, request_class)})
+        "usage": usage(lc), "homepd": timings(lc, service.config.mode)})
 
 
 async def _disconnected(request: Request) -> None:
@@ -132,8 +132,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _sse(service, shape: Shape, stream, model: str, created: int, usage_mode: str | None,
-               request_class: str):
+async def _sse(service, shape: Shape, stream, model: str, created: int, usage_mode: str | None):
     """The SSE body: a chunk per piece of text, a final chunk with the finish reason and timings, the usage
     chunk when asked (``stream_options.include_usage``), then ``data: [DONE]``.  ``usage_mode``: None, "final"
     (``usage`` null on every chunk but the last) or "continuous" (the usage so far on every chunk)."""
@@ -156,7 +155,7 @@ async def _sse(service, shape: Shape, stream, model: str, created: int, usage_mo
         if event.kind == "done" and event.finish_reason != "cancelled":
             lc = stream.lifecycle
             yield chunk([shape.choice(None if shape.is_chat else "", event.finish_reason, is_chunk=True)],
-                        homepd=timings(lc, service.config.mode, request_class))
+                        homepd=timings(lc, service.config.mode))
             if usage_mode:
                 yield chunk([], usage=usage(lc))
         elif event.kind != "token":
@@ -196,16 +195,7 @@ def usage(lc: Lifecycle) -> dict:
             "total_tokens": lc.n_prompt_tokens + n_out}
 
 
-def timings(lc: Lifecycle, mode: str, request_class: str) -> dict:
-    """homepd's figures for one request: seconds and tokens per second, KV handoff when disaggregated."""
-    n_out = len(lc.token_times_s)
-    prefill_s = (lc.prefill_end_s - lc.prefill_start_s) if lc.prefill_end_s and lc.prefill_start_s else None
-    out = {"mode": mode, "request_class": request_class, "queue_wait_s": lc.queue_wait_s, "ttft_s": lc.ttft_s,
-           "tpot_s": lc.tpot_s, "e2e_s": None if lc.ended_s is None else lc.ended_s - lc.arrived_s,
-           "n_prompt_tokens": lc.n_prompt_tokens, "n_output_tokens": n_out,
-           "prompt_tok_s": lc.n_prompt_tokens / prefill_s if prefill_s else None,
-           "decode_tok_s": 1.0 / lc.tpot_s if lc.tpot_s else None, "n_resumes": lc.n_resumes}
-    if lc.kv_bytes is not None:
-        out.update(kv_bytes=lc.kv_bytes, kv_transfer_s=lc.transfer_s, kv_export_s=lc.kv_export_s,
-                   kv_import_s=lc.kv_import_s, kv_slot_wait_s=lc.kv_slot_wait_s)
-    return out
+def timings(lc: Lifecycle, mode: str) -> dict:
+    """The ``homepd`` object: the mode that served the request and its ``RequestTimings`` (one shape with
+    ``Lifecycle.to_dict`` and the app)."""
+    return {"mode": mode, **lc.timings().to_dict()}

@@ -1,19 +1,23 @@
-"""Pure functions: sampler snapshots, engine snapshots, lifecycles and step logs -> the app's view records.
+"""Pure functions: sampler snapshots, engine snapshots, request timings and step logs -> the app's view records.
 
-The engine's snapshot and request lifecycles arrive here as the JSON shapes of
-``EngineSnapshot.to_dict()`` and ``Lifecycle.to_dict()`` — what the embedded
-engine gives after ``to_dict`` and what ``homepd serve`` sends on ``/status``
-and ``/events`` — so one code path serves both sources.  No Textual, no I/O.
+The engine's snapshot and each request's figures arrive here typed, as an
+``EngineSnapshot`` and ``RequestTimings``: the embedded engine's own, or
+decoded once from ``homepd serve``'s JSON (``/status``, ``/events``, the
+``homepd`` object of a reply) by the remote source — so one code path serves
+both sources, and a field the service renamed fails there instead of reading
+as 0 here.  No Textual, no I/O.
 """
 from __future__ import annotations
 
 import os
 from typing import Iterable, Sequence
 
+from homepd.core.lifecycle import RequestTimings
+from homepd.core.records import AdmissionSnapshot, EngineSnapshot, WorkerEvent, WorkerEventKind
 from homepd.measure.metrics import interference
 from homepd.measure.stalls import Stall
-from homepd.tui.records import (ArchitectureView, ChartPoint, ChatStats, GpuView, HardwareView, ProcessView,
-                                RequestRow, WorkerView)
+from homepd.tui.records import (ArchitectureView, ArenaView, ChartPoint, ChatStats, GpuView, HardwareView,
+                                ProcessView, RequestRow, WorkerView)
 
 MB = 1e6
 
@@ -68,51 +72,50 @@ def hardware_view(snap, box=None) -> HardwareView:
         ram_used_bytes=ram_used, ram_total_bytes=ram_total, gpus=tuple(gpus), processes=processes, gpu_note=note)
 
 
-def architecture_view(engine: dict, kv_mb_s: float | None = None, note: str = "") -> ArchitectureView:
-    """The architecture panel from an engine snapshot as JSON (``EngineSnapshot.to_dict()``)."""
+def architecture_view(engine: EngineSnapshot, kv_mb_s: float | None = None, note: str = "") -> ArchitectureView:
+    """The architecture panel from an engine snapshot."""
     workers = tuple(WorkerView(
-        role=w["role"], pid=w.get("pid"), alive=bool(w.get("alive")), ready=bool(w.get("ready")),
-        restarts=int(w.get("restarts") or 0), n_threads=int(w.get("n_threads") or 0),
-        cores=cores_text(w.get("cpu_cores")), gpu=w.get("cuda_visible_devices") or "",
-        n_running=len(w.get("in_flight") or ()), backlog=int(w.get("backlog") or 0), failed=w.get("failed"))
-        for w in engine.get("workers") or ())
-    kv = engine.get("kv_slots") or {}
-    events = tuple(_event_text(e) for e in (engine.get("worker_events") or ())[-3:])
+        role=w.role, pid=w.pid, alive=w.alive, ready=w.ready, restarts=w.restarts, n_threads=w.n_threads,
+        cores=cores_text(w.cpu_cores), gpu=w.cuda_visible_devices, n_running=len(w.in_flight), backlog=w.backlog,
+        failed=w.failed)
+        for w in engine.workers)
+    kv = engine.kv_arena
+    arena = None if kv is None else ArenaView(
+        capacity_bytes=kv.capacity_bytes, used_bytes=kv.used_bytes, max_extents=kv.max_extents,
+        extents={state: n for state, n in kv.occupancy.items() if state != "FREE"})
     return ArchitectureView(
-        mode=engine.get("mode", "?"), model=os.path.basename(engine.get("model") or "?"),
-        chunk=engine.get("chunk"), n_ctx=int(engine.get("n_ctx") or 0), workers=workers,
-        by_state={state: len(ids) for state, ids in (engine.get("requests") or {}).items()},
-        kv_slots=int(kv.get("n_slots") or 0), kv_slot_bytes=int(kv.get("capacity_bytes") or 0),
-        kv_occupancy=dict(kv.get("occupancy") or {}), kv_mb_s=kv_mb_s, events=events, note=note,
-        **admission_lines(engine.get("admission")))
+        mode=engine.mode, model=os.path.basename(engine.model or "?"), chunk=engine.chunk, n_ctx=engine.n_ctx,
+        workers=workers, by_state={state: len(ids) for state, ids in engine.requests.items()}, kv_arena=arena,
+        kv_mb_s=kv_mb_s, events=tuple(_event_text(e) for e in engine.worker_events[-3:]), note=note,
+        **admission_lines(engine.admission))
 
 
-def admission_lines(adm: dict | None) -> dict:
+def admission_lines(adm: AdmissionSnapshot | None) -> dict:
     """Two queues, two budgets as panel lines: per class what waits and what admission decided; each worker's
     latest prompt budget (the chunk chosen for its step), how far TTFT predictions were off, and routing."""
-    if not adm:
+    if adm is None:
         return {}
     classes = []
-    for c in adm.get("classes") or ():
-        itl = f" ITL ≤{c['itl_budget_ms']:.0f} ms" if c.get("itl_budget_ms") else ""
-        classes.append(f"{c['request_class']}: {c['queued_requests']} queued ({c['queued_prompt_tokens']} tok) · "
-                       f"{c['running']} in · admitted {c['admitted']} · deferred {c['deferred']} · rejected "
-                       f"{c['rejected']} · TTFT ≤{c['ttft_budget_ms'] / 1e3:g} s{itl}")
-    parts = [f"{role} {n}" for role, n in sorted((adm.get("chunk_by_worker") or {}).items())]
-    text = ("chunk " + ", ".join(parts) + (" (adaptive)" if adm.get("adaptive_chunk") else "")) if parts else ""
-    if adm.get("ttft_error_mean_ms") is not None:
-        text += f" · TTFT predicted ±{adm['ttft_error_mean_ms']:.0f} ms (p90 {adm['ttft_error_p90_ms']:.0f})"
-    if adm.get("routed_local") or adm.get("routed_remote"):
-        text += f" · routed local {adm['routed_local']} / remote {adm['routed_remote']}"
+    for c in adm.classes:
+        itl = f" ITL ≤{c.itl_budget_ms:.0f} ms" if c.itl_budget_ms else ""
+        classes.append(f"{c.request_class}: {c.queued_requests} queued ({c.queued_prompt_tokens} tok) · "
+                       f"{c.running} in · admitted {c.admitted} · deferred {c.deferred} · rejected "
+                       f"{c.rejected} · TTFT ≤{c.ttft_budget_ms / 1e3:g} s{itl}")
+    parts = [f"{role} {n}" for role, n in sorted(adm.chunk_by_worker.items())]
+    text = ("chunk " + ", ".join(parts) + (" (adaptive)" if adm.adaptive_chunk else "")) if parts else ""
+    if adm.ttft_error_mean_ms is not None:
+        text += f" · TTFT predicted ±{adm.ttft_error_mean_ms:.0f} ms (p90 {adm.ttft_error_p90_ms:.0f})"
+    if adm.routed_local or adm.routed_remote:
+        text += f" · routed local {adm.routed_local} / remote {adm.routed_remote}"
     return {"classes": tuple(classes), "budgets": text.lstrip(" ·")}
 
 
-def _event_text(e: dict) -> str:
-    text = f"{e.get('role')} worker {e.get('kind')}"
-    if e.get("kind") == "died":
-        text += f" ({e.get('cause')})" if e.get("cause") else ""
-    elif e.get("kind") == "restarted" and e.get("recovery_s") is not None:
-        text += f" after {e['recovery_s']:.1f} s"
+def _event_text(e: WorkerEvent) -> str:
+    text = f"{e.role} worker {e.kind.value}"
+    if e.kind is WorkerEventKind.DIED:
+        text += f" ({e.cause})" if e.cause else ""
+    elif e.kind is WorkerEventKind.RESTARTED and e.recovery_s is not None:
+        text += f" after {e.recovery_s:.1f} s"
     return text
 
 
@@ -129,13 +132,12 @@ def stall_text(stall: Stall | None) -> str:
     return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}"
 
 
-def request_row(lc: dict, itl_max_ms: float | None = None, stall: Stall | None = None) -> RequestRow:
-    """A recent-requests row from a lifecycle as JSON (``Lifecycle.to_dict()``, or a ``/events`` request)."""
+def request_row(t: RequestTimings, itl_max_ms: float | None = None, stall: Stall | None = None) -> RequestRow:
+    """A recent-requests row from a finished request's figures."""
     return RequestRow(
-        request_id=lc["request_id"], state=lc.get("state") or "?", n_prompt_tokens=int(lc.get("n_prompt_tokens") or 0),
-        n_output_tokens=int(lc.get("n_output_tokens") or 0), ttft_ms=_ms(lc.get("ttft_s")),
-        tpot_ms=_ms(lc.get("tpot_s")), itl_max_ms=itl_max_ms, kv_bytes=lc.get("kv_bytes"),
-        stall=stall_text(stall), request_class=lc.get("request_class") or "")
+        request_id=t.request_id, state=t.state, n_prompt_tokens=t.n_prompt_tokens,
+        n_output_tokens=t.n_output_tokens, ttft_ms=_ms(t.ttft_s), tpot_ms=_ms(t.tpot_s), itl_max_ms=itl_max_ms,
+        kv_bytes=t.kv_bytes, stall=stall_text(stall), request_class=t.request_class)
 
 
 def worst_stalls(stalls: Iterable[Stall]) -> dict[str, Stall]:
@@ -146,39 +148,41 @@ def worst_stalls(stalls: Iterable[Stall]) -> dict[str, Stall]:
     return out
 
 
-def chart_point(t_s: float, interval_s: float, finished: Sequence[dict], steps: Sequence | None = None,
+def chart_point(t_s: float, interval_s: float, finished: Sequence[RequestTimings], steps: Sequence | None = None,
                 window_steps: Sequence | None = None) -> ChartPoint:
-    """One tick of the live charts from the requests that finished in it (lifecycle JSON) and, where the
+    """One tick of the live charts from the requests that finished in it and, where the
     step log is at hand, the steps that ended in it (``steps``) and the last minute of steps
     (``window_steps``, for the interference index)."""
-    ttfts = [lc["ttft_s"] * 1e3 for lc in finished if lc.get("ttft_s") is not None]
-    tpots = [lc["tpot_s"] * 1e3 for lc in finished if lc.get("tpot_s") is not None]
+    ttfts = [t.ttft_s * 1e3 for t in finished if t.ttft_s is not None]
+    tpots = [t.tpot_s * 1e3 for t in finished if t.tpot_s is not None]
     itl = tok_s = slowdown = None
     if steps is not None:
         decode_steps = [s for s in steps if s.n_decode_tokens]
         itl = max((s.duration_ms for s in decode_steps), default=None)
         tok_s = sum(s.n_decode_tokens for s in decode_steps) / interval_s if interval_s > 0 else None
     elif interval_s > 0:
-        tok_s = sum(int(lc.get("n_output_tokens") or 0) for lc in finished) / interval_s
+        tok_s = sum(t.n_output_tokens for t in finished) / interval_s
     if window_steps:
         slowdown = interference(list(window_steps)).slowdown
     return ChartPoint(t_s, ttft_ms=max(ttfts, default=None), itl_ms=itl,
                       tpot_ms=sum(tpots) / len(tpots) if tpots else None, tok_s=tok_s, interference=slowdown)
 
 
-def kv_mb_s(finished: Sequence[dict], interval_s: float) -> float | None:
+def kv_mb_s(finished: Sequence[RequestTimings], interval_s: float) -> float | None:
     """KV bytes handed off by the requests that finished in the tick, per second (None: nothing moved)."""
-    moved = [int(lc["kv_bytes"]) for lc in finished if lc.get("kv_bytes")]
+    moved = [t.kv_bytes for t in finished if t.kv_bytes]
     return sum(moved) / MB / interval_s if moved and interval_s > 0 else None
 
 
-def chat_stats(timings: dict, mode: str, finish_reason: str | None, error: str | None = None) -> ChatStats:
-    """Under a chat reply, from a lifecycle as JSON or from ``homepd serve``'s ``homepd`` timings."""
-    transfer_s = timings.get("transfer_s", timings.get("kv_transfer_s"))
+def chat_stats(timings: RequestTimings | None, mode: str, finish_reason: str | None,
+               error: str | None = None) -> ChatStats:
+    """Under a chat reply, from its figures (None: the reply ended before any came)."""
+    if timings is None:
+        return ChatStats(mode, None, None, None, 0, finish_reason, error=error)
     return ChatStats(
-        mode=timings.get("mode") or mode, ttft_ms=_ms(timings.get("ttft_s")), tpot_ms=_ms(timings.get("tpot_s")),
-        n_prompt_tokens=timings.get("n_prompt_tokens"), n_output_tokens=int(timings.get("n_output_tokens") or 0),
-        finish_reason=finish_reason, kv_bytes=timings.get("kv_bytes"), kv_transfer_ms=_ms(transfer_s), error=error)
+        mode=mode, ttft_ms=_ms(timings.ttft_s), tpot_ms=_ms(timings.tpot_s), n_prompt_tokens=timings.n_prompt_tokens,
+        n_output_tokens=timings.n_output_tokens, finish_reason=finish_reason, kv_bytes=timings.kv_bytes,
+        kv_transfer_ms=_ms(timings.kv_transfer_s), error=error)
 
 
 def _ms(seconds: float | None) -> float | None:

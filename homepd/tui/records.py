@@ -1,13 +1,14 @@
 """What the app shows, as frozen records: every data source produces these, every widget reads them.
 
 Units are in the names (``_ms``, ``_bytes``, ``_pct``); ``None`` is "not
-known here" and is shown as ``NA``.  Built from engine and sampler objects, or
-from the JSON of ``homepd serve``, by ``homepd.tui.derive``; from advise
+known here" and is shown as ``NA``.  Built from engine and sampler records
+(``EngineSnapshot``, ``RequestTimings``: the embedded engine's own, or decoded
+from ``homepd serve``'s JSON at the HTTP edge) by ``homepd.tui.derive``; from advise
 results and stored runs by ``homepd.tui.evidence``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,19 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
+class ArenaView:
+    """Disaggregated: the KV arena between the workers, holding one extent per request in transit."""
+    capacity_bytes: int
+    used_bytes: int                # what those extents hold now
+    extents: dict[str, int]        # extent state (WRITING / READY / READING) -> extents
+    max_extents: int | None        # live at once (the handoff back-pressure bound); None: no cap
+
+    @property
+    def n_extents(self) -> int:
+        return sum(self.extents.values())
+
+
+@dataclass(frozen=True)
 class ArchitectureView:
     mode: str                      # colocated | disaggregated | replicas
     model: str
@@ -69,9 +83,7 @@ class ArchitectureView:
     n_ctx: int
     workers: tuple[WorkerView, ...]
     by_state: dict[str, int]       # lifecycle state -> requests
-    kv_slots: int = 0              # disaggregated: slots in the pool
-    kv_slot_bytes: int = 0
-    kv_occupancy: dict[str, int] = field(default_factory=dict)   # FREE / WRITING / READY / READING
+    kv_arena: ArenaView | None = None
     kv_mb_s: float | None = None   # KV handed off per second over the last tick
     events: tuple[str, ...] = ()   # recent worker deaths and restarts, newest last
     note: str = ""                 # e.g. "remote: http://127.0.0.1:8439 (ready)"

@@ -34,8 +34,8 @@ async def generate(engine, prompts, max_tokens=24):
 async def assert_arena_settled(engine) -> None:
     """Nothing in transit, and one more export finds the prefill worker's allocator holding nothing but
     its own extent: no byte of the arena was lost to a death or a cancel."""
-    snap = engine.snapshot().kv_slots
-    assert snap.in_slot == () and sum(snap.occupancy.values()) == 0
+    snap = engine.snapshot().kv_arena
+    assert snap.in_arena == () and sum(snap.occupancy.values()) == 0
     streams, ends = await generate(engine, ["one more"], max_tokens=4)
     assert ends[0][-1].kind == "done" and streams[0].lifecycle.kv_bytes
     used, kv = engine.kv.usage[-1][1:]
@@ -65,7 +65,7 @@ def test_an_arena_smaller_than_one_prompts_kv_routes_it_to_decode_and_the_others
     # ...prefilled on the decode worker
     assert any(rid == long_id for st in steps if st.worker_role == "decode" for rid, _ in st.prefill)
     assert all(s.lifecycle.kv_bytes for s in streams[1:])  # the others went through the arena
-    assert snap.kv_slots.capacity_bytes == 8192 and snap.kv_slots.peak_used_bytes <= 8192
+    assert snap.kv_arena.capacity_bytes == 8192 and snap.kv_arena.peak_used_bytes <= 8192
 
 
 def test_a_prompt_longer_than_the_prefill_context_is_prefilled_on_the_decode_worker():
@@ -90,7 +90,7 @@ def test_many_concurrent_handoffs_share_the_arena_by_bytes():
         async with make_engine(cfg) as engine:
             streams, ends = await generate(engine, prompts, max_tokens=40)
             await assert_arena_settled(engine)
-            return streams, ends, engine.snapshot().kv_slots
+            return streams, ends, engine.snapshot().kv_arena
 
     streams, ends, snap = run(scenario())
     assert all(e[-1].kind == "done" for e in ends) and all(s.lifecycle.kv_bytes for s in streams)
@@ -113,9 +113,9 @@ def test_kill_9_of_either_worker_mid_handoff_leaves_the_arena_consistent_and_req
                        for p, n in zip([*SHORT, "last one"], lengths)]
             async for event in streams[0]:  # request 0 decodes while two handoffs wait in the arena
                 assert event.kind == "token", "request 0 ended before two handoffs were in the arena"
-                if len(engine.kv.in_slot) == 2:
+                if len(engine.kv.in_arena) == 2:
                     break
-            in_transit = set(engine.kv.in_slot)
+            in_transit = set(engine.kv.in_arena)
             os.kill(pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
             await engine.wait_restarts()

@@ -38,14 +38,14 @@ def test_breakdown_sizes_each_roles_kv_and_counts_weights_and_arena_once(default
     # the weights' file pages, mapped by every worker, counted once
     assert 0.8 * header.size_bytes <= b.weights_shared_bytes <= os.path.getsize(default_model_path)
     # llama.cpp's KV caches: the decode (colocated) worker's for n_ctx, the prefill worker's for its own context
-    n_cells = 2048 + (snap.kv_slots.prefill_n_ctx if mode == "disaggregated" else 0)
+    n_cells = 2048 + (snap.kv_arena.prefill_n_ctx if mode == "disaggregated" else 0)
     assert abs(b.kv_cache_bytes - n_cells * per_token) < 0.05 * n_cells * per_token + 4 * MIB, b
     if mode == "disaggregated":
-        assert snap.kv_slots.prefill_n_ctx == 512
-        assert b.arena_bytes == DATA_OFFSET + snap.kv_slots.capacity_bytes  # pre-faulted, counted once
-        assert snap.kv_slots.capacity_bytes == -(-(512 * per_token + MIB) // MIB) * MIB
+        assert snap.kv_arena.prefill_n_ctx == 512
+        assert b.arena_bytes == DATA_OFFSET + snap.kv_arena.capacity_bytes  # pre-faulted, counted once
+        assert snap.kv_arena.capacity_bytes == -(-(512 * per_token + MIB) // MIB) * MIB
     else:
-        assert b.arena_bytes == 0 and snap.kv_slots is None
+        assert b.arena_bytes == 0 and snap.kv_arena is None
     assert snap.memory is b  # the snapshot carries the last measurement
     # PSS splits shared pages with every process that maps them, a test run outside homepd mapping the same GGUF
     # included; counted once at their resident size, the total is never below the PSS sum, and above it by

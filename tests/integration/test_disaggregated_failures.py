@@ -129,9 +129,9 @@ def test_decode_death_resumes_every_request(default_model_path):
                 assert (await streams[0].__anext__()).kind == "token"
             async for event in streams[0]:  # it decodes on while both others are exported into slots
                 assert event.kind == "token", "request 0 ended before requests 1 and 2 were in slots"
-                if len(engine.snapshot().kv_slots.in_slot) == 2:
+                if len(engine.snapshot().kv_arena.in_arena) == 2:
                     break
-            waiting = list(engine.snapshot().kv_slots.in_slot)
+            waiting = list(engine.snapshot().kv_arena.in_arena)
             os.kill(pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
             prefills = {s.request_id: sum(1 for st in engine.step_log if st.worker_role == "prefill"

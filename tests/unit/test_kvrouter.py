@@ -150,3 +150,16 @@ def test_peak_usage_pairs_arena_bytes_with_the_kv_in_transit_then(router):
     snap = router.snapshot()
     assert snap.peak_used_bytes == msgs[2].arena_used_bytes and snap.occupancy["READY"] == 3
     assert snap.in_transit_kv_bytes == 5000 + 10000 + 15000 and snap.capacity_bytes == 64 * 4096
+
+
+def test_the_snapshot_counts_extents_and_the_bytes_they_hold_not_slots(router):
+    msgs = [publish(router, f"r{i}", n_bytes=5000 * (i + 1)) for i in range(3)]
+    for msg in msgs:
+        router.handed_off(msg)
+    set_state(router, msgs[0].slot, SlotState.READING, os.getpid())  # the decode worker reads the first
+    router.imported("r2")                  # the third is in the decode worker already
+    snap = router.snapshot()
+    assert snap.in_arena == ("r0", "r1") and snap.n_extents == 2
+    assert {k: v for k, v in snap.occupancy.items() if v} == {"READING": 1, "READY": 1}
+    assert snap.used_bytes == msgs[0].extent_bytes + msgs[1].extent_bytes
+    assert snap.in_transit_kv_bytes == 5000 + 10000 and snap.max_extents is None

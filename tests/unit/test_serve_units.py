@@ -113,7 +113,7 @@ def test_prompt_too_long_error_shape():
 
 
 def test_timings_from_the_lifecycle_with_kv_handoff():
-    lc = Lifecycle("r", arrived_s=10.0, n_prompt_tokens=100)
+    lc = Lifecycle("r", arrived_s=10.0, n_prompt_tokens=100, request_class="background")
     lc.advance(RequestState.PREFILLING, 10.5)
     lc.prefill_end_s = 11.0
     lc.advance(RequestState.TRANSFERRING, 11.0)
@@ -123,11 +123,16 @@ def test_timings_from_the_lifecycle_with_kv_handoff():
     for t in (11.1, 11.2, 11.3):
         lc.add_token(t)
     lc.advance(RequestState.FINISHED, 11.3)
-    t = timings(lc, "disaggregated", "background")
+    t = timings(lc, "disaggregated")
+    assert (t["mode"], t["request_class"], t["request_id"], t["state"]) == ("disaggregated", "background", "r",
+                                                                             "finished")
     assert t["queue_wait_s"] == 0.5 and t["ttft_s"] == pytest.approx(1.1) and t["tpot_s"] == pytest.approx(0.1)
     assert t["prompt_tok_s"] == pytest.approx(200.0) and t["decode_tok_s"] == pytest.approx(10.0)
     assert t["kv_bytes"] == 2_000_000 and t["kv_transfer_s"] == pytest.approx(0.01)
-    assert "kv_bytes" not in timings(Lifecycle("c", 0.0), "colocated", "interactive")
+    colocated = timings(Lifecycle("c", 0.0), "colocated")
+    assert colocated["kv_bytes"] is None and colocated["kv_transfer_s"] is None  # same fields, none measured
+    assert {k: v for k, v in t.items() if k != "mode"} == lc.timings().to_dict()   # one shape: the lifecycle's
+    assert set(lc.to_dict()) >= set(lc.timings().to_dict())
 
 
 def test_notifier_sends_to_notify_socket_and_reads_the_watchdog_interval(tmp_path, monkeypatch):

@@ -1,10 +1,14 @@
 """The app's view records, derived from engine, measurement, advise and store data (pure, no Textual app)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
+
 from homepd.core.protocol import StepRecord
-from homepd.core.records import EngineSnapshot, KVSlotsSnapshot, WorkerEvent, WorkerEventKind, WorkerSnapshot
+from homepd.core.lifecycle import Lifecycle, RequestState, RequestTimings
+from homepd.core.records import EngineSnapshot, KVArenaSnapshot, WorkerEvent, WorkerEventKind, WorkerSnapshot
 from homepd.measure.stalls import Culprit, Stall
 from homepd.tui import derive
 from homepd.tui.evidence import from_stored_run, recommendation_view, step_from_progress
@@ -15,22 +19,30 @@ def worker(role: str, pid: int, cores, in_flight=()) -> WorkerSnapshot:
     return WorkerSnapshot(role, pid, True, True, 0, 1, cores, "", 0, tuple(in_flight), 0)
 
 
+def figures(**kw) -> RequestTimings:
+    """A finished request's figures: a fresh lifecycle's, with ``kw`` replaced."""
+    return replace(Lifecycle("r", 0.0).timings(), **kw)
+
+
 def test_cores_are_written_as_ranges():
     assert derive.cores_text((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
     assert derive.cores_text(None) == ""
 
 
-def test_architecture_view_reads_the_engine_snapshot_json():
+def test_architecture_view_reads_the_engine_snapshot():
     snap = EngineSnapshot(
         mode="disaggregated", model="/m/smollm2.gguf", n_ctx=512, chunk=256,
         workers=(worker("prefill", 10, (0,), ["a"]), worker("decode", 11, (1,), ["b", "c"])),
-        kv_slots=KVSlotsSnapshot(4, 1 << 20, {"FREE": 3, "WRITING": 1, "READY": 0, "READING": 0}, ()),
+        kv_arena=KVArenaSnapshot(1 << 20, 4, {"FREE": 0, "WRITING": 1, "READY": 1, "READING": 0}, ("a", "b"),
+                                 used_bytes=3 * 4096),
         requests={"waiting": ("x",), "prefilling": ("a",), "decoding": ("b", "c")}, n_steps=9,
         worker_events=(WorkerEvent(WorkerEventKind.RESTARTED, "decode", 11, 1.0, recovery_s=1.25),))
-    view = derive.architecture_view(snap.to_dict(), kv_mb_s=2.5)
+    view = derive.architecture_view(snap, kv_mb_s=2.5)
     assert (view.mode, view.model, view.n_waiting, view.n_running) == ("disaggregated", "smollm2.gguf", 1, 3)
     assert [(w.role, w.cores, w.n_running) for w in view.workers] == [("prefill", "0", 1), ("decode", "1", 2)]
-    assert (view.kv_slots, view.kv_occupancy["WRITING"], view.kv_mb_s) == (4, 1, 2.5)
+    arena = view.kv_arena
+    assert (arena.n_extents, arena.extents["WRITING"], arena.max_extents, view.kv_mb_s) == (2, 1, 4, 2.5)
+    assert (arena.used_bytes, arena.capacity_bytes) == (3 * 4096, 1 << 20) and "FREE" not in arena.extents
     assert view.events == ("decode worker restarted after 1.2 s",)
 
 
@@ -46,7 +58,7 @@ def test_a_chart_point_takes_the_tick_s_requests_and_steps():
     steps = [StepRecord("colocated", 0, 0.0, 0.030, ("a",), ()),
              StepRecord("colocated", 1, 0.030, 0.250, ("a",), (("b", 256),)),
              StepRecord("colocated", 2, 0.250, 0.280, ("a", "b"), ())]
-    finished = [{"ttft_s": 0.25, "tpot_s": 0.03, "n_output_tokens": 3}, {"ttft_s": 0.1, "tpot_s": None}]
+    finished = [figures(ttft_s=0.25, tpot_s=0.03, n_output_tokens=3), figures(ttft_s=0.1, n_output_tokens=0)]
     point = derive.chart_point(5.0, 0.5, finished, steps, steps)
     assert point.ttft_ms == 250.0 and point.tpot_ms == 30.0
     assert round(point.itl_ms) == 220 and point.tok_s == 8.0        # 4 decode tokens in 0.5 s
@@ -64,13 +76,20 @@ def test_hardware_view_says_plainly_that_there_is_no_gpu():
     assert (view.n_cpus, view.ram_total_bytes, view.cpu_pct) == (4, 4 << 30, 12.5)
 
 
-def test_chat_stats_from_a_lifecycle_or_the_service_timings():
-    lc = {"ttft_s": 0.2, "tpot_s": 0.04, "n_prompt_tokens": 30, "n_output_tokens": 12, "kv_bytes": 1000,
-          "transfer_s": 0.005}
-    stats = derive.chat_stats(lc, "disaggregated", "stop")
-    assert (stats.ttft_ms, stats.tpot_ms, stats.kv_bytes, stats.kv_transfer_ms) == (200.0, 40.0, 1000, 5.0)
-    served = derive.chat_stats({"mode": "colocated", "ttft_s": 0.1, "kv_transfer_s": None}, "?", "length")
-    assert (served.mode, served.kv_transfer_ms, served.finish_reason) == ("colocated", None, "length")
+def test_chat_stats_come_from_the_request_s_timings():
+    lc = Lifecycle("r", arrived_s=1.0, n_prompt_tokens=30)
+    lc.advance(RequestState.PREFILLING, 1.0)
+    lc.advance(RequestState.TRANSFERRING, 1.1)
+    lc.transfer_end_s, lc.kv_bytes = 1.105, 1000
+    lc.advance(RequestState.DECODING, 1.105)
+    for t in (1.2, 1.24, 1.28):
+        lc.add_token(t)
+    stats = derive.chat_stats(lc.timings(), "disaggregated", "stop")
+    assert (stats.ttft_ms, stats.tpot_ms, stats.kv_bytes, stats.n_output_tokens) == \
+        (pytest.approx(200.0), pytest.approx(40.0), 1000, 3)
+    assert stats.kv_transfer_ms == pytest.approx(5.0)
+    nothing = derive.chat_stats(None, "colocated", None, "worker died")
+    assert (nothing.mode, nothing.ttft_ms, nothing.error) == ("colocated", None, "worker died")
 
 
 def test_advise_progress_names_its_candidate():

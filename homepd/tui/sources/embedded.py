@@ -158,7 +158,7 @@ class EmbeddedSource(DataSource):
             if step.t_end_s <= since_s:
                 break
             steps.append(step)
-        return engine.snapshot().to_dict(), finished[::-1], steps[::-1]
+        return engine.snapshot(), finished[::-1], steps[::-1]
 
     def tick(self) -> Tick:
         now = time.monotonic()
@@ -168,14 +168,14 @@ class EmbeddedSource(DataSource):
         self._window.extend(steps)
         while self._window and self._window[0].t_end_s < now - WINDOW_S:
             self._window.popleft()
-        dicts = [lc.to_dict() for lc in finished]
+        timings = [lc.timings() for lc in finished]
         recent_steps = [s for s in self._window if s.t_end_s >= now - RECENT_STEPS_S]
         worst = derive.worst_stalls(attribute_stalls(finished, recent_steps, ITL_TARGET_MS))
-        rows = tuple(derive.request_row(d, max((x * 1e3 for x in lc.itl_s), default=None), worst.get(lc.request_id))
-                     for d, lc in zip(dicts, finished))
-        arch = derive.architecture_view(snap, derive.kv_mb_s(dicts, interval_s)) if snap else None
+        rows = tuple(derive.request_row(t, max((x * 1e3 for x in lc.itl_s), default=None), worst.get(lc.request_id))
+                     for t, lc in zip(timings, finished))
+        arch = derive.architecture_view(snap, derive.kv_mb_s(timings, interval_s)) if snap else None
         hardware = derive.hardware_view(self.sampler.latest() if self.sampler else None, self._box)
-        point = derive.chart_point(now, interval_s, dicts, steps, self._window)
+        point = derive.chart_point(now, interval_s, timings, steps, self._window)
         return Tick(hardware, arch, rows, point, self.description)
 
     # chat -------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ class EmbeddedSource(DataSource):
                 finish = event.finish_reason
             elif event.kind == "error":
                 error = event.error
-        return derive.chat_stats(stream.lifecycle.to_dict(), engine.config.mode, finish, error)
+        return derive.chat_stats(stream.lifecycle.timings(), engine.config.mode, finish, error)
 
     def fit_prompt(self, n_tokens: int, seed: int) -> list[dict]:
         if self._loop is None:

@@ -10,8 +10,8 @@ import threading
 
 from homepd.config import EngineConfig
 from homepd.tui.evidence import recommendation_view
-from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ChartPoint, ChatStats, EvidenceRow,
-                                HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
+from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, ChartPoint, ChatStats,
+                                EvidenceRow, HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
 
 MIB = 2 ** 20
@@ -100,8 +100,9 @@ class FakeSource(DataSource):
         else:
             workers = (WorkerView("prefill", 101, True, True, 0, 1, "0", "", 1, 0),
                        WorkerView("decode", 102, True, True, 1, 1, "1", "", 2, 0))
-            kv = dict(kv_slots=4, kv_slot_bytes=91 * MIB,
-                      kv_occupancy={"FREE": 2, "WRITING": 1, "READY": 1, "READING": 0}, kv_mb_s=3.2)
+            # why this shape: the arena as the engine reports it, one segment with two extents in transit
+            kv = dict(kv_arena=ArenaView(91 * MIB, 2 * 3 * MIB, {"WRITING": 1, "READY": 1, "READING": 0},
+                                         self.config.n_slots), kv_mb_s=3.2)
         arch = ArchitectureView(self.mode, "fake.gguf", 256 if self.mode == "colocated" else None, 4096, workers,
                                 {"waiting": 1, "prefilling": 1, "decoding": 2}, **kv,
                                 events=("decode worker restarted after 1.2 s",) if kv else ())

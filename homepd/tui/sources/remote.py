@@ -5,9 +5,12 @@ engine ``snapshot`` every half second and each finished ``request``) read on a
 thread of its own, which keeps the newest snapshot and buffers the requests
 for the next ``tick``; chat through ``POST /v1/chat/completions`` with
 ``stream: true`` (the last chunk carries homepd's timings).  The API key, when
-set, goes in ``Authorization: Bearer``.  The hardware panel comes from a local
-sampler: the service runs on this box.  The service sends no step log, so the
-ITL and interference charts stay empty and stalls are not attributed.
+set, goes in ``Authorization: Bearer``.  This is the app's HTTP edge: each
+body is decoded here, once, into typed records (``ServiceStatus`` with its
+``EngineSnapshot``, ``RequestTimings``); a body of another shape is an error
+that names the field, never a dashboard of zeros.  The hardware panel comes
+from a local sampler: the service runs on this box.  The service sends no step
+log, so the ITL and interference charts stay empty and stalls are not attributed.
 """
 from __future__ import annotations
 
@@ -16,11 +19,14 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import httpx
 
 from homepd.config import EngineConfig, read_config_file
+from homepd.core.lifecycle import RequestTimings
+from homepd.core.records import EngineSnapshot, RecordShapeError
 from homepd.errors import HomepdError
 from homepd.tui import derive
 from homepd.tui.records import ChatStats, Tick
@@ -43,6 +49,34 @@ def service_address() -> tuple[str, int, str | None]:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"  # listening everywhere: reach it on loopback
     return host, port, key or None
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What the app reads of ``GET /status`` and of each ``snapshot`` event on ``/events``."""
+    state: str
+    models: tuple[str, ...]
+    in_flight: int
+    capacity: int
+    engine: EngineSnapshot | None      # None until the engine is up
+
+    @classmethod
+    def from_json(cls, body: dict) -> "ServiceStatus":
+        try:
+            admission, engine = body["admission"], body["engine"]
+            return cls(str(body["state"]), tuple(body["models"]), int(admission["in_flight"]),
+                       int(admission["capacity"]), None if engine is None else EngineSnapshot.from_dict(engine))
+        except (KeyError, TypeError) as exc:
+            raise RecordShapeError(f"/status: missing or mistyped field {exc}") from None
+
+
+def served_timings(homepd: dict) -> tuple[str, RequestTimings]:
+    """(mode, figures) from the ``homepd`` object of a reply."""
+    body = dict(homepd)
+    mode = body.pop("mode", None)
+    if not isinstance(mode, str):
+        raise RecordShapeError(f"the reply's homepd object: missing or mistyped field 'mode' ({mode!r})")
+    return mode, RequestTimings.from_dict(body)
 
 
 def find_service(url: str, timeout_s: float = 0.5) -> bool:
@@ -88,8 +122,8 @@ class RemoteSource(DataSource):
         self._client = httpx.Client(base_url=self.url, headers=headers, transport=transport,
                                     timeout=httpx.Timeout(10.0, read=60.0))
         self._sample_hardware = sample_hardware
-        self._status: dict = {}
-        self._requests: deque[dict] = deque(maxlen=MAX_BUFFERED_REQUESTS)
+        self._status: ServiceStatus | None = None
+        self._requests: deque[RequestTimings] = deque(maxlen=MAX_BUFFERED_REQUESTS)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._live = threading.Event()      # set once the first snapshot arrived on /events
@@ -103,9 +137,9 @@ class RemoteSource(DataSource):
         response = self._client.get("/status")
         if response.status_code != 200:
             raise HomepdError(f"{self.url}/status: {_error_text(response)}")
-        status = response.json()
+        status = ServiceStatus.from_json(response.json())
         self._status = status
-        self.model = (status.get("models") or ["default"])[0]
+        self.model = (status.models or ("default",))[0]
         if self._sample_hardware:
             from homepd.hw.monitor import Sampler
             from homepd.hw.probe import probe
@@ -123,7 +157,7 @@ class RemoteSource(DataSource):
     @property
     def description(self) -> str:
         with self._lock:
-            state = self._status.get("state", "?")
+            state = self._status.state if self._status is not None else "?"
         return f"remote: homepd serve at {self.url} ({state}, {self._connection})"
 
     def stop(self) -> None:
@@ -153,39 +187,40 @@ class RemoteSource(DataSource):
             self._stopping.wait(RECONNECT_S)  # why: a service that restarts comes back; do not spin meanwhile
 
     def _on_event(self, event: str, data: str) -> None:
-        payload = json.loads(data)
-        with self._lock:
-            if event == "snapshot":
-                self._status = payload
-                self._live.set()
-            elif event == "request":
-                self._requests.append(payload)
-        if event == "snapshot" and self.sampler is not None:
-            for w in (payload.get("engine") or {}).get("workers") or ():
-                if w.get("pid"):
-                    self.sampler.register_process(w["pid"], w["role"])
+        if event == "snapshot":
+            status = ServiceStatus.from_json(json.loads(data))
+            with self._lock:
+                self._status = status
+            self._live.set()
+            if self.sampler is not None and status.engine is not None:
+                for w in status.engine.workers:
+                    if w.pid:
+                        self.sampler.register_process(w.pid, w.role)
+        elif event == "request":
+            finished = RequestTimings.from_lifecycle_dict(json.loads(data))
+            with self._lock:
+                self._requests.append(finished)
 
     # the dashboard ----------------------------------------------------------------------------
     def tick(self) -> Tick:
         now = time.monotonic()
         with self._lock:
-            status, finished = dict(self._status), list(self._requests)
+            status, finished = self._status, list(self._requests)
             self._requests.clear()
         interval_s, self._last_t = max(1e-3, now - self._last_t), now
-        engine = status.get("engine")
-        admission = status.get("admission") or {}
-        note = f"service {status.get('state', '?')}; admitted {admission.get('in_flight', 0)}/" \
-               f"{admission.get('capacity', '?')}"
-        arch = derive.architecture_view(engine, derive.kv_mb_s(finished, interval_s), note) if engine else None
+        arch = None
+        if status is not None and status.engine is not None:
+            note = f"service {status.state}; admitted {status.in_flight}/{status.capacity}"
+            arch = derive.architecture_view(status.engine, derive.kv_mb_s(finished, interval_s), note)
         hardware = derive.hardware_view(self.sampler.latest(), self._box) if self.sampler is not None else None
-        rows = tuple(derive.request_row(lc) for lc in finished)
+        rows = tuple(derive.request_row(t) for t in finished)
         return Tick(hardware, arch, rows, derive.chart_point(now, interval_s, finished), self.description)
 
     # chat -------------------------------------------------------------------------------------
     def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
         body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": max_tokens,
                 "temperature": 0}
-        timings: dict = {}
+        served: tuple[str, RequestTimings] | None = None
         finish = error = None
         with self._client.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
@@ -202,6 +237,9 @@ class RemoteSource(DataSource):
                     if text:
                         on_text(text)
                     finish = choice.get("finish_reason") or finish
-                timings = chunk.get("homepd") or timings
-        mode = ((self._status.get("engine") or {}).get("mode")) or "?"
-        return derive.chat_stats(timings, mode, finish, error)
+                if "homepd" in chunk:
+                    served = served_timings(chunk["homepd"])
+        if served is not None:
+            return derive.chat_stats(served[1], served[0], finish, error)
+        engine = self._status.engine if self._status is not None else None
+        return derive.chat_stats(None, engine.mode if engine is not None else "?", finish, error)

@@ -1,4 +1,4 @@
-"""The architecture panel: colocated (chunk N), prefill → KV slots → decode, or replicas, with their queues."""
+"""The architecture panel: colocated (chunk N), prefill → KV arena → decode, or replicas, with their queues."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -7,7 +7,7 @@ from textual.widget import Widget
 from homepd.tui.records import ArchitectureView, WorkerView
 from homepd.tui.widgets.text import num, size
 
-SLOT_CELLS = (("WRITING", "W", "yellow"), ("READY", "R", "green"), ("READING", "r", "cyan"), ("FREE", "·", "dim"))
+EXTENT_CELLS = (("WRITING", "W", "yellow"), ("READY", "R", "green"), ("READING", "r", "cyan"))
 
 
 def _worker_lines(w: WorkerView, state: str) -> list[Text]:
@@ -19,15 +19,18 @@ def _worker_lines(w: WorkerView, state: str) -> list[Text]:
     return [head] + ([Text(f"  {state}")] if state else [])
 
 
-def _slot_lines(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
-    if not view.kv_slots:
-        return [Text("  ▼ KV slots NA")]
+def _arena_lines(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
+    """'▼ KV arena [WR] 2 extents (≤4) · 6.1 MiB/91 MiB': one cell per extent in transit, by its state."""
+    arena = view.kv_arena
+    if arena is None:
+        return [Text("  ▼ KV arena NA")]
     cells = Text("[")
-    for name, char, style in SLOT_CELLS:
-        cells.append(char * view.kv_occupancy.get(name, 0), style=style)
+    for name, char, style in EXTENT_CELLS:
+        cells.append(char * arena.extents.get(name, 0), style=style)
     cells.append("]")
-    busy = view.kv_slots - view.kv_occupancy.get("FREE", 0)
-    return [Text.assemble("  ▼ KV slots ", cells, f" {busy}/{view.kv_slots} · {size(view.kv_slot_bytes)}"),
+    cap = f" (≤{arena.max_extents})" if arena.max_extents is not None else ""
+    return [Text.assemble("  ▼ KV arena ", cells, f" {arena.n_extents} extent{'' if arena.n_extents == 1 else 's'}{cap} · "
+                          f"{size(arena.used_bytes)}/{size(arena.capacity_bytes)}"),
             Text.assemble(f"    moving {s.get('transferring', 0)} · ", (num(view.kv_mb_s, '.2f', ' MB/s'), "cyan"))]
 
 
@@ -44,7 +47,7 @@ def render_architecture(view: ArchitectureView | None) -> Text:
         by_role = {w.role: w for w in view.workers}
         if "prefill" in by_role:
             lines += _worker_lines(by_role["prefill"], f"prefilling {s.get('prefilling', 0)}")
-        lines += _slot_lines(view, s)
+        lines += _arena_lines(view, s)
         if "decode" in by_role:
             lines += _worker_lines(by_role["decode"], f"decoding {s.get('decoding', 0)}")
     elif view.mode == "replicas":
