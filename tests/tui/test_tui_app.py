@@ -60,14 +60,14 @@ async def test_dashboard_shows_hardware_architecture_charts_and_requests():
         assert app.sub_title == "fake source: colocated, chunk 256"
 
 
-async def test_dashboard_draws_prefill_kv_slots_decode_when_disaggregated():
+async def test_dashboard_draws_prefill_kv_arena_decode_when_disaggregated():
     source = FakeSource(EngineConfig(backend="fake", mode="disaggregated"))
     app = HomepdApp(source, tick_interval_s=None)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(app, pilot)
         arch = text_of(app.screen.query_one(ArchitecturePanel))
-        assert arch.index("[prefill]") < arch.index("KV slots") < arch.index("[decode]")
-        assert "[WR··] 2/4 · 91 MiB" in arch and "moving 0 · 3.20 MB/s" in arch
+        assert arch.index("[prefill]") < arch.index("KV arena") < arch.index("[decode]")
+        assert "KV arena [WR··] 6.0 MiB/91 MiB" in arch and "moving 0 · 3.20 MB/s" in arch
 
 
 async def test_chat_streams_replies_keeps_the_conversation_and_shows_the_figures():

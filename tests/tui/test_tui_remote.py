@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
 
 from homepd.config import EngineConfig
+from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.records import EngineSnapshot, WorkerSnapshot
 from homepd.errors import HomepdError
 from homepd.tui.sources.remote import RemoteSource, find_service, iter_sse, service_address
@@ -26,6 +28,27 @@ def status() -> dict:
             "admission": {"in_flight": 1, "capacity": 24}, "engine": engine_json(), "recent_requests": []}
 
 
+def finished(request_id: str, ttft_s: float, n_tokens: int) -> Lifecycle:
+    """A request that ended: first token ``ttft_s`` after arrival, then one every 50 ms."""
+    lc = Lifecycle(request_id, arrived_s=100.0, n_prompt_tokens=9)
+    lc.advance(RequestState.PREFILLING, 100.0)
+    lc.advance(RequestState.DECODING, 100.0 + ttft_s)
+    for k in range(n_tokens):
+        lc.add_token(100.0 + ttft_s + 0.05 * k)
+    lc.advance(RequestState.FINISHED, 100.0 + ttft_s + 0.05 * n_tokens)
+    return lc
+
+
+RENAME: dict = {}   # a test sets {"old": "new"} for a field of the engine snapshot the service sends
+
+
+def engine_status() -> dict:
+    body = {k: v for k, v in status().items() if k != "recent_requests"}
+    for old, new in RENAME.items():
+        body["engine"][new] = body["engine"].pop(old)
+    return body
+
+
 def sse(*events: tuple[str | None, str]) -> bytes:
     return "".join((f"event: {name}\n" if name else "") + f"data: {data}\n\n" for name, data in events).encode()
 
@@ -36,11 +59,9 @@ def service(request: httpx.Request) -> httpx.Response:
     if request.url.path == "/status":
         return httpx.Response(200, json=status())
     if request.url.path == "/events":
-        request_done = {"request_id": "chatcmpl-1", "state": "finished", "n_prompt_tokens": 9,
-                        "n_output_tokens": 4, "ttft_s": 0.3, "tpot_s": 0.05, "request_class": "interactive"}
-        snapshot = {k: v for k, v in status().items() if k != "recent_requests"}
+        request_done = finished("chatcmpl-1", 0.3, 4).to_dict()     # what homepd serve publishes
         return httpx.Response(200, content=sse(("request", json.dumps(request_done)),
-                                               ("snapshot", json.dumps(snapshot))),
+                                               ("snapshot", json.dumps(engine_status()))),
                               headers={"content-type": "text/event-stream"})
     if request.url.path == "/v1/chat/completions":
         body = json.loads(request.content)
@@ -50,9 +71,8 @@ def service(request: httpx.Request) -> httpx.Response:
             (None, chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})),
             (None, chunk({"delta": {"content": "Hel"}, "finish_reason": None})),
             (None, chunk({"delta": {"content": "lo"}, "finish_reason": None})),
-            (None, chunk({"delta": {}, "finish_reason": "stop"},
-                         homepd={"mode": "colocated", "ttft_s": 0.12, "tpot_s": 0.03, "n_prompt_tokens": 9,
-                                 "n_output_tokens": 2})),
+            (None, chunk({"delta": {}, "finish_reason": "stop"},  # homepd serve's homepd object
+                         homepd={"mode": "colocated", **finished("chatcmpl-2", 0.12, 2).timings().to_dict()})),
             (None, "[DONE]")), headers={"content-type": "text/event-stream"})
     return httpx.Response(404)
 
@@ -75,8 +95,8 @@ def test_the_dashboard_follows_the_status_and_event_stream():
         tick = source.tick()
         assert tick.architecture.mode == "colocated" and tick.architecture.n_running == 1
         assert tick.architecture.note == "service ready; admitted 1/24"
-        assert [r.request_id for r in tick.requests] == ["chatcmpl-1"] and tick.requests[0].ttft_ms == 300.0
-        assert tick.point.ttft_ms == 300.0 and tick.point.interference is None   # no step log over HTTP
+        assert [r.request_id for r in tick.requests] == ["chatcmpl-1"] and tick.requests[0].ttft_ms == pytest.approx(300.0)
+        assert tick.point.ttft_ms == pytest.approx(300.0) and tick.point.interference is None   # no step log over HTTP
         assert "remote: homepd serve at http://homepd.test (ready, live)" == tick.status
     finally:
         source.stop()
@@ -89,7 +109,25 @@ def test_a_chat_turn_streams_and_carries_the_service_timings():
         pieces: list[str] = []
         stats = source.chat([{"role": "user", "content": "hi"}], pieces.append, max_tokens=8)
         assert "".join(pieces) == "Hello" and pieces == ["Hel", "lo"]
-        assert (stats.ttft_ms, stats.tpot_ms, stats.mode, stats.finish_reason) == (120.0, 30.0, "colocated", "stop")
+        assert (stats.ttft_ms, round(stats.tpot_ms), stats.mode, stats.finish_reason) == \
+            (pytest.approx(120.0), 50, "colocated", "stop")
+        assert (stats.n_prompt_tokens, stats.n_output_tokens, stats.kv_bytes) == (9, 2, None)
+    finally:
+        source.stop()
+
+
+def test_a_renamed_snapshot_field_is_an_error_naming_it_not_a_dashboard_of_zeros(monkeypatch):
+    monkeypatch.setitem(RENAME, "n_ctx", "context_tokens")
+    source = make()
+    try:
+        source.start(lambda message: None)   # /status is not renamed: the connection comes up
+        deadline = time.monotonic() + 10
+        while "missing" not in source.description and time.monotonic() < deadline:  # the reader thread's verdict
+            time.sleep(0.01)
+        tick = source.tick()
+        assert not source.wait_live(0)
+        assert "missing field(s) n_ctx" in tick.status and "unknown field(s) context_tokens" in tick.status
+        assert tick.architecture.n_ctx == 4096   # still the last snapshot that had the engine's shape
     finally:
         source.stop()
 

@@ -20,17 +20,18 @@ def _worker_lines(w: WorkerView, state: str) -> list[Text]:
 
 
 def _arena_lines(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
-    """'▼ KV arena [WR] 2 extents (≤4) · 6.1 MiB/91 MiB': one cell per extent in transit, by its state."""
+    """'▼ KV arena [WR··] 6.0 MiB/91 MiB': a cell per extent in transit by its state, a dot per extent more
+    the handoff bound allows (``max_extents``), then the bytes those extents hold of the arena's."""
     arena = view.kv_arena
     if arena is None:
         return [Text("  ▼ KV arena NA")]
     cells = Text("[")
     for name, char, style in EXTENT_CELLS:
         cells.append(char * arena.extents.get(name, 0), style=style)
+    if arena.max_extents is not None:
+        cells.append("·" * max(0, arena.max_extents - arena.n_extents), style="dim")
     cells.append("]")
-    cap = f" (≤{arena.max_extents})" if arena.max_extents is not None else ""
-    return [Text.assemble("  ▼ KV arena ", cells, f" {arena.n_extents} extent{'' if arena.n_extents == 1 else 's'}{cap} · "
-                          f"{size(arena.used_bytes)}/{size(arena.capacity_bytes)}"),
+    return [Text.assemble("  ▼ KV arena ", cells, f" {size(arena.used_bytes)}/{size(arena.capacity_bytes)}"),
             Text.assemble(f"    moving {s.get('transferring', 0)} · ", (num(view.kv_mb_s, '.2f', ' MB/s'), "cyan"))]
 
 
