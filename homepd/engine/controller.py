@@ -484,7 +484,7 @@ class Engine:
 
     # state -----------------------------------------------------------------------------
     def snapshot(self) -> EngineSnapshot:
-        """A picture of the engine: workers, queues, KV slots, running requests, recent worker events."""
+        """A picture of the engine: workers, queues, the KV arena, running requests, recent worker events."""
         by_state: dict[str, list[str]] = {}
         for rid, stream in self.streams.items():
             by_state.setdefault(stream.lifecycle.state.value, []).append(rid)

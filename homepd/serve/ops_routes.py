@@ -38,7 +38,7 @@ async def metrics(request: Request):
 
 @router.get("/status")
 async def status(request: Request):
-    """Service state, admission, the engine snapshot (workers, KV slots, requests by state) and recent requests."""
+    """Service state, admission, the engine snapshot (workers, KV arena, requests by state) and recent requests."""
     return request.app.state.service.status()
 
 

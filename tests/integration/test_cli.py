@@ -26,7 +26,7 @@ def test_run_replays_a_trace_and_reports_json(default_model_path, mode):
     assert s["ttft_ms"]["p50"] > 0 and s["n_output_tokens"] >= 3 and s["interference"]["decode_only_steps"] >= 0
     assert report["config"]["mode"] == mode
     if mode == "disaggregated":
-        assert all(r["kv_bytes"] and r["transfer_s"] is not None for r in report["requests"]
+        assert all(r["kv_bytes"] and r["kv_transfer_s"] is not None for r in report["requests"]
                    if r["n_output_tokens"] > 1)
 
 

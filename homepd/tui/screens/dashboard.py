@@ -1,4 +1,4 @@
-"""The dashboard: hardware, architecture with its queues and KV slots, live charts, recent requests."""
+"""The dashboard: hardware, architecture with its queues and KV arena, live charts, recent requests."""
 from __future__ import annotations
 
 from rich.text import Text
