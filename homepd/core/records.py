@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from dataclasses import dataclass
@@ -239,7 +240,7 @@ def _decode(tp, value, path: str):
         return _decode(arms[0], value, path)
     if dataclasses.is_dataclass(tp):
         _expect(value, dict, path)
-        hints = typing.get_type_hints(tp)
+        hints = _field_types(tp)
         names = [f.name for f in dataclasses.fields(tp)]
         missing, unknown = [n for n in names if n not in value], sorted(set(value) - set(names))
         if missing or unknown:
@@ -269,6 +270,11 @@ def _decode(tp, value, path: str):
         _expect(value, tp, path)
         return value
     raise AssertionError(f"{path}: no decoder for {tp!r}")
+
+
+@functools.cache
+def _field_types(cls: type) -> dict:
+    return typing.get_type_hints(cls)
 
 
 def _expect(value, kind, path: str) -> None:
