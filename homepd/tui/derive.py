@@ -135,9 +135,9 @@ def stall_text(stall: Stall | None) -> str:
 def request_row(t: RequestTimings, itl_max_ms: float | None = None, stall: Stall | None = None) -> RequestRow:
     """A recent-requests row from a finished request's figures."""
     return RequestRow(
-        request_id=t.request_id, state=t.state, n_prompt_tokens=t.n_prompt_tokens,
+        request_id=t.request_id, state=t.state.value, n_prompt_tokens=t.n_prompt_tokens,
         n_output_tokens=t.n_output_tokens, ttft_ms=_ms(t.ttft_s), tpot_ms=_ms(t.tpot_s), itl_max_ms=itl_max_ms,
-        kv_bytes=t.kv_bytes, stall=stall_text(stall), request_class=t.request_class)
+        kv_bytes=t.kv_bytes, stall=stall_text(stall), request_class=t.request_class.value)
 
 
 def worst_stalls(stalls: Iterable[Stall]) -> dict[str, Stall]:

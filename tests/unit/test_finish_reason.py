@@ -59,7 +59,7 @@ def test_records_print_and_serialise_as_the_strings_they_replaced():
     as_json = json.dumps(lc.to_dict())
     assert '"request_class": "background"' in as_json and '"finish_reason": "length"' in as_json
     assert f"[{lc.finish_reason}] {lc.request_class}" == "[length] background"
-    snap = EngineSnapshot(mode="colocated", model=None, n_ctx=1, chunk=None, workers=(), kv_slots=None,
+    snap = EngineSnapshot(mode="colocated", model=None, n_ctx=1, chunk=None, workers=(), kv_arena=None,
                           requests={}, n_steps=0, worker_events=(),
                           requests_by_class={RequestClass.INTERACTIVE: 2})
     assert json.dumps(to_plain(snap)["requests_by_class"]) == '{"interactive": 2}'

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from homepd.core.admission import RequestClass
 from homepd.core.lifecycle import Lifecycle, RequestState, RequestTimings
 from homepd.core.records import (AdmissionSnapshot, ClassQueue, EngineSnapshot, KVArenaSnapshot, MemoryBreakdown,
                                  ProcessMemoryBreakdown, RecordShapeError, WorkerEvent, WorkerEventKind,
@@ -85,7 +86,8 @@ def finished_lifecycle() -> Lifecycle:
 def test_request_timings_are_one_shape_inside_the_lifecycle_s_json_and_on_their_own():
     lc = finished_lifecycle()
     timings = lc.timings()
-    assert (timings.state, timings.n_output_tokens, timings.kv_bytes) == ("finished", 3, 2_000_000)
+    assert (timings.state, timings.n_output_tokens, timings.kv_bytes) == (RequestState.FINISHED, 3, 2_000_000)
+    assert timings.request_class is RequestClass.BACKGROUND
     assert timings.e2e_s == pytest.approx(1.3) and timings.kv_transfer_s == pytest.approx(0.01)
     assert RequestTimings.from_dict(through_json(timings.to_dict())) == timings
     as_json = through_json(lc.to_dict())
