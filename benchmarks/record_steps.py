@@ -1,5 +1,5 @@
-"""Record an engine's step log on the mixed trace, for the tests that check the two-queue mechanism on
-recorded data (``tests/unit/test_recorded_steps.py``).
+"""Record an engine's step log on the mixed trace: the tests replay it through the step policy
+(``tests/unit/test_recorded_steps.py``), ``benchmarks/recorded_steps.py`` prints what it measured.
 
     uv run python benchmarks/record_steps.py --chunk 32 -o tests/data/steps-chunk32.json
     uv run python benchmarks/record_steps.py --chunk 256 --adaptive-chunk -o tests/data/steps-adaptive.json
