@@ -122,7 +122,7 @@ def test_decode_death_resumes_every_request():
     worker: 1 and 2 are imported from their slots by the restarted worker (no second prefill); 0 lost
     its KV and is resumed by recompute (prompt + its output prefilled again).  All complete, each with
     exactly the text it would have had undisturbed."""
-    n_out = 3000
+    n_out = 1000  # why: request 0 still decodes (~0.5 s on the fake) when the others are in their slots
 
     async def scenario():
         async with make_engine(fake_disagg(n_seq_max=1, n_slots=3)) as engine:
@@ -138,19 +138,21 @@ def test_decode_death_resumes_every_request():
             waiting = list(engine.snapshot().kv_slots.in_slot)
             os.kill(pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
-            prefills = {s.request_id: sum(1 for st in engine.step_log if st.worker_role == "prefill"
-                                          for rid, _ in st.prefill if rid == s.request_id) for s in streams}
-            return streams, ends, waiting, engine.snapshot(), prefills
+            # prompt tokens prefilled per request, on either worker
+            prefilled = {s.request_id: sum(n for st in engine.step_log for rid, n in st.prefill if rid == s.request_id)
+                         for s in streams}
+            return streams, ends, waiting, engine.snapshot(), prefilled
 
-    streams, ends, waiting, snap, prefills = run(scenario())
+    streams, ends, waiting, snap, prefilled = run(scenario())
     assert waiting == sorted(s.request_id for s in streams[1:])
     for prompt, s, (events, _) in zip(PROMPTS, streams, ends):
         assert events[-1].kind == "done" and events[-1].finish_reason == "length"
         assert FakeModel().detokenize(s.token_ids) == fake_text(prompt, n_out)
     assert len(streams[0].token_ids) == n_out  # 3 before the kill + the rest after recompute
-    assert streams[0].lifecycle.resumed_by == ["recompute"] and prefills[streams[0].request_id] == 2
+    first = streams[0].lifecycle
+    assert first.resumed_by == ["recompute"] and prefilled[first.request_id] > 2 * first.n_prompt_tokens  # again
     for s in streams[1:]:
-        assert s.lifecycle.resumed_by == ["slot"] and prefills[s.request_id] == 1
+        assert s.lifecycle.resumed_by == ["slot"] and prefilled[s.request_id] == s.lifecycle.n_prompt_tokens
         assert len(s.token_ids) == n_out
     died = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED][0]
     assert list(died.resumed_from_slot) == waiting and list(died.recomputed_requests) == [streams[0].request_id]
