@@ -80,7 +80,7 @@ def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation
 
 
 @pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), ("disaggregated", "decode"),
-                                         ("disaggregated", "prefill"), ("replicas", "replica-1")])
+                                         ("disaggregated", "prefill")])  # replicas: test_replicas.py
 def test_kill_9_with_resume_continues_every_stream_exactly_on_the_fake_backend(mode, victim):
     """Whichever worker dies, every request ends with exactly the text it would have had undisturbed."""
     n_out = 2000  # why: at the fake's ~2000 tokens/s the streams are still running when the kill lands
