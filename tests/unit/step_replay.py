@@ -22,8 +22,9 @@ from homepd.core.steppolicy import StepPolicy
 from homepd.measure.trace import make_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-# what benchmarks/record_steps.py ran (its defaults): the trace is regenerated from these
-TRACE_ARGS = dict(mix="mixed", n_requests=24, max_tokens=48, long_tokens=470, seed=0)
+# what benchmarks/record_steps.py ran (its defaults; later recordings name them in their config): the trace
+# is regenerated from these
+TRACE_DEFAULTS = dict(requests=24, seed=0, max_tokens=48, long_tokens=470)
 N_SEQ_MAX, N_CTX = 4, 16384
 
 
@@ -71,6 +72,7 @@ class SimRequest:
     request_class: str
     arrival_s: float
     n_prompt: int
+    max_tokens: int
     token_times_s: list[float] = field(default_factory=list)
 
     @property
@@ -106,10 +108,12 @@ class SimRun:
 
 def requests_of(rec: dict) -> list[SimRequest]:
     """The recorded requests at the offsets of the trace that produced them."""
-    trace = make_trace(rate_per_s=rec["config"]["rate"], **TRACE_ARGS)
+    c = {**TRACE_DEFAULTS, **rec["config"]}
+    trace = make_trace("mixed", c["requests"], c["rate"], max_tokens=c["max_tokens"], long_tokens=c["long_tokens"],
+                       seed=c["seed"])
     recorded = rec["requests"]
     assert [r["request_class"] for r in recorded] == [t.request_class for t in trace], "not this trace"
-    return [SimRequest(r["request_id"], r["request_class"], t.arrival_s, r["n_prompt_tokens"])
+    return [SimRequest(r["request_id"], r["request_class"], t.arrival_s, r["n_prompt_tokens"], t.max_tokens)
             for r, t in zip(recorded, trace)]
 
 
@@ -122,7 +126,6 @@ def simulate(rec: dict, cost: RecordedCost, *, chunk: int, adaptive: bool) -> Si
     scheduler = Scheduler(n_seq_max=N_SEQ_MAX, n_ctx=N_CTX, n_batch=n_batch, chunk=chunk, policy=policy)
     arrivals = sorted(requests_of(rec), key=lambda r: r.arrival_s)
     requests = {r.request_id: r for r in arrivals}
-    max_tokens = TRACE_ARGS["max_tokens"]
     steps: list[SimStep] = []
     now_s, pending = 0.0, list(arrivals)
     while pending or scheduler.has_work:
@@ -130,7 +133,7 @@ def simulate(rec: dict, cost: RecordedCost, *, chunk: int, adaptive: bool) -> Si
             r = pending.pop(0)
             ttft_ms = DEFAULT_BUDGETS[RequestClass(r.request_class)].ttft_ms
             scheduler.add(Sequence(request_id=r.request_id, prompt_ids=[1] * r.n_prompt,
-                                   params=SamplingParams(max_tokens=max_tokens), request_class=r.request_class,
+                                   params=SamplingParams(max_tokens=r.max_tokens), request_class=r.request_class,
                                    deadline_s=r.arrival_s + ttft_ms / 1e3))
         if not scheduler.has_work:
             now_s = pending[0].arrival_s
@@ -147,6 +150,6 @@ def simulate(rec: dict, cost: RecordedCost, *, chunk: int, adaptive: bool) -> Si
         sampled = {s.request_id: 1 for s in (*plan.decode, *(sl.seq for sl in plan.prefill))}
         for seq in scheduler.postprocess(plan, sampled):
             requests[seq.request_id].token_times_s.append(now_s)
-            if len(seq.output_ids) >= max_tokens:
+            if len(seq.output_ids) >= requests[seq.request_id].max_tokens:
                 scheduler.release(seq)
     return SimRun(steps, requests, itl_budget_ms)
