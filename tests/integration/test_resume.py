@@ -72,8 +72,8 @@ def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation
         assert events[-1].kind == "done"
         assert len(s.token_ids) == N_OUT
         assert texts[s.request_id] == model.detokenize(s.token_ids)  # nothing lost or doubled at the resume
-        if s.request_id in resumed:  # finished by the replacement
-            assert s.lifecycle.n_resumes == 1 and events[-1].t_s > restarted.t_s
+        if s.request_id in resumed:  # finished by the replacement (replicas: by whichever replica is up first)
+            assert s.lifecycle.n_resumes == 1 and (mode == "replicas" or events[-1].t_s > restarted.t_s)
         deficits = teacher_forced_deficits(model, model.tokenize(prompt), s.token_ids, n_threads=2)
         assert max(deficits) <= MARGIN_LOGITS, (s.lifecycle.resumed_by, deficits)
     model.close()
@@ -125,9 +125,15 @@ def test_a_request_whose_worker_keeps_dying_is_failed_after_max_resumes():
     async def scenario():
         async with make_engine(fake_coloc()) as engine:
             stream = await engine.submit(PROMPTS[1], params=SamplingParams(max_tokens=10000, ignore_eos=True))
+            handle, killed = engine.workers["colocated"], []
             for _ in range(MAX_RESUMES + 1):
-                await stream.__anext__()  # it streams (again): its worker is up with it
-                os.kill(engine.workers["colocated"].pid, signal.SIGKILL)
+                # why: the fake streams faster than the test reads, so a token read now may come from the worker
+                # already killed; wait for its replacement, which holds the request from the moment it is ready
+                async for _ in stream:
+                    if handle.ready is not None and handle.pid not in killed:
+                        break
+                killed.append(handle.pid)
+                os.kill(handle.pid, signal.SIGKILL)
             events, _ = await asyncio.wait_for(stream.collect(), timeout=60)
             again = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=3))
             after, _ = await asyncio.wait_for(again.collect(), timeout=60)
