@@ -1,5 +1,5 @@
-"""Record an engine's step log on the mixed trace, for the tests that check the two-queue mechanism on
-recorded data (``tests/unit/test_recorded_steps.py``).
+"""Record an engine's step log on the mixed trace: the tests replay it through the step policy
+(``tests/unit/test_recorded_steps.py``), ``benchmarks/recorded_steps.py`` prints what it measured.
 
     uv run python benchmarks/record_steps.py --chunk 32 -o tests/data/steps-chunk32.json
     uv run python benchmarks/record_steps.py --chunk 256 --adaptive-chunk -o tests/data/steps-adaptive.json
@@ -22,11 +22,14 @@ from homepd.launch import prepare
 from homepd.measure.replay import replay
 from homepd.measure.trace import make_trace
 
+MAX_TOKENS, LONG_TOKENS = 48, 470
+
 
 async def record(args) -> dict:
     config = EngineConfig(model=args.model, mode=args.mode, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max,
                           n_threads=args.threads, chunk=args.chunk, adaptive_chunk=args.adaptive_chunk)
-    trace = make_trace("mixed", args.requests, args.rate, max_tokens=48, long_tokens=470, seed=args.seed)
+    trace = make_trace("mixed", args.requests, args.rate, max_tokens=MAX_TOKENS, long_tokens=LONG_TOKENS,
+                       seed=args.seed)
     async with Engine(config, prepare(config, pull=True)) as engine:
         warm = await engine.submit("Hi", params=SamplingParams(max_tokens=4))
         await warm.collect()
@@ -35,7 +38,9 @@ async def record(args) -> dict:
         steps = list(engine.step_log)[n0:]
     return {
         "config": {"mode": args.mode, "chunk": args.chunk, "adaptive_chunk": args.adaptive_chunk, "threads": args.threads,
-                   "rate": args.rate, "model": args.model, "itl_budget_ms": config.itl_budget_ms},
+                   "rate": args.rate, "model": args.model, "itl_budget_ms": config.itl_budget_ms,
+                   # the trace, so that a replay can regenerate it (tests/unit/step_replay.py)
+                   "requests": args.requests, "seed": args.seed, "max_tokens": MAX_TOKENS, "long_tokens": LONG_TOKENS},
         "steps": [{"role": s.worker_role, "t_start_s": round(s.t_start_s - steps[0].t_start_s, 6),
                    "duration_ms": round(s.duration_ms, 3), "decode": list(s.decode_request_ids),
                    "prefill": [list(p) for p in s.prefill], "budget": s.budget, "kv_in_use": s.kv_in_use}

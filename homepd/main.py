@@ -13,10 +13,15 @@ import sys
 
 from homepd.errors import HomepdError
 
-# modules that add commands, in help order (a face not built yet is skipped)
+# modules that add commands, in help order; every one ships with homepd (its libraries are required
+# dependencies), so one that fails to import is a broken install or a bug, never a face to skip
 COMMAND_MODULES = ("homepd.advise.command", "homepd.tui.command", "homepd.serve.command", "homepd.cli.history",
                    "homepd.cli.run", "homepd.cli.trace", "homepd.cli.probe", "homepd.cli.models",
                    "homepd.cli.bench")
+
+
+class FaceImportError(ImportError):
+    """A command module that does not import: homepd stops with a traceback instead of losing the command."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,10 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if not name.startswith(exc.name or "\0"):
-                raise
-            continue
+        except Exception as exc:
+            raise FaceImportError(f"the command module {name} failed to import ({type(exc).__name__}: {exc}); "
+                                  "reinstall homepd, or see the traceback above for the bug") from exc
         module.register(sub)
     return parser
 

@@ -43,16 +43,6 @@ DEFAULT_BUDGETS = {RequestClass.INTERACTIVE: ClassBudget(ttft_ms=4000.0, itl_ms=
                    RequestClass.BACKGROUND: ClassBudget(ttft_ms=120_000.0, itl_ms=None)}
 
 
-def budgets_for_box(prefill_tok_s: float, decode_step_ms: float, typical_prompt_tokens: int = 512
-                    ) -> dict[RequestClass, ClassBudget]:
-    """Budgets derived from this box's measurements: an interactive request should get its first token
-    within a few typical prompts' prefill and every token within a few undisturbed decode steps."""
-    prefill_ms = typical_prompt_tokens / max(prefill_tok_s, 1e-6) * 1e3
-    return {RequestClass.INTERACTIVE: ClassBudget(ttft_ms=max(1000.0, 3 * prefill_ms),
-                                                  itl_ms=max(50.0, 4 * decode_step_ms)),
-            RequestClass.BACKGROUND: ClassBudget(ttft_ms=max(60_000.0, 40 * prefill_ms), itl_ms=None)}
-
-
 class Verdict(str, enum.Enum):
     ADMIT = "admit"
     DEFER = "defer"               # wait in its queue (background behind interactive work)

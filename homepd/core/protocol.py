@@ -74,7 +74,7 @@ class SubmitRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
-    stream: object | None = None   # homepd.textstream.TextStream
+    stream: object | None = None   # homepd.core.textstream.TextStream
     request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # first token due (monotonic): arrival + the class's TTFT budget
 
@@ -210,8 +210,8 @@ class KVHandoff:
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     params: SamplingParams
-    sampler: object        # homepd.sampling.TokenSampler
-    stream: object         # homepd.textstream.TextStream
+    sampler: object        # homepd.core.sampling.TokenSampler
+    stream: object         # homepd.core.textstream.TextStream
     n_bytes: int           # llama_state_seq_get_size: the payload
     n_tokens: int
     slot_wait_s: float     # prompt done -> extent allocated (back-pressure)

@@ -173,7 +173,7 @@ class WorkerHandle:
             with self._send_lock:
                 self.conn.send(msg)
         except (BrokenPipeError, OSError):
-            pass  # the reader thread reports the death
+            pass  # the pipe's reader on the loop (_readable) sees it close and reaps the worker
 
     async def stop(self) -> None:
         self.stopping = True

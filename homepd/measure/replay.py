@@ -11,6 +11,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.records import MemoryBreakdown, WorkerEvent, to_plain
@@ -67,16 +68,36 @@ class RunRecord:
         return out
 
 
-async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
+class Clock(Protocol):
+    """When the replayer submits: ``now()`` in seconds, and a wait until a moment of that clock."""
+
+    def now(self) -> float: ...
+
+    async def sleep_until(self, t_s: float) -> None: ...
+
+
+class MonotonicClock:
+    """Real time: ``time.monotonic()``, the engine's own clock."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep_until(self, t_s: float) -> None:
+        await asyncio.sleep(max(0.0, t_s - time.monotonic()))
+
+
+async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> list[Lifecycle]:
     """Replay ``trace`` (a ``Trace`` or any sequence of trace requests); return the lifecycles in trace order.
 
-    Open loop: each request is submitted at its arrival offset.  Closed loop
-    (``trace.concurrency`` = N): N requests in flight, the next submitted as one
-    finishes, in trace order; arrival offsets are ignored.
+    Open loop: each request is submitted at its arrival offset on ``clock`` (default: real time).  Closed
+    loop (``trace.concurrency`` = N): N requests in flight, the next submitted as one finishes, in trace
+    order; arrival offsets are ignored.  Lifecycles keep the engine's clock (``time.monotonic``) whatever
+    ``clock`` is: it decides only when requests are sent.
     """
+    clock = clock or MonotonicClock()
     requests = list(trace)
     concurrency = getattr(trace, "concurrency", None)
-    t0 = time.monotonic()
+    t0 = clock.now()
 
     async def one(i, req):
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=getattr(req, "ignore_eos", False))
@@ -99,7 +120,7 @@ async def replay(engine, trace, on_done=None) -> list[Lifecycle]:
         return stream.lifecycle
 
     async def at_offset(i, req):
-        await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
+        await clock.sleep_until(t0 + req.arrival_s)
         return await one(i, req)
 
     if not concurrency:

@@ -5,6 +5,7 @@ import asyncio
 
 from homepd.config import EngineConfig
 from homepd.engine.controller import Engine
+from homepd.fakellm import FAKE_MODEL_PATH, FakeModel, next_token
 from homepd.launch import prepare
 from homepd.core.sampling import SamplingParams
 
@@ -36,6 +37,28 @@ def disagg(path, **kw) -> EngineConfig:
     base = dict(model=str(path), mode="disaggregated", n_ctx=2048, n_seq_max=4, chunk=64,
                 prefill_threads=1, decode_threads=1)
     return EngineConfig(**{**base, **kw})
+
+
+def fake_coloc(**kw) -> EngineConfig:
+    """``coloc`` on the fake backend (real worker processes, no model: homepd.fakellm), with 16384 tokens
+    of context so that a stream can outlast what a test does to it; ``kw`` overrides."""
+    return coloc(FAKE_MODEL_PATH, **{"backend": "fake", "n_ctx": 16384, **kw})
+
+
+def fake_disagg(**kw) -> EngineConfig:
+    """``disagg`` on the fake backend, 16384 tokens of context on both workers (a prompt long enough to keep
+    the fake's prefill worker busy for a while still fits it); ``kw`` overrides."""
+    return disagg(FAKE_MODEL_PATH, **{"backend": "fake", "n_ctx": 16384, "prefill_n_ctx": 16384, **kw})
+
+
+def fake_text(prompt: str, n: int) -> str:
+    """What the fake backend generates greedily for ``prompt`` (raw text, no chat template) in ``n`` tokens."""
+    model = FakeModel()
+    ids = model.tokenize(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        out.append(next_token(ids + out))
+    return model.detokenize(out)
 
 
 def make_engine(config: EngineConfig, **kw) -> Engine:

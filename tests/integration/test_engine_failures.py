@@ -1,4 +1,7 @@
-"""Failures with the real engine: killed workers, bad input, no orphans."""
+"""Failures of a running engine: killed workers, cancel, bad input, no orphans.
+
+Process and recovery logic runs on the fake backend (real worker processes, no model); the model files and
+a restart that cannot load its model use the real one."""
 from __future__ import annotations
 
 import asyncio
@@ -12,14 +15,17 @@ from homepd.core.records import WorkerEventKind
 from homepd.errors import ModelError, RequestError
 from homepd.core.sampling import SamplingParams
 
-from engine_helpers import PROMPTS, coloc, make_engine, run, start_controller_and_kill_it
+from engine_helpers import PROMPTS, coloc, fake_coloc, make_engine, run, start_controller_and_kill_it
+
+# why: the fake backend makes ~2000 tokens/s here; a stream this long is still running when a test acts on it
+LONG = SamplingParams(max_tokens=4000, ignore_eos=True)
 
 
-def test_kill_9_of_worker_fails_streams_at_once_and_engine_recovers(default_model_path):
+def test_kill_9_of_worker_fails_streams_at_once_and_engine_recovers():
     async def scenario():
-        async with make_engine(coloc(default_model_path, resume=False)) as engine:
+        async with make_engine(fake_coloc(resume=False)) as engine:
             pid = engine.workers["colocated"].pid
-            streams = [await engine.submit(p, params=SamplingParams(max_tokens=300, ignore_eos=True))
+            streams = [await engine.submit(p, params=LONG)
                        for p in PROMPTS[:3]]
             for s in streams:  # every request is streaming
                 first = await s.__anext__()
@@ -47,9 +53,9 @@ def test_kill_9_of_worker_fails_streams_at_once_and_engine_recovers(default_mode
     assert restarted.pid == new_pid and restarted.recovery_s == restarted.t_s - died.t_s > 0
 
 
-def test_over_long_prompt_and_bad_sampling_refused_before_worker(default_model_path):
+def test_over_long_prompt_and_bad_sampling_refused_before_worker():
     async def scenario():
-        async with make_engine(coloc(default_model_path, n_ctx=128)) as engine:
+        async with make_engine(fake_coloc(n_ctx=128)) as engine:
             with pytest.raises(RequestError, match=r"prompt is \d+ tokens; the context holds 128"):
                 await engine.submit("word " * 400)
             with pytest.raises(RequestError, match="temperature"):
@@ -60,7 +66,7 @@ def test_over_long_prompt_and_bad_sampling_refused_before_worker(default_model_p
                 await engine.submit(messages=[{"role": "wizard", "content": "x"}])
             assert engine.step_log.maxlen and len(engine.step_log) == 0  # nothing reached the worker
             # max_tokens beyond the context is clamped and ends with 'length'
-            stream = await engine.submit("word " * 100, params=SamplingParams(max_tokens=1000, ignore_eos=True))
+            stream = await engine.submit("word " * 10, params=SamplingParams(max_tokens=1000, ignore_eos=True))
             events, _ = await stream.collect()
             assert events[-1].finish_reason == "length"
             n_out = sum(e.kind == "token" for e in events)
@@ -104,10 +110,10 @@ def test_truncated_real_model_is_a_clear_error(default_model_path, tmp_path):
     run(scenario())
 
 
-def test_cancel_ends_stream_and_frees_the_sequence(default_model_path):
+def test_cancel_ends_stream_and_frees_the_sequence():
     async def scenario():
-        async with make_engine(coloc(default_model_path, n_seq_max=1)) as engine:
-            long = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=400, ignore_eos=True))
+        async with make_engine(fake_coloc(n_seq_max=1)) as engine:
+            long = await engine.submit(PROMPTS[0], params=LONG)
             await long.__anext__()
             assert engine.cancel(long.request_id)
             events, _ = await long.collect()
@@ -121,12 +127,12 @@ def test_cancel_ends_stream_and_frees_the_sequence(default_model_path):
     run(scenario())
 
 
-def test_stop_leaves_no_child_process(default_model_path):
+def test_stop_leaves_no_child_process():
     async def scenario():
-        engine = make_engine(coloc(default_model_path))
+        engine = make_engine(fake_coloc())
         await engine.start()
         pid = engine.workers["colocated"].pid
-        stream = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=200, ignore_eos=True))
+        stream = await engine.submit(PROMPTS[0], params=LONG)
         await stream.__anext__()
         await engine.stop()
         events, _ = await stream.collect()
@@ -145,10 +151,10 @@ from homepd.engine.controller import Engine
 from homepd.launch import prepare
 from homepd.core.sampling import SamplingParams
 async def main():
-    cfg = EngineConfig(model=sys.argv[1], n_ctx=256, n_threads=1)
+    cfg = EngineConfig(backend="fake", n_ctx=16384, n_threads=1)
     engine = Engine(cfg, prepare(cfg, pull=False))
     await engine.start()
-    s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=200, ignore_eos=True))
+    s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=10000, ignore_eos=True))
     await s.__anext__()
     print(engine.workers["colocated"].pid, flush=True)
     await asyncio.sleep(3600)   # stands for a controller busy forever; the test kills it
@@ -156,8 +162,8 @@ asyncio.run(main())
 """
 
 
-def test_killed_controller_leaves_no_worker_behind(default_model_path):
-    words, alive = start_controller_and_kill_it(CONTROLLER, str(default_model_path))
+def test_killed_controller_leaves_no_worker_behind():
+    words, alive = start_controller_and_kill_it(CONTROLLER)
     assert len(words) == 1 and not alive
 
 

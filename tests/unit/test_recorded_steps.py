@@ -1,138 +1,88 @@
-"""The two-queue mechanism on recorded data: step logs of the real model (SmolLM2, 2 threads, this project's
-CI-class box) on the mixed trace with long documents as background, recorded by ``benchmarks/record_steps.py``
-with a fixed chunk of 32 and with the adaptive chunk.  Deterministic: the tests read the recordings.
+"""The two-queue mechanism replayed on recorded runs: the real scheduler and step policy plan every step of
+the recorded trace, each step costing what it cost the recorded box (``step_replay``).  What the recordings
+themselves measured (their over-budget shares, worst gaps, TTFT prediction errors) is printed by
+``benchmarks/recorded_steps.py``, not tested.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
+import homepd.core.steppolicy as steppolicy
 from homepd.core.stepmodel import OnlineStepModel
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+from step_replay import RecordedCost, load, simulate, step_shape
+
+RECORDINGS = ("steps-chunk32.json", "steps-adaptive.json")
 
 
-def load(name: str) -> dict:
-    return json.loads((DATA / name).read_text())
+@pytest.fixture(scope="module", params=RECORDINGS)
+def recording(request):
+    """A recording and its box's step cost (each recording fits its own: the box was busier on one)."""
+    rec = load(request.param)
+    return rec, RecordedCost.from_recording(rec)
 
 
-@pytest.fixture(scope="module")
-def fixed():
-    return load("steps-chunk32.json")
+def test_adaptive_budget_keeps_interactive_steps_within_the_itl_budget_where_chunk_32_does_not(recording):
+    rec, cost = recording
+    budget_ms = rec["config"]["itl_budget_ms"]
+    fixed = simulate(rec, cost, chunk=32, adaptive=False)
+    adaptive = simulate(rec, cost, chunk=256, adaptive=True)
+    assert fixed.over_budget_share() > 0.02 and fixed.worst_gap_ms() > 1.5 * budget_ms
+    assert adaptive.over_budget_share() <= 0.005 and adaptive.worst_gap_ms() <= budget_ms
 
 
-@pytest.fixture(scope="module")
-def adaptive():
-    return load("steps-adaptive.json")
-
-
-def interactive_ids(rec: dict) -> set[str]:
-    return {r["request_id"] for r in rec["requests"] if r["request_class"] == "interactive"}
-
-
-def steps_with_interactive_decodes(rec: dict) -> list[dict]:
-    ids = interactive_ids(rec)
-    return [s for s in rec["steps"] if any(d in ids for d in s["decode"])]
-
-
-def over_budget_share(rec: dict) -> float:
-    steps = steps_with_interactive_decodes(rec)
-    budget = rec["config"]["itl_budget_ms"]
-    return sum(s["duration_ms"] > budget for s in steps) / len(steps)
-
-
-def test_recordings_are_what_they_claim(fixed, adaptive):
-    assert fixed["config"]["adaptive_chunk"] is False and fixed["config"]["chunk"] == 32
-    assert adaptive["config"]["adaptive_chunk"] is True
-    for rec in (fixed, adaptive):
-        classes = {r["request_class"] for r in rec["requests"]}
-        assert classes == {"interactive", "background"}
-        assert len(steps_with_interactive_decodes(rec)) > 100
-
-
-def test_adaptive_budget_shrinks_beside_interactive_decodes_and_opens_without_them(adaptive):
-    ids = interactive_ids(adaptive)
-    max_chunk = adaptive["config"]["chunk"]
-    beside = [s for s in adaptive["steps"] if s["prefill"] and any(d in ids for d in s["decode"])]
-    alone = [s for s in adaptive["steps"] if s["prefill"] and not any(d in ids for d in s["decode"])]
+def test_adaptive_budget_shrinks_beside_interactive_decodes_and_opens_without_them(recording):
+    rec, cost = recording
+    run = simulate(rec, cost, chunk=256, adaptive=True)
+    ids = run.interactive_ids()
+    beside = [s for s in run.steps if s.prefill and ids.intersection(s.decode)]
+    alone = [s for s in run.steps if s.prefill and not ids.intersection(s.decode)]
     assert beside and alone
-    for s in adaptive["steps"]:
-        assert sum(n for _, n in s["prefill"]) <= s["budget"] or s["budget"] == 0
-    # beside interactive decodes the budget is what the ITL allows, far below the chunk
-    assert max(s["budget"] for s in beside) < max_chunk // 4
-    # with no interactive stream waiting on a token, prefill runs at the whole chunk (less its decodes)
-    assert max(s["budget"] for s in alone) >= max_chunk - 8
-    # more decodes beside a prompt leave fewer prompt tokens (the step-time model's trade)
-    by_decodes: dict[int, list[int]] = {}
+    assert all(sum(n for _, n in s.prefill) <= s.budget for s in run.steps)
+    assert max(s.budget for s in beside) < 256 // 4          # what the ITL allows, far below the chunk
+    assert max(s.budget for s in alone) >= 256 - 8           # nobody waits on a token: the whole chunk
+    by_decodes: dict[int, list[int]] = {}                     # more decodes leave fewer prompt tokens
     for s in beside:
-        by_decodes.setdefault(len(s["decode"]), []).append(s["budget"])
+        by_decodes.setdefault(len(s.decode), []).append(s.budget)
     counts = sorted(k for k, v in by_decodes.items() if len(v) >= 5)
     means = [sum(by_decodes[k]) / len(by_decodes[k]) for k in counts]
     assert len(means) >= 2 and means[0] > means[-1]
 
 
-def test_adaptive_steps_keep_the_itl_budget_where_fixed_chunks_do_not(fixed, adaptive):
-    """Share of steps carrying an interactive stream's token that took longer than the ITL budget (recorded:
-    4.9% with chunk 32, none adaptive), and each interactive request's longest gap."""
-    assert over_budget_share(fixed) > 0.03
-    assert over_budget_share(adaptive) < 0.01
-    budget_s = adaptive["config"]["itl_budget_ms"] / 1e3
-
-    def worst_gaps(rec):
-        return [r["itl_max_s"] for r in rec["requests"] if r["request_class"] == "interactive" and r["itl_max_s"]]
-    assert max(worst_gaps(fixed)) > budget_s * 1.5
-    assert max(worst_gaps(adaptive)) <= budget_s
+@pytest.mark.parametrize("chunk,adaptive", [(32, False), (256, True)])
+def test_interactive_prompts_are_served_before_background_ones_and_everything_completes(recording, chunk, adaptive):
+    rec, cost = recording
+    run = simulate(rec, cost, chunk=chunk, adaptive=adaptive)
+    assert not run.class_order_violations()
+    interactive = [r for r in run.requests.values() if r.request_id in run.interactive_ids()]
+    assert max(r.ttft_s for r in interactive) < 1.5  # the budget is 4 s
+    assert all(len(r.token_times_s) == r.max_tokens == 48 for r in run.requests.values())  # documents too
 
 
-def test_background_work_still_completes(fixed, adaptive):
-    for rec in (fixed, adaptive):
-        background = [r for r in rec["requests"] if r["request_class"] == "background"]
-        assert background and all(r["state"] == "finished" for r in background)
+def test_the_replay_sees_a_broken_policy(recording, monkeypatch):
+    """The checks above can fail: a full chunk beside interactive decodes breaks the ITL budget, and
+    serving prompts in arrival order puts documents ahead of waiting interactive prompts."""
+    rec, cost = recording
+    full_chunk = simulate(rec, cost, chunk=256, adaptive=False)
+    assert full_chunk.worst_gap_ms() > 5 * rec["config"]["itl_budget_ms"]
+    monkeypatch.setattr(steppolicy, "prompt_order", lambda prompts, *args, **kwargs: list(prompts))
+    arrival_order = simulate(rec, cost, chunk=256, adaptive=True)
+    assert len(arrival_order.class_order_violations()) >= 10
+    assert max(r.ttft_s for r in arrival_order.requests.values() if r.request_id in arrival_order.interactive_ids()) > 2.0
 
 
-def test_online_model_predicts_the_recorded_steps(adaptive):
-    """Replayed through the online model one step at a time, each step is predicted before it is seen."""
+def test_online_model_predicts_the_recorded_steps():
+    """Fed the adaptive recording one step at a time, each step is predicted before it is seen."""
+    rec = load("steps-adaptive.json")
     model = OnlineStepModel()
     errors, durations = [], []
-    for s in adaptive["steps"]:
+    for s in rec["steps"]:
         est = model.estimate()
-        n_prompt = sum(n for _, n in s["prefill"])
         if est is not None:
-            errors.append(abs(est.predict_ms(n_prompt, len(s["decode"]), s["kv_in_use"]) - s["duration_ms"]))
+            errors.append(abs(est.predict_ms(*step_shape(s)) - s["duration_ms"]))
             durations.append(s["duration_ms"])
-        model.observe(n_prompt, len(s["decode"]), s["kv_in_use"], s["duration_ms"])
+        model.observe(*step_shape(s), s["duration_ms"])
     errors.sort()
-    median_err = errors[len(errors) // 2]
-    mean_step = sum(durations) / len(durations)
-    assert median_err < 0.25 * mean_step
+    assert errors[len(errors) // 2] < 0.25 * sum(durations) / len(durations)
     final = model.estimate()
     assert final.ms_per_prompt_token > 0.5 and final.ms_per_kv_ktoken > 0  # attention over the cells in use costs
-
-
-def test_ttft_predictions_stay_within_the_bound_stated_for_this_box(adaptive):
-    """Admission's TTFT predictions against what happened (0.4 req/s, within this box's SLO capacity): the
-    README's bound is mean |error| ≤ 0.5 s and p90 ≤ 1 s (a quarter of the 4 s budget); recorded 0.20 / 0.42 s."""
-    errors = sorted(abs(r["ttft_s"] - r["predicted_ttft_s"]) for r in adaptive["requests"]
-                    if r["predicted_ttft_s"] is not None and r["ttft_s"] is not None)
-    assert len(errors) >= 0.8 * len(adaptive["requests"])  # every request after the first few steps is predicted
-    assert sum(errors) / len(errors) <= 0.5
-    assert errors[int(0.9 * (len(errors) - 1))] <= 1.0
-
-
-def test_disaggregated_decode_worker_keeps_interactive_gaps_within_budget_while_documents_complete():
-    """The disaggregated recording (one thread per worker, learned routing, adaptive budget on the decode
-    worker): no decode step carrying an interactive token over the ITL budget, every interactive request's
-    longest gap within it, background documents complete, and some prompts were prefilled on each worker."""
-    rec = load("steps-disaggregated.json")
-    assert rec["config"]["mode"] == "disaggregated" and rec["config"]["adaptive_chunk"] is True
-    budget_ms = rec["config"]["itl_budget_ms"]
-    decode_steps = [s for s in rec["steps"] if s["role"] == "decode"]
-    ids = interactive_ids(rec)
-    carrying = [s for s in decode_steps if any(d in ids for d in s["decode"])]
-    assert len(carrying) > 100 and max(s["duration_ms"] for s in carrying) <= budget_ms
-    assert max(r["itl_max_s"] for r in rec["requests"] if r["request_class"] == "interactive") * 1e3 <= budget_ms
-    assert all(r["state"] == "finished" for r in rec["requests"])
-    assert any(s["prefill"] for s in decode_steps)                              # routed to the decode worker
-    assert any(s["prefill"] for s in rec["steps"] if s["role"] == "prefill")     # and through the handoff

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import json
 import random
 import statistics
-import time
 
 import pytest
 
@@ -288,18 +289,52 @@ def test_trace_make_and_convert_commands(tmp_path, capsys):
 
 # --- replay -----------------------------------------------------------------------------------------------
 
-class FakeEngine:
-    """Counts requests in flight and when each was submitted; each takes ``service_s``."""
+class FakeClock:
+    """Virtual time for the replayer: ``now()`` moves only when every task of the run waits on the clock,
+    and then to the earliest wake-up.  Nothing waits in real time."""
 
-    def __init__(self, service_s: float = 0.02):
-        self.service_s, self.in_flight, self.max_in_flight = service_s, 0, 0
+    def __init__(self):
+        self.now_s = 0.0
+        self._order = itertools.count()  # why: equal wake-up times wake in the order they went to sleep
+        self._sleepers: list[tuple[float, int, asyncio.Future, asyncio.Task]] = []
+
+    def now(self) -> float:
+        return self.now_s
+
+    async def sleep_until(self, t_s: float) -> None:
+        if t_s <= self.now_s:
+            return
+        wake = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (t_s, next(self._order), wake, asyncio.current_task()))
+        await wake
+
+    async def run(self, coro):
+        """Run ``coro`` to its end on this clock."""
+        main, me = asyncio.ensure_future(coro), asyncio.current_task()
+        while not main.done():
+            asleep = {task for *_, task in self._sleepers}
+            busy = {t for t in asyncio.all_tasks() if not t.done() and t not in (me, main, *asleep)}
+            if busy or not self._sleepers:
+                await asyncio.sleep(0)  # let the runnable tasks reach the clock (or finish)
+                continue
+            t_s, _, wake, _ = heapq.heappop(self._sleepers)
+            self.now_s = t_s
+            wake.set_result(None)
+        return main.result()
+
+
+class FakeEngine:
+    """Counts requests in flight and when each was submitted (on ``clock``); each takes ``service_s``."""
+
+    def __init__(self, clock: FakeClock, service_s: float = 0.02):
+        self.clock, self.service_s, self.in_flight, self.max_in_flight = clock, service_s, 0, 0
         self.submitted: list[tuple[float, object, object]] = []
         self.classes: list[str | None] = []
 
     async def submit(self, prompt=None, *, messages=None, params=None, request_class=None):
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.submitted.append((time.monotonic(), prompt or messages, params))
+        self.submitted.append((self.clock.now(), prompt or messages, params))
         self.classes.append(request_class)
         return FakeStream(self, len(self.submitted) - 1)
 
@@ -309,33 +344,42 @@ class FakeStream:
         self.engine, self.lifecycle = engine, index
 
     async def collect(self):
-        await asyncio.sleep(self.engine.service_s)
+        await self.engine.clock.sleep_until(self.engine.clock.now() + self.engine.service_s)
         self.engine.in_flight -= 1
+
+
+def replay_on(clock: FakeClock, engine: FakeEngine, trace):
+    return asyncio.run(clock.run(replay(engine, trace, clock=clock)))
 
 
 def test_closed_loop_replay_keeps_at_most_n_in_flight_and_returns_trace_order():
     trace = make_trace("mixed", 10, 1.0, concurrency=3, max_tokens=4, seed=0)
-    engine = FakeEngine()
-    t0 = time.monotonic()
-    lifecycles = asyncio.run(replay(engine, trace))
+    clock = FakeClock()
+    engine = FakeEngine(clock, service_s=0.02)
+    lifecycles = replay_on(clock, engine, trace)
     assert engine.max_in_flight == 3 and engine.in_flight == 0
     assert sorted(lifecycles) == list(range(10))
     assert [engine.submitted[i][1] for i in lifecycles] == [list(r.messages) for r in trace]
     assert [engine.classes[i] for i in lifecycles] == [r.request_class for r in trace]  # the trace's classes
     assert {"interactive", "background"} <= set(engine.classes)
-    assert time.monotonic() - t0 < 10 * 0.02  # arrival offsets ignored; 3 lanes overlap
+    # arrival offsets ignored: three lanes, each sending its next request as its last one finishes
+    assert [t for t, *_ in engine.submitted] == pytest.approx([0.0] * 3 + [0.02] * 3 + [0.04] * 3 + [0.06])
+    assert clock.now() == pytest.approx(0.08)
 
 
 def test_open_loop_replay_submits_at_the_arrival_offsets_with_the_trace_s_sampling():
     trace = Trace((TraceRequest(0.0, prompt="a", max_tokens=2, ignore_eos=True),
                    TraceRequest(0.1, messages=[{"role": "user", "content": "b"}], max_tokens=3),
                    TraceRequest(0.05, prompt="c", max_tokens=4)))
-    engine = FakeEngine(service_s=0.2)
-    t0 = time.monotonic()
-    lifecycles = asyncio.run(replay(engine, trace))
-    by_what = {str(what): (t - t0, params) for t, what, params in engine.submitted}
-    assert [by_what["a"][0], by_what["c"][0], by_what[str([{"role": "user", "content": "b"}])][0]] == \
-           pytest.approx([0.0, 0.05, 0.1], abs=0.03)
-    assert (by_what["a"][1].max_tokens, by_what["a"][1].ignore_eos) == (2, True)
+    clock = FakeClock()
+    clock.now_s = 100.0  # offsets count from when the replay starts
+    engine = FakeEngine(clock, service_s=0.2)
+    lifecycles = replay_on(clock, engine, trace)
+    assert [(t, what) for t, what, _ in engine.submitted] == \
+           [(100.0, "a"), (100.05, "c"), (100.1, [{"role": "user", "content": "b"}])]
+    by_what = {str(what): params for _, what, params in engine.submitted}
+    assert (by_what["a"].max_tokens, by_what["a"].ignore_eos) == (2, True)
+    assert (by_what["c"].max_tokens, by_what["c"].ignore_eos) == (4, False)
     assert engine.max_in_flight == 3  # open loop: nobody waits for anybody
+    assert clock.now() == pytest.approx(100.3)
     assert [engine.submitted[i][1] for i in lifecycles] == ["a", [{"role": "user", "content": "b"}], "c"]
