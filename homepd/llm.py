@@ -137,6 +137,11 @@ class LlamaContext:
         self._nseq[:] = 1
         self._row_type = ctypes.c_float * model.n_vocab
 
+    @property
+    def n_threads(self) -> tuple[int, int]:
+        """(n_threads, n_threads_batch) as llama.cpp reports them for this context (decode, prompt)."""
+        return int(C.llama_n_threads(self._ctx)), int(C.llama_n_threads_batch(self._ctx))
+
     def close(self) -> None:
         if self._ctx:
             C.llama_batch_free(self._batch)

@@ -36,12 +36,23 @@ class AloneRun:
 
 def greedy_alone(model: LlamaModel, prompt_ids: list[int], max_tokens: int, chunk: int | None,
                  n_threads: int, n_ctx: int, n_seq_max: int = 1, stop_at_eog: bool = True) -> AloneRun:
-    """Greedy-decode one request alone with the engine's schedule; returns tokens and timings."""
+    """Greedy-decode one request alone with the engine's schedule, on a context of its own."""
     n_batch = engine_n_batch(chunk, n_seq_max, n_ctx)
     ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, n_threads=n_threads)
     try:
-        step = n_batch if chunk is None else chunk
-        steps: list[float] = []
+        return greedy_on(ctx, prompt_ids, max_tokens, chunk, stop_at_eog)
+    finally:
+        ctx.close()
+
+
+def greedy_on(ctx: LlamaContext, prompt_ids: list[int], max_tokens: int, chunk: int | None,
+              stop_at_eog: bool = True) -> AloneRun:
+    """Greedy-decode one request as sequence 0 of ``ctx`` (prompt in ``chunk``-sized steps, then one
+    token per step), then clear the sequence so the context can run the next one."""
+    model = ctx.model
+    step = ctx.n_batch if chunk is None else chunk
+    steps: list[float] = []
+    try:
         t0 = time.monotonic()
         for start in range(0, len(prompt_ids), step):
             stop = min(len(prompt_ids), start + step)
@@ -60,7 +71,7 @@ def greedy_alone(model: LlamaModel, prompt_ids: list[int], max_tokens: int, chun
         t2 = time.monotonic()
         return AloneRun(tokens=out, prompt_s=t1 - t0, decode_s=t2 - t1, step_s=steps)
     finally:
-        ctx.close()
+        ctx.seq_rm(0)
 
 
 def teacher_forced_deficits(model: LlamaModel, prompt_ids: list[int], generated_ids: list[int],
