@@ -5,7 +5,7 @@ import argparse
 import json
 
 from homepd.config import DEFAULT_MODEL_NAME, parse_chunk
-from homepd.measure.bench import bench_engine
+from homepd.measure.bench import ENGINE_FLOOR, bench_engine
 
 
 def register(subparsers) -> None:
@@ -31,11 +31,20 @@ def _run_engine(args: argparse.Namespace) -> int:
     out = bench_engine(args.model, args.threads, args.prompt_tokens, args.gen_tokens, args.chunk, args.repeat,
                        kv_tokens=args.kv_tokens, arena_requests=args.arena_requests)
     print(f"model {out['model']}  n_threads={out['n_threads']}  chunk={out['chunk']}  "
-          f"prompt={out['n_prompt_tokens']} tok  gen={out['n_gen_tokens']} tok  (median of {out['repeat']})")
-    print(f"  prompt  engine {out['engine_prompt_tok_s']:8.1f} tok/s   raw {out['raw_prompt_tok_s']:8.1f} tok/s"
-          f"   ratio {out['prompt_ratio']:.3f}")
-    print(f"  decode  engine {out['engine_decode_tok_s']:8.1f} tok/s   raw {out['raw_decode_tok_s']:8.1f} tok/s"
-          f"   ratio {out['decode_ratio']:.3f}")
+          f"prompt={out['n_prompt_tokens']} tok  gen={out['n_gen_tokens']} tok  "
+          f"(median [min-max] of {out['repeat']} interleaved rounds, each run alone)")
+    for phase in ("prompt", "decode"):
+        e, r = f"engine_{phase}_tok_s", f"raw_{phase}_tok_s"
+        print(f"  {phase}  engine {out[e]:7.1f} [{out[e + '_min']:.1f}-{out[e + '_max']:.1f}] tok/s   "
+              f"reference {out[r]:7.1f} [{out[r + '_min']:.1f}-{out[r + '_max']:.1f}] tok/s   "
+              f"ratio {out[phase + '_ratio']:.3f}  {out[phase + '_guard']} (>= {ENGINE_FLOOR})")
+    print(f"  reference: own process (pid {out['raw_pid']}), llama.cpp n_threads/n_threads_batch "
+          f"{'/'.join(map(str, out['raw_llama_n_threads']))}, busy threads {out['raw_busy_threads']} "
+          f"on cores {out['raw_cpu_affinity']}, {out['raw_idle_cpu_s']:.2f} s CPU while the engine ran: "
+          f"{'checked' if out['raw_checked'] else 'NOT as asked, so the guard is unchecked'}")
+    print(f"  engine worker: busy threads {out['engine_busy_threads']} on cores {out['engine_cpu_affinity']}; "
+          f"waiting for a CPU up to {out['engine_wait_share_max']:.0%} (engine) and "
+          f"{out['raw_wait_share_max']:.0%} (reference) of a run: the box's other load, the figures' noise")
     if "kv_bytes" in out:
         print(f"  KV handoff of {out['kv_tokens']} tokens = {out['kv_bytes'] / 1e6:.1f} MB through the KV arena "
               f"(an extent of {out['kv_extent_bytes'] / 1e6:.2f} MB with its header):")
