@@ -5,7 +5,7 @@ import argparse
 import json
 
 from homepd.config import DEFAULT_MODEL_NAME, parse_chunk
-from homepd.measure.bench import ENGINE_FLOOR, bench_engine
+from homepd.measure.bench import BUSY_BOX_WAIT_SHARE, ENGINE_FLOOR, bench_engine
 
 
 def register(subparsers) -> None:
@@ -45,6 +45,11 @@ def _run_engine(args: argparse.Namespace) -> int:
     print(f"  engine worker: busy threads {out['engine_busy_threads']} on cores {out['engine_cpu_affinity']}; "
           f"waiting for a CPU up to {out['engine_wait_share_max']:.0%} (engine) and "
           f"{out['raw_wait_share_max']:.0%} (reference) of a run: the box's other load, the figures' noise")
+    print(f"  CPU per measured run: engine {out['engine_cpu_s']:.2f} s (worker + controller), reference "
+          f"{out['raw_cpu_s']:.2f} s: on a busy box each gets a share of a CPU, so the costlier one is slower")
+    if out["box_busy"]:
+        print(f"  the box was busy (runs waited over {BUSY_BOX_WAIT_SHARE:.0%} of their time for a CPU): "
+              "the verdicts measure its load as much as the engine; rerun on a quiet box before trusting them")
     if "kv_bytes" in out:
         print(f"  KV handoff of {out['kv_tokens']} tokens = {out['kv_bytes'] / 1e6:.1f} MB through the KV arena "
               f"(an extent of {out['kv_extent_bytes'] / 1e6:.2f} MB with its header):")
