@@ -21,9 +21,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from homepd.core.modes import Mode
 from homepd.errors import ConfigError
 
-MODES = ("colocated", "disaggregated", "replicas")
+MODES = tuple(Mode)  # str-valued: "colocated", "disaggregated", "replicas"
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 # test-only scheduling bugs the worker can inject, to prove the teacher-forced check catches them
 # (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again
@@ -109,7 +110,7 @@ class EngineConfig:
     CLI flags and ``HOMEPD_*`` variables for every face (``run``, ``serve``, ``advise``, the app)."""
     model: str = field(default=DEFAULT_MODEL_NAME, metadata=_opt(
         "model", help="catalog name or local GGUF path"))
-    mode: str = field(default="colocated", metadata=_opt("mode", choices=MODES))
+    mode: Mode = field(default=Mode.COLOCATED, metadata=_opt("mode", choices=MODES))
     n_ctx: int = field(default=4096, metadata=_opt(
         "n-ctx", int, "KV cells shared by all sequences (unified KV cache)"))
     n_seq_max: int = field(default=8, metadata=_opt("n-seq-max", int, "concurrent sequences per worker"))
@@ -181,6 +182,12 @@ class EngineConfig:
                                  "misses its class's budget, instead of letting it fail late",
         action=argparse.BooleanOptionalAction))
     fault: str | None = field(default=None, metadata=_opt(None))  # test-only scheduling bug, one of FAULTS
+
+    def __post_init__(self) -> None:
+        # why: the mode is carried as the enum whatever gave it (a flag, a file, ``replace(mode="...")``); a
+        # value that is no mode stays as given for ``validated`` to name
+        if self.mode in MODES and not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode(self.mode))
 
     def validated(self) -> "EngineConfig":
         """Return self if consistent, else raise ConfigError naming the option."""

@@ -16,12 +16,15 @@ from typing import Callable
 
 from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
+from homepd.core.modes import Mode, Role
 from homepd.core.records import WorkerEventKind, to_plain
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import prompt_budget
 from homepd.engine.controller import Engine
+from homepd.engine.topology import topology_for
+from homepd.engine.topology.colocated import chunk_candidate
 from homepd.launch import placement_plan, prepare
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord, run_trace
@@ -84,16 +87,7 @@ class AdviseResult:
 
 def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[Candidate]:
     """The configurations to measure on this box; infeasible ones carry the plan's reason."""
-    out = []
-    for chunk in settings.chunks:
-        name = "colocated-unchunked" if chunk is None else f"colocated-chunk-{chunk}"
-        out.append(Candidate(name, "colocated", chunk=chunk, feasible=plan.colocated.feasible,
-                             reason="" if plan.colocated.feasible else plan.colocated.reason))
-    d, r = plan.disaggregated, plan.replicas
-    out.append(Candidate("disaggregated", "disaggregated", chunk=base.chunk, feasible=d.feasible, reason=d.reason))
-    out.append(Candidate(f"replicas-{base.n_replicas}", "replicas", chunk=base.chunk, n_replicas=base.n_replicas,
-                         feasible=r.feasible, reason=r.reason))
-    return out
+    return [c for mode in Mode for c in topology_for(mode).advise_candidates(base, plan, settings.chunks)]
 
 
 def measurement(record: RunRecord) -> Measurement:
@@ -150,7 +144,7 @@ class Campaign:
         status, error = "incomplete", None
         try:
             evidence = Evidence(list(candidates))
-            calibration = next((c for c in feasible if c.mode == "colocated" and c.chunk == CALIBRATION_CHUNK), None)
+            calibration = next((c for c in feasible if c.name == chunk_candidate(CALIBRATION_CHUNK).name), None)
             ordered = ([calibration] if calibration else []) + [c for c in feasible if c is not calibration]
             predicted = None
             for i, cand in enumerate(ordered):
@@ -158,9 +152,8 @@ class Campaign:
                 if cand is calibration:
                     predicted = self._predicted_chunk(cand)
                     if predicted is not None and predicted not in s.chunks:
-                        extra = Candidate(f"colocated-chunk-{predicted}", "colocated", chunk=predicted,
-                                          reason=f"predicted by the step-time model for ITL <= "
-                                                 f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")
+                        extra = chunk_candidate(predicted, reason=f"predicted by the step-time model for ITL <= "
+                                                                  f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")
                         candidates.insert(len(s.chunks), extra)
                         evidence.candidates.insert(len(s.chunks), extra)
                         ordered.insert(i + 1, extra)
@@ -203,13 +196,13 @@ class Campaign:
                     evidence.add(cand.name, mix, measurement(record))
                     if self.store is not None:
                         self.store.add_result(run_id, cand.name, mix, repeat, record,
-                                              steps=[st for st in engine.step_log
-                                                     if record.requests and st.t_end_s >= record.requests[0].arrived_s])
+                                              steps=engine.steps_since(record.requests[0].arrived_s)
+                                              if record.requests else [])
                     self._done += 1
                     self._report(f"{cand.name} on the {mix} trace done")
-            self._steps[cand.name] = list(engine.step_log)
-            if cand.mode == "colocated":
-                self._estimates[cand.name] = engine.gate.estimate("colocated")
+            self._steps[cand.name] = engine.steps_since()
+            if cand.mode is Mode.COLOCATED:
+                self._estimates[cand.name] = engine.step_estimate(Role.COLOCATED)
 
     async def _recovery(self, cand: Candidate, run_id) -> None:
         """The mixed trace with a worker killed once the second request has its first token."""
@@ -217,16 +210,16 @@ class Campaign:
         import signal
 
         config = self._config(cand)
+        victim = topology_for(cand.mode).recovery_victim(config)
         self._report(f"recovery: {cand.name}, a worker killed mid-run")
         setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
         async with Engine(config, setup, sampler=self.sampler) as engine:
             await self._warm_up(engine)
-            victim = {"colocated": "colocated", "disaggregated": "decode"}.get(cand.mode, "replica-0")
 
             def kill_once_two_stream(_step) -> None:
-                if sum(1 for st in engine.streams.values() if st.token_ids) >= 2:
+                if engine.n_streaming() >= 2:
                     engine.step_listeners.remove(kill_once_two_stream)
-                    os.kill(engine.workers[victim].pid, signal.SIGKILL)
+                    os.kill(engine.worker_pid(victim), signal.SIGKILL)
 
             engine.step_listeners.append(kill_once_two_stream)
             record = await run_trace(engine, self._trace("mixed", 0), trace_name="mixed+kill",
@@ -258,10 +251,10 @@ class Campaign:
         return predicted_chunk(self._estimates.get(cand.name), self._steps.get(cand.name, []),
                                self.settings.slo.itl_ms or self.settings.slo.tpot_ms)
 
-    def _best_of(self, mode: str, evidence: Evidence) -> Candidate | None:
-        rec = recommend(Evidence([c for c in evidence.candidates if c.mode == mode and c.feasible],
+    def _best_of(self, mode: Mode, evidence: Evidence) -> Candidate | None:
+        rec = recommend(Evidence([c for c in evidence.candidates if c.mode is mode and c.feasible],
                                  {k: v for k, v in evidence.runs.items()
-                                  if any(c.name == k[0] and c.mode == mode for c in evidence.candidates)}))
+                                  if any(c.name == k[0] and c.mode is mode for c in evidence.candidates)}))
         return rec.candidate
 
     def _report(self, current: str) -> None:

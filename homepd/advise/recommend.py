@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from homepd.core.modes import Candidate, Mode  # noqa: F401 - Candidate: the rule's input, named here too
+
 # interference counts as measured when decode steps disturbed by prefill are this much slower, matched on
 # batch size, over at least MIN_INTERFERENCE_SAMPLES disturbed steps
 INTERFERENCE_SIGNIFICANT = 1.2
@@ -24,24 +26,6 @@ SLO_ATTAINMENT_TARGET = 0.9
 # "a clear margin": disaggregated goodput at least this multiple of the best colocated goodput
 DISAGG_MARGIN = 1.2
 OVERALL_MIX = "mixed"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration to measure: an architecture and its parameters."""
-    name: str                       # e.g. "colocated-chunk-64", "disaggregated", "replicas-2"
-    mode: str                       # "colocated" | "disaggregated" | "replicas"
-    chunk: int | None = None        # prefill chunk (None = unchunked)
-    n_replicas: int | None = None
-    feasible: bool = True
-    reason: str = ""                # why it is in the list (or why it cannot run here)
-
-    def config_values(self) -> dict:
-        """The ``EngineConfig`` fields this candidate sets."""
-        out: dict = {"mode": self.mode, "chunk": self.chunk}
-        if self.n_replicas is not None:
-            out["n_replicas"] = self.n_replicas
-        return out
 
 
 @dataclass(frozen=True)
@@ -145,15 +129,15 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
                measurements: dict[tuple[str, str], list[Measurement]]) -> tuple[str | None, str, str]:
     """(winning candidate, rule id, reason) for one mix."""
     mine = [r for r in rows if r.mix == mix and by_name[r.candidate].feasible]
-    colocated = [r for r in mine if by_name[r.candidate].mode in ("colocated", "replicas")]
-    disagg = [r for r in mine if by_name[r.candidate].mode == "disaggregated"]
+    colocated = [r for r in mine if by_name[r.candidate].mode is not Mode.DISAGGREGATED]
+    disagg = [r for r in mine if by_name[r.candidate].mode is Mode.DISAGGREGATED]
     best_co = max(colocated, key=_goodput_key, default=None)
     if best_co is None and not disagg:
         return None, "no-evidence", f"no candidate ran on the {mix} mix"
     if best_co is None:
         d = max(disagg, key=_goodput_key)
         return d.candidate, "only-disaggregated", "only the disaggregated architecture ran on this mix"
-    chunked = [r for r in colocated if by_name[r.candidate].mode == "colocated"] or colocated
+    chunked = [r for r in colocated if by_name[r.candidate].mode is Mode.COLOCATED] or colocated
     # the strongest interference among runs with enough disturbed steps to trust it (else the best sampled)
     sampled = [r for r in chunked if r.interference_samples >= MIN_INTERFERENCE_SAMPLES]
     inter = max(sampled, key=lambda r: r.interference_slowdown or 0.0) if sampled else \

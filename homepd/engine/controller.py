@@ -1,15 +1,12 @@
-"""The controller: starts workers, admits and routes requests, streams tokens back.
+"""The controller: the request table, and the worker messages and deaths that move it.
 
-Used by every face (service, dashboard, benchmarks).  Runs on an asyncio loop
-that also reads every worker's pipe, so a worker's death (pipe EOF) is noticed
-at once.  Disaggregation's slot bookkeeping lives in ``homepd.kv.router``; what
-to do about a dead worker is decided by ``homepd.engine.recovery`` (pure) and
-applied here.
-
-# why ~520 lines: one concept, the controller's request table and the worker
-# messages that move it (submit, steps, handoffs, ends, deaths, restarts).
-# Splitting the death handling out would hand another object the table's
-# private state — the mixin this module replaced.
+Used by every face (service, dashboard, benchmarks) through its requests (``submit``, ``cancel``) and its
+read API (``snapshot``, ``health``, ``is_running``, ``finished_since``, ``steps_since``...).  Runs on an
+asyncio loop that also reads every worker's pipe, so a worker's death (pipe EOF) is noticed at once.
+Which workers, which entry worker and which failures are fatal: the mode's topology
+(``homepd.engine.topology``); admission and routing policy: the gate (``homepd.engine.gate``);
+disaggregation's arena bookkeeping: ``homepd.kv.router``; what to do about a dead worker:
+``homepd.engine.recovery`` (pure), applied here.
 """
 from __future__ import annotations
 
@@ -20,20 +17,24 @@ import os
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import replace
+from typing import Iterable
 
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, Verdict
 from homepd.core.lifecycle import Lifecycle, RequestState, end_state
+from homepd.core.modes import Role
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
                                   StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
+from homepd.core.stepmodel import StepEstimate
 from homepd.core.textstream import TextStream
 from homepd.engine import recovery
-from homepd.engine.gate import AdmissionGate, WorkerLoad
-from homepd.engine.handles import WorkerHandle
+from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
+from homepd.engine.handles import WorkerHandle, watch_for_hangs
 from homepd.engine.prompt import render_chat
 from homepd.engine.streams import Event, RequestStream
+from homepd.engine.topology import Health, topology_for
 from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
 
 MAX_RECORDS = 10_000       # finished request records kept for metrics
@@ -48,6 +49,7 @@ class Engine:
         """``setup``: the resolved model and worker placements (``homepd.launch.prepare``).
         ``sampler``: an optional running ``homepd.hw.monitor.Sampler``; worker pids are registered with it."""
         self.config = config.validated()
+        self.topology = topology_for(self.config.mode)
         self.setup = setup
         self.sampler = sampler
         self.model_path = setup.model_path
@@ -59,7 +61,7 @@ class Engine:
         self.step_listeners: list = []  # called with each StepRecord once its tokens and ends are applied
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = {}
-        self.kv = None  # KVRouter (disaggregated)
+        self.kv = None  # KVRouter (a topology with a KV arena)
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
         self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
@@ -77,26 +79,21 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         model_cls, _ = model_classes(self.config.backend)
         self.tokenizer = await asyncio.to_thread(model_cls, self.model_path, 0, True)
-        if self.config.mode == "disaggregated":
+        if self.topology.uses_kv_arena:
             await asyncio.to_thread(cleanup_stale_segments)  # segments of dead controllers
-        specs = worker_specs(self.config, self.setup)
-        for role, spec in specs.items():
-            self.workers[role] = WorkerHandle(role, spec, self._loop, self._on_message, self._on_exit)
+        for name, spec in worker_specs(self.config, self.setup).items():
+            self.workers[name] = WorkerHandle(name, spec, self._loop, self._on_message, self._on_exit)
         try:
             await asyncio.gather(*(h.start() for h in self.workers.values()))
             for handle in self.workers.values():
                 self._register(handle)
-            if self.config.mode == "disaggregated":
-                from homepd.kv.router import KVRouter
-
-                # the placement plan's arena (else sized from the prefill worker's measured KV state bytes)
-                self.kv = KVRouter(self.setup.kv_arena_bytes, self.workers["prefill"].ready,
-                                   max_extents=self.config.n_slots)
+            self.kv = self.topology.make_kv(self.config, self.setup, self.workers)
+            if self.kv is not None:
                 for handle in self.workers.values():
                     handle.send(self.kv.attach_message())
             await asyncio.to_thread(self.measure_memory)
             if self.config.hang_timeout_s:
-                self._spawn_task(self._watch_for_hangs())
+                self._spawn_task(watch_for_hangs(self.workers, self.config.hang_timeout_s, lambda: self._stopping))
         except BaseException:
             await self.stop()
             raise
@@ -183,8 +180,8 @@ class Engine:
             raise RequestError(str(exc)) from None
         params = (params or SamplingParams()).validated()
         ids = self.prepare(prompt, messages)
-        failed = [h for h in self.workers.values() if h.failed]
-        if failed and (self.config.mode != "replicas" or len(failed) == len(self.workers)):
+        failed = self.topology.fatal_failures(self.workers)
+        if failed:
             raise EngineError(f"the {failed[0].role} worker could not be restarted ({failed[0].failed}); "
                               "stop and start the engine")
         room = self.config.n_ctx - len(ids) + 1
@@ -193,7 +190,8 @@ class Engine:
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
-        worker = self._route_new(len(ids))
+        worker = self.topology.route_new(self.config, self.workers, self.kv, self.gate,
+                                         lambda h: self._load(h.in_flight), len(ids))
         decision = self.gate.decide(klass, len(ids), worker.role, worker.spec, self._load(worker.in_flight))
         if decision is not None and decision.verdict is Verdict.REJECT:
             raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
@@ -206,42 +204,12 @@ class Engine:
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.streams[rid] = stream
         worker.send_request(rid, SubmitRequest(rid, tuple(ids), params, request_class=klass.value,
-                                               deadline_s=self._deadline(lifecycle)))
+                                               deadline_s=self.gate.deadline_s(lifecycle)))
         return stream
 
-    def _deadline(self, lc: Lifecycle) -> float:
-        return lc.arrived_s + self.gate.budgets[RequestClass(lc.request_class)].ttft_ms / 1e3
-
-    def _route_new(self, n_tokens: int) -> WorkerHandle:
-        """The entry worker of a new request; in disaggregated mode a prompt that fits the prefill worker is
-        still prefilled on the decode worker when the gate predicts that is sooner (short prompts)."""
-        worker = self._entry_worker(n_tokens=n_tokens)
-        if worker.role == "prefill" and self.config.local_prefill:
-            prefill, decode = self.workers["prefill"], self.workers["decode"]
-            if not decode.failed and self.gate.route(n_tokens, prefill.spec, self._load(prefill.in_flight),
-                                                     decode.spec, self._load(decode.in_flight)):
-                return decode
-        return worker
-
-    def _load(self, request_ids) -> WorkerLoad:
-        """What these running requests (a worker's, or all) hold: prompt tokens still to prefill and requests
-        waiting for a first token, per class, and the decoding streams."""
-        tokens: Counter = Counter()
-        queued: Counter = Counter()
-        n_decode = n_interactive = 0
-        for rid in request_ids:
-            stream = self.streams.get(rid)
-            if stream is None:
-                continue
-            lc = stream.lifecycle
-            klass = RequestClass(lc.request_class)
-            if lc.first_token_s is None:
-                tokens[klass] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
-                queued[klass] += 1
-            else:
-                n_decode += 1
-                n_interactive += klass is RequestClass.INTERACTIVE
-        return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive)
+    def _load(self, request_ids: Iterable[str]) -> WorkerLoad:
+        """What these running requests (a worker's, or all) hold (``homepd.engine.gate.load_of``)."""
+        return load_of(self.streams[rid].lifecycle for rid in request_ids if rid in self.streams)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a running request; True if it was running.  Its stream ends with finish_reason 'cancelled'."""
@@ -262,17 +230,7 @@ class Engine:
         return stream.lifecycle if stream is not None else self.records.get(request_id)
 
     def _entry_worker(self, avoid: WorkerHandle | None = None, n_tokens: int = 0) -> WorkerHandle:
-        """Where a new (or recomputed) request of ``n_tokens`` goes: the colocated or prefill worker (the
-        decode worker when its KV fits the prefill worker's context or the arena not: ``KVRouter.route``),
-        or the least loaded replica that has not failed (``avoid``: a replica that just died, if another
-        can take it)."""
-        if self.config.mode == "disaggregated" and self.kv is not None:
-            return self.workers[self.kv.route(n_tokens)]
-        if self.config.mode != "replicas":
-            return self.workers["colocated" if self.config.mode == "colocated" else "prefill"]
-        usable = [h for h in self.workers.values() if not h.failed and h is not avoid] or \
-                 [h for h in self.workers.values() if not h.failed] or list(self.workers.values())
-        return min(usable, key=lambda h: (len(h.in_flight) + (0 if h.ready else 1), h.role))
+        return self.topology.entry_worker(self.workers, self.kv, n_tokens, avoid)
 
     # messages from workers (on the loop thread) -------------------------------------
     def _on_message(self, handle: WorkerHandle, msg) -> None:
@@ -301,7 +259,7 @@ class Engine:
         for rid in report.prefill_started:
             if rid in self.streams:
                 self.streams[rid].lifecycle.advance(RequestState.PREFILLING, step.t_start_s)
-        after_prefill = RequestState.TRANSFERRING if handle.role == "prefill" else RequestState.DECODING
+        after_prefill = RequestState.TRANSFERRING if handle.spec.role is Role.PREFILL else RequestState.DECODING
         for rid in report.prefill_ended:
             if rid in self.streams:
                 lc = self.streams[rid].lifecycle
@@ -321,17 +279,17 @@ class Engine:
     def _on_handoff(self, msg: KVHandoff) -> None:
         """Prefill worker exported a request's KV into a slot: route it to the decode worker."""
         rid = msg.request_id
-        self.workers["prefill"].in_flight.discard(rid)
+        self.workers[Role.PREFILL].in_flight.discard(rid)
         if rid not in self.streams or rid in self.cancelling:
             self.kv.discard_export(msg)  # nobody wants it any more
-            self.workers["prefill"].send(SlotFreed(msg.slot))
+            self.workers[Role.PREFILL].send(SlotFreed(msg.slot))
             self._end(rid, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
             return
         lc = self.streams[rid].lifecycle
         lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
         lc.kv_export_s = msg.export_end_s - msg.export_start_s
         self.kv.handed_off(msg)
-        decode = self.workers["decode"]
+        decode = self.workers[Role.DECODE]
         if decode.failed:
             self._end(rid, RequestState.FAILED, time.monotonic(), error=f"decode worker is down ({decode.failed})")
         else:
@@ -339,7 +297,7 @@ class Engine:
 
     def _on_imported(self, msg: KVImported) -> None:
         self.kv.imported(msg.request_id)
-        self.workers["prefill"].send(SlotFreed(msg.slot))
+        self.workers[Role.PREFILL].send(SlotFreed(msg.slot))
         stream = self.streams.get(msg.request_id)
         if stream is not None:
             lc = stream.lifecycle
@@ -357,7 +315,7 @@ class Engine:
         stream = self.streams.pop(rid, None)
         self.cancelling.discard(rid)
         if self.kv is not None and self.kv.drop(rid):
-            self.workers["prefill"].send(SlotFreed(-1))  # a slot may be free again
+            self.workers[Role.PREFILL].send(SlotFreed(-1))  # a slot may be free again
         if stream is None:
             return
         for handle in self.workers.values():
@@ -390,8 +348,8 @@ class Engine:
         wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
         intact: set[str] = set()
         if self.kv is not None:
-            intact = set(self.kv.recover(handle.role, pid, wanted if self.config.resume and not crash_loop else set()))
-            self.workers["prefill"].send(SlotFreed(-1))  # recovery may have freed slots
+            intact = set(self.kv.recover(handle.spec.role, pid, wanted if self.config.resume and not crash_loop else set()))
+            self.workers[Role.PREFILL].send(SlotFreed(-1))  # recovery may have freed slots
         plan = recovery.plan_recovery(recovery.WorkerDeath(
             role=handle.role, pid=pid, cause=cause, is_crash_loop=crash_loop, resume=self.config.resume,
             n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker(avoid=handle).failed),
@@ -444,18 +402,11 @@ class Engine:
             self.kv.drop(rid)  # a stale slot entry must not be imported later
         stream.lifecycle.n_prefilled = 0
         return SubmitRequest(rid, stream.prompt_ids + tuple(stream.token_ids), params, stream=text,
-                             request_class=stream.lifecycle.request_class, deadline_s=self._deadline(stream.lifecycle))
+                             request_class=stream.lifecycle.request_class, deadline_s=self.gate.deadline_s(stream.lifecycle))
 
     async def _restart(self, handle: WorkerHandle, died_s: float) -> None:
-        error = None
-        for attempt in range(recovery.RESTART_ATTEMPTS):
-            try:
-                await handle.start()
-                break
-            except Exception as exc:
-                error = exc
-                await asyncio.sleep(recovery.RESTART_BACKOFF_S * 2 ** attempt)
-        else:  # could not come back: fail what waits for it, refuse new work
+        error = await handle.restart(recovery.RESTART_ATTEMPTS, recovery.RESTART_BACKOFF_S)
+        if error is not None:  # could not come back: fail what waits for it, refuse new work
             handle.failed = f"{error}"
             self.worker_events.append(WorkerEvent(WorkerEventKind.FAILED, handle.role, None, time.monotonic(),
                                                   cause=f"could not be restarted: {error}"))
@@ -466,23 +417,54 @@ class Engine:
         self._register(handle)
         if self.kv is not None:
             handle.send(self.kv.attach_message())
-            if handle.role == "prefill":
+            if handle.spec.role is Role.PREFILL:
                 handle.send(SlotFreed(-1))  # wake it: slots may have freed while it was down
         now = time.monotonic()
         self.worker_events.append(WorkerEvent(WorkerEventKind.RESTARTED, handle.role, handle.pid, now,
                                               recovery_s=now - died_s))
 
-    async def _watch_for_hangs(self) -> None:
-        """Every second: kill a worker that holds requests but has said nothing for hang_timeout_s."""
-        timeout_s = self.config.hang_timeout_s
-        while not self._stopping:
-            await asyncio.sleep(min(1.0, timeout_s / 4))
-            now = time.monotonic()
-            for handle in self.workers.values():
-                if handle.is_hung(now, timeout_s):
-                    handle.kill_hung(now - handle.last_heard_s)
+    # the read API of the faces (they never read the tables themselves) ------------------
+    def health(self) -> Health:
+        """Which failed workers make the engine unusable, and whether a worker is (re)starting."""
+        return self.topology.health(self.workers)
 
-    # state -----------------------------------------------------------------------------
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self.streams
+
+    def finished_since(self, t_s: float) -> list[Lifecycle]:
+        """The requests that ended after ``t_s`` (monotonic), oldest first (of the last MAX_RECORDS)."""
+        out = []
+        for lc in reversed(self.records.values()):
+            if lc.ended_s is not None and lc.ended_s <= t_s:
+                break
+            out.append(lc)
+        return out[::-1]
+
+    def steps_since(self, t_s: float = float("-inf")) -> list[StepRecord]:
+        """The steps that ended at or after ``t_s`` (monotonic), in the order they arrived (of the last
+        MAX_STEP_LOG)."""
+        # why a full scan, not from the end back: two workers' steps arrive out of end-time order
+        return [step for step in self.step_log if step.t_end_s >= t_s]
+
+    def last_steps(self, n: int) -> list[StepRecord]:
+        return list(self.step_log)[-n:]
+
+    def n_streaming(self) -> int:
+        """Running requests that have their first token."""
+        return sum(1 for stream in self.streams.values() if stream.token_ids)
+
+    def kv_peak(self, t0_s: float, t1_s: float) -> tuple[int, int]:
+        """(peak arena bytes in use, KV bytes in transit then) between two monotonic times; (0, 0) without
+        an arena."""
+        return self.kv.peak_usage(t0_s, t1_s) if self.kv is not None else (0, 0)
+
+    def worker_pid(self, name: str) -> int | None:
+        return self.workers[name].pid
+
+    def step_estimate(self, name: str) -> StepEstimate | None:
+        """The step-time estimate worker ``name`` last published, once trusted (``AdmissionGate.estimate``)."""
+        return self.gate.estimate(name)
+
     def snapshot(self) -> EngineSnapshot:
         """A picture of the engine: workers, queues, the KV arena, running requests, recent worker events."""
         by_state: dict[str, list[str]] = {}

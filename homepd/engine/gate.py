@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Iterable
 
 from homepd.config import EngineConfig
 from homepd.core.admission import (ClassBudget, Decision, QueueState, RequestClass, RouteState, Verdict, admit,
                                    route)
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.modes import Role
 from homepd.core.protocol import StepRecord, WorkerSpec
 from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.stats import percentile
@@ -33,6 +35,23 @@ class WorkerLoad:
     queued_requests: dict[RequestClass, int]
     n_decode: int
     n_interactive_decode: int
+
+
+def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
+    """What these running requests (a worker's, or all) hold: prompt tokens still to prefill and requests
+    waiting for a first token, per class, and the decoding streams."""
+    tokens: Counter = Counter()
+    queued: Counter = Counter()
+    n_decode = n_interactive = 0
+    for lc in lifecycles:
+        klass = RequestClass(lc.request_class)
+        if lc.first_token_s is None:
+            tokens[klass] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
+            queued[klass] += 1
+        else:
+            n_decode += 1
+            n_interactive += klass is RequestClass.INTERACTIVE
+    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive)
 
 
 class AdmissionGate:
@@ -74,7 +93,7 @@ class AdmissionGate:
         est = self.estimate(worker)
         if est is None:
             return None
-        itl = spec.itl_budget_ms if spec.role != "prefill" else None  # as the worker's StepPolicy is built
+        itl = spec.itl_budget_ms if spec.role != Role.PREFILL else None  # as the worker's StepPolicy is built
         per_step = prompt_budget(est, n_decode, n_interactive_decode, itl, max_chunk=spec.n_batch)
         per_step = max(1, min(per_step, spec.n_batch - n_decode))
         return est.prefill_tok_s(n_decode, per_step), est.predict_ms(0, n_decode)
@@ -89,6 +108,10 @@ class AdmissionGate:
                 0.8 * self.handoff_ms_per_token + 0.2 * per
 
     # decisions -----------------------------------------------------------------
+    def deadline_s(self, lc: Lifecycle) -> float:
+        """When the request's first token is due (the monotonic clock): arrival plus its class's TTFT budget."""
+        return lc.arrived_s + self.budgets[RequestClass(lc.request_class)].ttft_ms / 1e3
+
     def decide(self, klass: RequestClass, n_prompt: int, worker: str, spec: WorkerSpec, load: WorkerLoad
                ) -> Decision | None:
         """Admission's verdict for a new request entering ``worker``; None while the worker's speed is unmeasured
@@ -116,11 +139,11 @@ class AdmissionGate:
         Until the prefill worker's speed is measured every prompt goes there.  The decode worker's prefill
         speed is its own measurement once it has prefilled a few prompts, else the prefill worker's scaled
         by their thread counts."""
-        remote = self.prefill_rate("prefill", prefill, 0, 0)
+        remote = self.prefill_rate(Role.PREFILL, prefill, 0, 0)
         if remote is None:
             self.routed["remote"] += 1
             return False
-        local = self.prefill_rate("decode", decode, decode_load.n_decode, decode_load.n_interactive_decode)
+        local = self.prefill_rate(Role.DECODE, decode, decode_load.n_decode, decode_load.n_interactive_decode)
         local_tok_s = local[0] if local is not None else remote[0] * decode.n_threads / max(prefill.n_threads, 1) \
             * 0.5  # why: beside its decodes it gets about half its time for prompts until measured
         decision = route(n_prompt, RouteState(

@@ -143,6 +143,18 @@ class WorkerHandle:
         if not self.stopping:
             self._on_exit(self, exitcode)
 
+    async def restart(self, attempts: int, backoff_s: float) -> Exception | None:
+        """Start it again, up to ``attempts`` times with doubling waits; the last error if it never came back."""
+        error = None
+        for attempt in range(attempts):
+            try:
+                await self.start()
+                return None
+            except Exception as exc:
+                error = exc
+                await asyncio.sleep(backoff_s * 2 ** attempt)
+        return error
+
     def is_hung(self, now_s: float, timeout_s: float) -> bool:
         """Ready, holding requests, and silent for ``timeout_s``: a step that never ends."""
         return self.ready is not None and bool(self.in_flight) and now_s - self.last_heard_s > timeout_s
@@ -199,3 +211,13 @@ class WorkerHandle:
             cpu_cores=tuple(self.spec.cpu_cores) if self.spec.cpu_cores else None,
             cuda_visible_devices=self.spec.cuda_visible_devices, n_gpu_layers=self.spec.n_gpu_layers,
             in_flight=tuple(sorted(self.in_flight)), backlog=len(self.backlog), failed=self.failed)
+
+
+async def watch_for_hangs(handles: dict[str, WorkerHandle], timeout_s: float, is_stopping) -> None:
+    """Every second: kill a worker that holds requests but has said nothing for ``timeout_s``."""
+    while not is_stopping():
+        await asyncio.sleep(min(1.0, timeout_s / 4))
+        now = time.monotonic()
+        for handle in handles.values():
+            if handle.is_hung(now, timeout_s):
+                handle.kill_hung(now - handle.last_heard_s)

@@ -3,18 +3,16 @@ from __future__ import annotations
 
 from homepd.config import EngineConfig
 from homepd.core.protocol import EngineSetup, WorkerSpec
+from homepd.engine.topology import topology_for
 
 
 def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSpec]:
-    """The spec of every worker the engine starts, by its name: ``colocated``, ``prefill`` and
-    ``decode``, or ``replica-N`` (a colocated worker)."""
-    expected = {"colocated": ["colocated"], "disaggregated": ["prefill", "decode"]}.get(config.mode)
-    names = expected if expected is not None else sorted(setup.placements)
+    """The spec of every worker the engine starts, by its name (its topology's ``worker_roles``)."""
     specs = {}
-    for name in names:
+    for name, role in topology_for(config.mode).worker_roles(config, setup).items():
         place = setup.placements[name]
         specs[name] = WorkerSpec(
-            role="colocated" if name.startswith("replica-") else name, model_path=setup.model_path,
+            role=role, model_path=setup.model_path,
             n_ctx=place.n_ctx or config.n_ctx, n_seq_max=config.n_seq_max,
             chunk=config.chunk, n_threads=place.n_threads, cpu_cores=place.cpu_cores,
             n_gpu_layers=999 if place.n_gpu_layers < 0 else place.n_gpu_layers, fault=config.fault,

@@ -4,10 +4,10 @@ The controller owns the arena (creates, pre-faults, unlinks); the prefill
 worker allocates extents in it.  A request is "in the arena" from the prefill
 worker's ``KVHandoff`` until the decode worker's ``KVImported`` (or its end).
 
-At admission ``route`` decides where a prompt is prefilled: on the prefill
-worker if its KV fits both the prefill worker's context and the arena, else on
-the decode worker itself (colocated-style, so it never waits for room that
-cannot come).  After any worker death ``recover`` puts the extents of the
+At admission ``fits_prefill_worker`` says whether a prompt can be prefilled on
+the prefill worker: its KV fits both the prefill worker's context and the arena
+(else the topology sends it to the decode worker itself, colocated-style, so it
+never waits for room that cannot come).  After any worker death ``recover`` puts the extents of the
 requests in transit back in order and names those the restarted decode worker
 can import without a second prefill; a restarted prefill worker rebuilds its
 allocator from ``live_extents``.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from homepd.core.modes import Role
 from homepd.core.protocol import AttachSlots, KVHandoff, WorkerReady
 from homepd.core.records import KVArenaSnapshot
 from homepd.kv.header import SlotState
@@ -58,11 +59,11 @@ class KVRouter:
         bound for sliding-window models, whose state stops growing)."""
         return extent_bytes_for(self.state_overhead_bytes + self.state_bytes_per_token * n_tokens)
 
-    def route(self, n_prompt_tokens: int) -> str:
-        """``"prefill"`` if the prompt's KV fits the prefill worker's context and the arena, else ``"decode"``."""
+    def fits_prefill_worker(self, n_prompt_tokens: int) -> bool:
+        """The prompt's KV fits the prefill worker's context and the arena (else the decode worker prefills
+        it: the disaggregated topology's entry rule)."""
         fits_context = n_prompt_tokens <= self.prefill_n_ctx
-        fits_arena = self.predicted_extent_bytes(n_prompt_tokens) <= self.arena.capacity_bytes
-        return "prefill" if fits_context and fits_arena else "decode"
+        return fits_context and self.predicted_extent_bytes(n_prompt_tokens) <= self.arena.capacity_bytes
 
     # transit -------------------------------------------------------------------
     def handed_off(self, msg: KVHandoff) -> None:
@@ -114,7 +115,7 @@ class KVRouter:
             state, holder = self.arena.state(msg.slot), self.arena.holder_pid(msg.slot)
             if state == SlotState.READING and holder == dead_pid:  # died mid-import
                 self.arena.reset_stale(msg.slot, to=SlotState.READY if rid in resumable_ids else SlotState.FREE)
-            if role == "decode" and rid in resumable_ids and self.arena.state(msg.slot) == SlotState.READY:
+            if role == Role.DECODE and rid in resumable_ids and self.arena.state(msg.slot) == SlotState.READY:
                 resumed.append(rid)
         return resumed
 

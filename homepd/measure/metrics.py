@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from homepd.core.admission import RequestClass
 from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.modes import Role
 from homepd.core.stats import percentile
 
 
@@ -49,7 +50,7 @@ def _overlapping_prefill(step: StepRecord, starts: list[float], spans: list[Step
 
 def interference(steps: list[StepRecord]) -> Interference:
     """Interference of prefill on decode, measured on the live step log."""
-    spans = sorted((s for s in steps if s.worker_role == "prefill"), key=lambda s: s.t_start_s)
+    spans = sorted((s for s in steps if s.worker_role == Role.PREFILL), key=lambda s: s.t_start_s)
     starts = [s.t_start_s for s in spans]
     alone: dict[int, list[float]] = {}
     mixed: dict[int, list[float]] = {}
@@ -201,7 +202,7 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord], slo: SLO | None
         queue_ms=Dist.of([r.queue_wait_s * 1e3 for r in done if r.queue_wait_s is not None]),
         n_steps=len(steps), max_prompt_tokens_per_step=max((s.n_prompt_tokens for s in steps), default=0),
         interference=interference(steps),
-        interference_kind="concurrent" if any(s.worker_role == "prefill" for s in steps) else "same_step",
+        interference_kind="concurrent" if any(s.worker_role == Role.PREFILL for s in steps) else "same_step",
         kv=kv, slo=slo, n_slo_met=n_met, goodput_per_s=n_met / span_s if span_s > 0 else None,
         ttft_prediction_error_ms=Dist.of([abs(r.ttft_s - r.predicted_ttft_s) * 1e3 for r in done
                                           if r.ttft_s is not None and r.predicted_ttft_s is not None]),

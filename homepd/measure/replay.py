@@ -146,13 +146,13 @@ async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = No
     t0 = time.monotonic()
     records = await replay(engine, trace, on_done)
     t1 = time.monotonic()
-    steps = [s for s in engine.step_log if s.t_end_s >= t0]
+    steps = engine.steps_since(t0)
     memory, energy = (), {}
     if sampler is not None:
         sampler.sample_once()
         memory, energy = peak_memory(sampler, t0, t1), energy_by_source_j(list(sampler.history()), t0, t1)
     breakdown = await asyncio.to_thread(engine.measure_memory)
-    arena_peak = engine.kv.peak_usage(t0, t1) if engine.kv is not None else (0, 0)
+    arena_peak = engine.kv_peak(t0, t1)
     snap = engine.snapshot()
     target = itl_target_ms if itl_target_ms is not None else (slo.itl_ms or slo.tpot_ms)
     return RunRecord(

@@ -14,6 +14,7 @@ import bisect
 from dataclasses import dataclass
 
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.modes import Role
 from homepd.core.protocol import StepRecord
 
 
@@ -61,7 +62,7 @@ def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culpri
     held: dict[tuple[str, bool], list] = {}
     for role, ss in by_role.items():
         same_step = role == own
-        if not same_step and role != "prefill":
+        if not same_step and role != Role.PREFILL:
             continue  # another replica's steps do not hold this stream
         i = bisect.bisect_right(ends[role], t0)
         while i < len(ss) and ss[i].t_start_s < t1:

@@ -182,7 +182,7 @@ class EngineEventStream(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if self.stream.request_id in self.service.engine.streams:  # the client left: cancel, free it later
+            if self.service.engine.is_running(self.stream.request_id):  # the client left: cancel, free it later
                 self.service.engine.cancel(self.stream.request_id)
                 self.service.spawn_finish(self.stream, self.request_class)
             else:

@@ -95,7 +95,7 @@ class EngineCollector:
         yield up
         yield restarts
         yield from _admission_metrics(snap.admission)
-        inter = interference(list(engine.step_log)[-INTERFERENCE_STEPS:])
+        inter = interference(engine.last_steps(INTERFERENCE_STEPS))
         if inter.slowdown is not None:
             yield _gauge("homepd_interference_ratio", "Decode step time with prefill beside it / without, at equal "
                          f"decode batch size, over the last {INTERFERENCE_STEPS} steps", inter.slowdown)

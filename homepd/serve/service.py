@@ -18,6 +18,7 @@ from collections import deque
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.sampling import SamplingParams
+from homepd.engine.topology import topology_for
 from homepd.serve.errors import unavailable
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.settings import ServeSettings
@@ -119,15 +120,12 @@ class Service:
     @property
     def capacity(self) -> int:
         """Requests admitted at once: every entry worker's sequences plus the wait queue."""
-        n_entry = self.config.n_replicas if self.config.mode == "replicas" else 1
+        n_entry = topology_for(self.config.mode).n_entry_workers(self.config)
         return self.config.n_seq_max * n_entry + self.settings.max_queue
 
     def _failed_workers(self) -> str | None:
-        workers = list(self.engine.workers.values()) if self.engine is not None else []
-        failed = [w.role for w in workers if w.failed]
-        if failed and (self.config.mode != "replicas" or len(failed) == len(workers)):
-            return ", ".join(failed) + " worker" + ("s" if len(failed) > 1 else "")
-        return None
+        failed = self.engine.health().failed if self.engine is not None else ()
+        return ", ".join(failed) + " worker" + ("s" if len(failed) > 1 else "") if failed else None
 
     def unavailable_reason(self) -> tuple[str, str] | None:
         """(code, message) when no request can be admitted now, else None."""
@@ -137,9 +135,7 @@ class Service:
             return "draining", "homepd is shutting down and admits no new request"
         if self.state in ("failed", "stopped") or self._failed_workers():
             return "engine_failed", f"the engine has failed ({self.failure or self._failed_workers()})"
-        workers = list(self.engine.workers.values())
-        if not any(w.ready is not None for w in workers if not w.failed) or \
-                (self.config.mode != "replicas" and any(w.ready is None for w in workers)):
+        if self.engine.health().restarting:
             return "worker_restarting", "a worker died and is being restarted; retry in a moment"
         return None
 

@@ -14,6 +14,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import Worker, WorkerState
 
+from homepd.core.modes import Mode
 from homepd.tui import messages as m
 from homepd.tui.jobs import Jobs
 from homepd.tui.screens.advise import AdviseScreen
@@ -162,7 +163,7 @@ class HomepdApp(App):
         if s.switching or not s.is_ready:
             return
         s.switching = True
-        self.jobs.switch_mode("disaggregated" if s.mode == "colocated" else "colocated")
+        self.jobs.switch_mode(Mode.DISAGGREGATED if s.mode == Mode.COLOCATED else Mode.COLOCATED)
         self.notify("switching the architecture: the engine restarts (the conversation stays)")
         self._tell("chat")
 

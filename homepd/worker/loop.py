@@ -13,6 +13,7 @@ import select
 import time
 import traceback
 
+from homepd.core import modes
 from homepd.core.protocol import (WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
 from homepd.core.sampling import TokenSampler
@@ -47,7 +48,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         regions = tuple(("model", a, b) for a, b in new_intervals(before_model, after_model)) + \
             tuple(("context", a, b) for a, b in new_intervals(after_model, anon_intervals()))
         kv_cache_bytes = resident_bytes("self", [(a, b) for kind, a, b in regions if kind == "context"])
-        per_token, overhead = measure_state_bytes(ctx, model) if spec.role != "colocated" else (0, 0)
+        per_token, overhead = measure_state_bytes(ctx, model) if spec.role != modes.Role.COLOCATED else (0, 0)
         conn.send(WorkerReady(pid=os.getpid(), role=spec.role, model_size_bytes=model.size_bytes,
                               n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0,
                               state_bytes_per_token=per_token, state_overhead_bytes=overhead,
@@ -88,10 +89,10 @@ class WorkerLoop:
         # the worker's own step-time model, fitted online from its steps: the adaptive budget and the
         # deadline order read it every step
         self.step_model = OnlineStepModel()
-        policy = StepPolicy(spec.chunk, spec.n_batch, spec.itl_budget_ms if spec.role != "prefill" else None,
+        policy = StepPolicy(spec.chunk, spec.n_batch, spec.itl_budget_ms if spec.role != modes.Role.PREFILL else None,
                             estimate=self.step_model.estimate)
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
-                                   chunk=spec.chunk, decodes=spec.role != "prefill", policy=policy)
+                                   chunk=spec.chunk, decodes=spec.role != modes.Role.PREFILL, policy=policy)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us

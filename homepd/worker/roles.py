@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from homepd.core import modes
 from homepd.core.protocol import WorkerSpec
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
@@ -68,9 +69,9 @@ def make_role(spec: WorkerSpec, ctx, scheduler: Scheduler, send: Callable[[objec
               finish: Callable[[Sequence], None]) -> Role:
     """The role ``spec.role`` names, given what it may use: the context, the scheduler (the decode role
     admits imported requests), the controller's ``send`` and ``finish`` (a sequence leaves this worker)."""
-    if spec.role == "prefill":
+    role = modes.Role(spec.role)  # unknown: ValueError
+    if role is modes.Role.PREFILL:
         return PrefillRole(ctx, send, finish, spec.model_fingerprint)
-    if spec.role == "decode":
+    if role is modes.Role.DECODE:
         return DecodeRole(ctx, send, finish, spec.model_fingerprint, scheduler)
-    assert spec.role == "colocated", f"unknown worker role {spec.role!r}"
     return ColocatedRole()

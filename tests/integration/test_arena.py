@@ -48,7 +48,7 @@ def test_an_arena_smaller_than_one_prompts_kv_routes_it_to_decode_and_the_others
 
     async def scenario():
         async with make_engine(cfg) as engine:
-            assert engine.kv.route(2241) == "decode" and engine.kv.route(20) == "prefill"
+            assert not engine.kv.fits_prefill_worker(2241) and engine.kv.fits_prefill_worker(20)
             streams, ends = await generate(engine, [LONG, *SHORT])
             return streams, ends, list(engine.step_log), engine.snapshot()
 
@@ -71,7 +71,7 @@ def test_an_arena_smaller_than_one_prompts_kv_routes_it_to_decode_and_the_others
 def test_a_prompt_longer_than_the_prefill_context_is_prefilled_on_the_decode_worker():
     async def scenario():
         async with make_engine(fake(prefill_n_ctx=512)) as engine:  # the arena (default) would hold it
-            assert engine.kv.route(2241) == "decode"
+            assert not engine.kv.fits_prefill_worker(2241)
             return await generate(engine, [LONG, SHORT[0]])
 
     streams, ends = run(scenario())

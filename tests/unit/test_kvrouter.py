@@ -11,6 +11,8 @@ from homepd.kv.header import HOLDER_PID_OFFSET, STATE_OFFSET, SlotHeader, SlotSt
 from homepd.kv.pool import DATA_OFFSET, extent_bytes_for
 from homepd.kv.ring import RingAllocator
 
+from homepd.core.modes import Mode
+from homepd.engine.topology import topology_for
 from homepd.kv.router import KVRouter
 
 FP = "ab" * 32
@@ -53,17 +55,22 @@ def reclaim(router) -> None:
             router.ring.free(offset)
 
 
+def entry(router: KVRouter, n_tokens: int) -> str:
+    """The worker the disaggregated topology sends a new prompt of ``n_tokens`` to, with this router."""
+    return topology_for(Mode.DISAGGREGATED).entry_worker({"prefill": "prefill", "decode": "decode"}, router, n_tokens)
+
+
 def test_route_sends_prompts_whose_kv_cannot_fit_the_prefill_context_or_the_arena_to_decode():
     small_arena = KVRouter(arena_bytes=3 * 4096, prefill_ready=READY, prefill_n_ctx=1000)
     try:
         assert small_arena.predicted_extent_bytes(10) == extent_bytes_for(1000 + 100 * 10) == 2 * 4096
-        assert small_arena.route(10) == "prefill"
-        assert small_arena.route(100) == "decode"          # 11 000 bytes of KV: more than the 12 KiB arena holds
+        assert small_arena.fits_prefill_worker(10) and entry(small_arena, 10) == "prefill"
+        assert entry(small_arena, 100) == "decode"       # 11 000 bytes of KV: more than the 12 KiB arena holds
     finally:
         small_arena.close()
     big_arena = KVRouter(arena_bytes=1 << 20, prefill_ready=READY, prefill_n_ctx=64)
     try:
-        assert big_arena.route(64) == "prefill" and big_arena.route(65) == "decode"  # the prefill context
+        assert entry(big_arena, 64) == "prefill" and entry(big_arena, 65) == "decode"  # the prefill context
     finally:
         big_arena.close()
 
@@ -72,7 +79,7 @@ def test_default_arena_holds_the_prefill_workers_whole_context():
     r = KVRouter(arena_bytes=None, prefill_ready=READY, prefill_n_ctx=4096)
     try:
         assert r.arena.capacity_bytes >= r.predicted_extent_bytes(4096)
-        assert r.route(4096) == "prefill"
+        assert r.fits_prefill_worker(4096)
     finally:
         r.close()
 

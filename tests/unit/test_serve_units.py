@@ -9,6 +9,7 @@ import pytest
 
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.engine.topology import topology_for
 from homepd.errors import ConfigError, PromptTooLongError
 from homepd.serve.errors import APIError, describe_validation_errors, from_homepd_error
 from homepd.serve.generation import timings
@@ -43,7 +44,9 @@ class _Worker:
 def _service(mode="colocated", workers=(), **settings) -> Service:
     service = Service(EngineConfig(backend="fake", mode=mode, n_seq_max=2), ServeSettings(**settings))
     service.state = "ready"
-    service.engine = types.SimpleNamespace(workers={w.role: w for w in workers}, tokenizer=None)
+    by_name = {w.role: w for w in workers}  # the engine's read API over these workers, by its topology's rule
+    service.engine = types.SimpleNamespace(workers=by_name, tokenizer=None,
+                                           health=lambda: topology_for(mode).health(by_name))
     return service
 
 

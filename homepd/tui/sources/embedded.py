@@ -19,6 +19,7 @@ from pathlib import Path
 
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
+from homepd.engine.topology import topology_for
 from homepd.errors import EngineError
 from homepd.measure.stalls import attribute_stalls
 from homepd.tui import derive
@@ -33,8 +34,7 @@ PULL_POLL_S = 0.25
 
 
 def describe(config: EngineConfig, model_path: str) -> str:
-    chunk = "" if config.mode != "colocated" else f", chunk {config.chunk or 'none'}"
-    return f"embedded engine: {config.mode}{chunk}, {os.path.basename(model_path)}"
+    return f"embedded engine: {topology_for(config.mode).describe(config)}, {os.path.basename(model_path)}"
 
 
 def pending_pull(config: EngineConfig):
@@ -148,17 +148,7 @@ class EmbeddedSource(DataSource):
         engine = self.engine
         if engine is None:
             return None, [], []
-        finished = []
-        for lc in reversed(engine.records.values()):
-            if lc.ended_s is not None and lc.ended_s <= since_s:
-                break
-            finished.append(lc)
-        steps = []
-        for step in reversed(engine.step_log):
-            if step.t_end_s <= since_s:
-                break
-            steps.append(step)
-        return engine.snapshot(), finished[::-1], steps[::-1]
+        return engine.snapshot(), engine.finished_since(since_s), engine.steps_since(since_s)
 
     def tick(self) -> Tick:
         now = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from homepd.config import EngineConfig
+from homepd.core.modes import Mode, Role
 from homepd.tui.evidence import recommendation_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, ChartPoint, ChatStats,
                                 EvidenceRow, HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
@@ -48,7 +49,7 @@ class FakeSource(DataSource):
 
     def __init__(self, config: EngineConfig | None = None, *, gpus: bool = False):
         super().__init__(config or EngineConfig(backend="fake"))
-        self.mode = self.config.mode
+        self.mode = Mode(self.config.mode)
         self.n_ticks = 0
         self.applied: list[dict] = []
         self.started = self.stopped = False
@@ -78,7 +79,7 @@ class FakeSource(DataSource):
 
     @property
     def description(self) -> str:
-        return f"fake source: {self.mode}" + (", chunk 256" if self.mode == "colocated" else "")
+        return f"fake source: {self.mode}" + (", chunk 256" if self.mode is Mode.COLOCATED else "")
 
     def stop(self) -> None:
         self.stopped = True
@@ -88,22 +89,23 @@ class FakeSource(DataSource):
     def tick(self) -> Tick:
         i = self.n_ticks = self.n_ticks + 1
         wave = (i * 7) % 11
+        colocated = self.mode is Mode.COLOCATED  # the fake shows colocated, else a disaggregated pair
         hw = HardwareView(
             cpu_model="Fake CPU @ 2.0GHz", n_cpus=2, cpu_pct=40.0 + wave * 5, cpu_pct_per_core=(35.0, 65.0),
             ram_used_bytes=3 * GIB, ram_total_bytes=24 * GIB, gpus=(), gpu_note="no GPU on this box",
             processes=(ProcessView("app", 100, 3.0, 120 * MIB, 90 * MIB),
-                       ProcessView(self.mode if self.mode == "colocated" else "decode", 101, 95.0, 240 * MIB,
+                       ProcessView(Role.COLOCATED if colocated else Role.DECODE, 101, 95.0, 240 * MIB,
                                    150 * MIB)))
-        if self.mode == "colocated":
-            workers = (WorkerView("colocated", 101, True, True, 0, 2, "0-1", "", 2, 1),)
+        if colocated:
+            workers = (WorkerView(Role.COLOCATED, 101, True, True, 0, 2, "0-1", "", 2, 1),)
             kv: dict = {}
         else:
-            workers = (WorkerView("prefill", 101, True, True, 0, 1, "0", "", 1, 0),
-                       WorkerView("decode", 102, True, True, 1, 1, "1", "", 2, 0))
+            workers = (WorkerView(Role.PREFILL, 101, True, True, 0, 1, "0", "", 1, 0),
+                       WorkerView(Role.DECODE, 102, True, True, 1, 1, "1", "", 2, 0))
             # why this shape: the arena as the engine reports it, one segment with two extents in transit
             kv = dict(kv_arena=ArenaView(91 * MIB, 2 * 3 * MIB, {"WRITING": 1, "READY": 1, "READING": 0},
                                          self.config.n_slots), kv_mb_s=3.2)
-        arch = ArchitectureView(self.mode, "fake.gguf", 256 if self.mode == "colocated" else None, 4096, workers,
+        arch = ArchitectureView(self.mode, "fake.gguf", 256 if colocated else None, 4096, workers,
                                 {"waiting": 1, "prefilling": 1, "decoding": 2}, **kv,
                                 events=("decode worker restarted after 1.2 s",) if kv else ())
         rows = (RequestRow(f"req-{i}", "finished", 40 + 30 * wave, 24, 180.0 + 40 * wave, 36.0 + wave, 48.0 + wave * 9,
@@ -119,7 +121,7 @@ class FakeSource(DataSource):
         words = f"You said: {question}. This is turn {len(messages) // 2 + 1}.".split(" ")
         for k, word in enumerate(words):
             on_text(word if k == 0 else " " + word)
-        kv = {} if self.mode == "colocated" else {"kv_bytes": 3_200_000, "kv_transfer_ms": 4.1}
+        kv = {} if self.mode is Mode.COLOCATED else {"kv_bytes": 3_200_000, "kv_transfer_ms": 4.1}
         return ChatStats(self.mode, 120.0, 35.0, 20 + 10 * len(messages), len(words), "stop", **kv)
 
     def background_prompt(self) -> ChatStats:
@@ -127,7 +129,7 @@ class FakeSource(DataSource):
         return ChatStats(self.mode, 2400.0, 38.0, 1200, 48, "length")
 
     def switch_mode(self, mode: str) -> str:
-        self.mode = mode
+        self.mode = Mode(mode)
         return self.description
 
     def run_advise(self, quick: bool, emit: Emit) -> AdviseView:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
+from homepd.core.modes import Mode, Role
 from homepd.tui.records import ArchitectureView, WorkerView
 from homepd.tui.widgets.text import num, size
 
@@ -35,30 +36,44 @@ def _arena_lines(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
             Text.assemble(f"    moving {s.get('transferring', 0)} · ", (num(view.kv_mb_s, '.2f', ' MB/s'), "cyan"))]
 
 
+def _disaggregated(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
+    """prefill worker → KV slots → decode worker."""
+    by_role = {w.role: w for w in view.workers}
+    lines = []
+    if Role.PREFILL in by_role:
+        lines += _worker_lines(by_role[Role.PREFILL], f"prefilling {s.get('prefilling', 0)}")
+    lines += _arena_lines(view, s)
+    if Role.DECODE in by_role:
+        lines += _worker_lines(by_role[Role.DECODE], f"decoding {s.get('decoding', 0)}")
+    return lines
+
+
+def _replicas(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
+    return [line for w in view.workers for line in _worker_lines(w, f"running {w.n_running} · backlog {w.backlog}")]
+
+
+def _colocated(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
+    """Every worker with its prefills and decodes (also what a mode without a panel of its own shows)."""
+    lines = [line for w in view.workers for line in _worker_lines(
+        w, f"prefill {s.get('prefilling', 0)} · decode {s.get('decoding', 0)} · backlog {w.backlog}")]
+    return lines + [Text(f"  step: ≤{view.chunk or 'all'} prompt tok + 1/stream", style="dim")]
+
+
+# mode -> its panel's worker lines, and whether its head names the chunk
+PANELS = {Mode.DISAGGREGATED: (_disaggregated, False), Mode.REPLICAS: (_replicas, True)}
+
+
 def render_architecture(view: ArchitectureView | None) -> Text:
     if view is None:
         return Text("no engine yet", style="dim")
     s = view.by_state
-    head = view.mode + (f" · chunk {view.chunk or 'none'}" if view.mode != "disaggregated" else "")
+    body, shows_chunk = PANELS.get(view.mode, (_colocated, True))
+    head = view.mode + (f" · chunk {view.chunk or 'none'}" if shows_chunk else "")
     lines = [Text.assemble((head, "bold magenta"), f" · n_ctx {view.n_ctx}")]
     if view.note:
         lines.append(Text(view.note, style="dim"))
     lines.append(Text(f"queue: waiting {view.n_waiting} → running {view.n_running}"))
-    if view.mode == "disaggregated":
-        by_role = {w.role: w for w in view.workers}
-        if "prefill" in by_role:
-            lines += _worker_lines(by_role["prefill"], f"prefilling {s.get('prefilling', 0)}")
-        lines += _arena_lines(view, s)
-        if "decode" in by_role:
-            lines += _worker_lines(by_role["decode"], f"decoding {s.get('decoding', 0)}")
-    elif view.mode == "replicas":
-        for w in view.workers:
-            lines += _worker_lines(w, f"running {w.n_running} · backlog {w.backlog}")
-    else:
-        for w in view.workers:
-            lines += _worker_lines(w, f"prefill {s.get('prefilling', 0)} · decode {s.get('decoding', 0)}"
-                                      f" · backlog {w.backlog}")
-        lines.append(Text(f"  step: ≤{view.chunk or 'all'} prompt tok + 1/stream", style="dim"))
+    lines += body(view, s)
     for line in view.classes:
         lines.append(Text(line, style="cyan"))
     if view.budgets:

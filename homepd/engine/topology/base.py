@@ -1,0 +1,102 @@
+"""The ``Topology`` protocol every mode implements, its defaults, and the factory from the ``Mode`` enum."""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from homepd.config import EngineConfig
+from homepd.core.modes import Candidate, Mode, Role
+from homepd.core.protocol import EngineSetup, RolePlacement
+
+PlanOf = Callable[[], object]  # returns the box's ``PlacementPlan`` (computed on first call, then kept)
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the faces need to know of the engine's workers (``Engine.health``)."""
+    failed: tuple[str, ...]    # workers whose failure makes the engine unusable (empty: usable)
+    restarting: bool           # a worker is (re)starting: no request can be admitted now
+
+
+class Topology:
+    """One architecture.  Stateless: every method gets the config or the workers it reads.
+
+    ``workers`` below is the controller's ``{name: WorkerHandle}``; a handle has ``role`` (its name),
+    ``spec.role`` (a ``Role``), ``failed``, ``ready`` and ``in_flight``.
+    """
+    mode: Mode
+    needs_plan = True          # its placements come from the box's placement plan (the box is probed)
+    uses_kv_arena = False      # its workers hand KV over through the shared-memory arena
+    shows_chunk = True         # the app names the chunk beside the mode
+
+    # workers ------------------------------------------------------------------------------------
+    def worker_roles(self, config: EngineConfig, setup: EngineSetup) -> dict[str, Role]:
+        """Name -> role of every worker the engine starts."""
+        raise NotImplementedError
+
+    def placements(self, config: EngineConfig, plan: PlanOf) -> dict[str, RolePlacement]:
+        """Where each worker runs (``homepd.launch.prepare`` calls it; ``plan`` gives the placement plan)."""
+        raise NotImplementedError
+
+    def kv_arena_bytes(self, config: EngineConfig, plan: PlanOf) -> int | None:
+        """The KV arena's size, for a topology that uses one."""
+        return None
+
+    def plan_part(self, plan):
+        """This mode's part of a ``PlacementPlan`` (its ``feasible`` and ``reason``)."""
+        raise NotImplementedError
+
+    def make_kv(self, config: EngineConfig, setup: EngineSetup, workers: Mapping):
+        """The controller's ``KVRouter`` once the workers are ready, or None."""
+        return None
+
+    # requests -----------------------------------------------------------------------------------
+    def entry_worker(self, workers: Mapping, kv, n_tokens: int = 0, avoid=None):
+        """Where a new (or recomputed) request of ``n_tokens`` enters; ``avoid``: a worker that just died."""
+        raise NotImplementedError
+
+    def route_new(self, config: EngineConfig, workers: Mapping, kv, gate, load: Callable, n_tokens: int):
+        """The entry worker of a new request, the gate consulted where the topology has a choice
+        (``load(handle)``: the ``WorkerLoad`` that worker holds)."""
+        return self.entry_worker(workers, kv, n_tokens)
+
+    def n_entry_workers(self, config: EngineConfig) -> int:
+        """Workers a new request may enter (the service's capacity is their sequences plus its queue)."""
+        return 1
+
+    # failures -----------------------------------------------------------------------------------
+    def fatal_failures(self, workers: Mapping) -> list:
+        """The failed workers, when their failure makes the engine unusable; else []."""
+        return [h for h in workers.values() if h.failed]
+
+    def health(self, workers: Mapping) -> Health:
+        handles = list(workers.values())
+        fatal = tuple(h.role for h in self.fatal_failures(workers))
+        return Health(fatal, not any(h.ready is not None for h in handles if not h.failed)
+                      or any(h.ready is None for h in handles))
+
+    def recovery_victim(self, config: EngineConfig) -> str:
+        """The worker advise's recovery scenario kills."""
+        raise NotImplementedError
+
+    # advise and the app ---------------------------------------------------------------------------
+    def advise_candidates(self, base: EngineConfig, plan, chunks: tuple[int | None, ...]) -> list[Candidate]:
+        """The configurations of this mode advise measures on a box with ``plan``."""
+        raise NotImplementedError
+
+    def describe(self, config: EngineConfig) -> str:
+        """The mode in a few words, for the app's title ("colocated, chunk 256")."""
+        return config.mode.value + (f", chunk {config.chunk or 'none'}" if self.shows_chunk else "")
+
+
+@functools.cache
+def topology_for(mode: Mode | str) -> Topology:
+    """The topology of ``mode`` (a ``Mode`` or its value)."""
+    mode = Mode(mode)
+    # why by name: a new mode is its own module, with no registry to edit beside it
+    module = importlib.import_module(f"{__package__}.{mode.value}")
+    topology = module.TOPOLOGY
+    assert topology.mode is mode, f"{module.__name__} serves {topology.mode}, not {mode}"
+    return topology

@@ -1,0 +1,42 @@
+"""Colocated: one worker prefills (in chunks) and decodes beside its running streams."""
+from __future__ import annotations
+
+from homepd.core.modes import Candidate, Mode, Role
+from homepd.core.protocol import RolePlacement
+from homepd.engine.topology.base import Topology
+
+
+def chunk_candidate(chunk: int | None, feasible: bool = True, reason: str = "") -> Candidate:
+    """The colocated configuration with prefill chunk ``chunk`` (None: unchunked), as advise names it."""
+    name = "colocated-unchunked" if chunk is None else f"colocated-chunk-{chunk}"
+    return Candidate(name, Mode.COLOCATED, chunk=chunk, feasible=feasible, reason=reason)
+
+
+class Colocated(Topology):
+    mode = Mode.COLOCATED
+    needs_plan = False  # the config's cores, threads and GPU
+
+    def worker_roles(self, config, setup):
+        return {Role.COLOCATED.value: Role.COLOCATED}
+
+    def placements(self, config, plan):
+        c = config
+        return {Role.COLOCATED.value: RolePlacement(
+            cpu_cores=c.cpu_cores, n_threads=c.effective_n_threads,
+            cuda_visible_devices=None if c.gpu_index is None else str(c.gpu_index), n_gpu_layers=c.n_gpu_layers)}
+
+    def plan_part(self, plan):
+        return plan.colocated
+
+    def entry_worker(self, workers, kv, n_tokens=0, avoid=None):
+        return workers[Role.COLOCATED]
+
+    def recovery_victim(self, config):
+        return Role.COLOCATED.value
+
+    def advise_candidates(self, base, plan, chunks):
+        part = self.plan_part(plan)
+        return [chunk_candidate(chunk, part.feasible, "" if part.feasible else part.reason) for chunk in chunks]
+
+
+TOPOLOGY = Colocated()

@@ -1,0 +1,87 @@
+"""Disaggregated: a prefill worker exports each request's KV into the shared-memory arena and a decode
+worker imports it.  A prompt whose KV fits neither the prefill worker's context nor the arena is
+prefilled on the decode worker itself; with ``local_prefill`` the gate may send a short one there too."""
+from __future__ import annotations
+
+from homepd.core.modes import Candidate, Mode, Role
+from homepd.core.protocol import RolePlacement
+from homepd.engine.topology.base import Topology
+from homepd.errors import EngineError
+
+
+class Disaggregated(Topology):
+    mode = Mode.DISAGGREGATED
+    uses_kv_arena = True
+    shows_chunk = False
+
+    def worker_roles(self, config, setup):
+        return {Role.PREFILL.value: Role.PREFILL, Role.DECODE.value: Role.DECODE}
+
+    def placements(self, config, plan):
+        from homepd.hw.placement import prefill_context
+
+        c = config
+        overrides = {Role.PREFILL: (c.prefill_cores, c.prefill_threads), Role.DECODE: (c.decode_cores, c.decode_threads)}
+        part = None
+        if not all(cores for cores, _ in overrides.values()):
+            part = self.plan_part(plan())
+            if not part.feasible:
+                raise EngineError(f"disaggregated serving is not feasible on this box: {part.reason}")
+        out = {}
+        n_ctx = {Role.PREFILL: prefill_context(c.n_ctx, c.prefill_n_ctx), Role.DECODE: None}
+        for role, (cores, threads) in overrides.items():
+            if cores:  # placed by hand: on the CPU, on these cores
+                out[role.value] = RolePlacement(cpu_cores=tuple(cores), n_threads=threads or len(cores),
+                                                n_ctx=n_ctx[role])
+            else:
+                planned = getattr(part, role.value)
+                out[role.value] = RolePlacement(
+                    cpu_cores=planned.cpu_cores or None, n_threads=threads or planned.n_threads,
+                    cuda_visible_devices=planned.cuda_visible_devices or None,
+                    n_gpu_layers=planned.n_gpu_layers, n_ctx=n_ctx[role])
+        return out
+
+    def kv_arena_bytes(self, config, plan):
+        """``--kv-arena``, else the placement plan's (the prefill worker's KV plus slack, shrunk if RAM is
+        short).  Refuses a configuration whose workers and arena do not fit RAM, naming the numbers."""
+        p = plan()
+        if not p.memory.fits_ram_twice and not p.uses_gpus:
+            raise EngineError(f"disaggregated serving does not fit this box's RAM: {p.disaggregated.reason}")
+        return p.disaggregated.transfer_bytes
+
+    def plan_part(self, plan):
+        return plan.disaggregated
+
+    def make_kv(self, config, setup, workers):
+        from homepd.kv.router import KVRouter
+
+        # the placement plan's arena (else sized from the prefill worker's measured KV state bytes)
+        return KVRouter(setup.kv_arena_bytes, workers[Role.PREFILL].ready, max_extents=config.n_slots)
+
+    def entry_worker(self, workers, kv, n_tokens=0, avoid=None):
+        """The prefill worker, unless the prompt's KV fits its context or the arena not: then the decode
+        worker prefills it itself (colocated-style, so it never waits for room that cannot come)."""
+        if kv is None:
+            return workers[Role.PREFILL]
+        return workers[Role.PREFILL if kv.fits_prefill_worker(n_tokens) else Role.DECODE]
+
+    def route_new(self, config, workers, kv, gate, load, n_tokens):
+        """A prompt that fits the prefill worker is still prefilled on the decode worker when the gate
+        predicts that is sooner (short prompts)."""
+        worker = self.entry_worker(workers, kv, n_tokens)
+        if worker is workers[Role.PREFILL] and config.local_prefill:
+            prefill, decode = workers[Role.PREFILL], workers[Role.DECODE]
+            if not decode.failed and gate.route(n_tokens, prefill.spec, load(prefill), decode.spec, load(decode)):
+                return decode
+        return worker
+
+    def recovery_victim(self, config):
+        return Role.DECODE.value
+
+    def advise_candidates(self, base, plan, chunks):
+        part = self.plan_part(plan)
+        return [Candidate(Mode.DISAGGREGATED.value, Mode.DISAGGREGATED, chunk=base.chunk, feasible=part.feasible,
+                          reason=part.reason)]
+
+
+TOPOLOGY = Disaggregated()

@@ -1,0 +1,53 @@
+"""Replicas: ``n_replicas`` colocated workers (``replica-N``), each with its own model copy; a request
+enters the least loaded one that has not failed, and the engine serves while one replica is left."""
+from __future__ import annotations
+
+from homepd.core.modes import Candidate, Mode, Role
+from homepd.core.protocol import RolePlacement
+from homepd.engine.topology.base import Health, Topology
+from homepd.errors import EngineError
+
+
+class Replicas(Topology):
+    mode = Mode.REPLICAS
+
+    def worker_roles(self, config, setup):
+        return {name: Role.COLOCATED for name in sorted(setup.placements)}  # the plan's replica-N
+
+    def placements(self, config, plan):
+        part = self.plan_part(plan())
+        if not part.feasible:
+            raise EngineError(f"{config.n_replicas} replicas are not feasible on this box: {part.reason}")
+        return {w.role: RolePlacement(cpu_cores=w.cpu_cores or None, n_threads=w.n_threads,
+                                      cuda_visible_devices=w.cuda_visible_devices or None,
+                                      n_gpu_layers=w.n_gpu_layers) for w in part.workers}
+
+    def plan_part(self, plan):
+        return plan.replicas
+
+    def entry_worker(self, workers, kv, n_tokens=0, avoid=None):
+        usable = [h for h in workers.values() if not h.failed and h is not avoid] or \
+                 [h for h in workers.values() if not h.failed] or list(workers.values())
+        return min(usable, key=lambda h: (len(h.in_flight) + (0 if h.ready else 1), h.role))
+
+    def n_entry_workers(self, config):
+        return config.n_replicas
+
+    def fatal_failures(self, workers):
+        failed = [h for h in workers.values() if h.failed]
+        return failed if len(failed) == len(workers) else []
+
+    def health(self, workers):
+        base = super().health(workers)
+        return Health(base.failed, not any(h.ready is not None for h in workers.values() if not h.failed))
+
+    def recovery_victim(self, config):
+        return "replica-0"  # the first, as homepd.hw.placement names them
+
+    def advise_candidates(self, base, plan, chunks):
+        part = self.plan_part(plan)
+        return [Candidate(f"replicas-{base.n_replicas}", Mode.REPLICAS, chunk=base.chunk,
+                          n_replicas=base.n_replicas, feasible=part.feasible, reason=part.reason)]
+
+
+TOPOLOGY = Replicas()
