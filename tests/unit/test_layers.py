@@ -168,3 +168,38 @@ def test_the_scan_finds_the_owners_imports():
     assert imported_libraries("import importlib\nimportlib.import_module('llama_cpp.llama')\n") == \
         {"importlib", "llama_cpp"}
     assert imported_libraries("from . import x\nfrom .y import z\n") == set()  # relative: inside homepd
+
+
+# ---- the faces read the engine through its read API ------------------------------------
+
+ENGINE_TABLES = ("streams", "workers", "records", "step_log", "kv")
+
+
+def engine_table_reads(source: str) -> list[tuple[int, str]]:
+    """(line, attribute) of every ``<...>engine.<table>`` in ``source``: an engine's internal table read
+    through a name or attribute called ``engine`` (``engine.kv``, ``self.engine.workers``...)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_TABLES:
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else None
+            if name == "engine":
+                found.append((node.lineno, node.attr))
+    return sorted(found)
+
+
+def test_no_module_outside_the_engine_reads_its_tables():
+    """serve, the app, advise and measure use ``Engine``'s read API (health, is_running, finished_since,
+    steps_since, snapshot...), so the controller may change its tables freely."""
+    outside = [p for p in sorted(PACKAGE.rglob("*.py")) if not p.is_relative_to(PACKAGE / "engine")]
+    assert len(outside) > 50
+    reads = {module_name(p): r for p in outside if (r := engine_table_reads(p.read_text(encoding="utf-8")))}
+    assert reads == {}
+
+
+def test_the_engine_table_scan_sees_a_read():
+    source = ("def f(engine, service):\n"
+              "    a = engine.streams\n"
+              "    b = service.engine.workers['x'].pid\n"
+              "    c = engine.snapshot().workers, engine.worker_events, plan.workers\n")
+    assert engine_table_reads(source) == [(2, "streams"), (3, "workers")]
