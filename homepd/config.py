@@ -21,6 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from homepd.core.admission import ClassBudget, RequestClass
 from homepd.core.modes import Mode
 from homepd.errors import ConfigError
 
@@ -230,6 +231,13 @@ class EngineConfig:
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of milliseconds, got {value!r}")
         return self
+
+    @property
+    def class_budgets(self) -> dict[RequestClass, ClassBudget]:
+        """The one table of latency targets per request class, read by admission, the gate, the metrics' SLO,
+        advise and the app (``--ttft-budget``, ``--itl-budget``, ``--background-ttft-budget``)."""
+        return {RequestClass.INTERACTIVE: ClassBudget(self.ttft_budget_ms, self.itl_budget_ms),
+                RequestClass.BACKGROUND: ClassBudget(self.background_ttft_ms, None)}
 
     @property
     def effective_n_threads(self) -> int:

@@ -50,7 +50,7 @@ class AdviseSettings:
     long_tokens: int = 400
     recovery: bool = True
     seed: int = 0
-    slo: SLO = field(default_factory=lambda: SLO(ttft_ms=4000.0, tpot_ms=100.0, itl_ms=None))
+    slo: SLO = field(default_factory=SLO)  # the interactive class's budgets, per-token as TPOT
 
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":

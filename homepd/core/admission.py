@@ -35,12 +35,9 @@ class RequestClass(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ClassBudget:
+    """A request class's latency targets; the one table of them is ``EngineConfig.class_budgets``."""
     ttft_ms: float
     itl_ms: float | None          # None: no per-token budget (background)
-
-
-DEFAULT_BUDGETS = {RequestClass.INTERACTIVE: ClassBudget(ttft_ms=4000.0, itl_ms=100.0),
-                   RequestClass.BACKGROUND: ClassBudget(ttft_ms=120_000.0, itl_ms=None)}
 
 
 class Verdict(str, enum.Enum):
@@ -76,7 +73,7 @@ def predict_ttft_ms(req_class: RequestClass, n_prompt: int, q: QueueState) -> fl
 
 
 def admit(req_class: RequestClass, n_prompt: int, q: QueueState,
-          budgets: dict[RequestClass, ClassBudget] = DEFAULT_BUDGETS) -> Decision:
+          budgets: dict[RequestClass, ClassBudget]) -> Decision:
     """Admit, defer or reject a new request of ``n_prompt`` tokens."""
     budget = budgets[req_class].ttft_ms
     predicted = predict_ttft_ms(req_class, n_prompt, q)

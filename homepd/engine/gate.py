@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from homepd.config import EngineConfig
-from homepd.core.admission import (ClassBudget, Decision, QueueState, RequestClass, RouteState, Verdict, admit,
+from homepd.core.admission import (Decision, QueueState, RequestClass, RouteState, Verdict, admit,
                                    route)
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.modes import Role
@@ -57,8 +57,7 @@ def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
 class AdmissionGate:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.budgets = {RequestClass.INTERACTIVE: ClassBudget(config.ttft_budget_ms, config.itl_budget_ms),
-                        RequestClass.BACKGROUND: ClassBudget(config.background_ttft_ms, None)}
+        self.budgets = config.class_budgets
         # each worker's latest trusted estimate (None: not yet), in the order the workers first stepped
         self.estimates: dict[str, StepEstimate | None] = {}
         self.last_budget: dict[str, int] = {}

@@ -14,8 +14,12 @@ from dataclasses import dataclass
 from homepd.core.admission import RequestClass
 from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.admission import RequestClass
 from homepd.core.modes import Role
 from homepd.core.stats import percentile
+from homepd.config import EngineConfig
+
+_INTERACTIVE = EngineConfig().class_budgets[RequestClass.INTERACTIVE]
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,10 @@ class Dist:
 
 @dataclass(frozen=True)
 class SLO:
-    """Latency targets a request must meet to count towards goodput (DistServe's definition)."""
-    ttft_ms: float = 4000.0
-    tpot_ms: float = 100.0
+    """Latency targets a request must meet to count towards goodput (DistServe's definition); by default the
+    interactive class's budgets (``EngineConfig.class_budgets``)."""
+    ttft_ms: float = _INTERACTIVE.ttft_ms
+    tpot_ms: float = _INTERACTIVE.itl_ms
     itl_ms: float | None = None      # every gap between two tokens, when set (the stricter, stall-aware target)
 
     def is_met_by(self, lc: Lifecycle) -> bool:

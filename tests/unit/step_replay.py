@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from homepd.core.admission import DEFAULT_BUDGETS, RequestClass
+from homepd.config import EngineConfig
+from homepd.core.admission import RequestClass
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
@@ -34,6 +35,9 @@ def load(name: str) -> dict:
 
 def step_shape(step: dict) -> tuple[int, int, int]:
     return sum(n for _, n in step["prefill"]), len(step["decode"]), step["kv_in_use"]
+
+
+BUDGETS = EngineConfig().class_budgets  # the engine's default class budgets
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ def simulate(rec: dict, cost: RecordedCost, *, chunk: int, adaptive: bool) -> Si
     while pending or scheduler.has_work:
         while pending and pending[0].arrival_s <= now_s:
             r = pending.pop(0)
-            ttft_ms = DEFAULT_BUDGETS[RequestClass(r.request_class)].ttft_ms
+            ttft_ms = BUDGETS[RequestClass(r.request_class)].ttft_ms
             scheduler.add(Sequence(request_id=r.request_id, prompt_ids=[1] * r.n_prompt,
                                    params=SamplingParams(max_tokens=r.max_tokens), request_class=r.request_class,
                                    deadline_s=r.arrival_s + ttft_ms / 1e3))

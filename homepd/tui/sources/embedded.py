@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from homepd.config import EngineConfig
+from homepd.core.admission import RequestClass
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
 from homepd.errors import EngineError
@@ -29,7 +30,6 @@ from homepd.tui.sources.loop import LoopThread
 
 WINDOW_S = 60.0            # steps kept for the interference index
 RECENT_STEPS_S = 30.0      # steps kept for stall attribution of the requests that just finished
-ITL_TARGET_MS = 100.0      # a gap over this is a stall (the advise SLO's TPOT target)
 PULL_POLL_S = 0.25
 
 
@@ -160,7 +160,8 @@ class EmbeddedSource(DataSource):
             self._window.popleft()
         timings = [lc.timings() for lc in finished]
         recent_steps = [s for s in self._window if s.t_end_s >= now - RECENT_STEPS_S]
-        worst = derive.worst_stalls(attribute_stalls(finished, recent_steps, ITL_TARGET_MS))
+        itl_target_ms = self.config.class_budgets[RequestClass.INTERACTIVE].itl_ms  # a gap over it is a stall
+        worst = derive.worst_stalls(attribute_stalls(finished, recent_steps, itl_target_ms))
         rows = tuple(derive.request_row(t, max((x * 1e3 for x in lc.itl_s), default=None), worst.get(lc.request_id))
                      for t, lc in zip(timings, finished))
         arch = derive.architecture_view(snap, derive.kv_mb_s(timings, interval_s)) if snap else None
