@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import time
 from collections import Counter, OrderedDict, deque
@@ -28,10 +27,10 @@ from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHando
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
-from homepd.core.textstream import TextStream
 from homepd.engine import recovery
 from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
 from homepd.engine.handles import WorkerHandle, watch_for_hangs
+from homepd.engine.pool import WorkerPool
 from homepd.engine.prompt import render_chat
 from homepd.engine.streams import Event, RequestStream
 from homepd.engine.topology import Health, topology_for
@@ -40,7 +39,6 @@ from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, Re
 MAX_RECORDS = 10_000       # finished request records kept for metrics
 MAX_STEP_LOG = 100_000
 MAX_WORKER_EVENTS = 1_000
-log = logging.getLogger("homepd.engine.controller")
 _ids = itertools.count(1)
 
 
@@ -51,7 +49,7 @@ class Engine:
         self.config = config.validated()
         self.topology = topology_for(self.config.mode)
         self.setup = setup
-        self.sampler = sampler
+        self.pool = WorkerPool(sampler)  # the processes: start, stop, restart, hang watch, memory
         self.model_path = setup.model_path
         self.model_fingerprint = setup.model_fingerprint
         self.tokenizer = None
@@ -60,13 +58,11 @@ class Engine:
         self.step_log: deque[StepRecord] = deque(maxlen=MAX_STEP_LOG)
         self.step_listeners: list = []  # called with each StepRecord once its tokens and ends are applied
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
-        self.workers: dict[str, WorkerHandle] = {}
+        self.workers: dict[str, WorkerHandle] = self.pool.handles
         self.kv = None  # KVRouter (a topology with a KV arena)
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
         self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
-        self._tasks: set[asyncio.Task] = set()
-        self._restarting: dict[str, asyncio.Task] = {}  # worker name -> its restart in progress
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
@@ -84,34 +80,21 @@ class Engine:
         for name, spec in worker_specs(self.config, self.setup).items():
             self.workers[name] = WorkerHandle(name, spec, self._loop, self._on_message, self._on_exit)
         try:
-            await asyncio.gather(*(h.start() for h in self.workers.values()))
-            for handle in self.workers.values():
-                self._register(handle)
+            await self.pool.start()
             self.kv = self.topology.make_kv(self.config, self.setup, self.workers)
             if self.kv is not None:
                 for handle in self.workers.values():
                     handle.send(self.kv.attach_message())
             await asyncio.to_thread(self.measure_memory)
             if self.config.hang_timeout_s:
-                self._spawn_task(watch_for_hangs(self.workers, self.config.hang_timeout_s, lambda: self._stopping))
+                self.pool.spawn(watch_for_hangs(self.workers, self.config.hang_timeout_s, lambda: self._stopping))
         except BaseException:
             await self.stop()
             raise
 
-    def _register(self, handle: WorkerHandle) -> None:
-        if self.sampler is not None and handle.pid is not None:
-            self.sampler.register_process(handle.pid, handle.role)
-
     async def stop(self) -> None:
         self._stopping = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(h.stop() for h in self.workers.values()))
-        if self.sampler is not None:
-            for handle in self.workers.values():
-                if handle.pid is not None:
-                    self.sampler.unregister_process(handle.pid)
+        await self.pool.stop()
         for rid in list(self.streams):
             self._end(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
         if self.kv is not None:
@@ -130,22 +113,7 @@ class Engine:
 
     async def wait_restarts(self) -> None:
         """Return once every worker restart in progress has ended (the worker is back, or marked failed)."""
-        while self._restarting:
-            await asyncio.gather(*self._restarting.values(), return_exceptions=True)
-            self._restarting = {r: t for r, t in self._restarting.items() if not t.done()}
-
-    def _spawn_task(self, coro) -> asyncio.Task:
-        """Run ``coro`` in the background, kept referenced; its failure is logged, never lost."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-
-        def done(t: asyncio.Task) -> None:
-            self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("engine background task failed", exc_info=t.exception())
-
-        task.add_done_callback(done)
-        return task
+        await self.pool.wait_restarts()
 
     # requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | None = None, messages: list | None = None) -> list[int]:
@@ -348,12 +316,14 @@ class Engine:
         wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
         intact: set[str] = set()
         if self.kv is not None:
-            intact = set(self.kv.recover(handle.spec.role, pid, wanted if self.config.resume and not crash_loop else set()))
+            resumable = wanted if self.config.resume and not crash_loop else set()
+            intact = set(self.kv.recover(handle.spec.role, pid, resumable))
             self.workers[Role.PREFILL].send(SlotFreed(-1))  # recovery may have freed slots
         plan = recovery.plan_recovery(recovery.WorkerDeath(
             role=handle.role, pid=pid, cause=cause, is_crash_loop=crash_loop, resume=self.config.resume,
             n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker(avoid=handle).failed),
-            held=tuple(self._held(rid, rid in intact) for rid in held if rid in self.streams)))
+            held=tuple(self.streams[rid].held(rid in self.cancelling, rid in intact) for rid in held
+                       if rid in self.streams)))
         self.worker_events.append(WorkerEvent(
             WorkerEventKind.DIED, handle.role, pid, now, exitcode=exitcode, cause=cause, crash_loop=crash_loop,
             failed_requests=tuple(rid for rid, _ in plan.fail), resumed_from_slot=plan.from_slot,
@@ -363,46 +333,23 @@ class Engine:
         for rid, error in plan.fail:
             self._end(rid, RequestState.FAILED, now, error=error)
         handle.last_error = None
-        if self.sampler is not None:
-            self.sampler.unregister_process(pid)
+        self.pool.unregister(pid)
         if not plan.restart:
             handle.failed = plan.failed_reason
             self.worker_events.append(WorkerEvent(WorkerEventKind.FAILED, handle.role, pid, now,
                                                   cause=plan.failed_reason or ""))
             return
         for rid in plan.from_slot:  # KV intact in its slot: the restarted decode worker imports it
-            self._note_resume(rid, "slot")
+            self.streams[rid].note_resume("slot")
             handle.send_request(rid, self.kv.in_arena[rid])
         for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
-            self._note_resume(rid, "recompute")
-            request = self._recompute_request(rid)
+            stream = self.streams[rid]
+            stream.note_resume("recompute")
+            if self.kv is not None:
+                self.kv.drop(rid)  # a stale slot entry must not be imported later
+            request = stream.resubmission(self.tokenizer.token_to_piece, self.gate.deadline_s(stream.lifecycle))
             self._entry_worker(avoid=handle, n_tokens=len(request.prompt_ids)).send_request(rid, request)
-        self._restarting[handle.role] = self._spawn_task(self._restart(handle, died_s=now))
-
-    def _held(self, rid: str, in_intact_slot: bool) -> recovery.HeldRequest:
-        stream = self.streams[rid]
-        return recovery.HeldRequest(
-            request_id=rid, n_prompt=len(stream.prompt_ids), n_output=len(stream.token_ids),
-            max_tokens=stream.params.max_tokens, n_resumes=stream.lifecycle.n_resumes,
-            is_cancelling=rid in self.cancelling, in_intact_slot=in_intact_slot)
-
-    def _note_resume(self, rid: str, how: str) -> None:
-        lc = self.streams[rid].lifecycle
-        lc.n_resumes += 1
-        lc.resumed_by.append(how)
-
-    def _recompute_request(self, rid: str) -> SubmitRequest:
-        """The request again, its output so far appended to the prompt, with the text stream rebuilt."""
-        stream = self.streams[rid]
-        text = TextStream(stream.params.stop)
-        for token in stream.token_ids:
-            text.feed(self.tokenizer.token_to_piece(token))
-        params = replace(stream.params, max_tokens=stream.params.max_tokens - len(stream.token_ids))
-        if self.kv is not None:
-            self.kv.drop(rid)  # a stale slot entry must not be imported later
-        stream.lifecycle.n_prefilled = 0
-        return SubmitRequest(rid, stream.prompt_ids + tuple(stream.token_ids), params, stream=text,
-                             request_class=stream.lifecycle.request_class, deadline_s=self.gate.deadline_s(stream.lifecycle))
+        self.pool.spawn_restart(handle.role, self._restart(handle, died_s=now))
 
     async def _restart(self, handle: WorkerHandle, died_s: float) -> None:
         error = await handle.restart(recovery.RESTART_ATTEMPTS, recovery.RESTART_BACKOFF_S)
@@ -414,7 +361,7 @@ class Engine:
                 self._end(rid, RequestState.FAILED, time.monotonic(),
                           error=f"{handle.role} worker could not be restarted: {error}")
             return
-        self._register(handle)
+        self.pool.register(handle)
         if self.kv is not None:
             handle.send(self.kv.attach_message())
             if handle.spec.role is Role.PREFILL:
@@ -433,12 +380,8 @@ class Engine:
 
     def finished_since(self, t_s: float) -> list[Lifecycle]:
         """The requests that ended after ``t_s`` (monotonic), oldest first (of the last MAX_RECORDS)."""
-        out = []
-        for lc in reversed(self.records.values()):
-            if lc.ended_s is not None and lc.ended_s <= t_s:
-                break
-            out.append(lc)
-        return out[::-1]
+        newer = itertools.takewhile(lambda lc: lc.ended_s is None or lc.ended_s > t_s, reversed(self.records.values()))
+        return list(newer)[::-1]
 
     def steps_since(self, t_s: float = float("-inf")) -> list[StepRecord]:
         """The steps that ended at or after ``t_s`` (monotonic), in the order they arrived (of the last
@@ -454,8 +397,7 @@ class Engine:
         return sum(1 for stream in self.streams.values() if stream.token_ids)
 
     def kv_peak(self, t0_s: float, t1_s: float) -> tuple[int, int]:
-        """(peak arena bytes in use, KV bytes in transit then) between two monotonic times; (0, 0) without
-        an arena."""
+        """(peak arena bytes in use, KV bytes in transit then) between two monotonic times; (0, 0): no arena."""
         return self.kv.peak_usage(t0_s, t1_s) if self.kv is not None else (0, 0)
 
     def worker_pid(self, name: str) -> int | None:
@@ -482,10 +424,5 @@ class Engine:
     def measure_memory(self) -> MemoryBreakdown:
         """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept
         as ``snapshot().memory``.  Reads /proc (a few ms): call it off the event loop when serving."""
-        from homepd.hw.smaps import ProcessRegions, measure_processes
-
-        processes = [ProcessRegions("controller", os.getpid())] + [
-            ProcessRegions(h.role, h.pid, h.ready.memory_regions, h.ready.kv_cache_bytes)
-            for h in list(self.workers.values()) if h.ready is not None and h.pid is not None]
-        self.memory = measure_processes(processes, self.model_path)
+        self.memory = self.pool.measure_memory(self.model_path)
         return self.memory

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.protocol import SubmitRequest
 from homepd.core.records import FinishReason
+from homepd.core.textstream import TextStream
+from homepd.engine.recovery import HeldRequest
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,25 @@ class RequestStream:
         """Drain the stream: (all events, concatenated text)."""
         events = [e async for e in self]
         return events, "".join(e.text for e in events)
+
+    # when its worker died ------------------------------------------------------------
+    def held(self, is_cancelling: bool, in_intact_slot: bool) -> HeldRequest:
+        """The request as recovery sees it."""
+        return HeldRequest(request_id=self.request_id, n_prompt=len(self.prompt_ids), n_output=len(self.token_ids),
+                           max_tokens=self.params.max_tokens, n_resumes=self.lifecycle.n_resumes,
+                           is_cancelling=is_cancelling, in_intact_slot=in_intact_slot)
+
+    def note_resume(self, how: str) -> None:
+        self.lifecycle.n_resumes += 1
+        self.lifecycle.resumed_by.append(how)
+
+    def resubmission(self, token_to_piece, deadline_s: float) -> SubmitRequest:
+        """The request again, its output so far appended to the prompt, with the text stream rebuilt
+        (``token_to_piece``: the tokenizer's); its prefill starts over."""
+        text = TextStream(self.params.stop)
+        for token in self.token_ids:
+            text.feed(token_to_piece(token))
+        params = replace(self.params, max_tokens=self.params.max_tokens - len(self.token_ids))
+        self.lifecycle.n_prefilled = 0
+        return SubmitRequest(self.request_id, self.prompt_ids + tuple(self.token_ids), params, stream=text,
+                             request_class=self.lifecycle.request_class, deadline_s=deadline_s)

@@ -21,7 +21,8 @@ class Disaggregated(Topology):
         from homepd.hw.placement import prefill_context
 
         c = config
-        overrides = {Role.PREFILL: (c.prefill_cores, c.prefill_threads), Role.DECODE: (c.decode_cores, c.decode_threads)}
+        overrides = {Role.PREFILL: (c.prefill_cores, c.prefill_threads),
+                     Role.DECODE: (c.decode_cores, c.decode_threads)}
         part = None
         if not all(cores for cores, _ in overrides.values()):
             part = self.plan_part(plan())
