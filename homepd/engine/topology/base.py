@@ -29,7 +29,6 @@ class Topology:
     mode: Mode
     needs_plan = True          # its placements come from the box's placement plan (the box is probed)
     uses_kv_arena = False      # its workers hand KV over through the shared-memory arena
-    shows_chunk = True         # the app names the chunk beside the mode
 
     # workers ------------------------------------------------------------------------------------
     def worker_roles(self, config: EngineConfig, setup: EngineSetup) -> dict[str, Role]:
@@ -87,8 +86,8 @@ class Topology:
         raise NotImplementedError
 
     def describe(self, config: EngineConfig) -> str:
-        """The mode in a few words, for the app's title ("colocated, chunk 256")."""
-        return config.mode.value + (f", chunk {config.chunk or 'none'}" if self.shows_chunk else "")
+        """The mode in a few words, for the app's title ("disaggregated", "colocated, chunk 256")."""
+        return self.mode.value
 
 
 @functools.cache

@@ -34,6 +34,9 @@ class Colocated(Topology):
     def recovery_victim(self, config):
         return Role.COLOCATED.value
 
+    def describe(self, config):
+        return f"{self.mode}, chunk {config.chunk or 'none'}"
+
     def advise_candidates(self, base, plan, chunks):
         part = self.plan_part(plan)
         return [chunk_candidate(chunk, part.feasible, "" if part.feasible else part.reason) for chunk in chunks]

@@ -12,7 +12,6 @@ from homepd.errors import EngineError
 class Disaggregated(Topology):
     mode = Mode.DISAGGREGATED
     uses_kv_arena = True
-    shows_chunk = False
 
     def worker_roles(self, config, setup):
         return {Role.PREFILL.value: Role.PREFILL, Role.DECODE.value: Role.DECODE}

@@ -1,0 +1,107 @@
+"""Each mode is one Topology: its workers, entry worker, capacity, failure rule, advise candidates,
+recovery victim and description, built from the Mode enum by ``topology_for``."""
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from homepd.config import MODES, EngineConfig
+from homepd.core.modes import Candidate, Mode, Role
+from homepd.engine.specs import worker_specs
+from homepd.engine.topology import topology_for
+from homepd.launch import prepare
+from test_placement import make_box
+
+
+class Handle:
+    """What a topology reads of a worker handle."""
+
+    def __init__(self, name: str, role: Role = Role.COLOCATED, ready=True, failed=None, in_flight=()):
+        self.role, self.spec = name, types.SimpleNamespace(role=role)
+        self.ready, self.failed, self.in_flight = object() if ready else None, failed, set(in_flight)
+
+
+def by_name(*handles: Handle) -> dict[str, Handle]:
+    return {h.role: h for h in handles}
+
+
+def test_the_enums_read_as_the_strings_json_and_the_cli_always_had():
+    assert MODES == ("colocated", "disaggregated", "replicas") and [r.value for r in Role] == \
+        ["colocated", "prefill", "decode"]
+    config = EngineConfig(mode="replicas")
+    assert config.mode is Mode.REPLICAS and f"{config.mode}" == "replicas"
+    assert json.dumps({Role.PREFILL: Mode.DISAGGREGATED}) == '{"prefill": "disaggregated"}'
+    assert {"prefill": 1}[Role.PREFILL] == 1  # a worker table keyed by name is read by role
+    assert Candidate("x", "colocated").mode is Mode.COLOCATED  # as read back from the store
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_every_mode_has_one_topology_that_starts_its_placed_workers(mode):
+    topology = topology_for(mode)
+    assert topology.mode is mode and topology_for(mode.value) is topology
+    config = EngineConfig(backend="fake", mode=mode, n_ctx=4096)
+    setup = prepare(config, box=make_box(n_cores=8, ram_gib=32))
+    specs = worker_specs(config, setup)
+    assert set(specs) == set(setup.placements) and topology.recovery_victim(config) in specs
+    expected = {Mode.COLOCATED: {"colocated": Role.COLOCATED},
+                Mode.DISAGGREGATED: {"prefill": Role.PREFILL, "decode": Role.DECODE},
+                Mode.REPLICAS: {"replica-0": Role.COLOCATED, "replica-1": Role.COLOCATED}}[mode]
+    assert {name: spec.role for name, spec in specs.items()} == expected
+    assert (setup.kv_arena_bytes is not None) is topology.uses_kv_arena
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError):
+        topology_for("pipelined")
+
+
+def test_one_failed_worker_stops_colocated_and_disaggregated_but_replicas_serve_until_the_last():
+    pair = by_name(Handle("prefill", Role.PREFILL), Handle("decode", Role.DECODE, failed="oom"))
+    assert topology_for(Mode.DISAGGREGATED).health(pair).failed == ("decode",)
+    replicas = by_name(Handle("replica-0", failed="oom"), Handle("replica-1"))
+    topology = topology_for(Mode.REPLICAS)
+    assert topology.health(replicas).failed == () and not topology.health(replicas).restarting
+    replicas["replica-1"].failed = "oom"
+    assert topology.health(replicas).failed == ("replica-0", "replica-1")
+
+
+def test_a_worker_restarting_blocks_colocated_but_not_replicas_while_another_is_up():
+    one = by_name(Handle("colocated", ready=False))
+    assert topology_for(Mode.COLOCATED).health(one).restarting
+    replicas = by_name(Handle("replica-0", ready=False), Handle("replica-1"))
+    assert not topology_for(Mode.REPLICAS).health(replicas).restarting
+    replicas["replica-1"].ready = None
+    assert topology_for(Mode.REPLICAS).health(replicas).restarting
+
+
+def test_a_replica_request_enters_the_least_loaded_ready_replica_that_is_not_avoided():
+    a, b, c = Handle("replica-0", in_flight={"x", "y"}), Handle("replica-1", in_flight={"z"}), Handle("replica-2")
+    workers, topology = by_name(a, b, c), topology_for(Mode.REPLICAS)
+    assert topology.entry_worker(workers, None) is c
+    c.ready = None  # restarting: counts one more
+    assert topology.entry_worker(workers, None) is b
+    assert topology.entry_worker(workers, None, avoid=b) is c
+    b.failed = c.failed = "gone"
+    assert topology.entry_worker(workers, None, avoid=a) is a  # the only one left, even if it just died
+
+
+def test_capacity_counts_every_entry_worker():
+    config = EngineConfig(n_replicas=3)
+    assert [topology_for(m).n_entry_workers(config) for m in Mode] == [1, 1, 3]
+
+
+def test_advise_measures_the_same_candidates_as_before():
+    config = EngineConfig(backend="fake", n_replicas=2, chunk=256)
+    plan = types.SimpleNamespace(**{part: types.SimpleNamespace(feasible=True, reason="")
+                                    for part in ("colocated", "disaggregated", "replicas")})
+    names = [c.name for m in Mode for c in topology_for(m).advise_candidates(config, plan, (None, 64))]
+    assert names == ["colocated-unchunked", "colocated-chunk-64", "disaggregated", "replicas-2"]
+    assert [topology_for(m).recovery_victim(config) for m in Mode] == ["colocated", "decode", "replica-0"]
+
+
+def test_the_app_names_the_chunk_of_a_colocated_engine():
+    config = EngineConfig(chunk=None)
+    assert [topology_for(m).describe(config) for m in Mode] == ["colocated, chunk none", "disaggregated",
+                                                                "replicas"]
