@@ -25,7 +25,7 @@ from homepd.core.admission import ClassBudget, RequestClass
 from homepd.core.modes import Mode
 from homepd.errors import ConfigError
 
-MODES = tuple(Mode)  # str-valued: "colocated", "disaggregated", "replicas"
+MODES = tuple(m.value for m in Mode)  # plain strings: argparse names its choices by their repr
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 # test-only scheduling bugs the worker can inject, to prove the teacher-forced check catches them
 # (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again

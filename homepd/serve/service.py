@@ -120,8 +120,7 @@ class Service:
     @property
     def capacity(self) -> int:
         """Requests admitted at once: every entry worker's sequences plus the wait queue."""
-        n_entry = topology_for(self.config.mode).n_entry_workers(self.config)
-        return self.config.n_seq_max * n_entry + self.settings.max_queue
+        return topology_for(self.config.mode).capacity(self.config, self.settings.max_queue)
 
     def _failed_workers(self) -> str | None:
         failed = self.engine.health().failed if self.engine is not None else ()

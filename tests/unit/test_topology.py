@@ -87,9 +87,21 @@ def test_a_replica_request_enters_the_least_loaded_ready_replica_that_is_not_avo
     assert topology.entry_worker(workers, None, avoid=a) is a  # the only one left, even if it just died
 
 
-def test_capacity_counts_every_entry_worker():
-    config = EngineConfig(n_replicas=3)
-    assert [topology_for(m).n_entry_workers(config) for m in Mode] == [1, 1, 3]
+def test_capacity_counts_every_entry_workers_sequences_and_the_queue():
+    config = EngineConfig(n_replicas=3, n_seq_max=4)
+    assert [topology_for(m).capacity(config, max_queue=10) for m in Mode] == [14, 14, 22]
+
+
+def test_the_cli_names_the_modes_as_before():
+    import argparse
+
+    from homepd.config import add_config_flags
+
+    parser = argparse.ArgumentParser(prog="homepd", exit_on_error=False)
+    add_config_flags(parser)
+    assert parser.parse_args(["--mode", "replicas"]).mode == "replicas"
+    with pytest.raises(argparse.ArgumentError, match=r"choose from 'colocated', 'disaggregated', 'replicas'"):
+        parser.parse_args(["--mode", "pipelined"])
 
 
 def test_advise_measures_the_same_candidates_as_before():

@@ -62,8 +62,12 @@ class Topology:
         return self.entry_worker(workers, kv, n_tokens)
 
     def n_entry_workers(self, config: EngineConfig) -> int:
-        """Workers a new request may enter (the service's capacity is their sequences plus its queue)."""
+        """Workers a new request may enter."""
         return 1
+
+    def capacity(self, config: EngineConfig, max_queue: int) -> int:
+        """Requests a service admits at once: every entry worker's sequences plus its wait queue."""
+        return config.n_seq_max * self.n_entry_workers(config) + max_queue
 
     # failures -----------------------------------------------------------------------------------
     def fatal_failures(self, workers: Mapping) -> list:
