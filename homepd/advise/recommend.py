@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from homepd.core.modes import Candidate, Mode  # noqa: F401 - Candidate: the rule's input, named here too
+from homepd.core.modes import Candidate, Mode
 
 # interference counts as measured when decode steps disturbed by prefill are this much slower, matched on
 # batch size, over at least MIN_INTERFERENCE_SAMPLES disturbed steps
