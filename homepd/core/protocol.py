@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from homepd.core.admission import RequestClass
+from homepd.core.modes import Role
 from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
@@ -16,7 +17,7 @@ from homepd.core.stepmodel import StepEstimate
 # what a worker is started with --------------------------------------------------
 @dataclass(frozen=True)
 class WorkerSpec:
-    role: str
+    role: Role
     model_path: str
     n_ctx: int
     n_seq_max: int
