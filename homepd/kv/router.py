@@ -7,10 +7,10 @@ worker's ``KVHandoff`` until the decode worker's ``KVImported`` (or its end).
 At admission ``fits_prefill_worker`` says whether a prompt can be prefilled on
 the prefill worker: its KV fits both the prefill worker's context and the arena
 (else the topology sends it to the decode worker itself, colocated-style, so it
-never waits for room that cannot come).  After any worker death ``recover`` puts the extents of the
-requests in transit back in order and names those the restarted decode worker
-can import without a second prefill; a restarted prefill worker rebuilds its
-allocator from ``live_extents``.
+never waits for room that cannot come).  After any worker death ``recover``
+puts the extents of the requests in transit back in order and names those the
+restarted decode worker can import without a second prefill; a restarted
+prefill worker rebuilds its allocator from ``live_extents``.
 """
 from __future__ import annotations
 

@@ -223,7 +223,7 @@ def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed:
 
         async with Engine(config, prepare(config, pull=False)) as engine:
             record = await run_trace(engine, make_trace("mixed", n_requests=n_requests, seed=seed), trace_name="mixed")
-            arena = engine.snapshot().kv_slots
+            arena = engine.snapshot().kv_arena
             return {"arena_bytes": record.kv_slot_bytes, "arena_prefill_n_ctx": arena.prefill_n_ctx,
                     "arena_peak_bytes": record.arena_peak_bytes, "arena_peak_kv_bytes": record.arena_peak_kv_bytes,
                     "arena_handoffs": record.summary.kv.n_moved if record.summary.kv else 0}
