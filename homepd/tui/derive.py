@@ -72,22 +72,22 @@ def hardware_view(snap, box=None) -> HardwareView:
         ram_used_bytes=ram_used, ram_total_bytes=ram_total, gpus=tuple(gpus), processes=processes, gpu_note=note)
 
 
-def architecture_view(engine: EngineSnapshot, kv_mb_s: float | None = None, note: str = "") -> ArchitectureView:
+def architecture_view(snap: EngineSnapshot, kv_mb_s: float | None = None, note: str = "") -> ArchitectureView:
     """The architecture panel from an engine snapshot."""
     workers = tuple(WorkerView(
         role=w.role, pid=w.pid, alive=w.alive, ready=w.ready, restarts=w.restarts, n_threads=w.n_threads,
         cores=cores_text(w.cpu_cores), gpu=w.cuda_visible_devices, n_running=len(w.in_flight), backlog=w.backlog,
         failed=w.failed)
-        for w in engine.workers)
-    kv = engine.kv_arena
+        for w in snap.workers)
+    kv = snap.kv_arena
     arena = None if kv is None else ArenaView(
         capacity_bytes=kv.capacity_bytes, used_bytes=kv.used_bytes, max_extents=kv.max_extents,
         extents={state: n for state, n in kv.occupancy.items() if state != "FREE"})
     return ArchitectureView(
-        mode=engine.mode, model=os.path.basename(engine.model or "?"), chunk=engine.chunk, n_ctx=engine.n_ctx,
-        workers=workers, by_state={state: len(ids) for state, ids in engine.requests.items()}, kv_arena=arena,
-        kv_mb_s=kv_mb_s, events=tuple(_event_text(e) for e in engine.worker_events[-3:]), note=note,
-        **admission_lines(engine.admission))
+        mode=snap.mode, model=os.path.basename(snap.model or "?"), chunk=snap.chunk, n_ctx=snap.n_ctx,
+        workers=workers, by_state={state: len(ids) for state, ids in snap.requests.items()}, kv_arena=arena,
+        kv_mb_s=kv_mb_s, events=tuple(_event_text(e) for e in snap.worker_events[-3:]), note=note,
+        **admission_lines(snap.admission))
 
 
 def admission_lines(adm: AdmissionSnapshot | None) -> dict:

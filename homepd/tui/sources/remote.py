@@ -192,8 +192,9 @@ class RemoteSource(DataSource):
             with self._lock:
                 self._status = status
             self._live.set()
-            if self.sampler is not None and status.engine is not None:
-                for w in status.engine.workers:
+            snap = status.engine  # the service's engine, as its snapshot
+            if self.sampler is not None and snap is not None:
+                for w in snap.workers:
                     if w.pid:
                         self.sampler.register_process(w.pid, w.role)
         elif event == "request":
