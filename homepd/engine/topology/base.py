@@ -10,7 +10,7 @@ from homepd.config import EngineConfig
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import EngineSetup, RolePlacement
 
-PlanOf = Callable[[], object]  # returns the box's ``PlacementPlan`` (computed on first call, then kept)
+PlanOf = Callable[[], object]  # returns the box's ``PlacementPlan``, computed only if a topology asks for it
 
 
 @dataclass(frozen=True)
