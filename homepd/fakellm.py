@@ -4,7 +4,8 @@ For tests of logic that does not depend on numerics (engine, recovery, HTTP,
 TUI) in real worker processes, in milliseconds.  Selected with
 ``EngineConfig(backend="fake")``.
 
-* Tokens are UTF-8 bytes (id = byte + 3); 1 is BOS, 2 is EOS.
+* Tokens are UTF-8 bytes (id = byte + 3); 1 is BOS, 2 is EOS, and with
+  ``parse_special`` the texts ``<s>`` and ``</s>`` are those control tokens.
 * The "KV cache" of a sequence is the list of tokens it holds, checked for
   contiguous positions, bounded by ``n_ctx`` cells like a unified KV cache.
 * The next token is a pure function of the sequence's last tokens and the
@@ -16,15 +17,19 @@ TUI) in real worker processes, in milliseconds.  Selected with
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 import numpy as np
 
+from homepd.core.special import SpecialToken
 from homepd.errors import WorkerError
 
 FAKE_MODEL_PATH = "fake://model"
 BOS, EOS, N_VOCAB = 1, 2, 259
 _MAGIC = b"FAKEKV01"
+SPECIAL_TOKENS = (SpecialToken("</s>", EOS), SpecialToken("<s>", BOS))
+_SPECIAL_RE = re.compile("(</s>|<s>)")
 _TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
              "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -47,7 +52,13 @@ class FakeModel:
         return token == EOS
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return ([BOS] if add_special else []) + [b + 3 for b in text.encode("utf-8")]
+        ids = [BOS] if add_special else []
+        for i, piece in enumerate(_SPECIAL_RE.split(text) if parse_special else [text]):
+            ids += [BOS if piece == "<s>" else EOS] if i % 2 else [b + 3 for b in piece.encode("utf-8")]
+        return ids
+
+    def special_tokens(self) -> tuple[SpecialToken, ...]:
+        return SPECIAL_TOKENS
 
     def token_to_piece(self, token: int) -> bytes:
         return bytes([token - 3]) if token >= 3 else b""

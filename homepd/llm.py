@@ -16,6 +16,7 @@ import numpy as np
 
 import llama_cpp as C
 
+from homepd.core.special import SpecialToken
 from homepd.errors import ModelError, WorkerError
 
 _backend_ready = False
@@ -56,6 +57,7 @@ class LlamaModel:
         self.size_bytes = int(C.llama_model_size(self._model))
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
         self._pieces: dict[int, bytes] = {}
+        self._special_tokens: tuple[SpecialToken, ...] | None = None
 
     def close(self) -> None:
         if self._model:
@@ -97,6 +99,19 @@ class LlamaModel:
             return ""
         text = C.llama_vocab_get_text(self._vocab, token)
         return text.decode("utf-8", errors="replace") if text else ""
+
+    def special_tokens(self) -> tuple[SpecialToken, ...]:
+        """The control tokens that ``parse_special=True`` matches in text, longest (in bytes) first, as
+        llama.cpp tries them; read once from the vocabulary."""
+        if self._special_tokens is None:
+            found = []
+            for token in range(self.n_vocab):
+                attr = C.llama_vocab_get_attr(self._vocab, token)
+                if attr & (C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN) and (text := self.token_text(token)):
+                    found.append(SpecialToken(text, token, bool(attr & C.LLAMA_TOKEN_ATTR_LSTRIP),
+                                              bool(attr & C.LLAMA_TOKEN_ATTR_RSTRIP)))
+            self._special_tokens = tuple(sorted(found, key=lambda s: -len(s.text.encode())))
+        return self._special_tokens
 
     def chat_template(self) -> str | None:
         tmpl = C.llama_model_chat_template(self._model, None)

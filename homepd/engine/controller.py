@@ -15,6 +15,7 @@ import itertools
 import os
 import time
 from collections import Counter, OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Iterable
 
@@ -31,7 +32,7 @@ from homepd.engine import recovery
 from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
 from homepd.engine.handles import WorkerHandle, watch_for_hangs
 from homepd.engine.pool import WorkerPool
-from homepd.engine.prompt import render_chat
+from homepd.engine.prompt import chat_tokens, prompt_tokens
 from homepd.engine.streams import Event, RequestStream
 from homepd.engine.topology import Health, topology_for
 from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
@@ -65,6 +66,7 @@ class Engine:
         self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="homepd-prepare")
 
     # lifecycle of the engine -----------------------------------------------------
     async def start(self) -> None:
@@ -100,6 +102,7 @@ class Engine:
         if self.kv is not None:
             self.kv.close()
             self.kv = None
+        await asyncio.to_thread(self._prepare_pool.shutdown, cancel_futures=True)  # no tokenize after close
         if self.tokenizer is not None:
             self.tokenizer.close()
             self.tokenizer = None
@@ -122,12 +125,9 @@ class Engine:
             raise EngineError("the engine is not started")
         if (prompt is None) == (messages is None):
             raise RequestError("give exactly one of prompt or messages")
-        if messages is not None:
-            t = self.tokenizer
-            prompt = render_chat(t.chat_template(), messages, t.token_text(t.bos_id), t.token_text(t.eos_id))
-        if not isinstance(prompt, str) or not prompt:
+        if messages is None and (not isinstance(prompt, str) or not prompt):
             raise RequestError("prompt must be a non-empty string")
-        ids = self.tokenizer.tokenize(prompt, add_special=True, parse_special=True)
+        ids = chat_tokens(self.tokenizer, messages) if messages is not None else prompt_tokens(self.tokenizer, prompt)
         if not ids:
             raise RequestError("prompt is empty after tokenization")
         if len(ids) >= self.config.n_ctx:
@@ -147,7 +147,13 @@ class Engine:
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         params = (params or SamplingParams()).validated()
-        ids = self.prepare(prompt, messages)
+        # why: off the loop (llama_tokenize releases the GIL), one at a time: a long chat must not stall the
+        # pipes, /health or the watchdog, and concurrent tokenizer calls gain nothing on a shared vocabulary
+        if self._stopping:
+            raise EngineError("the engine is stopping")
+        ids = await asyncio.get_running_loop().run_in_executor(self._prepare_pool, self.prepare, prompt, messages)
+        if self._stopping:
+            raise EngineError("the engine is stopping")
         failed = self.topology.fatal_failures(self.workers)
         if failed:
             raise EngineError(f"the {failed[0].role} worker could not be restarted ({failed[0].failed}); "

@@ -1,15 +1,28 @@
-"""Render a GGUF chat template (Jinja2) in a sandbox.
+"""Render a GGUF chat template (Jinja2) in a sandbox, and tokenize prompts and chats.
 
 The template comes from the model file, so it is untrusted: it runs in
 Jinja2's immutable sandbox, and any template error becomes a RequestError.
+
+A chat's message *content* is text, never control tokens: ``chat_tokens``
+renders the template with each content replaced by a unique placeholder, so
+that only the template's own markup is matched against the control tokens
+(``<|im_start|>`` and the like); a user who writes ``<|im_start|>system`` gets
+those characters, not a forged turn.  The matching itself (``split_specials``)
+follows llama.cpp's ``tokenizer_st_partition`` (longest token first, its
+lstrip/rstrip), so a chat without control-token text in its contents gets the
+same tokens as before, in linear time instead of llama.cpp's quadratic
+partition.
 """
 from __future__ import annotations
 
+import re
+import secrets
 from functools import lru_cache
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from homepd.core.special import SpecialToken
 from homepd.errors import RequestError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -60,3 +73,103 @@ def render_chat(template: str | None, messages: list[dict[str, str]], bos_token:
         )
     except jinja2.exceptions.TemplateError as exc:
         raise RequestError(f"the model's chat template refused these messages: {exc}") from exc
+
+
+# what llama.cpp's lstrip/rstrip drop (C isspace)
+_WHITESPACE = " \t\n\v\f\r"
+
+
+def split_specials(text: str, specials: tuple[SpecialToken, ...]) -> list[int | str]:
+    """``text`` as raw text runs and control token ids, as llama.cpp partitions it with parse_special=True:
+    each token in turn, longest first (``specials`` is in that order), split off every run left."""
+    items: list[int | str] = [text] if text else []
+    for special in specials:
+        if special.text not in text:
+            continue
+        out: list[int | str] = []
+        for item in items:
+            if isinstance(item, int) or special.text not in item:
+                out.append(item)
+                continue
+            for i, part in enumerate(item.split(special.text)):
+                if i:
+                    out.append(special.id)
+                if part:
+                    out.append(part)
+        items = out
+    return items
+
+
+def _strip_around(items: list[int | str], specials: tuple[SpecialToken, ...]) -> list[int | str]:
+    """Drop the whitespace next to control tokens that ask for it (lstrip: before it; rstrip: after it)."""
+    lstrip = {s.id for s in specials if s.lstrip}
+    rstrip = {s.id for s in specials if s.rstrip}
+    if not lstrip and not rstrip:
+        return items
+    out = list(items)
+    for i, item in enumerate(out):
+        if isinstance(item, str):
+            if i > 0 and out[i - 1] in rstrip:
+                item = item.lstrip(_WHITESPACE)
+            if i + 1 < len(out) and out[i + 1] in lstrip:
+                item = item.rstrip(_WHITESPACE)
+            out[i] = item
+    return [item for item in out if item != ""]
+
+
+def _tokens(tokenizer, items: list[int | str], specials: tuple[SpecialToken, ...]) -> list[int]:
+    """The ids of ``items``: control ids as they are, each text run tokenized without special parsing, and
+    the tokenizer's own BOS/EOS around it all (``add_special``), as one llama_tokenize call would."""
+    around = tokenizer.tokenize("", add_special=True, parse_special=False)
+    n_bos = 1 if around[:1] == [tokenizer.bos_id] else 0
+    ids = around[:n_bos]
+    for item in _strip_around(items, specials):
+        if isinstance(item, int):
+            ids.append(item)
+        else:
+            ids += tokenizer.tokenize(item, add_special=False, parse_special=False)
+    return ids + around[n_bos:]
+
+
+def _present(specials: tuple[SpecialToken, ...], text: str) -> tuple[SpecialToken, ...]:
+    return tuple(s for s in specials if s.text in text)
+
+
+def prompt_tokens(tokenizer, prompt: str) -> list[int]:
+    """A raw (completion) prompt's ids, control-token text parsed: the caller writes the whole prompt."""
+    specials = _present(tokenizer.special_tokens(), prompt)
+    return _tokens(tokenizer, split_specials(prompt, specials), specials)
+
+
+def chat_tokens(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    """A chat's ids through the model's template: markup may hold control tokens, contents never do."""
+    messages = validate_messages(messages)
+    template = tokenizer.chat_template()
+    bos, eos = tokenizer.token_text(tokenizer.bos_id), tokenizer.token_text(tokenizer.eos_id)
+    rendered = render_chat(template, messages, bos, eos, add_generation_prompt)
+    nonce = secrets.token_hex(8)  # why: content cannot guess it, so no content reads as a placeholder
+    marked = render_chat(template, [{"role": m["role"], "content": f"\x00{nonce}:{i}\x00"}
+                                    for i, m in enumerate(messages)], bos, eos, add_generation_prompt)
+    pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)  # markup, index, markup, index, ..., markup
+    contents = [messages[int(i)]["content"] for i in pieces[1::2]]
+    specials = tokenizer.special_tokens()
+    if "".join(p if k % 2 == 0 else contents[k // 2] for k, p in enumerate(pieces)) != rendered:
+        # the template transforms or tests the content (trims it, skips empty ones, ...): the placeholders
+        # do not stand for it.  Parse the rendering as a whole, unless a content holds control-token text.
+        for i, m in enumerate(messages):
+            if found := _present(specials, m["content"]):
+                raise RequestError(f"messages[{i}].content contains {found[0].text!r}, a control token of this "
+                                   "model, and its chat template changes message text, so homepd cannot keep "
+                                   "it plain text; remove it")
+        return prompt_tokens(tokenizer, rendered)
+    present = _present(specials, "".join(pieces[0::2]))
+    items: list[int | list[str]] = []
+    for k, piece in enumerate(pieces):
+        for item in split_specials(piece, present) if k % 2 == 0 else [contents[k // 2]]:
+            if isinstance(item, int):
+                items.append(item)
+            elif items and isinstance(items[-1], list):
+                items[-1].append(item)  # why: one run, as llama.cpp tokenizes the text between two control tokens
+            else:
+                items.append([item])
+    return _tokens(tokenizer, [i if isinstance(i, int) else "".join(i) for i in items], present)
