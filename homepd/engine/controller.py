@@ -38,7 +38,13 @@ from homepd.engine.topology import Health, topology_for
 from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
 
 MAX_RECORDS = 10_000       # finished request records kept for metrics
-MAX_STEP_LOG = 100_000
+# the step log keeps the newest steps within ~32 MiB: a StepRecord measures ~450 B plus ~8 B per decode id and
+# ~100 B per prefill entry (tracemalloc), so this many at worst (every sequence in both lists) fit
+STEP_LOG_BYTES = 32 << 20
+
+
+def step_log_len(n_seq_max: int) -> int:
+    return STEP_LOG_BYTES // (512 + 128 * n_seq_max)
 MAX_WORKER_EVENTS = 1_000
 _ids = itertools.count(1)
 
@@ -56,7 +62,7 @@ class Engine:
         self.tokenizer = None
         self.records: OrderedDict[str, Lifecycle] = OrderedDict()  # finished requests, newest last
         self.streams: dict[str, RequestStream] = {}                # running requests
-        self.step_log: deque[StepRecord] = deque(maxlen=MAX_STEP_LOG)
+        self.step_log: deque[StepRecord] = deque(maxlen=step_log_len(self.config.n_seq_max))
         self.step_listeners: list = []  # called with each StepRecord once its tokens and ends are applied
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = self.pool.handles

@@ -13,11 +13,14 @@ from fastapi import FastAPI
 
 from homepd.serve import ops_routes, openai_routes
 from homepd.serve.errors import install_error_handlers
-from homepd.serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from homepd.serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware
 
 # why: a prompt of max_prompt_bytes may arrive JSON-escaped (\uXXXX: 6 bytes per character)
 BODY_BYTES_PER_PROMPT_BYTE = 6
 BODY_OVERHEAD_BYTES = 64 << 10
+# why: a message is a few JSON values (object, role, content, parts); parsing is ~1 s per million values
+JSON_VALUES_PER_MESSAGE = 16
+JSON_VALUES_OVERHEAD = 1024
 
 
 def create_app(service) -> FastAPI:
@@ -42,9 +45,12 @@ def create_app(service) -> FastAPI:
 
     # added innermost first: CORS (when on) answers preflights before the key is asked for
     app.add_middleware(BodyLimitMiddleware,
-                       max_body_bytes=settings.max_prompt_bytes * BODY_BYTES_PER_PROMPT_BYTE + BODY_OVERHEAD_BYTES)
+                       max_body_bytes=settings.max_prompt_bytes * BODY_BYTES_PER_PROMPT_BYTE + BODY_OVERHEAD_BYTES,
+                       max_json_values=settings.max_messages * JSON_VALUES_PER_MESSAGE + JSON_VALUES_OVERHEAD)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if not settings.api_key or settings.allowed_hosts:  # without a key: loopback names (and the allowed) only
+        app.add_middleware(HostCheckMiddleware, allowed_hosts=settings.allowed_hosts)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

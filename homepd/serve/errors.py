@@ -25,6 +25,8 @@ AUTHENTICATION = "authentication_error"
 NOT_FOUND = "not_found_error"
 UNAVAILABLE = "service_unavailable_error"  # 503: not ready, draining, queue full, a worker restarting
 SERVER = "server_error"
+UNION_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "constrained-str"})
+MAX_MESSAGE_CHARS = 1000  # an error message never quotes more of the request than this
 
 
 class APIError(Exception):
@@ -32,6 +34,9 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, type: str = INVALID_REQUEST, code: str | None = None,
                  param: str | None = None, headers: dict[str, str] | None = None, **extra):
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "... (cut)"
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate cannot be sent
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.headers, self.extra = headers or {}, extra
@@ -67,7 +72,8 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str
     """pydantic's error list -> (message naming each field, the first field's name, code)."""
     parts, first, code = [], None, "invalid_value"
     for err in errors[:5]:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        # why: a union reports each member it tried as a loc part ('str', 'list[TextPart]'); name the field only
+        loc = [str(x) for x in err.get("loc", ()) if x != "body" and x not in UNION_TAGS and "[" not in str(x)]
         field = ".".join(loc) or "body"
         first = first or field
         if err.get("type") == "json_invalid":

@@ -23,9 +23,11 @@ from homepd.core.lifecycle import Lifecycle
 from homepd.core.sampling import SamplingParams
 from homepd.errors import HomepdError
 from homepd.serve.errors import UNAVAILABLE, APIError, from_homepd_error, unavailable
+from homepd.serve.middleware import cut
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0  # what OpenAI samples at when a request does not say
+MESSAGE_OVERHEAD_BYTES = 16       # counted per message toward --max-prompt-bytes: about ChatML's markup
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,16 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
     """Run ``body`` on the service's engine: a JSON response, or an SSE stream when ``body.stream``."""
     shape = CHAT if isinstance(body, ChatCompletionRequest) else TEXT
     if body.model not in service.served_model_ids:
-        raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists "
+        raise APIError(404, f"model {cut(body.model)!r} is not served here; GET /v1/models lists "
                             f"{', '.join(service.served_model_ids)}", "not_found_error", "model_not_found", "model")
     params = sampling_params(body, service.settings)
     prompt, messages = (None, body.chat_messages()) if shape.is_chat else (body.prompt_text(), None)
-    n_bytes = sum(len(m["content"].encode()) for m in messages) if messages else len(prompt.encode())
+    if messages and len(messages) > service.settings.max_messages:
+        raise APIError(413, f"{len(messages)} messages; this service takes at most {service.settings.max_messages} "
+                            "(--max-messages)", code="too_many_messages", param="messages")
+    # why: each message costs its template's markup too, so empty messages are not free
+    n_bytes = sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_BYTES for m in messages) if messages \
+        else len(prompt.encode())
     if n_bytes > service.settings.max_prompt_bytes:
         raise APIError(413, f"the prompt is {n_bytes} bytes; this service takes at most "
                             f"{service.settings.max_prompt_bytes} (--max-prompt-bytes)", code="prompt_too_large",

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health():
     """200 while the process serves HTTP (no API key needed)."""
     return {"status": "ok"}

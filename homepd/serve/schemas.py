@@ -4,16 +4,31 @@ An unknown field is a 400 naming it (``extra="forbid"``); a known OpenAI field
 that homepd does not implement is accepted only at its neutral value (``n=1``,
 ``logprobs=false``, penalties 0, ...) and is otherwise a 400 naming it, never
 silently ignored.  Numbers out of range are 400s from the field constraints.
+Types are strict (``"max_tokens": true`` or ``"temperature": "0.5"`` is a 400,
+not coerced; an integer is still a valid float), and text must be valid
+Unicode (a lone surrogate such as ``"\\ud800"`` is a 400 naming the field).
 """
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from homepd.core.sampling import MAX_STOP_STRINGS
 from homepd.serve.settings import REQUEST_CLASSES
 
+
+
+def _unicode_text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode text: a lone surrogate ({value[exc.start]!r}) at character "
+                         f"{exc.start}; send UTF-8 text (a surrogate only as half of a \\uD8xx\\uDCxx pair)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode_text)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 # known OpenAI fields homepd does not implement -> the neutral values it accepts for them
 SAMPLING_NEUTRAL = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
@@ -24,17 +39,22 @@ COMPLETION_NEUTRAL = {"echo": (False,), "suffix": (None,), "best_of": (None, 1)}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v):
+        return _unicode_text(v) if isinstance(v, str) else v
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -57,7 +77,7 @@ def _only_neutral(neutral: dict[str, tuple], value, name: str):
 
 class _Sampling(_Strict):
     """The fields both completion routes share."""
-    model: NonEmpty
+    model: Annotated[Text, Field(min_length=1)]
     max_tokens: int | None = Field(None, ge=1, description="at most this many generated tokens")
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -72,7 +92,7 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = Field(None, description="only 0")
     logit_bias: dict[str, float] | None = Field(None, description="only empty")
     logprobs: Union[bool, int, None] = Field(None, description="not supported")
-    user: str | None = Field(None, max_length=256, description="accepted and not used")
+    user: Text | None = Field(None, max_length=256, description="accepted and not used")
     request_class: Literal[REQUEST_CLASSES] | None = Field(  # type: ignore[valid-type]
         None, description="interactive or background (extension; also the X-Homepd-Class header)")
 
@@ -86,7 +106,7 @@ class _Sampling(_Strict):
     def _stop(cls, v):
         if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        return v
+        return [_unicode_text(s) for s in v] if isinstance(v, list) else v if v is None else _unicode_text(v)
 
     @model_validator(mode="after")
     def _stream_options(self):
@@ -149,7 +169,7 @@ class CompletionRequest(_Sampling):
     def _prompt(cls, v):
         if isinstance(v, list) and len(v) != 1:
             raise ValueError("homepd takes one prompt per request (a string, or a list of exactly one)")
-        return v
+        return [_unicode_text(p) for p in v] if isinstance(v, list) else _unicode_text(v)
 
     @field_validator(*COMPLETION_NEUTRAL)
     @classmethod

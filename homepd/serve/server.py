@@ -15,6 +15,7 @@ import signal
 import uvicorn
 
 from homepd.serve.app import create_app
+from homepd.serve.connections import connection_limit, guarded_protocol, install_log_limits, raise_fd_limit
 
 GRACEFUL_SHUTDOWN_S = 10.0  # after the drain: how long uvicorn waits for connections to close
 
@@ -41,9 +42,12 @@ class DrainingServer(uvicorn.Server):
 def run_server(service) -> int:
     """Serve until drained or failed; the process exit status (0 after a drain, 1 if the engine failed)."""
     settings = service.settings
+    max_connections = connection_limit(settings.max_connections, raise_fd_limit())
+    install_log_limits()
     config = uvicorn.Config(create_app(service), host=settings.host, port=settings.port, log_level="info",
                             access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                            lifespan="on", server_header=False)
+                            lifespan="on", server_header=False,
+                            http=guarded_protocol(settings.header_timeout_s, max_connections))
     server = DrainingServer(config, service)
     service.on_exit = lambda: setattr(server, "should_exit", True)
     server.run()

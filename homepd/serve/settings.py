@@ -46,6 +46,18 @@ class ServeSettings:
     completions_class: str = field(default="interactive", metadata=_opt(
         "completions-class", help="request class of /v1/completions when a request names none",
         choices=REQUEST_CLASSES))
+    allowed_hosts: tuple[str, ...] = field(default=(), metadata=_opt(
+        "allowed-hosts", parse_origins, "comma-separated Host names the service answers to besides loopback "
+                                        "ones; without an API key only these and loopback names are answered "
+                                        "(a guard against DNS rebinding)"))
+    max_messages: int = field(default=2048, metadata=_opt(
+        "max-messages", int, "most messages in one chat request; more is 413"))
+    header_timeout_s: float = field(default=10.0, metadata=_opt(
+        "header-timeout", float, "seconds a connection may take to send a request's headers (from opening, "
+                                 "or from its last response); then it is closed"))
+    max_connections: int = field(default=1000, metadata=_opt(
+        "max-connections", int, "connections open at once (kept 128 below the file-descriptor limit); more are "
+                                "closed at once"))
     warmup: bool = field(default=True, metadata=_opt(
         "warmup", parse_bool, "run one short request before reporting ready",
         action=argparse.BooleanOptionalAction))
@@ -54,14 +66,19 @@ class ServeSettings:
         """Return self if consistent, else raise ConfigError naming the option."""
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be 1..65535, got {self.port}")
-        for name in ("max_prompt_bytes", "max_tokens"):
+        for name in ("max_prompt_bytes", "max_tokens", "max_messages", "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.header_timeout_s > 0:
+            raise ConfigError(f"header_timeout_s must be > 0, got {self.header_timeout_s}")
         if self.max_queue < 0 or self.drain_timeout_s < 0:
             raise ConfigError("max_queue and drain_timeout_s must be >= 0")
         for name in ("chat_class", "completions_class"):
             if getattr(self, name) not in REQUEST_CLASSES:
                 raise ConfigError(f"{name} must be one of {', '.join(REQUEST_CLASSES)}, got {getattr(self, name)!r}")
+        if self.api_key is not None and (self.api_key != self.api_key.strip() or not self.api_key.isprintable()):
+            raise ConfigError("the API key has leading or trailing spaces or control characters, which no "
+                              "'Authorization: Bearer' header can carry; set it without them")
         if self.api_key is not None and len(self.api_key) < 8:
             raise ConfigError("the API key must be at least 8 characters")
         if not is_loopback(self.host) and not self.api_key:
