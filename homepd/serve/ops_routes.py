@@ -14,10 +14,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 router = APIRouter(tags=["operations"])
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+@router.get("/health")
 async def health():
     """200 while the process serves HTTP (no API key needed)."""
     return {"status": "ok"}
+
+
+@router.head("/health", include_in_schema=False)
+async def health_head():
+    """``/health`` for probes that send HEAD."""
+    return Response()
 
 
 @router.get("/ready", responses={503: {"description": "loading, draining, failed or a worker restarting"}})

@@ -8,6 +8,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from test_serve_harness import ServeProcess
@@ -233,6 +234,8 @@ def _openapi_schema():
 
 
 SCHEMA = _openapi_schema()
+NEGATIVE_SCHEMA = _openapi_schema().include(method="POST")  # the routes that take input (a GET has none to break)
+NEGATIVE_SCHEMA.config.generation.update(modes=[GenerationMode.NEGATIVE])
 
 
 @SCHEMA.parametrize()
@@ -240,4 +243,12 @@ SCHEMA = _openapi_schema()
 def test_fuzz_finds_no_server_error(case, server):
     if isinstance(case.body, dict) and "model" in case.body:
         case.body["model"] = MODEL  # past the model check, so the fuzzed fields reach the engine
+    case.call_and_validate(base_url=server.url, headers=server.headers, checks=[not_a_server_error], timeout=30)
+
+
+@NEGATIVE_SCHEMA.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_negative_fuzz_finds_no_server_error(case, server):
+    """Bodies, queries and headers that break the schema (wrong types, missing fields, out of range)."""
+    assert case.meta.generation.mode is GenerationMode.NEGATIVE
     case.call_and_validate(base_url=server.url, headers=server.headers, checks=[not_a_server_error], timeout=30)
