@@ -71,10 +71,18 @@ def from_homepd_error(exc: HomepdError) -> APIError:
 def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str]:
     """pydantic's error list -> (message naming each field, the first field's name, code)."""
     parts, first, code = [], None, "invalid_value"
-    for err in errors[:5]:
+
+    def field_of(err: dict) -> str:
         # why: a union reports each member it tried as a loc part ('str', 'list[TextPart]'); name the field only
         loc = [str(x) for x in err.get("loc", ()) if x != "body" and x not in UNION_TAGS and "[" not in str(x)]
-        field = ".".join(loc) or "body"
+        return ".".join(loc) or "body"
+
+    fields = [field_of(err) for err in errors]
+    # a union member's type mismatch ("not a string") says less than another member's error inside the field
+    errors = [err for err, field in zip(errors, fields) if not (str(err.get("type", "")).endswith("_type") and any(
+        other.startswith(field + ".") for other in fields))]
+    for err in errors[:5]:
+        field = field_of(err)
         first = first or field
         if err.get("type") == "json_invalid":
             code = "invalid_json"

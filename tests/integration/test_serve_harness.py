@@ -27,7 +27,9 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None, api_key: str | None = API_KEY):
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None, api_key: str | None = API_KEY,
+                 wrapper: tuple[str, ...] = ()):
+        """``wrapper``: a command the server runs under (e.g. ``prlimit --nofile=256``)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -37,7 +39,7 @@ class ServeProcess:
         if api_key:
             clean["HOMEPD_API_KEY"] = api_key
         clean.update(env or {})
-        self.argv = [sys.executable, "-m", "homepd", "serve", "--port", str(self.port), *args]
+        self.argv = [*wrapper, sys.executable, "-m", "homepd", "serve", "--port", str(self.port), *args]
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(self.argv, env=clean, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
