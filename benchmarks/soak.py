@@ -81,6 +81,7 @@ class Soak:
         self.n_sent = self.n_completed = 0
         self.kills: list[dict] = []
         self.rss: dict[int, dict] = {}                # pid -> {role, start_bytes, end_bytes}
+        self.controller_rss: list[tuple[float, int]] = []  # (seconds into the soak, bytes): flat after warm-up?
         self.deadline = 0.0
 
     # the server ------------------------------------------------------------------------------
@@ -116,6 +117,8 @@ class Soak:
                 continue
             entry = self.rss.setdefault(pid, {"role": role, "start_bytes": rss, "end_bytes": rss})
             entry["end_bytes"] = rss
+            if role == "controller" and self.deadline:
+                self.controller_rss.append((round(time.monotonic() - self.started_s, 1), rss))
 
     # traffic ---------------------------------------------------------------------------------
     def draw(self) -> str:
@@ -269,7 +272,7 @@ class Soak:
             "n_500": sum(n for s, n in self.statuses.items() if s.startswith("500")),
             "unexpected": dict(self.unexpected), "kills": self.kills,
             "in_flight_at_end": status["admission"]["in_flight"],
-            "rss": {str(pid): e for pid, e in self.rss.items()},
+            "rss": {str(pid): e for pid, e in self.rss.items()}, "controller_rss": self.controller_rss,
             "exit_status": exit_status, "shm_segments_left": left,
         }
 
@@ -284,6 +287,10 @@ def print_report(r: dict) -> None:
     print("RSS (MB)            start    end")
     for pid, e in r["rss"].items():
         print(f"  {e['role']:<10} {pid:>7} {e['start_bytes'] / 1e6:7.1f} {e['end_bytes'] / 1e6:7.1f}")
+    series = r["controller_rss"]
+    if series:
+        picks = [series[min(len(series) - 1, len(series) * k // 6)] for k in range(6)] + [series[-1]]
+        print("controller RSS (MB) over the soak: " + ", ".join(f"{t:.0f} s {b / 1e6:.0f}" for t, b in picks))
     print(f"exit status: {r['exit_status']}; /dev/shm segments left: {len(r['shm_segments_left'])} "
           f"{r['shm_segments_left'] or ''}")
 
