@@ -131,8 +131,23 @@ def _tokens(tokenizer, items: list[int | str], specials: tuple[SpecialToken, ...
     return ids + around[n_bos:]
 
 
+FEW_SPECIALS = 32  # up to this many, one substring search each; beyond (Gemma has 6,250), one pass over the text
+
+
 def _present(specials: tuple[SpecialToken, ...], text: str) -> tuple[SpecialToken, ...]:
-    return tuple(s for s in specials if s.text in text)
+    """The control tokens whose text occurs in ``text`` (in ``specials``' order)."""
+    if len(specials) <= FEW_SPECIALS:
+        return tuple(s for s in specials if s.text in text)
+    by_length: dict[int, set[str]] = {}
+    for s in specials:
+        by_length.setdefault(len(s.text), set()).add(s.text)
+    found: set[str] = set()
+    for first in {s.text[0] for s in specials}:  # why: each start of a candidate, then a set lookup per length
+        i = text.find(first)
+        while i >= 0:
+            found.update(text[i:i + n] for n, texts in by_length.items() if text[i:i + n] in texts)
+            i = text.find(first, i + 1)
+    return tuple(s for s in specials if s.text in found)
 
 
 def prompt_tokens(tokenizer, prompt: str) -> list[int]:
