@@ -397,7 +397,7 @@ class Engine:
 
     def steps_since(self, t_s: float = float("-inf")) -> list[StepRecord]:
         """The steps that ended at or after ``t_s`` (monotonic), in the order they arrived (of the last
-        MAX_STEP_LOG)."""
+        ``step_log_len`` kept)."""
         # why a full scan, not from the end back: two workers' steps arrive out of end-time order
         return [step for step in self.step_log if step.t_end_s >= t_s]
 
