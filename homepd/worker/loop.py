@@ -118,7 +118,6 @@ class WorkerLoop:
             # budget leaves room for it
             self.scheduler.policy.between_steps_ms = (now - t_pump) * 1e3
             plan = self.scheduler.schedule(now)
-            self.apply_evictions(plan)
             idle = plan.is_empty and not plan.evicted
             if not idle:
                 self.step(plan)
@@ -176,7 +175,11 @@ class WorkerLoop:
 
     # one step -----------------------------------------------------------------
     def step(self, plan: StepPlan) -> None:
-        """Run one planned step: one llama_decode, sampling, and one report to the controller."""
+        """Run one planned step: one llama_decode, sampling, and one report to the controller (first the
+        plan's evictions, which may be all it holds)."""
+        self.apply_evictions(plan)
+        if plan.is_empty:
+            return
         tokens, positions, seq_ids, wants, logit_rows = self._batch(plan)
         started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
         t_start = time.monotonic()

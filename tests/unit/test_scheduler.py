@@ -1,8 +1,11 @@
 """The colocated policy, without a model: stall-free chunked prefill."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from homepd.core.kvpolicy import KVAction
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
@@ -71,8 +74,8 @@ def test_admission_respects_free_sequences():
 
 def test_admission_respects_n_ctx_reservation():
     s = Scheduler(n_seq_max=4, n_ctx=100, n_batch=100, chunk=100)
-    s.add(seq("a", 50, max_tokens=31))   # needs 80 cells
-    s.add(seq("b", 10, max_tokens=20))   # needs 29: does not fit beside a
+    s.add(seq("a", 70, max_tokens=31))   # prompt + first decode: 71 cells, in blocks 80
+    s.add(seq("b", 10, max_tokens=20))   # 16 more, plus a block of headroom for a: does not fit beside a
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["a"]
     assert s.allocator.n_cells_reserved == 80
@@ -80,6 +83,94 @@ def test_admission_respects_n_ctx_reservation():
     assert s.allocator.n_cells_reserved == 0
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["b"]
+
+
+def test_eight_chats_without_max_tokens_are_admitted_together():
+    """The engine gives a request without max_tokens up to 2,048 tokens: worst-case reservation would run
+    these one at a time in n_ctx 4096; reserved as they grow, all eight prefill in the first step."""
+    s = Scheduler(n_seq_max=8, n_ctx=4096, n_batch=512, chunk=512)
+    for i in range(8):
+        s.add(seq(f"chat{i}", 30, max_tokens=2048))
+    plan = run_step(s)
+    assert len(plan.prefill) == 8 and not s.waiting
+    assert s.allocator.n_cells_reserved == 8 * 32
+    for _ in range(40):  # they decode together, each reservation growing a block at a time
+        plan = run_step(s)
+        assert plan.n_decode_tokens == 8 and not plan.evicted
+    assert all(s.allocator.n_cells_of(q.seq_id) == 80 for q in s.running)  # 30 + 41 tokens in 5 blocks
+
+
+def full_context(n_ctx: int = 96) -> Scheduler:
+    """Two interactive chats and one background job decoding in a context they will fill (none ends alone)."""
+    s = Scheduler(n_seq_max=4, n_ctx=n_ctx, n_batch=64, chunk=64)
+    s.add(seq("chat-old", 8, max_tokens=80))
+    s.add(seq("batch", 8, max_tokens=80))
+    s.find("batch").request_class = "background"
+    s.add(seq("chat-new", 8, max_tokens=80))
+    return s
+
+
+def test_a_full_context_preempts_the_background_request_first_and_admits_nothing_that_step():
+    s = full_context()
+    plan = run_step(s)
+    assert len(plan.prefill) == 3
+    while not (plan := run_step(s)).evicted:
+        assert plan.n_decode_tokens == 3
+    (ev,) = plan.evicted
+    batch = s.find("batch")
+    assert ev.seq is batch and ev.action is KVAction.PREEMPT and batch.n_preemptions == 1
+    assert list(s.waiting) == [batch] and batch.seq_id is None and not plan.prefill  # re-queued, not re-admitted
+    assert batch.output_ids == [] and batch.n_prompt == 8 + (80 - batch.params.max_tokens)  # output became prompt
+    assert {q.request_id for q in plan.decode} == {"chat-old", "chat-new"}
+
+
+def test_with_no_background_left_the_newest_streaming_chat_ends_and_the_oldest_goes_on():
+    s = full_context()
+    ended = []
+    for _ in range(300):
+        if not s.has_work:
+            break
+        plan = run_step(s)
+        ended += [ev for ev in plan.evicted if ev.action is KVAction.FINISH_LENGTH]
+        for q in list(s.running):
+            if len(q.output_ids) >= q.params.max_tokens:
+                s.release(q)
+    assert [(ev.seq.request_id, ev.seq.is_finished) for ev in ended] == [("chat-new", True)]
+    assert ended[0].seq.output_ids  # it had streamed: it ends with 'length', it is not failed
+    assert not s.has_work and s.allocator.n_cells_reserved == 0
+
+
+@pytest.mark.parametrize("n_ctx", [64, 100, 160, 400])
+def test_reservations_always_cover_the_kv_and_every_request_ends_by_the_policy(n_ctx):
+    """Many requests of both classes in a small context: no step ever holds more KV than its reservations or
+    the context, and each request finishes at its max_tokens, or (an interactive one that had streamed) with
+    a context-full 'length'; none is lost."""
+    rng = random.Random(n_ctx)
+    s = Scheduler(n_seq_max=6, n_ctx=n_ctx, n_batch=32, chunk=32)
+    seqs = []
+    for i in range(14):
+        q = seq(f"r{i}", rng.randint(1, 20), max_tokens=rng.randint(1, n_ctx - 20))
+        q.request_class = rng.choice(["interactive", "background"])
+        seqs.append(q)
+        s.add(q)
+    ended, finished = set(), set()
+    for _ in range(20_000):
+        if not s.has_work:
+            break
+        plan = run_step(s)
+        for ev in plan.evicted:
+            if ev.action is KVAction.FINISH_LENGTH:
+                assert ev.seq.request_class == "interactive" and ev.seq.output_ids
+                ended.add(ev.seq.request_id)
+        for q in s.running:  # once this step's tokens are in, each sequence is within its reservation
+            assert q.n_kv_tokens <= s.allocator.n_cells_of(q.seq_id)
+        assert sum(q.n_kv_tokens for q in s.running) <= s.allocator.n_cells_reserved <= n_ctx
+        for q in list(s.running):
+            if len(q.output_ids) >= q.params.max_tokens:
+                s.release(q)
+                finished.add(q.request_id)
+    assert not s.has_work
+    assert ended | finished == {q.request_id for q in seqs} and not ended & finished
 
 
 def test_prompt_advances_even_when_decodes_fill_the_chunk():

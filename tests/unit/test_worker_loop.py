@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from homepd.core.protocol import CancelRequest, RequestDone, StepReport, SubmitRequest, WorkerSpec
+from homepd.core.protocol import CancelRequest, KVPreempted, RequestDone, StepReport, SubmitRequest, WorkerSpec
 from homepd.core.sampling import SamplingParams
 from homepd.errors import WorkerError
 from homepd.fakellm import FakeContext, FakeModel, next_token
@@ -137,4 +137,38 @@ def test_cancel_frees_the_sequence_and_reports_it():
     assert [q.request_id for q in loop.scheduler.running] == ["r1"] and len(ctx.removed) == 1
     loop.handle(CancelRequest("gone"))  # not held here: nothing to report
     assert len(out.of_type(RequestDone)) == 1
+    out.close()
+
+
+def full_context_loop(n_ctx: int = 96):
+    """A colocated loop whose context three 80-token requests fill: a chat, a background job, a newer chat."""
+    spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=n_ctx, n_seq_max=4, chunk=16, n_threads=1,
+                      backend="fake")
+    model = FakeModel()
+    ctx, out = FaultyContext(model, n_ctx=n_ctx, n_batch=spec.n_batch, n_seq_max=4, n_threads=1), Outbox()
+    loop = WorkerLoop(spec, model, ctx, out)
+    for rid, klass in (("chat-old", "interactive"), ("batch", "background"), ("chat-new", "interactive")):
+        loop.handle(SubmitRequest(rid, tuple(model.tokenize(rid)), SamplingParams(max_tokens=80, ignore_eos=True),
+                                  request_class=klass))
+    return loop, ctx, out
+
+
+def test_a_full_context_recomputes_the_background_request_exactly_and_ends_the_newest_chat_with_length():
+    loop, ctx, out = full_context_loop()
+    prompts = {q.request_id: q.prompt_ids for q in loop.scheduler.waiting}
+    run_to_end(loop)  # the fake context refuses a batch past n_ctx, so a missed reservation fails a request
+    got = {rid: [] for rid in prompts}
+    for report in out.of_type(StepReport):
+        for t in report.tokens:
+            got[t.request_id].append(t.token_id)
+    ends = {d.request_id: d for d in out.of_type(RequestDone)}
+    ends.update({d.request_id: d for r in out.of_type(StepReport) for d in r.done})
+    assert {rid: (d.reason, d.kv_full) for rid, d in ends.items()} == {
+        "chat-old": ("length", False), "batch": ("length", False), "chat-new": ("length", True)}
+    preempted = out.of_type(KVPreempted)
+    assert preempted and {p.request_id for p in preempted} == {"batch"}
+    # preempted and recomputed (its output prefilled again as prompt): the same tokens as alone
+    assert got["batch"] == fake_greedy(prompts["batch"], 80) and got["chat-old"] == fake_greedy(prompts["chat-old"], 80)
+    assert 0 < len(got["chat-new"]) < 80 and got["chat-new"] == fake_greedy(prompts["chat-new"], len(got["chat-new"]))
+    assert loop.scheduler.allocator.n_cells_reserved == 0 and not ctx._seqs  # every sequence's KV dropped
     out.close()
