@@ -12,20 +12,23 @@ do, not for the worst case (prompt + ``max_tokens``), so chats that send no ``ma
 * **grow**: before a decode step, a sequence whose next token would pass its reservation reserves one
   more block (or, when no whole block is free, the one cell it needs).
 * **context full**: when a decode cannot get its cell, cells are taken back from the running sequences,
-  newest first and background before interactive, until it fits:
+  newest first and background before interactive, until it fits.  The request taken is *preempted*: its
+  KV is dropped and it goes back to the front of the waiting queue with its output appended to its prompt,
+  to be recomputed when room is back — with the same sampler and text stream, so it loses no token and its
+  stream only pauses.  Interactive requests are taken only when no background request is left to take.
+  A request already preempted ``MAX_KV_PREEMPTIONS`` times that is taken again while decoding ends instead,
+  with ``finish_reason="length"`` marked ``kv_full`` on its ``RequestDone`` (the context is full, as when
+  ``max_tokens`` is reached): the recompute work per request stays bounded.  Never an error.
 
-  - a background request is *preempted*: its KV is dropped and it goes back to the front of the waiting
-    queue with its output appended to its prompt, to be recomputed when room is back.  It loses no token;
-    its stream pauses.
-  - an interactive request that has no token yet is preempted the same way (it has nothing to lose);
-  - an interactive request that is already streaming ends with ``finish_reason="length"`` — the context
-    is full, as when ``max_tokens`` is reached — marked ``kv_full`` on its ``RequestDone``; never an error.
+  A request alone always fits, so the oldest interactive request (with none, the oldest background one)
+  always progresses; a background request can wait while interactive ones fill the context, which is its
+  class.  A step that had to take cells back admits no new request (the cells it freed go to the decodes
+  that needed them, not to a newcomer that would be the next victim).  Both actions are counted by class
+  in ``/metrics`` (``homepd_kv_context_full``).
 
-  Interactive requests are taken only when no background request is left to take.  A request alone always
-  fits, so the oldest interactive request (with none, the oldest background one) always progresses; a
-  background request can wait while interactive ones fill the context, which is its class.  A step that had to take cells back admits no
-  new request (the cells it freed go to the decodes that needed them, not to a newcomer that would be the
-  next victim).  Both actions are counted by class in ``/metrics`` (``homepd_kv_context_full``).
+# why preempt the interactive ones too (not end them with 'length'): a chat cut short mid-answer is lost
+# to its user, and a request that asked for max_tokens would get fewer than worst-case reservation gave it
+# (a replica's resumed requests, tests/integration/test_replicas.py); a pause loses nothing (vLLM's choice)
 """
 from __future__ import annotations
 
@@ -38,12 +41,14 @@ from homepd.core.sequence import Sequence
 # why 16: like vLLM's block; a sequence asks the allocator once per 16 tokens, and the admission headroom
 # (a block per running sequence) covers every running decode's next growth
 BLOCK_CELLS = 16
+# why 3: each recompute prefills prompt + output again; like a worker death's MAX_RESUMES, it bounds the work
+MAX_KV_PREEMPTIONS = 3
 
 
 class KVAction(str, enum.Enum):
     """What the full context did to a request."""
     PREEMPT = "preempt"              # KV dropped, re-queued, recomputed later: nothing lost
-    FINISH_LENGTH = "finish_length"  # ended with finish_reason "length" (an interactive one, streaming)
+    FINISH_LENGTH = "finish_length"  # ended with finish_reason "length": preempted too often already
 
 
 def round_up_to_block(n_cells: int) -> int:
@@ -81,6 +86,6 @@ def victim_order(running: Iterable[Sequence]) -> list[Sequence]:
 
 def action_for(seq: Sequence) -> KVAction:
     """What taking ``seq``'s cells does to it (see the module docstring)."""
-    if seq.request_class == RequestClass.BACKGROUND.value or not seq.output_ids:
-        return KVAction.PREEMPT
-    return KVAction.FINISH_LENGTH
+    if seq.output_ids and seq.n_preemptions >= MAX_KV_PREEMPTIONS:
+        return KVAction.FINISH_LENGTH
+    return KVAction.PREEMPT

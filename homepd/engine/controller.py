@@ -225,7 +225,9 @@ class Engine:
             self._on_imported(msg)
         elif isinstance(msg, KVPreempted):  # the full KV context re-queued it on its worker
             if msg.request_id in self.streams:
-                self.streams[msg.request_id].lifecycle.n_kv_preemptions += 1
+                lc = self.streams[msg.request_id].lifecycle
+                lc.n_kv_preemptions += 1
+                lc.n_prefilled = 0  # its prompt (and output so far) is prefilled again
         elif isinstance(msg, (WorkerReady, Heartbeat)):
             pass  # the handle keeps the first; the second only proves it alive
         elif isinstance(msg, WorkerFatal):

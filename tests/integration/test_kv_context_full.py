@@ -40,45 +40,41 @@ def test_eight_chats_without_max_tokens_decode_together():
     assert run(scenario()) == 8
 
 
-def test_a_full_context_preempts_background_first_and_ends_only_the_newest_chat_with_length():
-    """Two chats and two background jobs that cannot all fit n_ctx 256: the background jobs are preempted and
-    recomputed (the same tokens as alone, nothing lost), the newest chat ends with 'length' marked as a full
-    context, the oldest chat runs to its max_tokens; no request fails."""
+def test_a_full_context_preempts_background_first_and_every_request_still_gets_its_tokens():
+    """Two chats and two background jobs that cannot all fit n_ctx 256: the background jobs are preempted first,
+    then the newest chat, and each is recomputed on its worker — the same tokens as alone, nothing lost; the
+    oldest chat keeps its cells; no request fails or is cut short."""
     long = SamplingParams(max_tokens=200, ignore_eos=True)
     config = EngineConfig(backend="fake", n_ctx=256, n_seq_max=4, chunk=16)
+    requests = (("chat one", "interactive"), ("batch one", "background"), ("batch two", "background"),
+                ("chat two", "interactive"))
 
     async def scenario():
         async with make_engine(config) as engine:
-            alone = {}
-            for prompt in ("chat one", "batch one", "batch two"):
+            alone = []
+            for prompt, _ in requests:
                 events, _ = await (await engine.submit(prompt, params=long)).collect()
-                alone[prompt] = [e.token_id for e in events if e.kind == "token"]
-            streams = [await engine.submit(prompt, params=long, request_class=klass) for prompt, klass in
-                       (("chat one", "interactive"), ("batch one", "background"), ("batch two", "background"),
-                        ("chat two", "interactive"))]
+                alone.append([e.token_id for e in events if e.kind == "token"])
+            streams = [await engine.submit(prompt, params=long, request_class=klass) for prompt, klass in requests]
             results = await asyncio.gather(*(s.collect() for s in streams))
-            return alone, [[e for e in events] for events, _ in results], [s.lifecycle for s in streams]
+            return alone, [events for events, _ in results], [s.lifecycle for s in streams]
 
     alone, events, lcs = run(scenario())
-    tokens = [[e.token_id for e in evs if e.kind == "token"] for evs in events]
     assert [evs[-1].kind for evs in events] == ["done"] * 4  # no error event: nothing failed
-    assert [lc.finish_reason for lc in lcs] == ["length"] * 4
+    assert [[e.token_id for e in evs if e.kind == "token"] for evs in events] == alone  # recomputed exactly
+    assert [lc.finish_reason for lc in lcs] == ["length"] * 4 and not any(lc.ended_by_kv_full for lc in lcs)
     chat_one, batch_one, batch_two, chat_two = lcs
-    assert tokens[0] == alone["chat one"] and not chat_one.ended_by_kv_full
-    assert chat_two.ended_by_kv_full and 0 < len(tokens[3]) < 200
-    assert batch_one.n_kv_preemptions + batch_two.n_kv_preemptions >= 1
-    assert tokens[1] == alone["batch one"] and tokens[2] == alone["batch two"]  # recomputed exactly
-    assert not batch_one.ended_by_kv_full and not batch_two.ended_by_kv_full
-    assert chat_one.n_kv_preemptions == chat_two.n_kv_preemptions == 0
+    assert batch_one.n_kv_preemptions + batch_two.n_kv_preemptions >= 1 and chat_one.n_kv_preemptions == 0
 
 
 def test_over_http_chats_without_max_tokens_start_together_and_a_full_context_shows_in_metrics(tmp_path):
-    """Eight streamed chats without max_tokens at once (n_ctx 1024): every one has its first token before any
-    ends; the context fills, every stream still ends with a finish_reason (none fails), and /metrics
-    counts the chats the full context ended."""
-    proc = ServeProcess(tmp_path, "--backend", "fake", "--n-ctx", "1024", "--n-seq-max", "8", "--no-warmup")
+    """Eight streamed chats without max_tokens at once (the service gives them 300; n_ctx 1024): every one has
+    its first token before any ends; the context fills, every stream still ends with a finish_reason (none
+    fails), and /metrics counts what the full context did as each response's homepd figures say."""
+    proc = ServeProcess(tmp_path, "--backend", "fake", "--n-ctx", "1024", "--n-seq-max", "8", "--max-tokens", "300",
+                        "--no-warmup")
     proc.wait_ready()
-    first_s, last_s, reasons, kv_full, errors = {}, {}, {}, {}, []
+    first_s, last_s, reasons, figures, errors = {}, {}, {}, {}, []
 
     def chat(i: int) -> None:
         body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"tell me a story {i}"}]}
@@ -90,7 +86,7 @@ def test_over_http_chats_without_max_tokens_start_together_and_a_full_context_sh
                         continue
                     data = json.loads(line[len("data: "):])
                     if "homepd" in data:  # homepd's figures, on the final chunk
-                        kv_full[i] = data["homepd"]["ended_by_kv_full"]
+                        figures[i] = data["homepd"]
                     if not data["choices"]:
                         continue
                     choice = data["choices"][0]
@@ -115,7 +111,12 @@ def test_over_http_chats_without_max_tokens_start_together_and_a_full_context_sh
     # the stream that keeps its cells may meet a stop string of the chat template in the fake's text
     assert sorted(reasons) == list(range(8)) and set(reasons.values()) <= {"length", "stop"}
     assert len(first_s) == 8 and max(first_s.values()) < min(last_s.values())  # all eight ran together
-    ended = next(line for line in metrics.splitlines()
-                 if line.startswith('homepd_kv_context_full_total{action="finish_length",request_class="interactive"}'))
-    assert len(kv_full) == 8 and float(ended.split()[-1]) == sum(kv_full.values()) >= 1  # each says so itself
-    assert all(reasons[i] == "length" for i in kv_full if kv_full[i])
+    assert len(figures) == 8
+    counted = {line.split("{")[1].split("}")[0]: float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith("homepd_kv_context_full_total{")}
+    preempted = sum(f["n_kv_preemptions"] for f in figures.values())
+    ended = sum(f["ended_by_kv_full"] for f in figures.values())
+    assert preempted >= 1
+    assert counted.get('action="preempt",request_class="interactive"', 0) == preempted
+    assert counted.get('action="finish_length",request_class="interactive"', 0) == ended
+    assert all(reasons[i] == "length" for i, f in figures.items() if f["ended_by_kv_full"])

@@ -49,10 +49,14 @@ def test_victims_are_background_before_interactive_newest_first():
     assert [q.request_id for q in order] == ["new-batch", "old-batch", "new-chat", "old-chat"]
 
 
-def test_only_a_streaming_interactive_request_is_ended_the_others_are_preempted():
+def test_a_request_is_preempted_until_it_was_preempted_too_often_then_a_decoding_one_ends_with_length():
     assert kvpolicy.action_for(seq("batch", 5, n_output=7, klass="background")) is KVAction.PREEMPT
-    assert kvpolicy.action_for(seq("chat-prefilling", 5)) is KVAction.PREEMPT  # nothing streamed: nothing lost
-    assert kvpolicy.action_for(seq("chat-streaming", 5, n_output=1)) is KVAction.FINISH_LENGTH
+    assert kvpolicy.action_for(seq("chat", 5, n_output=7)) is KVAction.PREEMPT
+    often = seq("chat", 5, n_output=7)
+    often.n_preemptions = kvpolicy.MAX_KV_PREEMPTIONS
+    assert kvpolicy.action_for(often) is KVAction.FINISH_LENGTH
+    often.restart_for_recompute()  # prefilling again, nothing new to show yet: preempted, never ended empty
+    assert kvpolicy.action_for(often) is KVAction.PREEMPT
 
 
 def test_a_preempted_request_recomputes_its_output_as_prompt_with_the_rest_of_max_tokens():

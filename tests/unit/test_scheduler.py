@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from homepd.core import kvpolicy
 from homepd.core.kvpolicy import KVAction
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
@@ -124,27 +125,42 @@ def test_a_full_context_preempts_the_background_request_first_and_admits_nothing
     assert {q.request_id for q in plan.decode} == {"chat-old", "chat-new"}
 
 
-def test_with_no_background_left_the_newest_streaming_chat_ends_and_the_oldest_goes_on():
+def test_with_no_background_left_the_newest_chat_is_preempted_and_every_request_gets_its_max_tokens():
     s = full_context()
-    ended = []
-    for _ in range(300):
+    taken = []
+    for _ in range(1000):
         if not s.has_work:
             break
         plan = run_step(s)
-        ended += [ev for ev in plan.evicted if ev.action is KVAction.FINISH_LENGTH]
+        taken += [(ev.seq.request_id, ev.action) for ev in plan.evicted]
         for q in list(s.running):
             if len(q.output_ids) >= q.params.max_tokens:
                 s.release(q)
-    assert [(ev.seq.request_id, ev.seq.is_finished) for ev in ended] == [("chat-new", True)]
-    assert ended[0].seq.output_ids  # it had streamed: it ends with 'length', it is not failed
+    assert taken[0] == ("batch", KVAction.PREEMPT) and ("chat-new", KVAction.PREEMPT) in taken
+    assert "chat-old" not in {rid for rid, _ in taken}  # the oldest chat keeps its cells
+    assert all(action is KVAction.PREEMPT for _, action in taken)
     assert not s.has_work and s.allocator.n_cells_reserved == 0
+
+
+def test_a_request_preempted_too_often_ends_with_length_when_taken_again_while_decoding():
+    s = full_context()
+    run_step(s)
+    run_step(s)  # everyone decodes
+    chat_new = s.find("chat-new")
+    chat_new.n_preemptions = kvpolicy.MAX_KV_PREEMPTIONS
+    s.find("batch").request_class = "interactive"  # no background left: the newest chat is the first victim
+    while not (plan := run_step(s)).evicted:
+        pass
+    (ev,) = plan.evicted
+    assert (ev.seq, ev.action) == (chat_new, KVAction.FINISH_LENGTH) and chat_new.is_finished
+    assert chat_new.output_ids and s.find("chat-new") is None  # it streamed; it is out, not re-queued
 
 
 @pytest.mark.parametrize("n_ctx", [64, 100, 160, 400])
 def test_reservations_always_cover_the_kv_and_every_request_ends_by_the_policy(n_ctx):
     """Many requests of both classes in a small context: no step ever holds more KV than its reservations or
-    the context, and each request finishes at its max_tokens, or (an interactive one that had streamed) with
-    a context-full 'length'; none is lost."""
+    the context, and each request finishes at its max_tokens or, preempted too often, with a context-full
+    'length'; none is lost."""
     rng = random.Random(n_ctx)
     s = Scheduler(n_seq_max=6, n_ctx=n_ctx, n_batch=32, chunk=32)
     seqs = []
@@ -160,7 +176,7 @@ def test_reservations_always_cover_the_kv_and_every_request_ends_by_the_policy(n
         plan = run_step(s)
         for ev in plan.evicted:
             if ev.action is KVAction.FINISH_LENGTH:
-                assert ev.seq.request_class == "interactive" and ev.seq.output_ids
+                assert ev.seq.n_preemptions >= kvpolicy.MAX_KV_PREEMPTIONS and ev.seq.output_ids
                 ended.add(ev.seq.request_id)
         for q in s.running:  # once this step's tokens are in, each sequence is within its reservation
             assert q.n_kv_tokens <= s.allocator.n_cells_of(q.seq_id)

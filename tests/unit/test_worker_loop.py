@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from homepd.core.kvpolicy import MAX_KV_PREEMPTIONS
 from homepd.core.protocol import CancelRequest, KVPreempted, RequestDone, StepReport, SubmitRequest, WorkerSpec
 from homepd.core.sampling import SamplingParams
 from homepd.errors import WorkerError
@@ -153,7 +154,7 @@ def full_context_loop(n_ctx: int = 96):
     return loop, ctx, out
 
 
-def test_a_full_context_recomputes_the_background_request_exactly_and_ends_the_newest_chat_with_length():
+def test_a_full_context_preempts_background_first_and_recomputes_each_preempted_request_exactly():
     loop, ctx, out = full_context_loop()
     prompts = {q.request_id: q.prompt_ids for q in loop.scheduler.waiting}
     run_to_end(loop)  # the fake context refuses a batch past n_ctx, so a missed reservation fails a request
@@ -161,14 +162,26 @@ def test_a_full_context_recomputes_the_background_request_exactly_and_ends_the_n
     for report in out.of_type(StepReport):
         for t in report.tokens:
             got[t.request_id].append(t.token_id)
-    ends = {d.request_id: d for d in out.of_type(RequestDone)}
-    ends.update({d.request_id: d for r in out.of_type(StepReport) for d in r.done})
-    assert {rid: (d.reason, d.kv_full) for rid, d in ends.items()} == {
-        "chat-old": ("length", False), "batch": ("length", False), "chat-new": ("length", True)}
-    preempted = out.of_type(KVPreempted)
-    assert preempted and {p.request_id for p in preempted} == {"batch"}
-    # preempted and recomputed (its output prefilled again as prompt): the same tokens as alone
-    assert got["batch"] == fake_greedy(prompts["batch"], 80) and got["chat-old"] == fake_greedy(prompts["chat-old"], 80)
-    assert 0 < len(got["chat-new"]) < 80 and got["chat-new"] == fake_greedy(prompts["chat-new"], len(got["chat-new"]))
+    ends = [d for r in out.of_type(StepReport) for d in r.done] + out.of_type(RequestDone)
+    assert sorted((d.request_id, d.reason, d.kv_full) for d in ends) == [
+        ("batch", "length", False), ("chat-new", "length", False), ("chat-old", "length", False)]
+    preempted = [p.request_id for p in out.of_type(KVPreempted)]
+    assert preempted[0] == "batch" and "chat-new" in preempted and "chat-old" not in preempted
+    # preempted and recomputed (output prefilled again as prompt, same sampler): the same tokens as alone
+    assert got == {rid: fake_greedy(p, 80) for rid, p in prompts.items()}
     assert loop.scheduler.allocator.n_cells_reserved == 0 and not ctx._seqs  # every sequence's KV dropped
+    out.close()
+
+
+def test_a_request_preempted_too_often_ends_with_length_marked_kv_full():
+    loop, ctx, out = full_context_loop()
+    loop.step(loop.scheduler.schedule())
+    loop.step(loop.scheduler.schedule())  # all three decode
+    loop.scheduler.find("batch").n_preemptions = MAX_KV_PREEMPTIONS
+    run_to_end(loop)
+    ends = {d.request_id: d for d in [d for r in out.of_type(StepReport) for d in r.done] + out.of_type(RequestDone)}
+    assert ends["batch"].reason == "length" and ends["batch"].kv_full
+    n_streamed = sum(1 for r in out.of_type(StepReport) for t in r.tokens if t.request_id == "batch")
+    assert 0 < n_streamed < 80 and not ends["chat-old"].kv_full and not ends["chat-new"].kv_full
+    assert loop.scheduler.allocator.n_cells_reserved == 0 and not ctx._seqs
     out.close()
