@@ -20,9 +20,9 @@ from homepd.core.sampling import SamplingParams
 from homepd.engine.controller import Engine
 from homepd.launch import prepare
 
-QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbow.", "How many legs has a spider?",
-             "Give me a synonym for happy.", "What is 12 times 12?", "Which planet is closest to the sun?",
-             "Say hello in Spanish.", "What do bees make?"]
+# short chat turns that SmolLM2-135M answers and ends by itself (3-66 tokens each, greedy)
+QUESTIONS = ["How many legs has a spider?", "Give me a synonym for happy.", "What is 12 times 12?",
+             "Which planet is closest to the sun?", "Hi!", "Hello, how are you?", "What is 2+2?", "Thank you!"]
 SERVE_DEFAULT_MAX_TOKENS = 2048  # homepd serve's --max-tokens: what a request without max_tokens gets
 
 
@@ -34,8 +34,11 @@ async def one_run(config: EngineConfig) -> dict:
         await asyncio.gather(*(s.collect() for s in streams))
         wall_s = time.monotonic() - t0
         lcs = [s.lifecycle for s in streams]
-        return {"wall_s": wall_s, "max_decode_batch": max(st.n_decode_tokens for st in engine.step_log),
+        steps = list(engine.step_log)
+        return {"wall_s": wall_s, "max_decode_batch": max(st.n_decode_tokens for st in steps),
+                "n_steps": len(steps), "step_s": sum(st.duration_ms for st in steps) / 1e3,
                 "n_output_tokens": sum(len(lc.token_times_s) for lc in lcs),
+                "ttft_s": sorted(lc.first_token_s - t0 for lc in lcs if lc.first_token_s is not None),
                 "finish_reasons": sorted(str(lc.finish_reason) for lc in lcs),
                 "kv_preemptions": sum(getattr(lc, "n_kv_preemptions", 0) for lc in lcs),
                 "ended_by_kv_full": sum(getattr(lc, "ended_by_kv_full", False) for lc in lcs)}
@@ -52,7 +55,9 @@ def main() -> None:
     for i in range(args.repeat):
         r = asyncio.run(one_run(config))
         walls.append(r["wall_s"])
-        print(f"run {i + 1}: {r['wall_s']:.2f} s, max decode batch {r['max_decode_batch']}, "
+        print(f"run {i + 1}: {r['wall_s']:.2f} s ({r['n_steps']} steps, {r['step_s']:.2f} s in them), "
+              f"max decode batch {r['max_decode_batch']}, TTFT median {statistics.median(r['ttft_s']):.2f} s "
+              f"max {r['ttft_s'][-1]:.2f} s, "
               f"{r['n_output_tokens']} tokens, finish {r['finish_reasons']}, "
               f"kv preemptions {r['kv_preemptions']}, ended by a full context {r['ended_by_kv_full']}")
     print(f"median wall time of 8 chats without max_tokens (threads {args.threads}): {statistics.median(walls):.2f} s")
