@@ -104,6 +104,8 @@ def test_over_http_chats_without_max_tokens_start_together_and_a_full_context_sh
         for t in threads:
             t.join()
         assert not errors, errors
+        # a request is counted once its response has ended on the server's side, just after the client's end
+        proc.wait_until(lambda status: len(status["recent_requests"]) == 8, what="8 finished requests counted")
         with proc.client() as client:
             metrics = client.get("/metrics").text
     finally:
