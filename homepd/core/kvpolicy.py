@@ -80,7 +80,7 @@ def cells_to_grow(seq: Sequence, n_reserved: int) -> tuple[int, int] | None:
 
 def victim_order(running: Iterable[Sequence]) -> list[Sequence]:
     """Who gives cells back first when the context is full: background before interactive, newest first."""
-    return sorted(running, key=lambda s: (s.request_class != RequestClass.BACKGROUND.value,
+    return sorted(running, key=lambda s: (s.request_class != RequestClass.BACKGROUND,
                                           -(s.arrival_order or 0)))
 
 

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from homepd.core import kvpolicy
+from homepd.core.admission import RequestClass
 from homepd.core.kvpolicy import KVAction
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
@@ -106,7 +107,7 @@ def full_context(n_ctx: int = 96) -> Scheduler:
     s = Scheduler(n_seq_max=4, n_ctx=n_ctx, n_batch=64, chunk=64)
     s.add(seq("chat-old", 8, max_tokens=80))
     s.add(seq("batch", 8, max_tokens=80))
-    s.find("batch").request_class = "background"
+    s.find("batch").request_class = RequestClass.BACKGROUND
     s.add(seq("chat-new", 8, max_tokens=80))
     return s
 
@@ -148,7 +149,7 @@ def test_a_request_preempted_too_often_ends_with_length_when_taken_again_while_d
     run_step(s)  # everyone decodes
     chat_new = s.find("chat-new")
     chat_new.n_preemptions = kvpolicy.MAX_KV_PREEMPTIONS
-    s.find("batch").request_class = "interactive"  # no background left: the newest chat is the first victim
+    s.find("batch").request_class = RequestClass.INTERACTIVE  # no background left: the newest chat is the first victim
     while not (plan := run_step(s)).evicted:
         pass
     (ev,) = plan.evicted
@@ -166,7 +167,7 @@ def test_reservations_always_cover_the_kv_and_every_request_ends_by_the_policy(n
     seqs = []
     for i in range(14):
         q = seq(f"r{i}", rng.randint(1, 20), max_tokens=rng.randint(1, n_ctx - 20))
-        q.request_class = rng.choice(["interactive", "background"])
+        q.request_class = rng.choice(list(RequestClass))
         seqs.append(q)
         s.add(q)
     ended, finished = set(), set()
