@@ -80,6 +80,8 @@ class RequestTimings:
     kv_export_s: float | None
     kv_import_s: float | None
     kv_slot_wait_s: float | None         # prompt done -> extent allocated in the arena (back-pressure)
+    n_kv_preemptions: int = 0            # times the full KV context preempted it (recomputed: nothing lost)
+    ended_by_kv_full: bool = False       # ended with 'length' because the KV context was full (kvpolicy)
 
     def to_dict(self) -> dict:
         return to_plain(self)
@@ -129,6 +131,10 @@ class Lifecycle:
     # recovery: how often a worker death interrupted it, and how it came back
     n_resumes: int = 0
     resumed_by: list[str] = field(default_factory=list)  # "slot" (KV re-imported) or "recompute"
+    # the full KV context (homepd.core.kvpolicy): times it was preempted and recomputed, and whether it
+    # ended with 'length' because the context was full rather than at its max_tokens
+    n_kv_preemptions: int = 0
+    ended_by_kv_full: bool = False
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -191,7 +197,8 @@ class Lifecycle:
             prompt_tok_s=self.n_prompt_tokens / prefill_s if prefill_s else None,
             decode_tok_s=1.0 / self.tpot_s if self.tpot_s else None, n_resumes=self.n_resumes,
             kv_bytes=self.kv_bytes, kv_transfer_s=self.transfer_s,
-            kv_export_s=self.kv_export_s, kv_import_s=self.kv_import_s, kv_slot_wait_s=self.kv_slot_wait_s)
+            kv_export_s=self.kv_export_s, kv_import_s=self.kv_import_s, kv_slot_wait_s=self.kv_slot_wait_s,
+            n_kv_preemptions=self.n_kv_preemptions, ended_by_kv_full=self.ended_by_kv_full)
 
     def to_dict(self) -> dict:
         """``timings()`` as a dict plus the transition times and what admission and recovery did."""

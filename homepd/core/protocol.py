@@ -152,9 +152,19 @@ class RequestDone:
     t_s: float
     text: str = ""  # text held back until the end (stop-string look-ahead)
     error: str | None = None
+    kv_full: bool = False  # it ended with LENGTH because the KV context was full, not at its max_tokens (kvpolicy)
 
     def __post_init__(self):
         object.__setattr__(self, "reason", FinishReason(self.reason))  # an unknown reason fails here, in the worker
+
+
+@dataclass(frozen=True)
+class KVPreempted:
+    """The full KV context took a request's cells back (``homepd.core.kvpolicy``): the worker dropped its KV
+    and re-queued it with its output so far as prompt, to be recomputed there; its stream pauses, loses nothing."""
+    request_id: str
+    t_s: float
+    n_tokens: int  # prompt + output so far: what will be prefilled again
 
 
 @dataclass(frozen=True)

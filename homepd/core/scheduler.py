@@ -5,15 +5,20 @@ decode token for every running sequence that has finished its prompt, then
 fills the rest of the token budget (``chunk``) with the next slices of waiting
 prompts, oldest first.  ``chunk=None`` is the unchunked baseline: whole
 prompts in one step, bounded only by the batch size.  Which sequence ids and
-KV cells are free is the allocator's business (``homepd.core.allocator``); the
-scheduler decides how many cells a request reserves and when it is admitted.
+KV cells are free is the allocator's business (``homepd.core.allocator``); how
+many cells a request reserves, when it grows and who gives cells back when the
+context is full is ``homepd.core.kvpolicy``'s, applied here: a plan lists the
+requests it took cells from (``StepPlan.evicted``) for the worker to act on.
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
+from homepd.core import kvpolicy
 from homepd.core.allocator import KVAllocator
+from homepd.core.kvpolicy import KVAction
 from homepd.core.sequence import Sequence
 from homepd.core.steppolicy import StepPolicy
 
@@ -34,11 +39,21 @@ class PrefillSlice:
 
 
 @dataclass(frozen=True)
+class Eviction:
+    """A running request whose cells the full context took back before this step (``homepd.core.kvpolicy``):
+    the worker drops the KV of ``seq_id`` and preempts it (re-queued) or ends it with 'length'."""
+    seq: Sequence
+    seq_id: int
+    action: KVAction
+
+
+@dataclass(frozen=True)
 class StepPlan:
     decode: tuple[Sequence, ...]
     prefill: tuple[PrefillSlice, ...]
     budget: int = 0  # the prompt-token budget the policy gave this step
     kv_in_use: int = 0  # KV cells held by every running sequence once this step's prompt tokens are in
+    evicted: tuple[Eviction, ...] = ()  # applied by the worker before the step (also when it is empty)
 
     @property
     def n_decode_tokens(self) -> int:
@@ -66,20 +81,29 @@ class Scheduler:
         self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._arrivals = itertools.count()
 
     # queue management ---------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        self._note_arrival(seq)
         self.waiting.append(seq)
 
+    def _note_arrival(self, seq: Sequence) -> None:
+        if seq.arrival_order is None:
+            seq.arrival_order = next(self._arrivals)
+
     def cells_needed(self, seq: Sequence) -> int:
-        """KV cells reserved for seq: the prompt alone on a prefill-only worker, else prompt + outputs."""
-        return seq.n_ctx_needed if self.decodes else seq.n_prompt
+        """KV cells seq reserves when admitted (``kvpolicy.cells_to_admit``); it grows as it decodes."""
+        return kvpolicy.cells_to_admit(seq, self.decodes)
 
     def can_admit(self, seq: Sequence) -> bool:
-        return self.allocator.can_allocate(self.cells_needed(seq))
+        """A sequence id is free and seq's cells fit, leaving a block of headroom per running decode."""
+        headroom = kvpolicy.admission_headroom(len(self.running)) if self.decodes else 0
+        return self.allocator.can_allocate(self.cells_needed(seq) + headroom)
 
     def admit(self, seq: Sequence) -> None:
-        """Give seq a sequence id and reserve its worst-case KV cells."""
+        """Give seq a sequence id and reserve the cells its next steps need."""
+        self._note_arrival(seq)
         seq.seq_id = self.allocator.allocate(self.cells_needed(seq))
         self.running.append(seq)
 
@@ -107,7 +131,9 @@ class Scheduler:
         """Decide the next step's composition; admits waiting requests as room allows.
 
         The policy gives the prompt budget and the order prompts are served in (``now_s``: the clock its
-        deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving)."""
+        deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving).
+        First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``."""
+        evicted = self._reserve_decode_cells() if self.decodes else ()
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
         kv_in_use = sum(s.n_kv_tokens for s in self.running)
         budget = self.policy.budget(decode, kv_in_use)
@@ -121,14 +147,46 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.seq_id is None:  # waiting: admit it if its KV fits, else it (and all after it) wait
-                if not self.can_admit(seq):
+                if evicted or not self.can_admit(seq):
                     break
                 self.waiting.remove(seq)
                 self.admit(seq)
             slices.append(self._slice(seq, budget))
             budget -= slices[-1].n_tokens
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
-                        kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices))
+                        kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices), evicted=evicted)
+
+    def _reserve_decode_cells(self) -> tuple[Eviction, ...]:
+        """Grow the reservation of every decode whose next token needs a cell, oldest first; when the
+        context is full, take cells back from the victims the policy names until it fits."""
+        evicted: list[Eviction] = []
+        for seq in sorted((s for s in self.running if not s.is_prefilling), key=lambda s: s.arrival_order):
+            while seq.seq_id is not None:
+                grow = kvpolicy.cells_to_grow(seq, self.allocator.n_cells_of(seq.seq_id))
+                if grow is None:
+                    break
+                wanted, least = grow
+                fits = next((n for n in (wanted, least) if self.allocator.can_grow(seq.seq_id, n)), None)
+                if fits is not None:
+                    self.allocator.grow(seq.seq_id, fits)
+                    break
+                # why: a request alone always fits (its worst case is capped to n_ctx), so a victim exists
+                evicted.append(self._evict(kvpolicy.victim_order(self.running)[0]))
+        return tuple(evicted)
+
+    def _evict(self, seq: Sequence) -> Eviction:
+        """Take seq's cells back: preempted (front of the waiting queue, recomputed later) or finished."""
+        eviction = Eviction(seq=seq, seq_id=seq.seq_id, action=kvpolicy.action_for(seq))
+        self.running.remove(seq)
+        self.allocator.free(seq.seq_id)
+        if eviction.action is KVAction.PREEMPT:
+            seq.restart_for_recompute()
+            seq.n_preemptions += 1
+            self.waiting.appendleft(seq)
+        else:
+            seq.seq_id = None
+            seq.is_finished = True
+        return eviction
 
     @staticmethod
     def _slice(seq: Sequence, budget: int) -> PrefillSlice:

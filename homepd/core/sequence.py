@@ -2,7 +2,7 @@
 own sampler and text stream (they travel with it in a KV handoff)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from homepd.core.admission import RequestClass
 from homepd.core.sampling import SamplingParams, TokenSampler
@@ -22,6 +22,8 @@ class Sequence:
     stream: TextStream | None = field(default=None, repr=False)     # held-back text and partial UTF-8
     request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # when its first token is due (monotonic): arrival + its class's TTFT budget
+    arrival_order: int | None = None  # set by the scheduler when it first sees seq: higher = newer
+    n_preemptions: int = 0           # times the full KV context took its cells back (homepd.core.kvpolicy)
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -48,3 +50,13 @@ class Sequence:
     def n_kv_tokens(self) -> int:
         """Tokens currently held in this sequence's KV cache."""
         return self.n_prefilled if self.is_prefilling else self.n_prompt + max(0, len(self.output_ids) - 1)
+
+    def restart_for_recompute(self) -> None:
+        """Its KV is gone (preempted): the prompt and the output so far become one prompt to prefill again,
+        with what is left of ``max_tokens``; the sampler and the text stream carry on (nothing is lost)."""
+        if self.output_ids:
+            self.prompt_ids = self.prompt_ids + self.output_ids
+            self.params = replace(self.params, max_tokens=self.params.max_tokens - len(self.output_ids))
+            self.output_ids = []
+        self.n_prefilled = 0
+        self.seq_id = None

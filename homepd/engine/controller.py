@@ -25,6 +25,7 @@ from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.modes import Role
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
                                   StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
+from homepd.core.protocol import KVPreempted
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
@@ -222,6 +223,11 @@ class Engine:
             self._on_handoff(msg)
         elif isinstance(msg, KVImported):
             self._on_imported(msg)
+        elif isinstance(msg, KVPreempted):  # the full KV context re-queued it on its worker
+            if msg.request_id in self.streams:
+                lc = self.streams[msg.request_id].lifecycle
+                lc.n_kv_preemptions += 1
+                lc.n_prefilled = 0  # its prompt (and output so far) is prefilled again
         elif isinstance(msg, (WorkerReady, Heartbeat)):
             pass  # the handle keeps the first; the second only proves it alive
         elif isinstance(msg, WorkerFatal):
@@ -286,6 +292,8 @@ class Engine:
             lc.advance(RequestState.DECODING, msg.import_end_s)
 
     def _on_done(self, done: RequestDone) -> None:
+        if done.kv_full and done.request_id in self.streams:
+            self.streams[done.request_id].lifecycle.ended_by_kv_full = True
         self._end(done.request_id, end_state(done.reason), done.t_s, reason=done.reason, text=done.text,
                   error=done.error)
 

@@ -14,6 +14,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from homepd.core.kvpolicy import KVAction
 from homepd.core.lifecycle import Lifecycle
 from homepd.hw.monitor import energy_by_source_j
 from homepd.measure.metrics import interference
@@ -46,6 +47,10 @@ class ServiceMetrics:
                                 ["code"], registry=r)
         self.kv_bytes = Counter("homepd_kv_transfer_bytes", "KV bytes handed prefill -> decode", registry=r)
         self.kv_transfer_s = Counter("homepd_kv_transfer_seconds", "Prompt done -> KV imported", registry=r)
+        self.kv_context_full = Counter(
+            "homepd_kv_context_full", "Finished requests whose cells the full KV context took back, by class and "
+            "action: preempt (re-queued and recomputed, counted per preemption) or finish_length (ended with "
+            "finish_reason length)", ["request_class", "action"], registry=r)
         r.register(EngineCollector(service))
 
     def observe_finished(self, lc: Lifecycle) -> None:
@@ -65,6 +70,10 @@ class ServiceMetrics:
             self.kv_bytes.inc(lc.kv_bytes)
         if lc.transfer_s is not None:
             self.kv_transfer_s.inc(lc.transfer_s)
+        if lc.n_kv_preemptions:
+            self.kv_context_full.labels(lc.request_class, KVAction.PREEMPT.value).inc(lc.n_kv_preemptions)
+        if lc.ended_by_kv_full:
+            self.kv_context_full.labels(lc.request_class, KVAction.FINISH_LENGTH.value).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

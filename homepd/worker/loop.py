@@ -14,6 +14,8 @@ import time
 import traceback
 
 from homepd.core import modes
+from homepd.core.kvpolicy import KVAction
+from homepd.core.protocol import KVPreempted
 from homepd.core.protocol import (WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
 from homepd.core.sampling import TokenSampler
@@ -116,7 +118,7 @@ class WorkerLoop:
             # budget leaves room for it
             self.scheduler.policy.between_steps_ms = (now - t_pump) * 1e3
             plan = self.scheduler.schedule(now)
-            idle = plan.is_empty
+            idle = plan.is_empty and not plan.evicted
             if not idle:
                 self.step(plan)
 
@@ -159,9 +161,25 @@ class WorkerLoop:
         elif not self.role.handle(msg):
             raise AssertionError(f"unknown message {msg!r}")
 
+    def apply_evictions(self, plan: StepPlan) -> None:
+        """Before the step: drop the KV of every request the full context took cells from; a preempted one
+        waits to be recomputed here, an ended one is done with 'length' (``homepd.core.kvpolicy``)."""
+        now = time.monotonic()
+        for ev in plan.evicted:
+            self.ctx.seq_rm(ev.seq_id)
+            if ev.action is KVAction.PREEMPT:
+                self.conn.send(KVPreempted(ev.seq.request_id, now, ev.seq.n_prompt))
+            else:
+                self.role.forget(ev.seq)
+                self.conn.send(RequestDone(ev.seq.request_id, "length", now, text=ev.seq.stream.flush(), kv_full=True))
+
     # one step -----------------------------------------------------------------
     def step(self, plan: StepPlan) -> None:
-        """Run one planned step: one llama_decode, sampling, and one report to the controller."""
+        """Run one planned step: one llama_decode, sampling, and one report to the controller (first the
+        plan's evictions, which may be all it holds)."""
+        self.apply_evictions(plan)
+        if plan.is_empty:
+            return
         tokens, positions, seq_ids, wants, logit_rows = self._batch(plan)
         started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
         t_start = time.monotonic()

@@ -51,3 +51,17 @@ def test_freeing_an_id_twice_is_a_bug():
     with pytest.raises(AssertionError):
         a.free(seq_id)
     assert a.n_cells_reserved == 0 and len(a.free_seq_ids) == 2
+
+
+def test_a_reservation_grows_while_the_cells_are_there_and_never_shrinks():
+    a = KVAllocator(n_seq_max=2, n_ctx=100)
+    first, second = a.allocate(16), a.allocate(64)
+    assert a.can_grow(first, 36) and not a.can_grow(first, 37)
+    a.grow(first, 32)
+    assert a.n_cells_of(first) == 32 and a.n_cells_reserved == 96 and a.n_cells_free == 4
+    with pytest.raises(AssertionError):
+        a.grow(first, 16)  # shrinking is not growing
+    with pytest.raises(AssertionError):
+        a.grow(second, 69)  # past n_ctx
+    a.free(first)
+    assert a.n_cells_reserved == 64 and a.can_grow(second, 100)

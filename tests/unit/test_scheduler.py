@@ -1,8 +1,13 @@
 """The colocated policy, without a model: stall-free chunked prefill."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from homepd.core import kvpolicy
+from homepd.core.admission import RequestClass
+from homepd.core.kvpolicy import KVAction
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
@@ -71,8 +76,8 @@ def test_admission_respects_free_sequences():
 
 def test_admission_respects_n_ctx_reservation():
     s = Scheduler(n_seq_max=4, n_ctx=100, n_batch=100, chunk=100)
-    s.add(seq("a", 50, max_tokens=31))   # needs 80 cells
-    s.add(seq("b", 10, max_tokens=20))   # needs 29: does not fit beside a
+    s.add(seq("a", 70, max_tokens=31))   # prompt + first decode: 71 cells, in blocks 80
+    s.add(seq("b", 10, max_tokens=20))   # 16 more, plus a block of headroom for a: does not fit beside a
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["a"]
     assert s.allocator.n_cells_reserved == 80
@@ -80,6 +85,109 @@ def test_admission_respects_n_ctx_reservation():
     assert s.allocator.n_cells_reserved == 0
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["b"]
+
+
+def test_eight_chats_without_max_tokens_are_admitted_together():
+    """The engine gives a request without max_tokens up to 2,048 tokens: worst-case reservation would run
+    these one at a time in n_ctx 4096; reserved as they grow, all eight prefill in the first step."""
+    s = Scheduler(n_seq_max=8, n_ctx=4096, n_batch=512, chunk=512)
+    for i in range(8):
+        s.add(seq(f"chat{i}", 30, max_tokens=2048))
+    plan = run_step(s)
+    assert len(plan.prefill) == 8 and not s.waiting
+    assert s.allocator.n_cells_reserved == 8 * 32
+    for _ in range(40):  # they decode together, each reservation growing a block at a time
+        plan = run_step(s)
+        assert plan.n_decode_tokens == 8 and not plan.evicted
+    assert all(s.allocator.n_cells_of(q.seq_id) == 80 for q in s.running)  # 30 + 41 tokens in 5 blocks
+
+
+def full_context(n_ctx: int = 96) -> Scheduler:
+    """Two interactive chats and one background job decoding in a context they will fill (none ends alone)."""
+    s = Scheduler(n_seq_max=4, n_ctx=n_ctx, n_batch=64, chunk=64)
+    s.add(seq("chat-old", 8, max_tokens=80))
+    s.add(seq("batch", 8, max_tokens=80))
+    s.find("batch").request_class = RequestClass.BACKGROUND
+    s.add(seq("chat-new", 8, max_tokens=80))
+    return s
+
+
+def test_a_full_context_preempts_the_background_request_first_and_admits_nothing_that_step():
+    s = full_context()
+    plan = run_step(s)
+    assert len(plan.prefill) == 3
+    while not (plan := run_step(s)).evicted:
+        assert plan.n_decode_tokens == 3
+    (ev,) = plan.evicted
+    batch = s.find("batch")
+    assert ev.seq is batch and ev.action is KVAction.PREEMPT and batch.n_preemptions == 1
+    assert list(s.waiting) == [batch] and batch.seq_id is None and not plan.prefill  # re-queued, not re-admitted
+    assert batch.output_ids == [] and batch.n_prompt == 8 + (80 - batch.params.max_tokens)  # output became prompt
+    assert {q.request_id for q in plan.decode} == {"chat-old", "chat-new"}
+
+
+def test_with_no_background_left_the_newest_chat_is_preempted_and_every_request_gets_its_max_tokens():
+    s = full_context()
+    taken = []
+    for _ in range(1000):
+        if not s.has_work:
+            break
+        plan = run_step(s)
+        taken += [(ev.seq.request_id, ev.action) for ev in plan.evicted]
+        for q in list(s.running):
+            if len(q.output_ids) >= q.params.max_tokens:
+                s.release(q)
+    assert taken[0] == ("batch", KVAction.PREEMPT) and ("chat-new", KVAction.PREEMPT) in taken
+    assert "chat-old" not in {rid for rid, _ in taken}  # the oldest chat keeps its cells
+    assert all(action is KVAction.PREEMPT for _, action in taken)
+    assert not s.has_work and s.allocator.n_cells_reserved == 0
+
+
+def test_a_request_preempted_too_often_ends_with_length_when_taken_again_while_decoding():
+    s = full_context()
+    run_step(s)
+    run_step(s)  # everyone decodes
+    chat_new = s.find("chat-new")
+    chat_new.n_preemptions = kvpolicy.MAX_KV_PREEMPTIONS
+    s.find("batch").request_class = RequestClass.INTERACTIVE  # no background left: the newest chat is the first victim
+    while not (plan := run_step(s)).evicted:
+        pass
+    (ev,) = plan.evicted
+    assert (ev.seq, ev.action) == (chat_new, KVAction.FINISH_LENGTH) and chat_new.is_finished
+    assert chat_new.output_ids and s.find("chat-new") is None  # it streamed; it is out, not re-queued
+
+
+@pytest.mark.parametrize("n_ctx", [64, 100, 160, 400])
+def test_reservations_always_cover_the_kv_and_every_request_ends_by_the_policy(n_ctx):
+    """Many requests of both classes in a small context: no step ever holds more KV than its reservations or
+    the context, and each request finishes at its max_tokens or, preempted too often, with a context-full
+    'length'; none is lost."""
+    rng = random.Random(n_ctx)
+    s = Scheduler(n_seq_max=6, n_ctx=n_ctx, n_batch=32, chunk=32)
+    seqs = []
+    for i in range(14):
+        q = seq(f"r{i}", rng.randint(1, 20), max_tokens=rng.randint(1, n_ctx - 20))
+        q.request_class = rng.choice(list(RequestClass))
+        seqs.append(q)
+        s.add(q)
+    ended, finished = set(), set()
+    for _ in range(20_000):
+        if not s.has_work:
+            break
+        plan = run_step(s)
+        for ev in plan.evicted:
+            if ev.action is KVAction.FINISH_LENGTH:
+                assert ev.seq.n_preemptions >= kvpolicy.MAX_KV_PREEMPTIONS and ev.seq.output_ids
+                ended.add(ev.seq.request_id)
+        for q in s.running:  # once this step's tokens are in, each sequence is within its reservation
+            assert q.n_kv_tokens <= s.allocator.n_cells_of(q.seq_id)
+        assert sum(q.n_kv_tokens for q in s.running) <= s.allocator.n_cells_reserved <= n_ctx
+        for q in list(s.running):
+            if len(q.output_ids) >= q.params.max_tokens:
+                s.release(q)
+                finished.add(q.request_id)
+    assert not s.has_work
+    assert ended | finished == {q.request_id for q in seqs} and not ended & finished
 
 
 def test_prompt_advances_even_when_decodes_fill_the_chunk():

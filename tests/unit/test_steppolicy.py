@@ -140,8 +140,8 @@ def test_adaptive_scheduler_chooses_each_steps_chunk_from_the_decodes_beside_it(
     assert first.n_prompt_tokens == 256 and first.budget == 256       # nobody waits on a token: full chunk
     s.postprocess(first, {})
     chat = seq("chat", 4, max_tokens=50)
-    chat.seq_id, chat.n_prefilled, chat.output_ids = 7, 4, [1]       # an interactive stream decoding
-    s.running.append(chat)
+    chat.n_prefilled, chat.output_ids = 4, [1]                       # an interactive stream decoding
+    s.admit(chat)                                                      # (it holds KV cells, as running ones do)
     plan = s.schedule(0.0)
     assert plan.decode == (chat,)
     assert est.predict_ms(plan.n_prompt_tokens, 1, plan.kv_in_use) <= 100.0 * STEP_SHARE_OF_ITL

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from homepd.core.protocol import CancelRequest, RequestDone, StepReport, SubmitRequest, WorkerSpec
+from homepd.core.kvpolicy import MAX_KV_PREEMPTIONS
+from homepd.core.protocol import CancelRequest, KVPreempted, RequestDone, StepReport, SubmitRequest, WorkerSpec
 from homepd.core.sampling import SamplingParams
 from homepd.errors import WorkerError
 from homepd.fakellm import FakeContext, FakeModel, next_token
@@ -137,4 +138,50 @@ def test_cancel_frees_the_sequence_and_reports_it():
     assert [q.request_id for q in loop.scheduler.running] == ["r1"] and len(ctx.removed) == 1
     loop.handle(CancelRequest("gone"))  # not held here: nothing to report
     assert len(out.of_type(RequestDone)) == 1
+    out.close()
+
+
+def full_context_loop(n_ctx: int = 96):
+    """A colocated loop whose context three 80-token requests fill: a chat, a background job, a newer chat."""
+    spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=n_ctx, n_seq_max=4, chunk=16, n_threads=1,
+                      backend="fake")
+    model = FakeModel()
+    ctx, out = FaultyContext(model, n_ctx=n_ctx, n_batch=spec.n_batch, n_seq_max=4, n_threads=1), Outbox()
+    loop = WorkerLoop(spec, model, ctx, out)
+    for rid, klass in (("chat-old", "interactive"), ("batch", "background"), ("chat-new", "interactive")):
+        loop.handle(SubmitRequest(rid, tuple(model.tokenize(rid)), SamplingParams(max_tokens=80, ignore_eos=True),
+                                  request_class=klass))
+    return loop, ctx, out
+
+
+def test_a_full_context_preempts_background_first_and_recomputes_each_preempted_request_exactly():
+    loop, ctx, out = full_context_loop()
+    prompts = {q.request_id: q.prompt_ids for q in loop.scheduler.waiting}
+    run_to_end(loop)  # the fake context refuses a batch past n_ctx, so a missed reservation fails a request
+    got = {rid: [] for rid in prompts}
+    for report in out.of_type(StepReport):
+        for t in report.tokens:
+            got[t.request_id].append(t.token_id)
+    ends = [d for r in out.of_type(StepReport) for d in r.done] + out.of_type(RequestDone)
+    assert sorted((d.request_id, d.reason, d.kv_full) for d in ends) == [
+        ("batch", "length", False), ("chat-new", "length", False), ("chat-old", "length", False)]
+    preempted = [p.request_id for p in out.of_type(KVPreempted)]
+    assert preempted[0] == "batch" and "chat-new" in preempted and "chat-old" not in preempted
+    # preempted and recomputed (output prefilled again as prompt, same sampler): the same tokens as alone
+    assert got == {rid: fake_greedy(p, 80) for rid, p in prompts.items()}
+    assert loop.scheduler.allocator.n_cells_reserved == 0 and not ctx._seqs  # every sequence's KV dropped
+    out.close()
+
+
+def test_a_request_preempted_too_often_ends_with_length_marked_kv_full():
+    loop, ctx, out = full_context_loop()
+    loop.step(loop.scheduler.schedule())
+    loop.step(loop.scheduler.schedule())  # all three decode
+    loop.scheduler.find("batch").n_preemptions = MAX_KV_PREEMPTIONS
+    run_to_end(loop)
+    ends = {d.request_id: d for d in [d for r in out.of_type(StepReport) for d in r.done] + out.of_type(RequestDone)}
+    assert ends["batch"].reason == "length" and ends["batch"].kv_full
+    n_streamed = sum(1 for r in out.of_type(StepReport) for t in r.tokens if t.request_id == "batch")
+    assert 0 < n_streamed < 80 and not ends["chat-old"].kv_full and not ends["chat-new"].kv_full
+    assert loop.scheduler.allocator.n_cells_reserved == 0 and not ctx._seqs
     out.close()
