@@ -23,9 +23,8 @@ from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, Verdict
 from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.modes import Role
-from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, RequestDone, SlotFreed,
-                                  StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
-from homepd.core.protocol import KVPreempted
+from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted, RequestDone,
+                                  SlotFreed, StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate

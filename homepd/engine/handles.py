@@ -26,8 +26,9 @@ STOP_TIMEOUT_S = 5.0
 log = logging.getLogger("homepd.engine.handles")
 
 
-def spawn_worker(spec) -> tuple[subprocess.Popen, Connection]:
-    """Start ``python -m homepd.worker`` on one end of a socketpair and send it its spec.
+def spawn_worker(spec, module: str = "homepd.worker") -> tuple[subprocess.Popen, Connection]:
+    """Start ``python -m <module>`` (a worker, or the bench's reference loop) on one end of a socketpair and
+    send it its spec.
 
     # why: a fresh interpreter (the spawn start method's effect) without
     # multiprocessing re-importing the caller's __main__, so any caller (a
@@ -37,7 +38,7 @@ def spawn_worker(spec) -> tuple[subprocess.Popen, Connection]:
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices  # "" hides every GPU from a CPU worker
     try:
-        process = subprocess.Popen([sys.executable, "-m", "homepd.worker", str(child_sock.fileno())],
+        process = subprocess.Popen([sys.executable, "-m", module, str(child_sock.fileno())],
                                    pass_fds=[child_sock.fileno()], env=env, stdin=subprocess.DEVNULL)
     finally:
         child_sock.close()

@@ -14,7 +14,6 @@ spec comes first, then ``RefRun`` messages, each answered by a ``RefDone``.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from homepd.core.protocol import WorkerSpec
+from homepd.engine.handles import spawn_worker
 from homepd.hw.threads import ThreadUse, read_tasks, thread_use
 from homepd.measure.reference import AloneRun
 
@@ -56,16 +56,7 @@ class ReferenceProcess:
 
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
-        parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices  # as homepd.engine.handles.spawn_worker
-        try:
-            self.process = subprocess.Popen([sys.executable, "-m", "homepd.measure.refproc", str(child_sock.fileno())],
-                                            pass_fds=[child_sock.fileno()], env=env, stdin=subprocess.DEVNULL)
-        finally:
-            child_sock.close()
-        self.conn = Connection(parent_sock.detach())
-        self.conn.send(spec)
+        self.process, self.conn = spawn_worker(spec, module="homepd.measure.refproc")  # as the engine's workers
         try:
             self.ready: RefReady = self.conn.recv()
         except EOFError:
