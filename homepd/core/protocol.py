@@ -39,6 +39,16 @@ class WorkerSpec:
         # (a prefill worker's context can be smaller than the chunk)
         return self.n_ctx if self.chunk is None else max(min(self.chunk, self.n_ctx), self.n_seq_max)
 
+    @property
+    def decodes(self) -> bool:
+        """Whether this worker decodes (a prefill worker only prefills, then hands the KV off)."""
+        return self.role is not Role.PREFILL
+
+    @property
+    def step_itl_budget_ms(self) -> float | None:
+        """The ITL budget its step policy keeps for the streams it decodes (None: fixed chunk, or no decodes)."""
+        return self.itl_budget_ms if self.decodes else None
+
 
 @dataclass(frozen=True)
 class RolePlacement:

@@ -91,10 +91,9 @@ class WorkerLoop:
         # the worker's own step-time model, fitted online from its steps: the adaptive budget and the
         # deadline order read it every step
         self.step_model = OnlineStepModel()
-        policy = StepPolicy(spec.chunk, spec.n_batch, spec.itl_budget_ms if spec.role != modes.Role.PREFILL else None,
-                            estimate=self.step_model.estimate)
+        policy = StepPolicy(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=self.step_model.estimate)
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
-                                   chunk=spec.chunk, decodes=spec.role != modes.Role.PREFILL, policy=policy)
+                                   chunk=spec.chunk, decodes=spec.decodes, policy=policy)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us
