@@ -42,7 +42,7 @@ class WorkerSpec:
     @property
     def decodes(self) -> bool:
         """Whether this worker decodes (a prefill worker only prefills, then hands the KV off)."""
-        return self.role is not Role.PREFILL
+        return self.role != Role.PREFILL
 
     @property
     def step_itl_budget_ms(self) -> float | None:
