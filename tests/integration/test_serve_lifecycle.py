@@ -60,6 +60,8 @@ def server(tmp_path_factory, notify):
 
 
 def first_chunk_id(lines) -> str:
+    """The id of the first SSE chunk.  The caller must keep ``lines`` referenced while it needs the stream
+    open: a dropped line iterator closes the connection whenever the garbage collector reclaims it."""
     for line in lines:
         if line.startswith("data: {"):
             return json.loads(line[6:])["id"]
@@ -84,7 +86,8 @@ def test_ready_and_watchdog_are_notified(server, notify):
 def test_client_disconnect_frees_the_sequence(server):
     with server.client() as client:
         with client.stream("POST", "/v1/completions", json=LONG) as response:
-            rid = first_chunk_id(response.iter_lines())
+            lines = response.iter_lines()
+            rid = first_chunk_id(lines)
             running = client.get("/status").json()
             assert rid in sum(running["engine"]["requests"].values(), [])
         # leaving the block closes the connection mid-stream
@@ -116,7 +119,8 @@ def test_non_streaming_disconnect_frees_the_sequence_too(server):
 def test_full_queue_is_503_with_retry_after(server):
     with server.client() as client:
         with client.stream("POST", "/v1/completions", json=LONG) as holder:
-            rid = first_chunk_id(holder.iter_lines())
+            lines = holder.iter_lines()
+            rid = first_chunk_id(lines)
             refused = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2,
                                                                  "messages": [{"role": "user", "content": "hi"}]})
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
