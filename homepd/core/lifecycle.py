@@ -82,6 +82,7 @@ class RequestTimings:
     kv_slot_wait_s: float | None         # prompt done -> extent allocated in the arena (back-pressure)
     n_kv_preemptions: int = 0            # times the full KV context preempted it (recomputed: nothing lost)
     ended_by_kv_full: bool = False       # ended with 'length' because the KV context was full (kvpolicy)
+    n_cached_tokens: int = 0             # prompt tokens not computed: a cached prefix was reused
 
     def to_dict(self) -> dict:
         return to_plain(self)
@@ -135,6 +136,7 @@ class Lifecycle:
     # ended with 'length' because the context was full rather than at its max_tokens
     n_kv_preemptions: int = 0
     ended_by_kv_full: bool = False
+    n_cached_tokens: int = 0             # prompt tokens reused from a cached prefix (the latest prefill's)
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -198,7 +200,8 @@ class Lifecycle:
             decode_tok_s=1.0 / self.tpot_s if self.tpot_s else None, n_resumes=self.n_resumes,
             kv_bytes=self.kv_bytes, kv_transfer_s=self.transfer_s,
             kv_export_s=self.kv_export_s, kv_import_s=self.kv_import_s, kv_slot_wait_s=self.kv_slot_wait_s,
-            n_kv_preemptions=self.n_kv_preemptions, ended_by_kv_full=self.ended_by_kv_full)
+            n_kv_preemptions=self.n_kv_preemptions, ended_by_kv_full=self.ended_by_kv_full,
+            n_cached_tokens=self.n_cached_tokens)
 
     def to_dict(self) -> dict:
         """``timings()`` as a dict plus the transition times and what admission and recovery did."""

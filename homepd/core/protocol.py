@@ -6,6 +6,7 @@ Small frozen dataclasses, never method names as strings.  Times are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from homepd.core.admission import RequestClass
 from homepd.core.modes import Role
@@ -177,6 +178,45 @@ class KVPreempted:
     n_tokens: int  # prompt + output so far: what will be prefilled again
 
 
+class CacheSource(str, Enum):
+    """Where a reused prompt prefix came from."""
+    CONTEXT = "context"  # cells kept in the worker's llama.cpp context
+    STORE = "store"      # restored from the host-memory KV store
+
+
+@dataclass(frozen=True)
+class PrefixReused:
+    """A request's prompt starts from a reused prefix: ``n_tokens`` prompt tokens are not computed."""
+    request_id: str
+    n_tokens: int
+    source: CacheSource
+    t_s: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "source", CacheSource(self.source))
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """One worker's prefix cache: cumulative counters since the worker started, and its current size."""
+    n_lookups: int = 0            # prompts looked up
+    n_hits: int = 0               # lookups that reused at least one token
+    n_lookup_tokens: int = 0      # prompt tokens looked up
+    n_hit_tokens: int = 0         # of those, tokens reused (not computed)
+    n_evictions: int = 0          # cached prefixes dropped to make room
+    n_cached_entries: int = 0     # cached prefixes held now
+    n_cached_cells: int = 0       # KV cells they hold now (not counting cells shared with running requests)
+    cached_bytes: int = 0         # those cells in bytes
+    n_store_entries: int = 0      # KV store tier (host memory), when there is one
+    store_bytes: int = 0
+    mode: str = "off"             # what llama.cpp allows for this cache type: "off", "prefix" (any prefix), "exact"
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Share of looked-up prompt tokens that were reused (None before any lookup)."""
+        return self.n_hit_tokens / self.n_lookup_tokens if self.n_lookup_tokens else None
+
+
 @dataclass(frozen=True)
 class StepReport:
     """One step's record and what it moved, and the worker's step-time model after it: the estimate its own
@@ -188,6 +228,7 @@ class StepReport:
     tokens: tuple[TokenOut, ...] = ()
     done: tuple[RequestDone, ...] = field(default=())
     estimate: StepEstimate | None = None
+    cache: PrefixCacheStats | None = None  # the worker's prefix cache after the step (None: it has none)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from homepd.core.admission import RequestClass, Verdict
 from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.modes import Role
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted, RequestDone,
+                                  PrefixCacheStats, PrefixReused,
                                   SlotFreed, StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
@@ -227,6 +228,9 @@ class Engine:
                 lc = self.streams[msg.request_id].lifecycle
                 lc.n_kv_preemptions += 1
                 lc.n_prefilled = 0  # its prompt (and output so far) is prefilled again
+        elif isinstance(msg, PrefixReused):  # its prompt starts from a cached prefix, not recomputed
+            if msg.request_id in self.streams:
+                self.streams[msg.request_id].lifecycle.n_cached_tokens = msg.n_tokens
         elif isinstance(msg, (WorkerReady, Heartbeat)):
             pass  # the handle keeps the first; the second only proves it alive
         elif isinstance(msg, WorkerFatal):
@@ -238,6 +242,8 @@ class Engine:
             step = replace(step, worker_role=handle.role)
         self.step_log.append(step)
         self.gate.observe(handle.role, step, report.estimate)
+        if report.cache is not None:
+            handle.cache_stats = report.cache
         for rid, n in step.prefill:
             if rid in self.streams:
                 self.streams[rid].lifecycle.n_prefilled += n
@@ -418,6 +424,10 @@ class Engine:
     def kv_peak(self, t0_s: float, t1_s: float) -> tuple[int, int]:
         """(peak arena bytes in use, KV bytes in transit then) between two monotonic times; (0, 0): no arena."""
         return self.kv.peak_usage(t0_s, t1_s) if self.kv is not None else (0, 0)
+
+    def cache_stats(self) -> dict[str, PrefixCacheStats]:
+        """Worker name -> its prefix cache's latest stats (workers without a cache are left out)."""
+        return {name: h.cache_stats for name, h in self.workers.items() if h.cache_stats is not None}
 
     def worker_pid(self, name: str) -> int | None:
         return self.workers[name].pid

@@ -65,6 +65,7 @@ class WorkerHandle:
         self.deaths: deque[float] = deque(maxlen=16)  # monotonic times of its deaths (crash-loop detection)
         self.last_heard_s = time.monotonic()  # when its pipe last had something (hang detection)
         self.stopping = False
+        self.cache_stats = None  # PrefixCacheStats: the latest its steps reported (None: no prefix cache)
 
     @property
     def pid(self) -> int | None:
