@@ -54,9 +54,12 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
 
 
 def test_env_variable_sets_a_default_and_the_flag_wins(default_model_path):
-    env = {"HOMEPD_CHUNK": "16", "HOMEPD_MODEL": str(default_model_path), "HOMEPD_N_CTX": "512"}
-    args = ("run", "--requests", "1", "--max-tokens", "2", "--json", "--trace", "long")
+    # why the fake backend: the subject is where a setting comes from; the fake chunks a long prompt as the
+    # real engine does, in a second instead of ten (its byte tokens need the larger context)
+    env = {"HOMEPD_CHUNK": "16", "HOMEPD_MODEL": str(default_model_path), "HOMEPD_N_CTX": "4096"}
+    args = ("run", "--backend", "fake", "--requests", "1", "--max-tokens", "2", "--json", "--trace", "long")
     from_env = json.loads(homepd(*args, env=env).stdout.strip().splitlines()[-1])
     assert from_env["config"]["chunk"] == 16 and from_env["summary"]["max_prompt_tokens_per_step"] <= 16
+    assert from_env["config"]["n_ctx"] == 4096
     flag = json.loads(homepd(*args, "--chunk", "32", env=env).stdout.strip().splitlines()[-1])
     assert flag["config"]["chunk"] == 32
