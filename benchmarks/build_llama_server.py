@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import urllib.error
+import urllib.parse
 import urllib.request
+from html.parser import HTMLParser
 from importlib.metadata import version
 from pathlib import Path
 
@@ -29,23 +31,78 @@ CMAKE_FLAGS = ["-DGGML_NATIVE=ON", "-DCMAKE_C_FLAGS=-U__AMX_INT8__", "-DCMAKE_CX
                "-DLLAMA_BUILD_SERVER=ON", "-DCMAKE_BUILD_TYPE=Release"]
 
 
+def pip_indexes() -> list[str]:
+    """The package indexes pip is configured with, in pip's order: ``index-url`` (pip's own default, PyPI,
+    when none is set), then every ``extra-index-url`` (pip's config files and PIP_* environment variables)."""
+    from pip._internal.models.index import PyPI  # why: pip's default index, not an address of ours
+
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    found: dict[str, list[str]] = {"index-url": [], "extra-index-url": []}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        if name in found:
+            found[name].extend(value.strip().strip("'\"").split())
+    for name, var in (("index-url", "PIP_INDEX_URL"), ("extra-index-url", "PIP_EXTRA_INDEX_URL")):
+        if os.environ.get(var):
+            found[name] = os.environ[var].split()
+    return (found["index-url"][:1] or [PyPI.simple_url]) + found["extra-index-url"]
+
+
+class _Links(HTMLParser):
+    """The file links of a PEP 503 project page."""
+
+    def __init__(self, base: str):
+        super().__init__()
+        self.base, self.links = base, []
+
+    def handle_starttag(self, tag, attrs):
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.links.append(urllib.parse.urljoin(self.base, href))
+
+
+def _project_page(index: str, project: str) -> tuple[str, str] | None:
+    """(page URL, HTML) of ``project`` on ``index`` (http(s) or file://), or None when it is not there."""
+    url = index.rstrip("/") + f"/{project}/"
+    if url.startswith("file://"):
+        url += "index.html"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return url, r.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
+
+
 def fetch_sdist(v: str, into: Path) -> Path:
-    """The sdist of llama-cpp-python ``v`` from the package index (PEP 691 JSON), checked against its sha256.
-    (``pip download`` would try to build the package's metadata, which needs its build backend.)"""
+    """The sdist of llama-cpp-python ``v`` from the first of pip's configured indexes that has it (PEP 503
+    page), checked against the sha256 the index gives.  (``pip download`` would try to build the package's
+    metadata, which needs its build backend.)"""
     name = f"llama_cpp_python-{v}.tar.gz"
-    req = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
-                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        files = json.load(r)["files"]
-    (entry,) = [f for f in files if f["filename"] == name]
-    into.mkdir(parents=True, exist_ok=True)
-    out = into / name
-    with urllib.request.urlopen(entry["url"], timeout=600) as r:
-        data = r.read()
-    if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
-        raise SystemExit(f"{name}: sha256 does not match the index")
-    out.write_bytes(data)
-    return out
+    tried = []
+    for index in pip_indexes():
+        page = _project_page(index, "llama-cpp-python")
+        tried.append(index)
+        if page is None:
+            continue
+        parser = _Links(page[0])
+        parser.feed(page[1])
+        link = next((u for u in parser.links if urllib.parse.urlsplit(u).path.endswith("/" + name)), None)
+        if link is None:
+            continue
+        url, _, fragment = link.partition("#")
+        with urllib.request.urlopen(url, timeout=600) as r:
+            data = r.read()
+        expected = fragment.partition("sha256=")[2]
+        if not expected:
+            raise SystemExit(f"{name}: the index {index} gives no sha256 to check it against")
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise SystemExit(f"{name}: sha256 does not match the index {index}")
+        into.mkdir(parents=True, exist_ok=True)
+        out = into / name
+        out.write_bytes(data)
+        return out
+    raise SystemExit(f"{name} is on none of pip's configured indexes ({', '.join(tried)})")
 
 
 def build(dest: Path, jobs: int) -> Path:
