@@ -100,6 +100,8 @@ class RouteState:
     handoff_ms_per_token: float       # export + transfer + import, per KV token
     handoff_base_ms: float = 0.0
     max_local_tokens: int = 64        # the prompt budget that keeps the decode worker's ITL (prompt_budget)
+    cached_local_tokens: int = 0      # of this prompt, probably held by the decode worker (not computed there)
+    cached_remote_tokens: int = 0     # ... and by the prefill worker
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,14 @@ class Route:
 
 
 def route(n_prompt: int, s: RouteState) -> Route:
-    """Prefill on the decode worker when that is predicted faster and fits the ITL-safe prompt budget."""
-    local = n_prompt / max(s.prefill_tok_s_decode, 1e-6) * 1e3
-    remote = (s.prefill_queue_tokens + n_prompt) / max(s.prefill_tok_s_prefill, 1e-6) * 1e3 \
-        + s.handoff_base_ms + s.handoff_ms_per_token * n_prompt
+    """Prefill on the decode worker when that is predicted faster and fits the ITL-safe prompt budget.
+
+    Each side computes only its uncached tokens (as llm-d's prefill/decode threshold counts them); the
+    handoff still moves the whole prompt's KV.  ``threshold_tokens`` is in uncached tokens on the decode worker."""
+    local_uncached = max(0, n_prompt - s.cached_local_tokens)
+    local = local_uncached / max(s.prefill_tok_s_decode, 1e-6) * 1e3
+    remote = (s.prefill_queue_tokens + max(0, n_prompt - s.cached_remote_tokens)) \
+        / max(s.prefill_tok_s_prefill, 1e-6) * 1e3 + s.handoff_base_ms + s.handoff_ms_per_token * n_prompt
     per_token_local = 1e3 / max(s.prefill_tok_s_decode, 1e-6)
     per_token_remote = 1e3 / max(s.prefill_tok_s_prefill, 1e-6) + s.handoff_ms_per_token
     fixed_remote = s.prefill_queue_tokens * 1e3 / max(s.prefill_tok_s_prefill, 1e-6) + s.handoff_base_ms
@@ -123,5 +129,7 @@ def route(n_prompt: int, s: RouteState) -> Route:
     else:
         break_even = int(fixed_remote / (per_token_local - per_token_remote))
     threshold = min(s.max_local_tokens, break_even)
-    return Route(on_decode_worker=n_prompt <= threshold and local <= remote, predicted_local_ms=local,
+    # why not ``local_uncached <= threshold``: the threshold is where the two costs meet without a cache, so
+    # ``local <= remote`` already implies it then, and with a cache on either side the costs are what decide
+    return Route(on_decode_worker=local_uncached <= s.max_local_tokens and local <= remote, predicted_local_ms=local,
                  predicted_remote_ms=remote, threshold_tokens=threshold)

@@ -137,6 +137,11 @@ class Lifecycle:
     n_kv_preemptions: int = 0
     ended_by_kv_full: bool = False
     n_cached_tokens: int = 0             # prompt tokens reused from a cached prefix (the latest prefill's)
+    # routing (homepd.core.routing): the worker it entered, why (a RouteReason value), and the prompt tokens
+    # the controller expected that worker to hold (compare n_cached_tokens: what it reused)
+    routed_to: str | None = None
+    route_reason: str | None = None
+    route_cached_tokens: int = 0
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -213,4 +218,6 @@ class Lifecycle:
             "ended_s": self.ended_s, "resumed_by": list(self.resumed_by),
             "finish_reason": self.finish_reason, "error": self.error,
             "predicted_ttft_s": self.predicted_ttft_s, "admission": self.admission,
+            "routed_to": self.routed_to, "route_reason": self.route_reason,
+            "route_cached_tokens": self.route_cached_tokens,
         }

@@ -12,7 +12,7 @@ import enum
 import functools
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homepd.errors import HomepdError
 
@@ -165,6 +165,9 @@ class AdmissionSnapshot:
     routed_local: int = 0                      # disaggregated: short prompts prefilled on the decode worker
     routed_remote: int = 0                     # ... and prompts sent through the prefill worker and a KV handoff
     route_threshold_tokens: int | None = None  # the latest learned threshold
+    routed_by_reason: dict[str, int] = field(default_factory=dict)  # new requests by RouteReason value
+    route_predicted_cached_tokens: int = 0     # ended requests: prompt tokens routing expected their worker held
+    route_reused_tokens: int = 0               # ... and the tokens those workers reported reusing
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,11 @@ class RouteIndex:
             start += len(node.edge)
             node = node.children[ids[start]]
 
+    def evict_tokens(self, n_tokens: int, keep: Sequence[int] = ()) -> None:
+        """Drop about ``n_tokens`` of the least recently used tokens (whole leaves), sparing the held
+        prefix of ``keep`` (the worker reused less than the tree said: it had aged more out)."""
+        self._evict_to(max(0, self.n_tokens - n_tokens), keep)
+
     def resize(self, capacity_tokens: int) -> None:
         """A new budget (the worker's cells changed, or it restarted with another context)."""
         self.capacity_tokens = max(0, capacity_tokens)
@@ -158,9 +163,10 @@ class RouteIndex:
         self.n_tokens -= n
         self.n_evicted_tokens += n
 
-    def _evict_to(self, capacity_tokens: int) -> None:
+    def _evict_to(self, capacity_tokens: int, keep: Sequence[int] = ()) -> None:
         if self.n_tokens <= capacity_tokens:
             return
+        spared = {id(node) for node in self._path(keep)} if keep else set()
         # why a heap with parents pushed as they become leaves: a parent is never older than its children,
         # but once they are gone it may be older than other leaves, and LRU takes it first then
         heap, stack = [], [self.root]
@@ -168,12 +174,12 @@ class RouteIndex:
             cur = stack.pop()
             if cur.children:
                 stack.extend(cur.children.values())
-            elif cur is not self.root:
+            elif cur is not self.root and id(cur) not in spared:
                 heap.append((cur.last_used, id(cur), cur))
         heapq.heapify(heap)
         while self.n_tokens > capacity_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             self._remove(leaf)
-            if parent is not self.root and not parent.children:
+            if parent is not self.root and not parent.children and id(parent) not in spared:
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))

@@ -30,6 +30,7 @@ from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, W
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
 from homepd.engine import recovery
+from homepd.engine.affinity import PrefixAffinity
 from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
 from homepd.engine.handles import WorkerHandle, watch_for_hangs
 from homepd.engine.pool import WorkerPool
@@ -71,6 +72,7 @@ class Engine:
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
         self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
+        self.affinity = PrefixAffinity()  # which prompt prefixes each worker probably holds (cache-aware routing)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="homepd-prepare")
@@ -171,9 +173,12 @@ class Engine:
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
-        worker = self.topology.route_new(self.config, self.workers, self.kv, self.gate,
-                                         lambda h: self._load(h.in_flight), len(ids))
-        decision = self.gate.decide(klass, len(ids), worker.role, worker.spec, self._load(worker.in_flight))
+        routed = self.topology.route_new(self.config, self.workers, self.kv, self.gate,
+                                         lambda h: self._load(h.in_flight), len(ids),
+                                         cached=lambda h: self.affinity.cached(h, ids), request_class=klass)
+        worker = routed.worker
+        decision = self.gate.decide(klass, len(ids) - routed.n_cached_tokens, worker.role, worker.spec,
+                                    self._load(worker.in_flight))
         if decision is not None and decision.verdict is Verdict.REJECT:
             raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
                                     f"{decision.retry_after_s:g} s", decision.retry_after_s, klass.value,
@@ -181,11 +186,15 @@ class Engine:
         lifecycle = Lifecycle(request_id=rid, arrived_s=arrived_s, n_prompt_tokens=len(ids),
                               request_class=klass.value,
                               predicted_ttft_s=decision.predicted_ttft_ms / 1e3 if decision else None,
-                              admission=decision.verdict.value if decision else Verdict.ADMIT.value)
+                              admission=decision.verdict.value if decision else Verdict.ADMIT.value,
+                              routed_to=worker.role, route_reason=routed.reason.value,
+                              route_cached_tokens=routed.n_cached_tokens)
+        self.gate.note_route(routed.reason)
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.streams[rid] = stream
         worker.send_request(rid, SubmitRequest(rid, tuple(ids), params, request_class=klass.value,
                                                deadline_s=self.gate.deadline_s(lifecycle)))
+        self.affinity.holds(worker, ids)
         return stream
 
     def _load(self, request_ids: Iterable[str]) -> WorkerLoad:
@@ -285,6 +294,7 @@ class Engine:
             self._end(rid, RequestState.FAILED, time.monotonic(), error=f"decode worker is down ({decode.failed})")
         else:
             decode.send_request(rid, msg)
+            self.affinity.holds(decode, self.streams[rid].prompt_ids)  # its next turn is not prefilled anew
 
     def _on_imported(self, msg: KVImported) -> None:
         self.kv.imported(msg.request_id)
@@ -311,6 +321,7 @@ class Engine:
             self.workers[Role.PREFILL].send(SlotFreed(-1))  # a slot may be free again
         if stream is None:
             return
+        holder = next((h for h in self.workers.values() if rid in h.in_flight), None)
         for handle in self.workers.values():
             handle.in_flight.discard(rid)
             handle.drop_backlog(rid)
@@ -318,6 +329,8 @@ class Engine:
         lc.finish_reason, lc.error = reason, error
         lc.advance(state, t_s)
         self.gate.finished(lc)
+        if holder is not None and state is not RequestState.FAILED:  # it keeps the sequence cached
+            self.affinity.ended(holder, lc, stream.prompt_ids + tuple(stream.token_ids), self.workers)
         self.records[rid] = lc
         while len(self.records) > MAX_RECORDS:
             self.records.popitem(last=False)
@@ -337,6 +350,7 @@ class Engine:
         crash_loop = recovery.is_crash_loop(list(handle.deaths), now)
         held = sorted(handle.in_flight)
         handle.in_flight.clear()
+        self.affinity.forget(handle)
         handle.backlog.clear()
         wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
         intact: set[str] = set()
@@ -373,7 +387,9 @@ class Engine:
             if self.kv is not None:
                 self.kv.drop(rid)  # a stale slot entry must not be imported later
             request = stream.resubmission(self.tokenizer.token_to_piece, self.gate.deadline_s(stream.lifecycle))
-            self._entry_worker(avoid=handle, n_tokens=len(request.prompt_ids)).send_request(rid, request)
+            entry = self._entry_worker(avoid=handle, n_tokens=len(request.prompt_ids))
+            entry.send_request(rid, request)
+            self.affinity.holds(entry, request.prompt_ids)
         self.pool.spawn_restart(handle.role, self._restart(handle, died_s=now))
 
     async def _restart(self, handle: WorkerHandle, died_s: float) -> None:

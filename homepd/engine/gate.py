@@ -15,11 +15,12 @@ from typing import Iterable
 
 from homepd.config import EngineConfig
 from homepd.core.admission import (Decision, QueueState, RequestClass, RouteState, Verdict, admit,
-                                   route)
+                                   predict_ttft_ms, route)
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.modes import Role
 from homepd.core.protocol import StepRecord, WorkerSpec
 from homepd.core.records import AdmissionSnapshot, ClassQueue
+from homepd.core.routing import RouteReason
 from homepd.core.stats import percentile
 from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import prompt_budget
@@ -66,6 +67,9 @@ class AdmissionGate:
         self.handoff_ms_per_token: float | None = None
         self.routed: Counter[str] = Counter()
         self.route_threshold: int | None = None
+        self.route_reasons: Counter[RouteReason] = Counter()
+        self.route_predicted_cached_tokens = 0  # ended requests: cached tokens routing expected ...
+        self.route_reused_tokens = 0            # ... and what their workers reported reusing (PrefixReused)
 
     # measurements -------------------------------------------------------------
     def observe(self, worker: str, step: StepRecord, estimate: StepEstimate | None) -> None:
@@ -104,6 +108,9 @@ class AdmissionGate:
             per = (lc.kv_export_s + lc.kv_import_s) * 1e3 / lc.n_prompt_tokens
             self.handoff_ms_per_token = per if self.handoff_ms_per_token is None else \
                 0.8 * self.handoff_ms_per_token + 0.2 * per
+        if lc.route_cached_tokens:
+            self.route_predicted_cached_tokens += lc.route_cached_tokens
+            self.route_reused_tokens += lc.n_cached_tokens
 
     # decisions -----------------------------------------------------------------
     def deadline_s(self, lc: Lifecycle) -> float:
@@ -130,9 +137,26 @@ class AdmissionGate:
             self.counts[klass]["deferred"] += 1
         return decision
 
+    def predicted_ttft_ms(self, klass: RequestClass, n_uncached: int, worker: str, spec: WorkerSpec,
+                          load: WorkerLoad) -> float | None:
+        """``decide``'s TTFT prediction for ``n_uncached`` prompt tokens to compute on ``worker``, without a
+        verdict or a count (routing compares workers with it); None while the worker's speed is unmeasured."""
+        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode)
+        if rate is None:
+            return None
+        q = QueueState(queued_interactive_tokens=load.queued_tokens.get(RequestClass.INTERACTIVE, 0),
+                       queued_background_tokens=load.queued_tokens.get(RequestClass.BACKGROUND, 0),
+                       prefill_tok_s=rate[0], step_overhead_ms=rate[1])
+        return predict_ttft_ms(klass, n_uncached, q)
+
+    def note_route(self, reason: RouteReason) -> None:
+        """A new request was routed, for ``reason`` (the snapshot counts them)."""
+        self.route_reasons[reason] += 1
+
     def route(self, n_prompt: int, prefill: WorkerSpec, prefill_load: WorkerLoad, decode: WorkerSpec,
-              decode_load: WorkerLoad) -> bool:
+              decode_load: WorkerLoad, cached_local_tokens: int = 0, cached_remote_tokens: int = 0) -> bool:
         """True: prefill this prompt on the decode worker itself; False: on the prefill worker, then hand off.
+        ``cached_*_tokens``: of this prompt, probably held by the decode / the prefill worker (not computed).
 
         Until the prefill worker's speed is measured every prompt goes there.  The decode worker's prefill
         speed is its own measurement once it has prefilled a few prompts, else the prefill worker's scaled
@@ -147,7 +171,8 @@ class AdmissionGate:
         decision = route(n_prompt, RouteState(
             prefill_queue_tokens=sum(prefill_load.queued_tokens.values()), prefill_tok_s_prefill=remote[0],
             prefill_tok_s_decode=local_tok_s, handoff_ms_per_token=self.handoff_ms_per_token or 0.0,
-            handoff_base_ms=remote[1], max_local_tokens=decode.n_ctx))
+            handoff_base_ms=remote[1], max_local_tokens=decode.n_ctx, cached_local_tokens=cached_local_tokens,
+            cached_remote_tokens=cached_remote_tokens))
         self.route_threshold = decision.threshold_tokens
         self.routed["local" if decision.on_decode_worker else "remote"] += 1
         return decision.on_decode_worker
@@ -173,4 +198,7 @@ class AdmissionGate:
             ttft_error_mean_ms=sum(errors) / len(errors) if errors else None,
             ttft_error_p90_ms=percentile(errors, 90),
             n_predictions=len(errors), routed_local=self.routed["local"], routed_remote=self.routed["remote"],
-            route_threshold_tokens=self.route_threshold)
+            route_threshold_tokens=self.route_threshold,
+            routed_by_reason={r.value: n for r, n in sorted(self.route_reasons.items())},
+            route_predicted_cached_tokens=self.route_predicted_cached_tokens,
+            route_reused_tokens=self.route_reused_tokens)

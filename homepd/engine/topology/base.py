@@ -7,10 +7,24 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from homepd.config import EngineConfig
+from homepd.core.admission import RequestClass
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import EngineSetup, RolePlacement
+from homepd.core.routing import RouteReason
 
 PlanOf = Callable[[], object]  # returns the box's ``PlacementPlan``, computed only if a topology asks for it
+
+
+def no_cache(handle) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Where a new request enters, why, and the prompt tokens that worker probably holds."""
+    worker: object              # the WorkerHandle
+    reason: RouteReason
+    n_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,10 +70,12 @@ class Topology:
         """Where a new (or recomputed) request of ``n_tokens`` enters; ``avoid``: a worker that just died."""
         raise NotImplementedError
 
-    def route_new(self, config: EngineConfig, workers: Mapping, kv, gate, load: Callable, n_tokens: int):
+    def route_new(self, config: EngineConfig, workers: Mapping, kv, gate, load: Callable, n_tokens: int,
+                  cached: Callable = no_cache, request_class: RequestClass = RequestClass.INTERACTIVE) -> Routed:
         """The entry worker of a new request, the gate consulted where the topology has a choice
-        (``load(handle)``: the ``WorkerLoad`` that worker holds)."""
-        return self.entry_worker(workers, kv, n_tokens)
+        (``load(handle)``: the ``WorkerLoad`` that worker holds; ``cached(handle)``: the tokens of this
+        prompt that worker probably holds, from the controller's route index over the prompt's ids)."""
+        return Routed(self.entry_worker(workers, kv, n_tokens), RouteReason.SOLE)
 
     def n_entry_workers(self, config: EngineConfig) -> int:
         """Workers a new request may enter."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import RolePlacement
-from homepd.engine.topology.base import Topology
+from homepd.core.routing import MIN_PREFIX_GAIN_TOKENS, RouteReason
+from homepd.engine.topology.base import Routed, Topology, no_cache
 from homepd.errors import EngineError
 
 
@@ -65,15 +66,21 @@ class Disaggregated(Topology):
             return workers[Role.PREFILL]
         return workers[Role.PREFILL if kv.fits_prefill_worker(n_tokens) else Role.DECODE]
 
-    def route_new(self, config, workers, kv, gate, load, n_tokens):
+    def route_new(self, config, workers, kv, gate, load, n_tokens, cached=no_cache, request_class=None):
         """A prompt that fits the prefill worker is still prefilled on the decode worker when the gate
-        predicts that is sooner (short prompts)."""
+        predicts that is sooner, each side computing only its uncached tokens: a short prompt, or a
+        conversation's next turn whose history the decode worker holds (it recorded prompt + output)."""
         worker = self.entry_worker(workers, kv, n_tokens)
-        if worker is workers[Role.PREFILL] and config.local_prefill:
-            prefill, decode = workers[Role.PREFILL], workers[Role.DECODE]
-            if not decode.failed and gate.route(n_tokens, prefill.spec, load(prefill), decode.spec, load(decode)):
-                return decode
-        return worker
+        prefill, decode = workers[Role.PREFILL], workers[Role.DECODE]
+        if worker is not prefill or not config.local_prefill or decode.failed:
+            return Routed(worker, RouteReason.SOLE, min(cached(worker), n_tokens))
+        n_local, n_remote = min(cached(decode), n_tokens), min(cached(prefill), n_tokens)
+        if gate.route(n_tokens, prefill.spec, load(prefill), decode.spec, load(decode), n_local, n_remote):
+            worker, n_cached, n_other = decode, n_local, n_remote
+        else:
+            worker, n_cached, n_other = prefill, n_remote, n_local
+        reason = RouteReason.PREFIX_HIT if n_cached - n_other >= MIN_PREFIX_GAIN_TOKENS else RouteReason.SOONER
+        return Routed(worker, reason, n_cached)
 
     def recovery_victim(self, config):
         return Role.DECODE.value

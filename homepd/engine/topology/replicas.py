@@ -1,10 +1,14 @@
 """Replicas: ``n_replicas`` colocated workers (``replica-N``), each with its own model copy; a request
-enters the least loaded one that has not failed, and the engine serves while one replica is left."""
+enters the one probably holding its longest prefix unless that one's queue would break its TTFT budget,
+else the least loaded one that has not failed (``homepd.core.routing``); the engine serves while one
+replica is left."""
 from __future__ import annotations
 
+from homepd.core.admission import RequestClass
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import RolePlacement
-from homepd.engine.topology.base import Health, Topology
+from homepd.core.routing import ReplicaView, choose_replica
+from homepd.engine.topology.base import Health, Routed, Topology, no_cache
 from homepd.errors import EngineError
 
 
@@ -28,7 +32,19 @@ class Replicas(Topology):
     def entry_worker(self, workers, kv, n_tokens=0, avoid=None):
         usable = [h for h in workers.values() if not h.failed and h is not avoid] or \
                  [h for h in workers.values() if not h.failed] or list(workers.values())
-        return min(usable, key=lambda h: (len(h.in_flight) + (0 if h.ready else 1), h.role))
+        return min(usable, key=load_rank)
+
+    def route_new(self, config, workers, kv, gate, load, n_tokens, cached=no_cache, request_class=None):
+        request_class = request_class or RequestClass.INTERACTIVE
+        usable = [h for h in workers.values() if not h.failed] or list(workers.values())
+        views = []
+        for h in usable:
+            n_cached = min(cached(h), n_tokens)
+            views.append(ReplicaView(h.role, n_cached, load_rank(h),
+                                     gate.predicted_ttft_ms(request_class, n_tokens - n_cached, h.role, h.spec,
+                                                            load(h))))
+        choice = choose_replica(views, gate.budgets[request_class].ttft_ms)
+        return Routed(workers[choice.name], choice.reason, choice.n_cached_tokens)
 
     def n_entry_workers(self, config):
         return config.n_replicas
@@ -48,6 +64,11 @@ class Replicas(Topology):
         part = self.plan_part(plan)
         return [Candidate(f"replicas-{base.n_replicas}", Mode.REPLICAS, chunk=base.chunk,
                           n_replicas=base.n_replicas, feasible=part.feasible, reason=part.reason)]
+
+
+def load_rank(handle) -> tuple:
+    """Less loaded first: requests in flight (a replica not ready counts one more), then the name."""
+    return len(handle.in_flight) + (0 if handle.ready else 1), handle.role
 
 
 TOPOLOGY = Replicas()
