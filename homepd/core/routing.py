@@ -3,7 +3,7 @@
 A replica that probably holds a long prefix of the prompt (``homepd.core.routeindex``) computes only the
 rest, so it gives the first token sooner and keeps the others' cells free.  The request goes there, unless
 that replica's queue would break the request's TTFT budget and another replica would give it sooner; then
-(and when no replica holds more of it than the least loaded one) it goes to the least loaded.
+(and when no replica holds much more of it than every replica does) it goes to the least loaded.
 """
 from __future__ import annotations
 
@@ -47,12 +47,15 @@ def choose_replica(replicas: list[ReplicaView], ttft_budget_ms: float) -> Replic
     """The replica a new request enters (``replicas``: the usable ones, at least one)."""
     assert replicas
     least = min(replicas, key=lambda r: r.load_rank)
-    holder = max(sorted(replicas, key=lambda r: r.load_rank), key=lambda r: r.n_cached_tokens)  # ties: less loaded
-    if holder is least or holder.n_cached_tokens - least.n_cached_tokens < MIN_PREFIX_GAIN_TOKENS:
+    best = max(r.n_cached_tokens for r in replicas)
+    if best - min(r.n_cached_tokens for r in replicas) < MIN_PREFIX_GAIN_TOKENS:  # what they all hold
         return ReplicaChoice(least.name, RouteReason.LEAST_LOADED, least.n_cached_tokens)
+    # the least loaded of those holding about the longest prefix (within the gain that is not worth a move)
+    holder = min((r for r in replicas if r.n_cached_tokens > best - MIN_PREFIX_GAIN_TOKENS),
+                 key=lambda r: r.load_rank)
     breaks = holder.predicted_ttft_ms is not None and holder.predicted_ttft_ms > ttft_budget_ms
     # why also "sooner there": when every replica would miss the budget, moving the request only adds work
-    sooner_elsewhere = least.predicted_ttft_ms is None or least.predicted_ttft_ms < (holder.predicted_ttft_ms or 0.0)
-    if breaks and sooner_elsewhere:
+    if holder is not least and breaks and (least.predicted_ttft_ms is None
+                                           or least.predicted_ttft_ms < holder.predicted_ttft_ms):
         return ReplicaChoice(least.name, RouteReason.TTFT_BUDGET, least.n_cached_tokens)
     return ReplicaChoice(holder.name, RouteReason.PREFIX_HIT, holder.n_cached_tokens)
