@@ -9,8 +9,10 @@ What goes in (SGLang's router keeps its approximate tree the same way):
 Aging: each index holds at most the worker's ``n_ctx`` distinct tokens (its cells, running and cached
 together), the least recently used going first.  Correction from the worker's real reuse
 (``PrefixReused``, read off the lifecycle's ``n_cached_tokens`` when the request ends): when a worker with
-a prefix cache reused fewer tokens than routing expected, it had aged out entries the index still held,
-so as many of the index's least recently used tokens are dropped.  A worker whose cache reports mode
+a prefix cache reused fewer tokens than routing expected (by ``MIN_PREFIX_GAIN_TOKENS`` or more), it had
+aged out entries the index still held, so as many of the index's least recently used tokens are dropped
+(sparing the sequence just ended).  ``PrefixReused`` also scores the index: the gate sums expected and
+reused tokens of ended requests (``AdmissionSnapshot.route_predicted_cached_tokens`` / ``route_reused_tokens``).  A worker whose cache reports mode
 "off" (e.g. a sliding-window model) holds nothing reusable: it is never credited with a prefix.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Mapping, Sequence
 
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.routeindex import RouteIndex
+from homepd.core.routing import MIN_PREFIX_GAIN_TOKENS
 
 
 class PrefixAffinity:
@@ -38,7 +41,8 @@ class PrefixAffinity:
         if stats is not None and stats.mode == "off":
             return 0
         index = self.indexes.get(handle.role)
-        return index.match(ids) if index is not None else 0
+        # why at most all but one: a worker computes a prompt's last token whatever it holds (its logits)
+        return min(index.match(ids), len(ids) - 1) if index is not None and ids else 0
 
     def holds(self, handle, ids: Sequence[int]) -> None:
         """``handle``'s worker holds (or is computing) ``ids`` now."""
@@ -52,8 +56,8 @@ class PrefixAffinity:
         routed = workers.get(lc.routed_to) if lc.routed_to else None
         missed = lc.route_cached_tokens - lc.n_cached_tokens
         # why only a worker that reports a prefix cache: before it does, no reuse is reported and a miss
-        # says nothing of what it holds
-        if routed is not None and missed > 0 and routed.cache_stats is not None \
+        # says nothing of what it holds; why not a few tokens: that is the worker's reuse granularity, not aging
+        if routed is not None and missed >= MIN_PREFIX_GAIN_TOKENS and routed.cache_stats is not None \
                 and routed.cache_stats.mode != "off" and routed.role in self.indexes:
             index = self.indexes[routed.role]
             before = len(index)

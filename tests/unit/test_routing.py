@@ -176,7 +176,7 @@ def test_a_worker_that_reused_less_than_expected_ages_out_that_many_old_tokens()
     affinity.holds(a, conv)
     done = conv + conversation(20, start=900)
     affinity.ended(a, lifecycle("replica-0", 500, 200), done, {"replica-0": a})
-    assert affinity.cached(a, old) == 0 and affinity.cached(a, done) == 520  # the oldest went, not this one
+    assert affinity.cached(a, old) == 0 and affinity.cached(a, done + [7]) == 520  # the oldest went, not this
     assert affinity.n_corrected_tokens == 300
 
 
@@ -185,7 +185,7 @@ def test_without_a_reported_cache_a_miss_corrects_nothing_and_a_dead_worker_forg
     affinity = PrefixAffinity()
     affinity.holds(a, conversation(300, start=10_000))
     affinity.ended(a, lifecycle("replica-0", 500, 0), conversation(520), {"replica-0": a})
-    assert affinity.cached(a, conversation(300, start=10_000)) == 300 and affinity.n_corrected_tokens == 0
+    assert affinity.cached(a, conversation(301, start=10_000)) == 300 and affinity.n_corrected_tokens == 0
     affinity.forget(a)
     assert affinity.cached(a, conversation(520)) == 0
 
@@ -195,7 +195,7 @@ def test_the_index_budget_is_the_workers_context():
     affinity = PrefixAffinity()
     for i in range(5):
         affinity.holds(a, conversation(400, start=1000 * i))
-    assert len(affinity.index(a)) <= 1024 and affinity.cached(a, conversation(400, start=4000)) == 400
+    assert len(affinity.index(a)) <= 1024 and affinity.cached(a, conversation(401, start=4000)) == 400
 
 
 def test_the_snapshot_counts_routing_decisions_by_reason_and_scores_the_predictions():
@@ -207,3 +207,14 @@ def test_the_snapshot_counts_routing_decisions_by_reason_and_scores_the_predicti
     assert snap.routed_by_reason == {"prefix_hit": 2, "ttft_budget": 1}
     assert (snap.route_predicted_cached_tokens, snap.route_reused_tokens) == (500, 480)
     assert from_plain(AdmissionSnapshot, to_plain(snap)) == snap
+
+
+def test_a_few_tokens_short_is_the_workers_granularity_not_aging_and_the_last_token_is_never_credited():
+    a = Handle("replica-0", cache_stats=PrefixCacheStats(mode="prefix"))
+    affinity = PrefixAffinity()
+    old, conv = conversation(300, start=10_000), conversation(500)
+    affinity.holds(a, old)
+    affinity.holds(a, conv)
+    assert affinity.cached(a, conv) == 499  # the same prompt again: its last token is computed anyway
+    affinity.ended(a, lifecycle("replica-0", 499, 499 - MIN_PREFIX_GAIN_TOKENS + 1), conv, {"replica-0": a})
+    assert affinity.cached(a, old) == 299 and affinity.n_corrected_tokens == 0
