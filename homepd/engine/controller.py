@@ -329,7 +329,9 @@ class Engine:
         lc.finish_reason, lc.error = reason, error
         lc.advance(state, t_s)
         self.gate.finished(lc)
-        if holder is not None and state is not RequestState.FAILED:  # it keeps the sequence cached
+        # a worker keeps the sequence of a request that ran cached (not one cancelled before its prefill ended)
+        if holder is not None and (state is RequestState.FINISHED
+                                   or state is RequestState.CANCELLED and lc.prefill_end_s is not None):
             self.affinity.ended(holder, lc, stream.prompt_ids + tuple(stream.token_ids), self.workers)
         self.records[rid] = lc
         while len(self.records) > MAX_RECORDS:
