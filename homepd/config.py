@@ -28,8 +28,10 @@ from homepd.errors import ConfigError
 MODES = tuple(m.value for m in Mode)  # plain strings: argparse names its choices by their repr
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 # test-only scheduling bugs the worker can inject, to prove the teacher-forced check catches them
-# (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again
-FAULTS = ("swap_seq", "stale_token")
+# (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again;
+# and "claim_prefix_hits": the worker reports half of each prompt as a reused prefix without reusing anything,
+# so the faces' cache figures are tested end to end on the fake backend (tests/integration/test_serve_cache.py)
+FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits")
 # "llama": llama.cpp; "fake": a deterministic stand-in for tests of logic that does not need the model
 BACKENDS = ("llama", "fake")
 
@@ -182,7 +184,8 @@ class EngineConfig:
         "admission", parse_bool, "reject a request at once (HTTP 503 + Retry-After) when its predicted TTFT "
                                  "misses its class's budget, instead of letting it fail late",
         action=argparse.BooleanOptionalAction))
-    fault: str | None = field(default=None, metadata=_opt(None))  # test-only scheduling bug, one of FAULTS
+    fault: str | None = field(default=None, metadata=_opt(  # test-only, one of FAULTS: a hidden flag
+        "fault", help=argparse.SUPPRESS))
 
     def __post_init__(self) -> None:
         # why: the mode is carried as the enum whatever gave it (a flag, a file, ``replace(mode="...")``); a
@@ -321,7 +324,9 @@ def config_file_values(cls=None, section: str | None = None, document: dict | No
         document = read_config_file()
     table = document.get(section, {}) if section else {k: v for k, v in document.items() if not isinstance(v, dict)}
     where = f"config file{f' [{section}]' if section else ''}"
-    options = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("flag")}
+    # why the help check: a hidden (test-only) flag is not a setting a config file may hold
+    options = {f.name: f for f in dataclasses.fields(cls)
+               if f.metadata.get("flag") and f.metadata["help"] is not argparse.SUPPRESS}
     out = {}
     for key, value in table.items():
         if key not in options:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 
 from homepd.errors import HomepdError
 
+if typing.TYPE_CHECKING:
+    from homepd.core.protocol import PrefixCacheStats
+
 
 class FinishReason(str, enum.Enum):
     """Why a request ended (OpenAI's ``finish_reason`` vocabulary plus homepd's two)."""
@@ -189,6 +192,7 @@ class EngineSnapshot:
     requests_by_class: dict[str, int] = dataclasses.field(default_factory=dict)  # running + waiting per class
     memory: MemoryBreakdown | None = None  # as last measured (Engine.measure_memory: at start, after each trace)
     admission: AdmissionSnapshot | None = None
+    cache: dict[str, PrefixCacheStats] = dataclasses.field(default_factory=dict)  # worker -> its prefix cache
 
     @property
     def n_running(self) -> int:
@@ -277,7 +281,9 @@ def _decode(tp, value, path: str):
 
 @functools.cache
 def _field_types(cls: type) -> dict:
-    return typing.get_type_hints(cls)
+    from homepd.core.protocol import PrefixCacheStats  # why here: protocol imports this module
+
+    return typing.get_type_hints(cls, localns={"PrefixCacheStats": PrefixCacheStats})
 
 
 def _expect(value, kind, path: str) -> None:

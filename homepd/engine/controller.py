@@ -466,7 +466,8 @@ class Engine:
             kv_arena=self.kv.snapshot() if self.kv is not None else None,
             requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
             requests_by_class=by_class, worker_events=tuple(self.worker_events), t_s=time.monotonic(),
-            memory=self.memory, admission=self.gate.snapshot(self._load(self.streams), by_class))
+            memory=self.memory, admission=self.gate.snapshot(self._load(self.streams), by_class),
+            cache=self.cache_stats())
 
     def measure_memory(self) -> MemoryBreakdown:
         """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept

@@ -143,10 +143,10 @@ async def _sse(service, shape: Shape, stream, model: str, created: int, usage_mo
     """The SSE body: a chunk per piece of text, a final chunk with the finish reason and timings, the usage
     chunk when asked (``stream_options.include_usage``), then ``data: [DONE]``.  ``usage_mode``: None, "final"
     (``usage`` null on every chunk but the last) or "continuous" (the usage so far on every chunk)."""
-    n_prompt, n_out = stream.lifecycle.n_prompt_tokens, 0
+    n_out = 0
 
     def chunk(choices: list, **extra) -> bytes:
-        so_far = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        so_far = usage(stream.lifecycle, n_out)
         body = {"id": stream.request_id, "object": shape.chunk_object, "created": created, "model": model,
                 "choices": choices, **({"usage": so_far if usage_mode == "continuous" else None} if usage_mode else {}),
                 **extra}
@@ -196,10 +196,14 @@ class EngineEventStream(EventSourceResponse):
                 self.service.finished(self.stream.request_id, self.stream.lifecycle, self.request_class)
 
 
-def usage(lc: Lifecycle) -> dict:
-    n_out = len(lc.token_times_s)
+def usage(lc: Lifecycle, n_out: int | None = None) -> dict:
+    """OpenAI's ``usage``, with ``prompt_tokens_details.cached_tokens``: the prompt tokens served from a reused
+    prefix (OpenAI's and llama-server's field; 0 when nothing was reused).  ``n_out``: the completion tokens so
+    far (streamed usage), else every token the request produced."""
+    n_out = len(lc.token_times_s) if n_out is None else n_out
     return {"prompt_tokens": lc.n_prompt_tokens, "completion_tokens": n_out,
-            "total_tokens": lc.n_prompt_tokens + n_out}
+            "total_tokens": lc.n_prompt_tokens + n_out,
+            "prompt_tokens_details": {"cached_tokens": lc.n_cached_tokens}}
 
 
 def timings(lc: Lifecycle, mode: str) -> dict:

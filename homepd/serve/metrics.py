@@ -40,6 +40,9 @@ class ServiceMetrics:
         self.queue_s = Histogram("homepd_request_queue_seconds", "Arrival to admission into a sequence",
                                  registry=r, buckets=LATENCY_BUCKETS_S)
         self.prompt_tokens = Counter("homepd_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.prompt_cached_tokens = Counter(
+            "homepd_prompt_cached_tokens", "Prompt tokens of finished requests served from a reused prefix (not "
+            "computed; usage.prompt_tokens_details.cached_tokens)", registry=r)
         self.generation_tokens = Counter("homepd_generation_tokens", "Generated tokens", registry=r)
         self.requests = Counter("homepd_requests", "Finished requests by finish reason", ["finish_reason"],
                                 registry=r)
@@ -57,6 +60,7 @@ class ServiceMetrics:
         """Count one finished (or failed, or cancelled) request."""
         self.requests.labels(lc.finish_reason or lc.state.value).inc()
         self.prompt_tokens.inc(lc.n_prompt_tokens)
+        self.prompt_cached_tokens.inc(lc.n_cached_tokens)
         self.generation_tokens.inc(len(lc.token_times_s))
         if lc.ttft_s is not None:
             self.ttft_s.observe(lc.ttft_s)
@@ -104,6 +108,7 @@ class EngineCollector:
         yield up
         yield restarts
         yield from _admission_metrics(snap.admission)
+        yield from prefix_cache_metrics(engine.cache_stats())
         inter = interference(engine.last_steps(INTERFERENCE_STEPS))
         if inter.slowdown is not None:
             yield _gauge("homepd_interference_ratio", "Decode step time with prefill beside it / without, at equal "
@@ -174,6 +179,43 @@ def _admission_metrics(adm):
     routed.add_metric(["local"], adm.routed_local)
     routed.add_metric(["remote"], adm.routed_remote)
     yield routed
+
+
+# (metric name, kind, PrefixCacheStats field, help): one series per worker that has a prefix cache
+PREFIX_CACHE_SERIES = (
+    ("homepd_prefix_cache_lookups", "counter", "n_lookups", "Prompts looked up in the worker's prefix cache"),
+    ("homepd_prefix_cache_hits", "counter", "n_hits", "Lookups that reused at least one prompt token"),
+    ("homepd_prefix_cache_lookup_tokens", "counter", "n_lookup_tokens", "Prompt tokens looked up"),
+    ("homepd_prefix_cache_hit_tokens", "counter", "n_hit_tokens",
+     "Looked-up prompt tokens reused from a cached prefix (not computed)"),
+    ("homepd_prefix_cache_evictions", "counter", "n_evictions", "Cached prefixes dropped to make room"),
+    ("homepd_prefix_cache_entries", "gauge", "n_cached_entries", "Cached prefixes held in the worker's context"),
+    ("homepd_prefix_cache_cells", "gauge", "n_cached_cells",
+     "KV cells the cached prefixes hold (cells shared with running requests not counted)"),
+    ("homepd_prefix_cache_bytes", "gauge", "cached_bytes", "Bytes of KV the cached prefixes hold"),
+    ("homepd_kv_store_entries", "gauge", "n_store_entries", "Prefixes held in the host-memory KV store"),
+    ("homepd_kv_store_bytes", "gauge", "store_bytes", "Bytes of KV held in the host-memory KV store"),
+)
+
+
+def prefix_cache_metrics(stats_by_worker: dict):
+    """Each worker's prefix cache (``Engine.cache_stats()``), labelled by worker name; the hit ratio is hit
+    tokens / looked-up tokens, left out for a worker that has looked nothing up yet."""
+    if not stats_by_worker:
+        return
+    workers = sorted(stats_by_worker.items())
+    for name, kind, attr, documentation in PREFIX_CACHE_SERIES:
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, documentation,
+                                                                                   labels=["worker"])
+        for worker, stats in workers:
+            family.add_metric([worker], getattr(stats, attr))
+        yield family
+    ratio = GaugeMetricFamily("homepd_prefix_cache_hit_ratio", "Share of looked-up prompt tokens reused from a "
+                              "cached prefix, since the worker started", labels=["worker"])
+    for worker, stats in workers:
+        if stats.hit_ratio is not None:
+            ratio.add_metric([worker], stats.hit_ratio)
+    yield ratio
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -15,7 +15,7 @@ import traceback
 
 from homepd.core import modes
 from homepd.core.kvpolicy import KVAction
-from homepd.core.protocol import KVPreempted
+from homepd.core.protocol import CacheSource, KVPreempted, PrefixCacheStats, PrefixReused
 from homepd.core.protocol import (WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
 from homepd.core.sampling import TokenSampler
@@ -181,6 +181,7 @@ class WorkerLoop:
             return
         tokens, positions, seq_ids, wants, logit_rows = self._batch(plan)
         started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
+        claimed = self._claim_prefix_hits(plan) if self.spec.fault == "claim_prefix_hits" else None
         t_start = time.monotonic()
         try:
             self.ctx.decode(tokens, positions, seq_ids, wants)
@@ -210,7 +211,7 @@ class WorkerLoop:
         self.conn.send(StepReport(
             step=record, prefill_started=started,
             prefill_ended=tuple(sl.seq.request_id for sl in plan.prefill if sl.completes_prompt),
-            tokens=tuple(outs), done=tuple(done), estimate=self.step_model.estimate()))
+            tokens=tuple(outs), done=tuple(done), estimate=self.step_model.estimate(), cache=claimed))
 
     def _batch(self, plan: StepPlan):
         """The step's batch: decode tokens first, then prompt slices; logit_rows pairs every sequence
@@ -282,6 +283,19 @@ class WorkerLoop:
         self.scheduler.release(seq)
 
     # test-only fault injection: deliberate scheduling bugs ----------------------
+    def _claim_prefix_hits(self, plan: StepPlan) -> PrefixCacheStats:
+        """'claim_prefix_hits': report half of each new prompt as reused (nothing is reused), so the faces'
+        cache figures can be tested end to end on the fake backend."""
+        n = getattr(self, "_claimed", (0, 0, 0))
+        for sl in plan.prefill:
+            if sl.start == 0:
+                hit = sl.seq.n_prompt // 2
+                self.conn.send(PrefixReused(sl.seq.request_id, hit, CacheSource.CONTEXT, time.monotonic()))
+                n = (n[0] + 1, n[1] + sl.seq.n_prompt, n[2] + hit)
+        self._claimed = n
+        return PrefixCacheStats(n_lookups=n[0], n_hits=n[0], n_lookup_tokens=n[1], n_hit_tokens=n[2],
+                                n_cached_entries=1, n_cached_cells=16, cached_bytes=16 << 10, mode="prefix")
+
     def _decode_token(self, plan: StepPlan, i: int) -> int:
         seq = plan.decode[i]
         if self.spec.fault == "stale_token" and len(seq.output_ids) >= 2:
