@@ -41,11 +41,12 @@ MAX_PREDICTED_CHUNK = 2048
 class AdviseSettings:
     """How big the campaign is; ``quick`` sizes it for about 2 minutes on a 2-core box, the full one for 10."""
     quick: bool = False
-    mixes: tuple[str, ...] = ("short", "long", "mixed")
+    mixes: tuple[str, ...] = ("short", "long", "mixed", "chat")
     repeats: int = 2
     chunks: tuple[int | None, ...] = (None, 32, 64, 128, CALIBRATION_CHUNK)
-    n_requests: dict = field(default_factory=lambda: {"short": 8, "long": 3, "mixed": 8})
-    rate_per_s: dict = field(default_factory=lambda: {"short": 4.0, "long": 0.5, "mixed": 2.0})
+    # chat: 8 turns in 2 conversations of 4, starting at 0.5 conversations/s (homepd.measure.trace.conversations)
+    n_requests: dict = field(default_factory=lambda: {"short": 8, "long": 3, "mixed": 8, "chat": 8})
+    rate_per_s: dict = field(default_factory=lambda: {"short": 4.0, "long": 0.5, "mixed": 2.0, "chat": 0.5})
     max_tokens: int = 32
     long_tokens: int = 400
     recovery: bool = True
@@ -54,7 +55,7 @@ class AdviseSettings:
 
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
-        base = dict(quick=True, repeats=1, chunks=(None, CALIBRATION_CHUNK),
+        base = dict(quick=True, mixes=("short", "long", "mixed"), repeats=1, chunks=(None, CALIBRATION_CHUNK),
                     n_requests={"short": 4, "long": 2, "mixed": 4},
                     rate_per_s={"short": 4.0, "long": 1.0, "mixed": 2.0}, max_tokens=24, long_tokens=300,
                     recovery=False)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 
+from homepd.measure.trace.conversations import CHAT_THINK_S, CHAT_TURNS, RAG_DOCUMENTS
 from homepd.measure.trace import (ARRIVALS, DEFAULT_LONG_TOKENS, FORMATS, MIXES, Trace, estimate_tokens,
                                   export_lines, export_trace, import_trace, make_trace, replay_hint)
 
@@ -21,6 +23,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
     return value
 
 
@@ -44,12 +53,16 @@ def add_arrival_flags(p: argparse.ArgumentParser) -> None:
 
 
 def summary(trace: Trace) -> str:
-    """One line: requests, kinds, span, mean rate, estimated prompt and output tokens."""
-    n_long = sum(r.kind == "long" for r in trace)
+    """One line: requests, kinds (and conversations), span, mean rate, estimated prompt and output tokens."""
+    kinds = Counter(r.kind for r in trace)
+    n_conversations = len({r.conversation for r in trace if r.conversation is not None})
     span = max(r.arrival_s for r in trace)
     load = (f"closed loop of {trace.concurrency}" if trace.concurrency
             else f"over {span:.1f} s ({(len(trace) - 1) / span:.2f} req/s)" if span > 0 else "all at once")
-    return (f"{len(trace)} requests ({len(trace) - n_long} short, {n_long} long) {load}; "
+    mix = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    if n_conversations:
+        mix += f" turns in {n_conversations} conversations"
+    return (f"{len(trace)} requests ({mix}) {load}; "
             f"~{sum(estimate_tokens(r.text) for r in trace)} prompt tokens (estimated), "
             f"{sum(r.max_tokens for r in trace)} max output tokens")
 
@@ -68,7 +81,8 @@ def _write(trace: Trace, out: str | None, fmt: str) -> None:
 def _make(args: argparse.Namespace) -> int:
     trace = make_trace(args.mix, args.requests, args.rate, arrival=args.arrival, burstiness=args.burstiness,
                        concurrency=args.concurrency, max_tokens=args.max_tokens, long_tokens=args.long_tokens,
-                       ignore_eos=args.ignore_eos, seed=args.seed, name=args.name)
+                       ignore_eos=args.ignore_eos, seed=args.seed, name=args.name, turns=args.turns,
+                       think_s=args.think_s, documents=args.documents)
     _write(trace, args.output, args.to)
     return 0
 
@@ -89,8 +103,15 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
 
     make = sub.add_parser("make", help="write a seeded trace: a prompt mix on an arrival process")
-    make.add_argument("--mix", choices=MIXES, default="mixed",
-                      help="short: chat questions; long: documents to summarise; mixed: every 4th long")
+    make.add_argument("--mix", "--kind", dest="mix", choices=MIXES, default="mixed",
+                      help="short: chat questions; long: documents to summarise; mixed: every 4th long; chat: "
+                           "multi-turn conversations (--rate: conversations per second); rag: several questions "
+                           "about each of a few documents")
+    make.add_argument("--turns", type=_positive_int, default=CHAT_TURNS, help="chat: turns per conversation")
+    make.add_argument("--think-s", type=_seconds, default=CHAT_THINK_S,
+                      help="chat: mean think time between an answer and the next turn (exponential)")
+    make.add_argument("--documents", type=_positive_int, default=RAG_DOCUMENTS,
+                      help="rag: documents asked about (each about --long-tokens)")
     make.add_argument("--requests", type=_positive_int, default=24)
     add_arrival_flags(make)
     make.add_argument("--max-tokens", type=_positive_int, default=None,

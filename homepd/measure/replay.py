@@ -1,6 +1,8 @@
 """Replaying an arrival trace on a running engine, and the run record that comes out of it.
 
 Each request is submitted at its arrival offset (real time) and drained; the
+turns of a conversation (a ``chat`` trace) are sent one after another, each
+its think time after the previous one ended; the
 lifecycles, the step log, the worker events and the sampler's memory/energy
 readings make a ``RunRecord``, from which every figure is derived
 (``homepd.measure.metrics``, ``homepd.measure.stalls``).
@@ -20,6 +22,7 @@ from homepd.errors import AdmissionRejected
 from homepd.hw.monitor import energy_by_source_j
 from homepd.measure.metrics import SLO, RunSummary, summarize
 from homepd.measure.stalls import Stall, attribute_stalls
+from homepd.measure.trace.model import conversations
 
 MAX_STALLS_KEPT = 50
 
@@ -91,8 +94,12 @@ async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> lis
 
     Open loop: each request is submitted at its arrival offset on ``clock`` (default: real time).  Closed
     loop (``trace.concurrency`` = N): N requests in flight, the next submitted as one finishes, in trace
-    order; arrival offsets are ignored.  Lifecycles keep the engine's clock (``time.monotonic``) whatever
-    ``clock`` is: it decides only when requests are sent.
+    order; arrival offsets are ignored.  A conversation's turns (``conversation``/``turn``) are one unit:
+    closed within it — its first turn at its offset (or when a lane takes it), each later turn its
+    ``think_s`` after the previous turn ended, with the history the trace gives it (answers at their trace
+    lengths) — and open across conversations (in a closed loop, N conversations in flight).  Lifecycles
+    keep the engine's clock (``time.monotonic``) whatever ``clock`` is: it decides only when requests are
+    sent.
     """
     clock = clock or MonotonicClock()
     requests = list(trace)
@@ -119,20 +126,27 @@ async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> lis
             on_done(stream)
         return stream.lifecycle
 
-    async def at_offset(i, req):
-        await clock.sleep_until(t0 + req.arrival_s)
-        return await one(i, req)
-
-    if not concurrency:
-        return list(await asyncio.gather(*(at_offset(i, r) for i, r in enumerate(requests))))
     lifecycles: list = [None] * len(requests)
-    pending = iter(range(len(requests)))  # why: one iterator shared by the lanes hands out each index once
 
-    async def lane():
-        for i in pending:
+    async def unit(indices: list[int], at_offset: bool):
+        for k, i in enumerate(indices):
+            if k:  # a later turn: its think time after the previous turn ended
+                await clock.sleep_until(clock.now() + getattr(requests[i], "think_s", 0.0))
+            elif at_offset:
+                await clock.sleep_until(t0 + requests[i].arrival_s)
             lifecycles[i] = await one(i, requests[i])
 
-    await asyncio.gather(*(lane() for _ in range(min(concurrency, len(requests)))))
+    units = conversations(requests)
+    if not concurrency:
+        await asyncio.gather(*(unit(u, True) for u in units))
+        return lifecycles
+    pending = iter(units)  # why: one iterator shared by the lanes hands out each unit once
+
+    async def lane():
+        for u in pending:
+            await unit(u, False)
+
+    await asyncio.gather(*(lane() for _ in range(min(concurrency, len(units)))))
     return lifecycles
 
 

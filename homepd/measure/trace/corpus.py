@@ -54,7 +54,12 @@ def passage(rng: random.Random, n_chars: int, head: str = "") -> str:
     one is too short."""
     docs = documents()
     d = rng.randrange(len(docs))
-    start = rng.randrange(len(docs[d].paragraphs))
+    return passage_of(d, rng.randrange(len(docs[d].paragraphs)), n_chars, head)
+
+
+def passage_of(d: int, start: int, n_chars: int, head: str = "") -> str:
+    """``passage`` from document ``d`` (an index into ``documents()``) at its paragraph ``start``."""
+    docs = documents()
     head = head.format(title=docs[d].title)
     paragraphs, used = [], len(head)
     for para in _paragraphs_from(docs, d, start):

@@ -17,6 +17,16 @@
 
 A raw-prompt request exports to ``vllm``/``sglang`` as one user turn; a chat of
 more than one user turn exports to ``vllm`` as its turns joined ("role: content").
+
+Shared prefixes: a ``rag`` trace exports to all three (its questions resend one
+passage; Mooncake's ``hash_ids`` show the sharing only for whole 512-token
+blocks, so a passage shorter than that shares no id).  A ``chat`` trace (turns
+that wait for the previous answer, then a think time) exports to ``vllm`` and
+``sglang``, which never carried arrival times: each turn is a record with its
+whole history, in order of its earliest send time, and those tools send them
+independently at their own rate.  Mooncake's timestamps are fixed arrival
+times, which a turn that depends on the previous one's end does not have: a
+chat trace is refused there (``TraceError``) rather than given made-up times.
 Importing ``vllm``/``sglang`` makes one-turn chats and draws arrivals from the
 given process and seed.
 """
@@ -42,6 +52,10 @@ _BLOCK_CHARS = round(MOONCAKE_BLOCK_TOKENS * CHARS_PER_TOKEN)
 
 def export_records(trace: Trace, fmt: str) -> list[dict]:
     """``trace`` as the records (one per request) of a foreign format."""
+    if fmt == "mooncake" and any(r.conversation is not None for r in trace):
+        raise TraceError("a chat trace cannot be exported to mooncake: its timestamps are fixed arrival times, "
+                         "and a conversation's turn is sent a think time after the previous answer ends; export "
+                         "it --to vllm or --to sglang (each turn with its history), or replay it with homepd run")
     if fmt == "mooncake":
         return to_mooncake(trace)
     if fmt == "vllm":
@@ -177,8 +191,11 @@ def replay_hint(trace: Trace, fmt: str, path: str) -> str:
     """How to replay an exported file on vLLM / SGLang / AIPerf, with what the export could not carry."""
     n, g = len(trace), trace.generator
     span = max(r.arrival_s for r in trace)
-    rate = g.get("rate_per_s") or (f"{(n - 1) / span:.3g}" if span > 0 else "inf")  # else the observed mean
+    is_chat = any(r.conversation is not None for r in trace)  # its rate_per_s counts conversations, not requests
+    rate = (not is_chat and g.get("rate_per_s")) or (f"{(n - 1) / span:.3g}" if span > 0 else "inf")  # else the mean
     eos = all(r.ignore_eos for r in trace)
+    chat = ("\n(a chat trace: the tool sends each turn, history included, on its own schedule, not a think time "
+            "after the previous answer)" if is_chat else "")
     if fmt == "vllm":
         load = (f"--max-concurrency {trace.concurrency} --request-rate inf" if trace.concurrency
                 else f"--request-rate {rate} --burstiness {g.get('burstiness', 1.0)} --seed {trace.seed or 0}")
@@ -186,13 +203,13 @@ def replay_hint(trace: Trace, fmt: str, path: str) -> str:
         return (f"vllm bench serve --model MODEL --dataset-name custom --dataset-path {path} "
                 f"--custom-output-len -1 --num-prompts {n} {load}{' --ignore-eos' if eos else ''}"
                 f"{' --skip-chat-template' if raw else ''}\n"
-                "(vLLM draws its own arrival times from the same process; they are not the trace's)")
+                f"(vLLM draws its own arrival times from the same process; they are not the trace's){chat}")
     if fmt == "sglang":
         load = (f"--max-concurrency {trace.concurrency}" if trace.concurrency else f"--request-rate {rate}")
         note = "" if g.get("arrival", "poisson") == "poisson" else (
             "; SGLang's --request-rate is Poisson: for the trace's own times export --to mooncake")
         return (f"python -m sglang.bench_serving --backend sglang --dataset-name openai --dataset-path {path} "
-                f"--num-prompts {n} {load}\n(SGLang draws its own arrival times{note})")
+                f"--num-prompts {n} {load}\n(SGLang draws its own arrival times{note}){chat}")
     if fmt == "mooncake":
         return (f"aiperf profile --custom-dataset-type mooncake_trace --input-file {path} ...\n"
                 f"python -m sglang.bench_serving --dataset-name mooncake --dataset-path {path} --num-prompts {n} "

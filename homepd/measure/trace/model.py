@@ -11,6 +11,12 @@ with those trace fields, then one request per line with exactly the
      "kind": "short", "request_class": "interactive", "ignore_eos": true}
     {"arrival_s": 0.41, "prompt": "raw text, no chat template", "max_tokens": 128}
 
+A multi-turn chat (``kind`` "chat") adds ``conversation`` (its id), ``turn``
+(0, 1, ...) and ``think_s``: a later turn's messages are the previous turn's
+plus that turn's answer and the new question, and the replay sends it
+``think_s`` after the previous turn ended (its ``arrival_s`` is the earliest
+it could be sent: the previous turn's arrival plus ``think_s``).
+
 Every bad line is refused with an error naming the file, the line and the field.
 """
 from __future__ import annotations
@@ -24,9 +30,9 @@ from typing import Iterable, Iterator
 from homepd.errors import ConfigError
 
 FORMAT_VERSION = 1
-KINDS = ("short", "long")
+KINDS = ("short", "long", "chat", "rag")
 REQUEST_CLASSES = ("interactive", "background")
-CLASS_OF_KIND = {"short": "interactive", "long": "background"}
+CLASS_OF_KIND = {"short": "interactive", "long": "background", "chat": "interactive", "rag": "interactive"}
 # why: SmolLM2's tokenizer gives 4.7-4.9 characters per token on the shipped
 # corpus (English prose); GPT-style tokenizers give about 4.  Used wherever a
 # token count must be guessed without a tokenizer (long prompts, imports).
@@ -60,6 +66,9 @@ class TraceRequest:
     kind: str = "short"                               # "short" | "long"
     request_class: str = "interactive"                # "interactive" | "background"
     ignore_eos: bool = False                          # generate exactly max_tokens (benchmarks)
+    conversation: int | None = None                   # chat: the conversation this turn belongs to
+    turn: int = 0                                     # chat: its index in the conversation
+    think_s: float = 0.0                              # chat, turn > 0: sent this long after the previous turn ended
 
     def __post_init__(self):
         if self.messages is not None and not isinstance(self.messages, tuple):
@@ -81,6 +90,8 @@ class TraceRequest:
             out["messages"] = [dict(m) for m in self.messages]
         out.update(max_tokens=self.max_tokens, kind=self.kind, request_class=self.request_class,
                    ignore_eos=self.ignore_eos)
+        if self.conversation is not None:
+            out.update(conversation=self.conversation, turn=self.turn, think_s=self.think_s)
         return out
 
     @classmethod
@@ -110,10 +121,12 @@ class TraceRequest:
                    messages=None if messages is None else tuple(dict(m) for m in messages),
                    max_tokens=d["max_tokens"], kind=kind,
                    request_class=d.get("request_class", CLASS_OF_KIND.get(kind, "interactive")),
-                   ignore_eos=d.get("ignore_eos", False))
+                   ignore_eos=d.get("ignore_eos", False), conversation=d.get("conversation"),
+                   turn=d.get("turn", 0), think_s=d.get("think_s", 0.0))
 
 
-_FIELDS = {"arrival_s", "prompt", "messages", "max_tokens", "kind", "request_class", "ignore_eos"}
+_FIELDS = {"arrival_s", "prompt", "messages", "max_tokens", "kind", "request_class", "ignore_eos", "conversation",
+           "turn", "think_s"}
 
 
 def _check_request(r: TraceRequest) -> None:
@@ -134,6 +147,14 @@ def _check_request(r: TraceRequest) -> None:
                          field="request_class")
     if not isinstance(r.ignore_eos, bool):
         raise TraceError(f"must be true or false, got {r.ignore_eos!r}", field="ignore_eos")
+    if r.conversation is not None and not _is_count(r.conversation):
+        raise TraceError(f"must be an integer >= 0 or absent, got {r.conversation!r}", field="conversation")
+    if not _is_count(r.turn) or (r.turn and r.conversation is None):
+        raise TraceError(f"must be an integer >= 0, and 0 outside a conversation, got {r.turn!r}", field="turn")
+    if not _is_number(r.think_s) or not math.isfinite(r.think_s) or r.think_s < 0:
+        raise TraceError(f"must be a finite number >= 0, got {r.think_s!r}", field="think_s")
+    if r.conversation is not None and r.messages is None:
+        raise TraceError("a conversation's turn must be a chat ('messages')", field="conversation")
 
 
 def _check_messages(messages) -> None:
@@ -148,6 +169,41 @@ def _check_messages(messages) -> None:
 
 def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def check_conversations(requests: tuple[TraceRequest, ...]) -> None:
+    """Every conversation's turns come in order 0, 1, ... and each resends the previous turn's messages, then
+    that turn's answer (an assistant message) and at least one new message; raises ``TraceError`` naming it."""
+    last: dict[int, TraceRequest] = {}
+    for r in requests:
+        if r.conversation is None:
+            continue
+        prev = last.get(r.conversation)
+        expected = 0 if prev is None else prev.turn + 1
+        if r.turn != expected:
+            raise TraceError(f"conversation {r.conversation}: turn {r.turn} where turn {expected} was due "
+                             "(a conversation's turns are listed in order)", field="turn")
+        if prev is not None:
+            n = len(prev.messages)
+            if r.messages[:n] != prev.messages or len(r.messages) < n + 2 or r.messages[n]["role"] != "assistant":
+                raise TraceError(f"conversation {r.conversation}: turn {r.turn} does not resend turn {prev.turn}'s "
+                                 "messages followed by its answer (an assistant message) and a new message",
+                                 field="messages")
+        last[r.conversation] = r
+
+
+def conversations(requests) -> list[list[int]]:
+    """The replay units of ``requests``, by index in trace order of their first request: each conversation's turns
+    in order, and every request outside a conversation alone."""
+    units: dict[object, list[int]] = {}
+    for i, r in enumerate(requests):
+        conv = getattr(r, "conversation", None)
+        units.setdefault(("c", conv) if conv is not None else ("r", i), []).append(i)
+    return list(units.values())
 
 
 @dataclass(frozen=True)
@@ -167,6 +223,7 @@ class Trace:
 
     def __post_init__(self):
         object.__setattr__(self, "requests", tuple(self.requests))
+        check_conversations(self.requests)
         if self.concurrency is not None and (not isinstance(self.concurrency, int)
                                              or isinstance(self.concurrency, bool) or self.concurrency < 1):
             raise TraceError(f"must be an integer >= 1 or null, got {self.concurrency!r}", field="concurrency")
