@@ -166,10 +166,21 @@ class RunSummary:
     n_rejected: int = 0
     n_deferred: int = 0
     interactive_itl_ms: Dist | None = None
+    n_cached_prompt_tokens: int = 0  # of n_prompt_tokens, those reused from a cached prefix (not computed)
 
     @property
     def slo_attainment(self) -> float | None:
         return self.n_slo_met / self.n_requests if self.n_requests else None
+
+    @property
+    def n_computed_prompt_tokens(self) -> int:
+        """Prompt tokens of finished requests that were prefilled (not reused from a cached prefix)."""
+        return self.n_prompt_tokens - self.n_cached_prompt_tokens
+
+    @property
+    def cached_prompt_share(self) -> float | None:
+        """Share of the finished requests' prompt tokens reused from a cached prefix (None: no prompt tokens)."""
+        return self.n_cached_prompt_tokens / self.n_prompt_tokens if self.n_prompt_tokens else None
 
 
 def summarize(records: list[Lifecycle], steps: list[StepRecord], slo: SLO | None = None) -> RunSummary:
@@ -214,4 +225,5 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord], slo: SLO | None
         n_rejected=sum(r.admission == "reject" for r in records),
         n_deferred=sum(r.admission == "defer" for r in records),
         interactive_itl_ms=Dist.of([x * 1e3 for r in done if r.request_class == RequestClass.INTERACTIVE
-                                    for x in r.itl_s]))
+                                    for x in r.itl_s]),
+        n_cached_prompt_tokens=sum(r.n_cached_tokens for r in done))

@@ -66,6 +66,8 @@ class RunRecord:
                                                      "arena_peak_bytes", "arena_peak_kv_bytes")})
         out["memory_breakdown"] = self.memory_breakdown.to_dict() if self.memory_breakdown else None
         out["summary"]["slo_attainment"] = self.summary.slo_attainment
+        out["summary"]["n_computed_prompt_tokens"] = self.summary.n_computed_prompt_tokens
+        out["summary"]["cached_prompt_share"] = self.summary.cached_prompt_share
         out["total_pss_bytes"] = self.total_pss_bytes
         out["requests"] = [r.to_dict() for r in self.requests]
         return out

@@ -35,12 +35,21 @@ def dist_line(name: str, d: Dist, spec: str = ".0f") -> str:
             f"p99 {fmt(d.p99, spec):>7}  max {fmt(d.max, spec):>7} ms")
 
 
+def prompt_reuse_line(s) -> str:
+    """'prompt tokens: 900 computed, 2100 reused from cached prefixes (70%)' (finished requests)."""
+    share = s.cached_prompt_share
+    return (f"prompt tokens: {s.n_computed_prompt_tokens} computed, {s.n_cached_prompt_tokens} reused from cached "
+            f"prefixes ({fmt(share and share * 100)}%)")
+
+
 def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int = 5) -> str:
     """The ``homepd run`` report: per request, then run figures, stalls, worker events, memory, energy."""
-    out = [f"{'request':<16}{'kind':<7}{'prompt':>7}{'out':>5}{'queue ms':>10}{'TTFT ms':>9}{'TPOT ms':>9}  finish"]
+    out = [f"{'request':<16}{'kind':<7}{'prompt':>7}{'reused':>7}{'out':>5}{'queue ms':>10}{'TTFT ms':>9}"
+           f"{'TPOT ms':>9}  finish"]
     for i, r in enumerate(record.requests):
         kind = kinds[i] if kinds and i < len(kinds) else ""
-        out.append(f"{r.request_id[-16:]:<16}{kind:<7}{r.n_prompt_tokens:>7}{len(r.token_times_s):>5}"
+        out.append(f"{r.request_id[-16:]:<16}{kind:<7}{r.n_prompt_tokens:>7}{r.n_cached_tokens:>7}"
+                   f"{len(r.token_times_s):>5}"
                    f"{fmt(r.queue_wait_s and r.queue_wait_s * 1e3):>10}{fmt(r.ttft_s and r.ttft_s * 1e3):>9}"
                    f"{fmt(r.tpot_s and r.tpot_s * 1e3, '.1f'):>9}  {r.finish_reason or r.state.value}"
                    f"{' ' + r.error if r.error else ''}")
@@ -50,7 +59,8 @@ def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int 
                 f"tok/s, {fmt(s.request_per_s, '.2f')} req/s",
             dist_line("TTFT", s.ttft_ms), dist_line("TPOT", s.tpot_ms, ".1f"), dist_line("ITL", s.itl_ms, ".1f"),
             dist_line("E2E", s.e2e_ms), dist_line("queue", s.queue_ms),
-            f"goodput {fmt(s.goodput_per_s, '.2f')} req/s: {s.n_slo_met}/{s.n_requests} met {s.slo.describe()}"]
+            f"goodput {fmt(s.goodput_per_s, '.2f')} req/s: {s.n_slo_met}/{s.n_requests} met {s.slo.describe()}",
+            prompt_reuse_line(s)]
     inter = s.interference
     out.append(f"steps {s.n_steps}, at most {s.max_prompt_tokens_per_step} prompt tokens in one step; "
                f"interference: decode step alone {fmt(inter.decode_only_ms, '.1f')} ms "
