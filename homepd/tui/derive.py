@@ -16,7 +16,7 @@ from homepd.core.lifecycle import RequestTimings
 from homepd.core.records import AdmissionSnapshot, EngineSnapshot, WorkerEvent, WorkerEventKind
 from homepd.measure.metrics import interference
 from homepd.measure.stalls import Stall
-from homepd.tui.records import (ArchitectureView, ArenaView, ChartPoint, ChatStats, GpuView, HardwareView,
+from homepd.tui.records import (ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats, GpuView, HardwareView,
                                 ProcessView, RequestRow, WorkerView)
 
 MB = 1e6
@@ -87,7 +87,15 @@ def architecture_view(snap: EngineSnapshot, kv_mb_s: float | None = None, note: 
         mode=snap.mode, model=os.path.basename(snap.model or "?"), chunk=snap.chunk, n_ctx=snap.n_ctx,
         workers=workers, by_state={state: len(ids) for state, ids in snap.requests.items()}, kv_arena=arena,
         kv_mb_s=kv_mb_s, events=tuple(_event_text(e) for e in snap.worker_events[-3:]), note=note,
-        **admission_lines(snap.admission))
+        caches=cache_views(snap.cache), **admission_lines(snap.admission))
+
+
+def cache_views(stats_by_worker: dict) -> tuple[CacheView, ...]:
+    """Each worker's prefix cache (``EngineSnapshot.cache``), by worker name."""
+    return tuple(CacheView(worker=name, hit_ratio=c.hit_ratio, n_hit_tokens=c.n_hit_tokens,
+                           n_lookup_tokens=c.n_lookup_tokens, cached_bytes=c.cached_bytes, store_bytes=c.store_bytes,
+                           n_store_entries=c.n_store_entries, mode=c.mode)
+                 for name, c in sorted(stats_by_worker.items()))
 
 
 def admission_lines(adm: AdmissionSnapshot | None) -> dict:
@@ -182,7 +190,7 @@ def chat_stats(timings: RequestTimings | None, mode: str, finish_reason: str | N
     return ChatStats(
         mode=mode, ttft_ms=_ms(timings.ttft_s), tpot_ms=_ms(timings.tpot_s), n_prompt_tokens=timings.n_prompt_tokens,
         n_output_tokens=timings.n_output_tokens, finish_reason=finish_reason, kv_bytes=timings.kv_bytes,
-        kv_transfer_ms=_ms(timings.kv_transfer_s), error=error)
+        kv_transfer_ms=_ms(timings.kv_transfer_s), error=error, n_cached_tokens=timings.n_cached_tokens)
 
 
 def _ms(seconds: float | None) -> float | None:

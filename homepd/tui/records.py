@@ -76,6 +76,19 @@ class ArenaView:
 
 
 @dataclass(frozen=True)
+class CacheView:
+    """One worker's prefix cache (``PrefixCacheStats``): how much of the prompts it served, what it holds."""
+    worker: str
+    hit_ratio: float | None        # reused / looked-up prompt tokens since the worker started (None: none yet)
+    n_hit_tokens: int
+    n_lookup_tokens: int
+    cached_bytes: int              # KV the cached prefixes hold in the worker's context
+    store_bytes: int = 0           # ... and in the host-memory KV store
+    n_store_entries: int = 0
+    mode: str = "prefix"           # what llama.cpp allows for this cache type: off, prefix, exact
+
+
+@dataclass(frozen=True)
 class ArchitectureView:
     mode: str                      # colocated | disaggregated | replicas
     model: str
@@ -89,6 +102,7 @@ class ArchitectureView:
     note: str = ""                 # e.g. "remote: http://127.0.0.1:8439 (ready)"
     classes: tuple[str, ...] = ()  # two queues: one line per request class (queued, decisions, budgets)
     budgets: str = ""              # chosen prompt budget per worker, TTFT prediction error, routing
+    caches: tuple[CacheView, ...] = ()  # the workers that have a prefix cache
 
     @property
     def n_waiting(self) -> int:
@@ -147,6 +161,7 @@ class ChatStats:
     kv_bytes: int | None = None
     kv_transfer_ms: float | None = None
     error: str | None = None
+    n_cached_tokens: int | None = None  # prompt tokens reused from a cached prefix (None: not reported)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,10 @@ async def test_chat_streams_replies_keeps_the_conversation_and_shows_the_figures
         await settle(app, pilot)
         turns = [str(s.render()) for s in app.screen.query("#chat-log Static")]
         assert len(turns) == 2
-        assert "You said: hello." in turns[0] and "TTFT 120 ms · TPOT 35.0 ms · colocated" in turns[0]
+        assert "You said: hello." in turns[0] and "TTFT 120 ms (0/30 prompt tok cached) · TPOT 35.0 ms · colocated" \
+            in turns[0]
+        # the second turn resends the first: its reply shows the reused prefix beside its TTFT
+        assert "TTFT 120 ms (30/50 prompt tok cached)" in turns[1]
         assert seen[1] == [{"role": "user", "content": "hello"},
                            {"role": "assistant", "content": "You said: hello. This is turn 1."},
                            {"role": "user", "content": "again"}]

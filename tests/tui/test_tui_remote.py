@@ -9,6 +9,7 @@ import pytest
 
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.protocol import PrefixCacheStats
 from homepd.core.records import EngineSnapshot, WorkerSnapshot
 from homepd.errors import HomepdError
 from homepd.tui.sources.remote import RemoteSource, find_service, iter_sse, service_address
@@ -19,8 +20,10 @@ KEY = "secret-key-123"
 
 def engine_json() -> dict:
     w = WorkerSnapshot("colocated", 42, True, True, 0, 2, (0, 1), "", 0, ("r1",), 0)
+    cache = PrefixCacheStats(n_lookups=3, n_hits=2, n_lookup_tokens=90, n_hit_tokens=60, cached_bytes=3 << 20,
+                             mode="prefix")
     return EngineSnapshot("colocated", "/m/smollm2.gguf", 4096, 256, (w,), None, {"decoding": ("r1",)}, 5,
-                          ()).to_dict()
+                          (), cache={"colocated": cache}).to_dict()
 
 
 def status() -> dict:
@@ -28,9 +31,10 @@ def status() -> dict:
             "admission": {"in_flight": 1, "capacity": 24}, "engine": engine_json(), "recent_requests": []}
 
 
-def finished(request_id: str, ttft_s: float, n_tokens: int) -> Lifecycle:
+def finished(request_id: str, ttft_s: float, n_tokens: int, n_cached: int = 0) -> Lifecycle:
     """A request that ended: first token ``ttft_s`` after arrival, then one every 50 ms."""
     lc = Lifecycle(request_id, arrived_s=100.0, n_prompt_tokens=9)
+    lc.n_cached_tokens = n_cached
     lc.advance(RequestState.PREFILLING, 100.0)
     lc.advance(RequestState.DECODING, 100.0 + ttft_s)
     for k in range(n_tokens):
@@ -72,7 +76,7 @@ def service(request: httpx.Request) -> httpx.Response:
             (None, chunk({"delta": {"content": "Hel"}, "finish_reason": None})),
             (None, chunk({"delta": {"content": "lo"}, "finish_reason": None})),
             (None, chunk({"delta": {}, "finish_reason": "stop"},  # homepd serve's homepd object
-                         homepd={"mode": "colocated", **finished("chatcmpl-2", 0.12, 2).timings().to_dict()})),
+                         homepd={"mode": "colocated", **finished("chatcmpl-2", 0.12, 2, n_cached=6).timings().to_dict()})),
             (None, "[DONE]")), headers={"content-type": "text/event-stream"})
     return httpx.Response(404)
 
@@ -95,6 +99,8 @@ def test_the_dashboard_follows_the_status_and_event_stream():
         tick = source.tick()
         assert tick.architecture.mode == "colocated" and tick.architecture.n_running == 1
         assert tick.architecture.note == "service ready; admitted 1/24"
+        (cache,) = tick.architecture.caches  # /status's typed cache stats, per worker
+        assert (cache.worker, cache.hit_ratio, cache.cached_bytes) == ("colocated", pytest.approx(2 / 3), 3 << 20)
         assert [r.request_id for r in tick.requests] == ["chatcmpl-1"] and tick.requests[0].ttft_ms == pytest.approx(300.0)
         assert tick.point.ttft_ms == pytest.approx(300.0) and tick.point.interference is None   # no step log over HTTP
         assert "remote: homepd serve at http://homepd.test (ready, live)" == tick.status
@@ -112,6 +118,7 @@ def test_a_chat_turn_streams_and_carries_the_service_timings():
         assert (stats.ttft_ms, round(stats.tpot_ms), stats.mode, stats.finish_reason) == \
             (pytest.approx(120.0), 50, "colocated", "stop")
         assert (stats.n_prompt_tokens, stats.n_output_tokens, stats.kv_bytes) == (9, 2, None)
+        assert stats.n_cached_tokens == 6  # from the reply's homepd object
     finally:
         source.stop()
 

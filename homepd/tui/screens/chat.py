@@ -17,7 +17,10 @@ from homepd.tui.widgets.text import num, size
 def stats_text(stats: ChatStats) -> Text:
     """The line under a reply."""
     ended = f" ({stats.finish_reason})" if stats.finish_reason not in (None, "stop") else ""
-    parts = [f"TTFT {num(stats.ttft_ms)} ms", f"TPOT {num(stats.tpot_ms, '.1f')} ms", stats.mode,
+    ttft = f"TTFT {num(stats.ttft_ms)} ms"
+    if stats.n_cached_tokens is not None:  # the prefix reused for it: what the TTFT did not have to compute
+        ttft += f" ({stats.n_cached_tokens}/{stats.n_prompt_tokens or '?'} prompt tok cached)"
+    parts = [ttft, f"TPOT {num(stats.tpot_ms, '.1f')} ms", stats.mode,
              f"{stats.n_output_tokens} tok{ended}"]
     if stats.kv_bytes is not None:
         parts.append(f"KV {size(stats.kv_bytes)}/{num(stats.kv_transfer_ms, '.1f')} ms")

@@ -11,7 +11,7 @@ import threading
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
 from homepd.tui.evidence import recommendation_view
-from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, ChartPoint, ChatStats,
+from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
                                 EvidenceRow, HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
 
@@ -98,16 +98,17 @@ class FakeSource(DataSource):
                                    150 * MIB)))
         if colocated:
             workers = (WorkerView(Role.COLOCATED, 101, True, True, 0, 2, "0-1", "", 2, 1),)
-            kv: dict = {}
+            kv: dict = {"caches": (CacheView(Role.COLOCATED, 0.62, 744, 1200, 7 * MIB // 2, 12 * MIB, 4),)}
         else:
             workers = (WorkerView(Role.PREFILL, 101, True, True, 0, 1, "0", "", 1, 0),
                        WorkerView(Role.DECODE, 102, True, True, 1, 1, "1", "", 2, 0))
             # why this shape: the arena as the engine reports it, one segment with two extents in transit
             kv = dict(kv_arena=ArenaView(91 * MIB, 2 * 3 * MIB, {"WRITING": 1, "READY": 1, "READING": 0},
-                                         self.config.n_slots), kv_mb_s=3.2)
+                                         self.config.n_slots), kv_mb_s=3.2,
+                      caches=(CacheView(Role.DECODE, 0.4, 480, 1200, 2 * MIB, mode="exact"),))
         arch = ArchitectureView(self.mode, "fake.gguf", 256 if colocated else None, 4096, workers,
                                 {"waiting": 1, "prefilling": 1, "decoding": 2}, **kv,
-                                events=("decode worker restarted after 1.2 s",) if kv else ())
+                                events=("decode worker restarted after 1.2 s",) if "kv_arena" in kv else ())
         rows = (RequestRow(f"req-{i}", "finished", 40 + 30 * wave, 24, 180.0 + 40 * wave, 36.0 + wave, 48.0 + wave * 9,
                            stall=f"{300 + 20 * wave} ms ← req-{i - 1} (256 tok, same step)"
                            if wave > 6 else ""),)
@@ -122,7 +123,10 @@ class FakeSource(DataSource):
         for k, word in enumerate(words):
             on_text(word if k == 0 else " " + word)
         kv = {} if self.mode is Mode.COLOCATED else {"kv_bytes": 3_200_000, "kv_transfer_ms": 4.1}
-        return ChatStats(self.mode, 120.0, 35.0, 20 + 10 * len(messages), len(words), "stop", **kv)
+        # why: a later turn resends the history; the fake reuses the previous turn's prompt as its prefix
+        cached = 0 if len(messages) < 3 else 20 + 10 * (len(messages) - 2)
+        return ChatStats(self.mode, 120.0, 35.0, 20 + 10 * len(messages), len(words), "stop", **kv,
+                         n_cached_tokens=cached)
 
     def background_prompt(self) -> ChatStats:
         self._wait("background")

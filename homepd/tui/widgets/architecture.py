@@ -5,7 +5,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from homepd.core.modes import Mode, Role
-from homepd.tui.records import ArchitectureView, WorkerView
+from homepd.tui.records import ArchitectureView, CacheView, WorkerView
 from homepd.tui.widgets.text import num, size
 
 EXTENT_CELLS = (("WRITING", "W", "yellow"), ("READY", "R", "green"), ("READING", "r", "cyan"))
@@ -59,6 +59,20 @@ def _colocated(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
     return lines + [Text(f"  step: ≤{view.chunk or 'all'} prompt tok + 1/stream", style="dim")]
 
 
+def _cache_line(c: CacheView) -> Text:
+    """'cache colocated: hit 62% (740/1200 tok) · 3.5 MiB cached · store 12 MiB/4' (what the cache type allows
+    when it is not any prefix)."""
+    if c.mode == "off":
+        return Text(f"cache {c.worker}: off (this model's KV cache cannot share a prefix)", style="dim")
+    hit = f"hit {num(c.hit_ratio and c.hit_ratio * 100, '.0f')}% ({c.n_hit_tokens}/{c.n_lookup_tokens} tok)"
+    parts = [hit, f"{size(c.cached_bytes)} cached"]
+    if c.store_bytes or c.n_store_entries:
+        parts.append(f"store {size(c.store_bytes)}/{c.n_store_entries}")
+    if c.mode != "prefix":
+        parts.append(f"{c.mode} prefixes only")
+    return Text.assemble((f"cache {c.worker}: ", "green"), " · ".join(parts))
+
+
 # mode -> its panel's worker lines, and whether its head names the chunk
 PANELS = {Mode.DISAGGREGATED: (_disaggregated, False), Mode.REPLICAS: (_replicas, True)}
 
@@ -74,6 +88,7 @@ def render_architecture(view: ArchitectureView | None) -> Text:
         lines.append(Text(view.note, style="dim"))
     lines.append(Text(f"queue: waiting {view.n_waiting} → running {view.n_running}"))
     lines += body(view, s)
+    lines += [_cache_line(c) for c in view.caches]
     for line in view.classes:
         lines.append(Text(line, style="cyan"))
     if view.budgets:
