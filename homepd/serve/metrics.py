@@ -216,6 +216,12 @@ def prefix_cache_metrics(stats_by_worker: dict):
         if stats.hit_ratio is not None:
             ratio.add_metric([worker], stats.hit_ratio)
     yield ratio
+    mode = GaugeMetricFamily("homepd_prefix_cache_mode", "1 for what llama.cpp allows this worker's KV cache type: "
+                             "off, prefix (any prefix reused) or exact (only whole cached sequences)",
+                             labels=["worker", "mode"])
+    for worker, stats in workers:
+        mode.add_metric([worker, stats.mode], 1.0)
+    yield mode
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -67,7 +67,10 @@ def test_prefix_cache_series_per_worker_and_the_hit_ratio_only_after_a_lookup():
                                            mode="prefix"),
              "replica-0": PrefixCacheStats(mode="exact")}
     families = exposition(stats)
-    values = {(f.name, s.labels["worker"]): s.value for f in families.values() for s in f.samples}
+    values = {(f.name, s.labels["worker"]): s.value for f in families.values() for s in f.samples
+              if f.name != "homepd_prefix_cache_mode"}
+    assert {(s.labels["worker"], s.labels["mode"]) for s in families["homepd_prefix_cache_mode"].samples} == \
+        {("replica-0", "exact"), ("replica-1", "prefix")}
     assert values[("homepd_prefix_cache_hit_tokens", "replica-1")] == 750
     assert values[("homepd_prefix_cache_evictions", "replica-1")] == 2
     assert values[("homepd_kv_store_bytes", "replica-1")] == 30 << 20
