@@ -22,7 +22,7 @@ from homepd.errors import AdmissionRejected
 from homepd.hw.monitor import energy_by_source_j
 from homepd.measure.metrics import SLO, RunSummary, summarize
 from homepd.measure.stalls import Stall, attribute_stalls
-from homepd.measure.trace.model import conversations
+from homepd.measure.trace.conversations import conversations
 
 MAX_STALLS_KEPT = 50
 

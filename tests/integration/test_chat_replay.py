@@ -28,6 +28,6 @@ def test_a_chat_turn_is_sent_its_think_time_after_the_previous_turn_ended():
             assert lc.n_prompt_tokens > prev.n_prompt_tokens  # the history grew
     # open across conversations: the second (offset 7.5 ms) starts before the first has ended (two think times)
     assert by_conv[1][0][1].arrived_s < by_conv[0][-1][1].ended_s
-    assert by_conv[1][0][1].arrived_s - by_conv[0][0][1].arrived_s < 0.1
+    assert by_conv[1][0][1].arrived_s - by_conv[0][0][1].arrived_s < 0.25
     s = record.summary
     assert s.n_finished == 6 and s.n_cached_prompt_tokens == sum(lc.n_prompt_tokens // 2 for lc in lifecycles)

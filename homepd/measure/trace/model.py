@@ -175,37 +175,6 @@ def _is_count(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def check_conversations(requests: tuple[TraceRequest, ...]) -> None:
-    """Every conversation's turns come in order 0, 1, ... and each resends the previous turn's messages, then
-    that turn's answer (an assistant message) and at least one new message; raises ``TraceError`` naming it."""
-    last: dict[int, TraceRequest] = {}
-    for r in requests:
-        if r.conversation is None:
-            continue
-        prev = last.get(r.conversation)
-        expected = 0 if prev is None else prev.turn + 1
-        if r.turn != expected:
-            raise TraceError(f"conversation {r.conversation}: turn {r.turn} where turn {expected} was due "
-                             "(a conversation's turns are listed in order)", field="turn")
-        if prev is not None:
-            n = len(prev.messages)
-            if r.messages[:n] != prev.messages or len(r.messages) < n + 2 or r.messages[n]["role"] != "assistant":
-                raise TraceError(f"conversation {r.conversation}: turn {r.turn} does not resend turn {prev.turn}'s "
-                                 "messages followed by its answer (an assistant message) and a new message",
-                                 field="messages")
-        last[r.conversation] = r
-
-
-def conversations(requests) -> list[list[int]]:
-    """The replay units of ``requests``, by index in trace order of their first request: each conversation's turns
-    in order, and every request outside a conversation alone."""
-    units: dict[object, list[int]] = {}
-    for i, r in enumerate(requests):
-        conv = getattr(r, "conversation", None)
-        units.setdefault(("c", conv) if conv is not None else ("r", i), []).append(i)
-    return list(units.values())
-
-
 @dataclass(frozen=True)
 class Trace:
     """Requests in replay order, and how to replay them.
@@ -223,6 +192,8 @@ class Trace:
 
     def __post_init__(self):
         object.__setattr__(self, "requests", tuple(self.requests))
+        from homepd.measure.trace.conversations import check_conversations  # why here: it imports this module
+
         check_conversations(self.requests)
         if self.concurrency is not None and (not isinstance(self.concurrency, int)
                                              or isinstance(self.concurrency, bool) or self.concurrency < 1):
