@@ -79,16 +79,20 @@ def _advise(args) -> int:
         result = asyncio.run(campaign.run())
     print(file=sys.stderr)
     path = _write_result_file(result)
+    images = _write_images(result, path)
     if args.json:
         print(json.dumps(result_dict(result)))
     else:
         print(render_result(result))
         print(f"result file: {path}")
+    if images:
+        print("pictures: " + ", ".join(str(p) for p in images), file=sys.stderr)
     return 0
 
 
 def result_dict(result) -> dict:
     """The whole advise result as JSON-ready data (the result file's content)."""
+    from homepd.advise.images import projections_plain
     from homepd.advise.render import evidence_rows
 
     return {
@@ -99,6 +103,7 @@ def result_dict(result) -> dict:
         "runs": [{"candidate": c, "mix": m, "repeat": r, "record": rec.to_dict()}
                  for (c, m, r), rec in result.records.items()],
         "recovery": {mode: rec.to_dict() for mode, rec in result.recovery.items()},
+        "projected_two_box": projections_plain(result),
     }
 
 
@@ -112,6 +117,17 @@ def _write_result_file(result) -> Path:
     tmp.write_text(json.dumps(result_dict(result), indent=1))
     os.replace(tmp, path)
     return path
+
+
+def _write_images(result, json_path: Path) -> list[Path]:
+    """The pictures next to the result file; a drawing failure is reported, the JSON result stays."""
+    from homepd.advise.images import write_result_images
+
+    try:
+        return write_result_images(result, json_path)
+    except Exception as exc:  # why: the result is written already; a plot problem must not turn it into a failure
+        print(f"homepd advise: could not draw the pictures: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
 
 
 def _apply(args) -> int:

@@ -145,7 +145,16 @@ def render_result(result: AdviseResult) -> str:
                      f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")
     if result.recovery:
         parts += ["recovery (a worker killed mid-run on the mixed trace):", render_recovery(result)]
+    parts += _two_boxes(result)
     parts += ["", render_recommendation(result.recommendation),
               f"campaign wall time {result.wall_s:.0f} s" + (f"; stored as run {result.run_id}" if result.run_id else ""),
               "nothing was changed: `homepd advise apply` writes this configuration for `homepd serve`"]
     return "\n".join(parts)
+
+
+def _two_boxes(result: AdviseResult) -> list[str]:
+    from homepd.advise.images import result_projections
+    from homepd.advise.twobox import render_projection
+
+    text = render_projection(list(result_projections(result)))
+    return [text] if text else []

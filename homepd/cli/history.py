@@ -33,6 +33,10 @@ def register(subparsers) -> None:
     show = actions.add_parser("show", help="one run with its evidence table and recommendation")
     show.add_argument("run", metavar="RUN", help="a run id, or 'last'")
     show.add_argument("--json", action="store_true", help="the run as JSON (without request timelines)")
+    show.add_argument("--plot", action="store_true", help="also write its pictures (capacity curves, latency "
+                                                          "distributions, the two-box projection) as SVG and PNG")
+    show.add_argument("--out", metavar="FILE", default=None,
+                      help="with --plot: where (FILE.svg and FILE.png; default: next to the advise result files)")
     show.set_defaults(func=show_command)
     export = actions.add_parser("export", help="one run as JSON, request timelines and sampled steps included")
     export.add_argument("run", metavar="RUN", help="a run id, or 'last'")
@@ -70,11 +74,38 @@ def list_command(args: argparse.Namespace) -> int:
 
 def show_command(args: argparse.Namespace) -> int:
     """``homepd history show RUN``."""
+    if args.out is not None and not args.plot:
+        raise HomepdError("--out names where --plot writes the pictures: add --plot")
     store, _ = _open(args, args.run)
     with store:
-        run = store.get_run(store.resolve_run(args.run), timelines=False)
+        run = store.get_run(store.resolve_run(args.run), timelines=args.plot)
+    if args.plot:
+        paths = write_pictures(run, args.out)
+        for result in run["results"]:  # why: the text and --json show the run as without --plot
+            result.pop("steps", None)
+            if isinstance(result.get("record"), dict):
+                result["record"].pop("requests", None)
     print(json.dumps(run, indent=2) if args.json else render_run(run))
+    if args.plot:
+        print(f"homepd: wrote the pictures of run {run['id']} to {', '.join(str(p) for p in paths)}",
+              file=sys.stderr)
     return 0
+
+
+def write_pictures(run: dict, out: str | None) -> list[Path]:
+    """Draw a stored run to ``out`` (a suffix .svg or .png is dropped) or next to the advise result files."""
+    from homepd.advise.images import write_run_images
+    from homepd.store import default_db_path
+
+    if out is None:
+        stem = default_db_path().parent / "advise" / f"advise-{run['id']}"
+    else:
+        stem = Path(out)
+        stem = stem.with_suffix("") if stem.suffix.lower() in (".svg", ".png") else stem
+    try:
+        return write_run_images(run, stem)
+    except OSError as exc:
+        raise HomepdError(f"cannot write the pictures to {stem}: {exc.strerror or exc}") from None
 
 
 def export_command(args: argparse.Namespace) -> int:

@@ -40,6 +40,9 @@ OWNERS = {
     "prometheus_client": "homepd.serve",
     "sdnotify": "homepd.serve",
     "httpx": "homepd.tui",  # the app's remote source (the service itself is served by uvicorn)
+    "textual_plotext": "homepd.tui",
+    "plotext": "homepd.tui",
+    "matplotlib": "homepd.advise.figure",
 }
 FACE_LIBRARIES = ("textual", "fastapi", "starlette", "uvicorn", "sqlite_utils", "prometheus_client")
 CORE_FORBIDDEN = ("llama_cpp", "pynvml", "psutil", "jinja2") + FACE_LIBRARIES

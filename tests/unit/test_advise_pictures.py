@@ -1,0 +1,136 @@
+"""The advise pictures: capacity curves read from the evidence (absent in older runs), latency distributions
+from the run records' lifecycles, and the image file (a valid SVG and PNG naming every series)."""
+from __future__ import annotations
+
+import struct
+import xml.etree.ElementTree as ET
+from types import SimpleNamespace
+
+import pytest
+
+from homepd.advise import pictures as pics
+from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.modes import Candidate, Mode
+
+
+def curve(candidate: str, mix: str, capacity: float | None, rates=(0.1, 0.2, 0.4, 0.8)) -> dict:
+    """A ``CapacityCurve`` as ``to_plain`` writes it."""
+    probes = [{"rate_rps": r, "n_requests": 20, "attainment": 1.0 if capacity and r <= capacity else 0.5,
+               "goodput_rps": r, "seed": i, "duration_s": 20 / r, "per_class": {"interactive": 1.0}}
+              for i, r in enumerate(rates)]
+    return {"candidate": candidate, "mix": mix, "target_share": 0.9, "resolution_rps": 0.05, "probes": probes,
+            "capacity_rps": capacity, "spread_rps": 0.05 if capacity else None, "decided_by": "every gap <= 100 ms"}
+
+
+def request(ttft_s: float, gaps_s: list[float], *, n_prompt: int = 100, kv_bytes=None, state="finished",
+            cls="interactive") -> dict:
+    times = [10.0 + ttft_s]
+    for g in gaps_s:
+        times.append(times[-1] + g)
+    return {"state": state, "n_prompt_tokens": n_prompt, "ttft_s": ttft_s, "token_times_s": times,
+            "kv_bytes": kv_bytes, "kv_transfer_s": 0.004 if kv_bytes else None, "request_class": cls}
+
+
+def stored_run() -> dict:
+    """``Store.get_run(id)``'s shape: measured results with their records' request timelines."""
+    def result(cand, mode, mix, reqs, status="measured"):
+        return {"candidate": cand, "mix": mix, "status": status, "mode": mode,
+                "record": {"mode": mode, "requests": reqs} if status == "measured" else None}
+    return {"id": 12, "config": {"base": {"ttft_budget_ms": 4000.0}}, "results": [
+        result("colocated-chunk-16", "colocated", "mixed", [request(0.5, [0.03, 0.05]), request(1.5, [0.2])]),
+        result("colocated-chunk-16", "colocated", "mixed", [request(0.7, [0.04])]),           # a second repeat
+        result("disaggregated", "disaggregated", "mixed",
+               [request(0.9, [0.03], n_prompt=1000, kv_bytes=1000 * 30_000), request(3.0, [], state="failed")]),
+        result("colocated-chunk-16+kill:colocated", "colocated", "mixed+kill", [request(9.0, [2.0])]),
+        result("replicas-2", "replicas", "-", [], status="infeasible")]}
+
+
+def test_curves_are_found_wherever_the_evidence_carries_them_and_older_runs_have_none():
+    data = {"evidence": [{"candidate": "a", "mix": "mixed", "capacity": curve("a", "mixed", 0.4)},
+                         {"candidate": "b", "mix": "mixed", "capacity": None},           # not searched
+                         {"candidate": "c", "mix": "mixed"}],                            # an older run
+            "deep": {"rows": [{"capacity": curve("d", "long", None)}]},
+            "bad": {"capacity": {"candidate": "e", "probes": "not a list"}}}
+    found = pics.find_curves(data)
+    assert [(c.candidate, c.mix) for c in found] == [("a", "mixed"), ("d", "long")]
+    a = found[0]
+    assert a.points[0] == (0.1, 1.0) and a.capacity_rps == 0.4 and a.spread_rps == 0.05
+    assert a.decided_by == "every gap <= 100 ms" and a.target_share == 0.9
+    assert found[1].capacity_rps is None
+    assert pics.find_curves(stored_run()) == ()
+    assert pics.read_curve({"probes": [{"rate_rps": 1}], "mix": "x"}) is None   # no candidate
+
+
+def test_probes_are_drawn_in_rate_order():
+    data = curve("a", "mixed", 0.4, rates=(0.8, 0.1, 0.4, 0.2))
+    assert [r for r, _ in pics.read_curve(data).points] == [0.1, 0.2, 0.4, 0.8]
+
+
+def test_latencies_pool_the_repeats_of_finished_requests_and_leave_out_the_recovery_run():
+    lats = {(x.candidate, x.mix): x for x in pics.latencies(pics.runs_from_stored(stored_run()))}
+    assert set(lats) == {("colocated-chunk-16", "mixed"), ("disaggregated", "mixed")}
+    chunk = lats[("colocated-chunk-16", "mixed")]
+    assert chunk.ttft_ms == pytest.approx((500.0, 700.0, 1500.0))
+    assert chunk.itl_ms == pytest.approx((30.0, 40.0, 50.0, 200.0))
+    assert lats[("disaggregated", "mixed")].ttft_ms == pytest.approx((900.0,))   # the failed one has none
+
+
+def test_a_live_result_reads_like_the_stored_run():
+    lc = Lifecycle("r1", arrived_s=1.0, n_prompt_tokens=40)
+    lc.advance(RequestState.PREFILLING, 1.1)
+    lc.advance(RequestState.DECODING, 1.3)
+    for t in (1.3, 1.33, 1.43):
+        lc.add_token(t)
+    lc.advance(RequestState.FINISHED, 1.43)
+    record = SimpleNamespace(requests=(lc,))
+    result = SimpleNamespace(candidates=[Candidate("colocated-chunk-16", Mode.COLOCATED, chunk=16)],
+                             records={("colocated-chunk-16", "short", 0): record})
+    (run,) = pics.runs_from_result(result)
+    assert run.mode is Mode.COLOCATED and run.mix == "short"
+    (lat,) = pics.latencies([run])
+    assert lat.ttft_ms == pytest.approx((300.0,)) and lat.itl_ms == pytest.approx((30.0, 100.0))
+
+
+def test_the_projection_covers_the_disaggregated_runs_only():
+    (p,) = pics.projections(pics.runs_from_stored(stored_run()), ttft_budget_ms=4000.0)
+    assert (p.candidate, p.mix, p.kv_bytes_per_token, p.n_prompts) == ("disaggregated", "mixed", 30_000, 1)
+    assert p.measured_handoff_ms_p50 == pytest.approx(4.0)
+    assert [link.link_gbit_s for link in p.links] == [1.0, 2.5, 10.0]
+
+
+def test_cdf_is_thinned_with_both_ends_kept():
+    xs, ys = pics.cdf(tuple(float(i) for i in range(1000)), max_points=50)
+    assert len(xs) == 50 and (xs[0], xs[-1], ys[-1]) == (0.0, 999.0, 1.0)
+    assert pics.cdf(()) == ([], [])
+
+
+def test_the_image_files_are_a_valid_svg_and_png_naming_every_series(tmp_path):
+    from homepd.advise.figure import write
+
+    data = {"evidence": [{"capacity": curve("colocated-chunk-16", "mixed", 0.4)},
+                         {"capacity": curve("disaggregated", "mixed", 0.2)}]}
+    p = pics.pictures("advise run 12", pics.runs_from_stored(stored_run()), data, ttft_budget_ms=4000.0)
+    svg, png = write(p, tmp_path / "advise-12", ttft_budget_ms=4000.0, itl_budget_ms=100.0)
+    assert (svg.name, png.name) == ("advise-12.svg", "advise-12.png")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["advise-12.png", "advise-12.svg"]   # no temp file left
+    root = ET.parse(svg).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    for name in ("colocated-chunk-16: 0.40 ± 0.05 req/s", "disaggregated: 0.20 ± 0.05 req/s", "target 90%",
+                 "budget 4000 ms", "budget 100 ms", "capacity · mixed mix", "advise run 12"):
+        assert name in texts, name
+    assert "projected, not measured" in texts
+    ids = {g.get("id") for g in root.iter("{http://www.w3.org/2000/svg}g")}
+    assert {"capacity:disaggregated:mixed", "ttft_ms:colocated-chunk-16:mixed", "itl_ms:disaggregated:mixed"} <= ids
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", head[16:24])
+    assert width == 1600 and height > 400
+
+
+def test_a_run_without_capacity_or_latencies_still_draws(tmp_path):
+    from homepd.advise.figure import write
+
+    (svg,) = write(pics.Pictures("old run", (), (), ()), tmp_path / "old", png=False)
+    texts = " ".join(t.text or "" for t in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}text"))
+    assert "no capacity search in this run" in texts and "no latencies recorded" in texts
