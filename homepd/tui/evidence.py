@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 
+from homepd.advise.images import result_budgets_ms, result_pictures, run_budgets_ms, run_pictures
 from homepd.core.records import to_plain
 from homepd.tui.records import AdviseStep, AdviseView, EvidenceRow, RecommendationView
 
@@ -63,7 +64,7 @@ def from_result(result) -> AdviseView:
         notes.append(f"step-time model: chunk {result.predicted_chunk} keeps a decode step under the ITL target")
     title = f"advise run {result.run_id}" if result.run_id is not None else "advise run (not stored)"
     return AdviseView(result.run_id, title, tuple(rows), recommendation_view(to_plain(result.recommendation)),
-                      tuple(notes))
+                      tuple(notes), *_pictures(result_pictures, result_budgets_ms, result))
 
 
 # stored result column -> EvidenceRow field
@@ -108,4 +109,11 @@ def from_stored_run(run: dict) -> AdviseView:
         notes.append(f"error: {run['error']}")
     if recs and rec is None:
         notes.append(f"recommendation: {recs[-1].get('headline') or '(no headline)'}")
-    return AdviseView(run.get("id"), f"run {run.get('id')}", tuple(rows), rec, tuple(notes))
+    return AdviseView(run.get("id"), f"run {run.get('id')}", tuple(rows), rec, tuple(notes),
+                      *_pictures(run_pictures, run_budgets_ms, run))
+
+
+def _pictures(draw, budgets, source) -> tuple:
+    """(pictures, TTFT budget ms, ITL budget ms) of a live result or a stored run."""
+    ttft_ms, itl_ms = budgets(source)
+    return draw(source), ttft_ms, itl_ms

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from homepd.advise.pictures import Pictures
+
 
 @dataclass(frozen=True)
 class GpuView:
@@ -213,6 +215,9 @@ class AdviseView:
     rows: tuple[EvidenceRow, ...]
     recommendation: RecommendationView | None
     notes: tuple[str, ...] = ()
+    pictures: Pictures | None = None        # capacity curves, latencies, the two-box projection (None: not drawn)
+    ttft_budget_ms: float | None = None     # the interactive budgets the pictures mark
+    itl_budget_ms: float | None = None
 
     @property
     def mixes(self) -> tuple[str, ...]:

@@ -148,7 +148,7 @@ class DataSource(abc.ABC):
         from homepd.tui.evidence import from_stored_run
 
         with Store.open(self.db, create=False) as store:
-            return from_stored_run(store.get_run(run_id, timelines=False))
+            return from_stored_run(store.get_run(run_id))  # with timelines: the gap CDF needs every token
 
     def apply(self, values: dict) -> str:
         """Write a recommended configuration to the config file; return where it went."""

@@ -6,8 +6,11 @@ until ``release()``, to prove that the app stays responsive meanwhile.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
+from homepd.advise.pictures import CapacityCurve, Latencies, Pictures
+from homepd.advise.twobox import HandoffSample, project
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
 from homepd.tui.evidence import recommendation_view
@@ -44,11 +47,31 @@ def fake_advise_view(run_id: int = 7) -> AdviseView:
                       ("quick campaign: 3 prompt mixes x 1 repeat(s); medians over repeats",))
 
 
+def fake_pictures(title: str = "advise run 7") -> Pictures:
+    """Fixed capacity curves, latencies and a two-box projection for the candidates of ``fake_advise_view``."""
+    curves, lats, projections = [], [], []
+    for i, cand in enumerate(CANDIDATES[:3]):
+        for j, mix in enumerate(MIXES):
+            capacity = round(0.6 - 0.15 * i + 0.1 * j, 2)
+            rates = [round(capacity * f, 3) for f in (0.25, 0.5, 1.0, 1.5, 2.0)]
+            points = tuple((r, 1.0 if r <= capacity else max(0.0, 0.9 - 0.6 * (r / capacity - 1))) for r in rates)
+            curves.append(CapacityCurve(cand, mix, 0.9, points, capacity, 0.05, "every gap <= 100 ms"))
+            ttft = tuple(sorted(200.0 * (1 + i) + 37.0 * ((k * 7) % 13) for k in range(20)))
+            itl = tuple(sorted(30.0 + 5 * i + [0, 2, 5, 9, 14, 60, 180][k % 7] * (1 if i == 0 else 0.2)
+                               for k in range(70)))
+            lats.append(Latencies(cand, mix, ttft, itl))
+            if cand == "disaggregated":
+                samples = [HandoffSample(n, n * 30_720, t / 1e3) for n, t in zip((60, 300, 900, 1800), ttft)]
+                projections.append(project(cand, mix, samples, ttft_budget_ms=4000.0))
+    return Pictures(title, tuple(curves), tuple(lats), tuple(projections))
+
+
 class FakeSource(DataSource):
     can_switch_mode = True
 
-    def __init__(self, config: EngineConfig | None = None, *, gpus: bool = False):
+    def __init__(self, config: EngineConfig | None = None, *, gpus: bool = False, pictures: bool = False):
         super().__init__(config or EngineConfig(backend="fake"))
+        self.pictures = pictures  # advise views carry fake_pictures()
         self.mode = Mode(self.config.mode)
         self.n_ticks = 0
         self.applied: list[dict] = []
@@ -147,7 +170,7 @@ class FakeSource(DataSource):
             cand = CANDIDATES[(n - 1) // len(MIXES)]
             emit(AdviseProgress(AdviseStep(n, total, f"{cand} on the {MIXES[(n - 1) % 3]} trace done", cand,
                                            10.0 * n, 10.0 * (total - n))))
-        return fake_advise_view()
+        return self._with_pictures(fake_advise_view())
 
     def list_runs(self, limit: int = 50) -> list[RunListRow]:
         return [RunListRow(7, "advise", "complete", "2026-01-02 10:00:00", 9, ", ".join(CANDIDATES[:3]),
@@ -155,7 +178,13 @@ class FakeSource(DataSource):
                 RunListRow(6, "advise", "incomplete", "2026-01-01 09:30:00", 2, CANDIDATES[0], "-")]
 
     def open_run(self, run_id: int) -> AdviseView:
-        return fake_advise_view(run_id)
+        return self._with_pictures(fake_advise_view(run_id))
+
+    def _with_pictures(self, view: AdviseView) -> AdviseView:
+        if not self.pictures:
+            return view
+        return dataclasses.replace(view, pictures=fake_pictures(view.title), ttft_budget_ms=4000.0,
+                                   itl_budget_ms=100.0)
 
     def apply(self, values: dict) -> str:
         self.applied.append(dict(values))

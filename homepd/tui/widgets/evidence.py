@@ -10,7 +10,8 @@ from textual.containers import Grid, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from homepd.tui.records import AdviseView, EvidenceRow, RecommendationView
-from homepd.tui.widgets.text import bar, num
+from homepd.tui.widgets.plots import CapacityPlot, LatencyPlot, TwoBoxes
+from homepd.tui.widgets.text import bar, num, short_label
 
 # (title, field, format)
 TABLE = (("candidate", "candidate", None), ("mix", "mix", None), ("good/s", "goodput_per_s", ".2f"),
@@ -35,14 +36,6 @@ def render_recommendation(rec: RecommendationView | None) -> Text:
     if len({c for _, c in rec.per_mix}) > 1:
         text.append("\nper mix: " + ", ".join(f"{m} → {c}" for m, c in rec.per_mix), style="yellow")
     return text
-
-
-def short_label(candidate: str) -> str:
-    """A candidate's name without the words every bar shares, so a narrow label still tells chunks apart."""
-    for prefix, short in (("colocated-chunk-", "chunk "), ("colocated-", ""), ("replicas-", "replicas ")):
-        if candidate.startswith(prefix):
-            return short + candidate[len(prefix):]
-    return candidate
 
 
 def render_bars(title: str, rows: list[EvidenceRow], field: str, spec: str, width: int) -> Text:
@@ -96,6 +89,11 @@ class EvidencePanel(VerticalScroll):
         yield Static(classes="evidence-notes")
         yield Static(classes="recommendation")
         yield DataTable(classes="evidence-table", cursor_type="row", zebra_stripes=True)
+        yield CapacityPlot(classes="capacity-plot")
+        with Grid(classes="latency-plots"):
+            yield LatencyPlot("ttft_ms", "TTFT", classes="ttft-plot")
+            yield LatencyPlot("itl_ms", "inter-token gap", classes="itl-plot")
+        yield TwoBoxes(classes="two-boxes")
         with Grid(classes="evidence-charts"):
             for title, field, spec in CHARTS:
                 yield BarChart(title, field, spec)
@@ -114,6 +112,7 @@ class EvidencePanel(VerticalScroll):
             self.query_one(".recommendation", Static).update("")
             for chart in self.query(BarChart):
                 chart.show([], "-")
+            self._show_pictures()
             return
         skipped = [f"not measured: {r.candidate}: {r.infeasible}" for r in view.rows if r.infeasible is not None]
         notes = "\n".join((view.title, *view.notes, *skipped))
@@ -134,3 +133,15 @@ class EvidencePanel(VerticalScroll):
         rows = [r for r in (self.view.rows if self.view else ()) if r.mix == self.mix and r.infeasible is None]
         for chart in self.query(BarChart):
             chart.show(rows, self.mix)
+        self._show_pictures()
+
+    def _show_pictures(self) -> None:
+        """The plots of the current mix; hidden for a view without pictures (a run from before they existed)."""
+        pics = self.view.pictures if self.view else None
+        capacity, latency = self.query_one(CapacityPlot), self.query_one(".latency-plots", Grid)
+        capacity.display = pics is not None and any(c.mix == self.mix for c in pics.curves)
+        latency.display = pics is not None and any(x.mix == self.mix for x in pics.latencies)
+        capacity.show(pics, self.mix)
+        self.query_one(".ttft-plot", LatencyPlot).show(pics, self.mix, self.view.ttft_budget_ms if pics else None)
+        self.query_one(".itl-plot", LatencyPlot).show(pics, self.mix, self.view.itl_budget_ms if pics else None)
+        self.query_one(TwoBoxes).show(pics, self.mix)

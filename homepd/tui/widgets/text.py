@@ -37,3 +37,11 @@ def load_style(fraction: float | None) -> str:
     if fraction is None:
         return "dim"
     return "red" if fraction >= 0.9 else "yellow" if fraction >= 0.7 else "green"
+
+
+def short_label(candidate: str) -> str:
+    """A candidate's name without the words every bar shares, so a narrow label still tells chunks apart."""
+    for prefix, short in (("colocated-chunk-", "chunk "), ("colocated-", ""), ("replicas-", "replicas ")):
+        if candidate.startswith(prefix):
+            return short + candidate[len(prefix):]
+    return candidate
