@@ -85,8 +85,8 @@ def _advise(args) -> int:
     else:
         print(render_result(result))
         print(f"result file: {path}")
-    if images:
-        print("pictures: " + ", ".join(str(p) for p in images), file=sys.stderr)
+    if images:  # why stderr with --json: stdout holds the one JSON object
+        print("pictures: " + ", ".join(str(p) for p in images), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
