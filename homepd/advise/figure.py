@@ -112,7 +112,8 @@ def _distribution(ax, pics: Pictures, mix: str, colors: dict, field: str, what: 
         xs, ys = cdf(tuple(v for v in getattr(lat, field) if v > 0))
         if not xs:
             continue
-        line, = ax.step(xs, ys, where="post", color=colors[lat.candidate], label=lat.candidate)
+        # why the leading 0: the staircase starts on the axis, not at the first value's 1/n
+        line, = ax.step([xs[0], *xs], [0.0, *ys], where="post", color=colors[lat.candidate], label=lat.candidate)
         line.set_gid(f"{field}:{lat.candidate}:{mix}")
         drawn = True
     if not drawn:

@@ -130,15 +130,16 @@ def render_projection(projections: list[TwoBoxProjection]) -> str:
             out.append(f"{head} {'NA':>8}  {p.reason}")
             continue
         for link in p.links:
-            verdict = "NA" if link.keeps_ttft_budget is None else (
+            verdict = "no interactive request to judge" if link.keeps_ttft_budget is None else (
                 f"keeps the {p.ttft_budget_ms:g} ms TTFT budget" if link.keeps_ttft_budget
                 else f"misses the {p.ttft_budget_ms:g} ms TTFT budget")
             out.append(f"{head} {p.kv_bytes_per_token:>8.0f} {link.link_gbit_s:>5g} Gb/s "
                        f"{link.handoff_ms_p50:>8.1f} ms {link.handoff_ms_max:>5.1f} ms "
                        f"{_ms(link.ttft_ms_p99):>9} {_share(link.ttft_attainment):>9}  {verdict}")
         if p.measured_handoff_ms_p50 is not None:
-            out.append(f"  {'':<33} (this box, shared memory: handoff p50 {p.measured_handoff_ms_p50:.1f} ms, "
-                       f"TTFT p99 {_ms(p.measured_ttft_ms_p99)} ms: measured)")
+            ttft = "" if p.measured_ttft_ms_p99 is None else f", TTFT p99 {_ms(p.measured_ttft_ms_p99)} ms"
+            out.append(f"  {'':<33} (this box, shared memory: handoff p50 {p.measured_handoff_ms_p50:.1f} ms{ttft}: "
+                       "measured)")
     return "\n".join(out)
 
 

@@ -74,3 +74,10 @@ def test_the_table_names_every_link_and_the_verdict():
     assert "misses the 4000 ms TTFT budget" in text and "keeps the 4000 ms TTFT budget" in text
     assert "handoff p50 4.0 ms" in text and "measured" in text
     assert render_projection([]) == ""
+
+
+def test_a_mix_without_interactive_requests_is_not_judged():
+    samples = [HandoffSample(4000, 4000 * 1000, 60.0, is_interactive=False)]
+    p = project("d", "long", samples, ttft_budget_ms=4000.0, links_gbit_s=(1.0,))
+    assert (p.links[0].ttft_attainment, p.links[0].keeps_ttft_budget, p.links[0].ttft_ms_p99) == (None, None, None)
+    assert "no interactive request to judge" in render_projection([p])

@@ -102,7 +102,7 @@ def render_two_boxes(pics: Pictures | None, mix: str) -> Text:
         out.append(f"\n  {short_label(p.candidate)}: {p.kv_bytes_per_token / 1e3:.1f} kB/token{here}")
         for link in p.links:
             keeps = link.keeps_ttft_budget
-            verdict = ("NA", "dim") if keeps is None else (("keeps", "green") if keeps else ("misses", "bold red"))
+            verdict = ("cannot judge (no interactive request)", "dim") if keeps is None else (("keeps", "green") if keeps else ("misses", "bold red"))
             out.append(f"\n    {link.link_gbit_s:g} Gbit/s: handoff p50 {link.handoff_ms_p50:.1f} ms, max "
                        f"{link.handoff_ms_max:.1f} ms; TTFT p99 {_ms(link.ttft_ms_p99)} ms → ")
             out.append(verdict[0], style=verdict[1])
