@@ -16,6 +16,7 @@ from homepd.core.modes import Mode
 from homepd.core.stats import percentile
 
 RECOVERY_MARK = "+kill"     # the recovery scenario's runs (candidate and mix carry it): not a latency picture
+PROBE_MARK = "@"            # a stored capacity probe's mix: "mixed@0.5/s"
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class CapacityCurve:
 
 @dataclass(frozen=True)
 class Latencies:
-    """One candidate's measured latencies on one mix, every repeat pooled (ms)."""
+    """One candidate's measured latencies on one mix, every repeat pooled (ms); with a capacity search, those
+    of the probe at its capacity (what the evidence table shows)."""
     candidate: str
     mix: str
     ttft_ms: tuple[float, ...]
@@ -89,9 +91,11 @@ def find_curves(obj) -> tuple[CapacityCurve, ...]:
 
     def walk(node) -> None:
         if isinstance(node, dict):
-            curve = read_curve(node.get("capacity"))
-            if curve is not None:
-                found.setdefault((curve.candidate, curve.mix), curve)
+            held = node.get("capacity")
+            # why both: an evidence row holds one curve, the stored recommendation a list of them
+            for curve in map(read_curve, held if isinstance(held, list) else [held]):
+                if curve is not None:
+                    found.setdefault((curve.candidate, curve.mix), curve)
             for value in node.values():
                 walk(value)
         elif isinstance(node, (list, tuple)):
@@ -110,8 +114,39 @@ def runs_from_result(result) -> list[RunData]:
             for (cand, mix, _), record in result.records.items()]
 
 
+def split_probe(mix: str) -> tuple[str, float | None]:
+    """A stored probe's mix ``"mixed@0.5/s"`` -> ``("mixed", 0.5)``; any other mix -> ``(mix, None)``."""
+    base, sep, rate = mix.partition(PROBE_MARK)
+    try:
+        return (base, float(rate.removesuffix("/s"))) if sep else (mix, None)
+    except ValueError:
+        return mix, None
+
+
+def at_capacity(runs: list[RunData], curves: tuple[CapacityCurve, ...]) -> list[RunData]:
+    """The stored probes of each candidate x mix reduced to the one at its capacity (as the live result keeps
+    them: where no probe passed, its lowest), renamed to the plain mix; other runs as they are."""
+    capacity = {(c.candidate, c.mix): c.capacity_rps for c in curves}
+    probes: dict[tuple[str, str], list[tuple[float, RunData]]] = {}
+    out = []
+    for run in runs:
+        base, rate = split_probe(run.mix)
+        if rate is None:
+            out.append(run)
+        else:
+            probes.setdefault((run.candidate, base), []).append((rate, run))
+    for (cand, base), rated in probes.items():
+        target = capacity.get((cand, base))
+        target = min(r for r, _ in rated) if target is None else target
+        # why the nearest: the stored name rounds the rate to 3 significant digits
+        best = min(abs(r - target) for r, _ in rated)
+        out += [RunData(run.candidate, run.mode, base, run.requests) for r, run in rated if abs(r - target) == best]
+    return out
+
+
 def runs_from_stored(run: dict) -> list[RunData]:
-    """The measured runs of ``Store.get_run(run_id)`` (with timelines: the latencies need every token)."""
+    """The measured runs of ``Store.get_run(run_id)`` (with timelines: the latencies need every token); a
+    capacity search's probes (stored one per rate, ``mix@rate/s``) reduced to the probe at each capacity."""
     out = []
     for r in run.get("results") or ():
         record = r.get("record")
@@ -119,7 +154,7 @@ def runs_from_stored(run: dict) -> list[RunData]:
             continue
         out.append(RunData(str(r["candidate"]), _mode(r.get("mode") or record.get("mode")), str(r.get("mix") or "-"),
                            tuple(x for x in record.get("requests") or () if isinstance(x, dict))))
-    return out
+    return at_capacity(out, find_curves(run))
 
 
 # ---- deriving -------------------------------------------------------------------------------

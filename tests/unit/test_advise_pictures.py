@@ -134,3 +134,23 @@ def test_a_run_without_capacity_or_latencies_still_draws(tmp_path):
     (svg,) = write(pics.Pictures("old run", (), (), ()), tmp_path / "old", png=False)
     texts = " ".join(t.text or "" for t in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}text"))
     assert "no capacity search in this run" in texts and "no latencies recorded" in texts
+
+
+def test_the_stored_recommendation_s_list_of_curves_is_read_too():
+    data = {"recommendations": [{"data": {"rule": "x", "capacity": [curve("a", "mixed", 0.4), curve("b", "long", 0.2)]}}]}
+    assert [(c.candidate, c.mix) for c in pics.find_curves(data)] == [("a", "mixed"), ("b", "long")]
+
+
+def test_stored_probes_reduce_to_the_probe_at_capacity_or_the_lowest_when_none_passed():
+    def result(cand, mix, ttft_s):
+        return {"candidate": cand, "mix": mix, "status": "measured", "mode": "colocated",
+                "record": {"mode": "colocated", "requests": [request(ttft_s, [0.03])]}}
+    run = {"results": [result("a", "mixed@0.2/s", 0.1), result("a", "mixed@0.4/s", 0.4),
+                       result("a", "mixed@0.8/s", 9.0),
+                       result("b", "mixed@0.3/s", 5.0), result("b", "mixed@0.15/s", 6.0),   # no capacity: lowest
+                       result("c", "short", 0.2)],                                             # not a probe
+           "recommendations": [{"data": {"capacity": [curve("a", "mixed", 0.4), curve("b", "mixed", None)]}}]}
+    lats = {(x.candidate, x.mix): x.ttft_ms for x in pics.latencies(pics.runs_from_stored(run))}
+    assert lats == {("a", "mixed"): pytest.approx((400.0,)), ("b", "mixed"): pytest.approx((6000.0,)),
+                    ("c", "short"): pytest.approx((200.0,))}
+    assert pics.split_probe("mixed@0.333/s") == ("mixed", 0.333) and pics.split_probe("mixed+kill") == ("mixed+kill", None)
