@@ -83,6 +83,7 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
         if error.status < 500:
             service.metrics.rejected.labels(error.code or error.type).inc()
         raise error from None
+    service.note_arrival(stream, "chat" if shape.is_chat else "completions", params.max_tokens, prompt, messages)
     created = int(time.time())
     model = body.model
     if body.stream:

@@ -23,6 +23,7 @@ from homepd.serve.errors import unavailable
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.settings import ServeSettings
 from homepd.serve.systemd import Notifier
+from homepd.serve.traffic import TrafficCollector, TrafficRecorder, prompt_text
 
 log = logging.getLogger("homepd.serve")
 WATCH_PERIOD_S = 1.0         # how often the engine's health is checked (and the watchdog pinged, at the latest)
@@ -51,6 +52,14 @@ class Service:
         self._exiting = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self.on_exit = lambda: None                   # set by the server: make uvicorn exit
+        self.traffic: TrafficRecorder | None = None   # the traffic recording (off with --no-record-traffic)
+        if settings.record_traffic:
+            from homepd.store import Store
+
+            self.traffic = TrafficRecorder(lambda: Store.open(settings.db), record_text=settings.record_text,
+                                           max_rows=settings.traffic_retention_rows,
+                                           max_age_days=settings.traffic_retention_days)
+            self.metrics.registry.register(TrafficCollector(self.traffic))
 
     # start-up ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -58,6 +67,8 @@ class Service:
         from homepd.engine.controller import Engine
         from homepd.launch import prepare
 
+        if self.traffic is not None:
+            self.traffic.start()
         try:
             self.notifier.status(f"loading {self.config.model}")
             setup = await asyncio.to_thread(prepare, self.config, pull=False, progress=False)
@@ -84,6 +95,8 @@ class Service:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.engine is not None:
             await self.engine.stop()
+        if self.traffic is not None:
+            await asyncio.to_thread(self.traffic.stop)
         if self.state != "failed":
             self.state = "stopped"
 
@@ -151,6 +164,14 @@ class Service:
         self.in_flight[request_id] = request_class
         self._idle.clear()
 
+    def note_arrival(self, stream, route: str, max_tokens: int, prompt: str | None, messages: list | None) -> None:
+        """A request reached the engine: its shape goes to the traffic recording (when on)."""
+        if self.traffic is not None:
+            arrived_unix_s = time.time() - (time.monotonic() - stream.lifecycle.arrived_s)
+            self.traffic.arrived(stream.request_id, stream.prompt_ids, arrived_unix_s, route,
+                                 str(stream.lifecycle.request_class), max_tokens,
+                                 prompt_text(prompt, messages) if self.traffic.record_text else None)
+
     def finished(self, request_id: str, lc: Lifecycle | None, request_class: str) -> None:
         """A request admitted with ``admit`` is over: free its place, count it, tell the /events clients."""
         if self.in_flight.pop(request_id, None) is None:
@@ -159,6 +180,8 @@ class Service:
             self._idle.set()
         if lc is None:
             return
+        if self.traffic is not None:
+            self.traffic.ended(request_id, lc)
         self.metrics.observe_finished(lc)
         record = {**lc.to_dict(), "request_class": request_class}
         self.recent.append(record)
@@ -212,6 +235,7 @@ class Service:
                           "by_class": {c: list(self.in_flight.values()).count(c) for c in set(self.in_flight.values())}},
             "engine": engine.snapshot().to_dict() if engine is not None and engine.tokenizer is not None else None,
             "recent_requests": list(self.recent),
+            "traffic": self.traffic.status() if self.traffic is not None else {"recording": False},
         }
 
     async def next_event(self, queue: asyncio.Queue, timeout_s: float) -> tuple[str, dict] | None:

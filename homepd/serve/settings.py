@@ -58,6 +58,19 @@ class ServeSettings:
     max_connections: int = field(default=1000, metadata=_opt(
         "max-connections", int, "connections open at once (kept 128 below the file-descriptor limit); more are "
                                 "closed at once"))
+    record_traffic: bool = field(default=True, metadata=_opt(
+        "record-traffic", parse_bool, "record the shape of the traffic served (arrival, token counts, class, "
+                                      "finish reason, prefix seen before; no text) in the store, for "
+                                      "`homepd advise --traffic service`", action=argparse.BooleanOptionalAction))
+    record_text: bool = field(default=False, metadata=_opt(
+        "record-text", parse_bool, "also record each prompt's text (off: only its shape is kept)",
+        action=argparse.BooleanOptionalAction))
+    traffic_retention_days: float = field(default=30.0, metadata=_opt(
+        "traffic-retention-days", float, "recorded traffic older than this many days is deleted"))
+    traffic_retention_rows: int = field(default=100_000, metadata=_opt(
+        "traffic-retention-rows", int, "at most this many recorded requests are kept (the newest)"))
+    db: str | None = field(default=None, metadata=_opt(
+        "db", help="the store the traffic is recorded in (default: $HOMEPD_DB, else the XDG data dir)"))
     warmup: bool = field(default=True, metadata=_opt(
         "warmup", parse_bool, "run one short request before reporting ready",
         action=argparse.BooleanOptionalAction))
@@ -69,6 +82,9 @@ class ServeSettings:
         for name in ("max_prompt_bytes", "max_tokens", "max_messages", "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.traffic_retention_rows < 1 or not self.traffic_retention_days > 0:
+            raise ConfigError("traffic_retention_rows must be >= 1 and traffic_retention_days > 0, got "
+                              f"{self.traffic_retention_rows} and {self.traffic_retention_days}")
         if not self.header_timeout_s > 0:
             raise ConfigError(f"header_timeout_s must be > 0, got {self.header_timeout_s}")
         if self.max_queue < 0 or self.drain_timeout_s < 0:

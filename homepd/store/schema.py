@@ -65,6 +65,22 @@ def _initial(db: Database) -> None:
     db["recommendations"].create_index(["run_id"])
 
 
+@_migration("0002_traffic")
+def _traffic(db: Database) -> None:
+    # the shape of the traffic ``homepd serve`` served (``homepd.store.traffic``): no text unless asked
+    db["traffic"].create({
+        "id": int, "request_id": str, "service_id": str,   # service_id: which service process recorded it
+        "arrived_at": str, "arrived_unix_s": float,         # wall time of arrival (ISO UTC, and Unix seconds)
+        "route": str, "request_class": str, "finish_reason": str,
+        "n_prompt_tokens": int, "n_output_tokens": int, "max_tokens": int,
+        "n_prefix_tokens": int, "prefix_parent": str,      # seen before (service-side hashes), and by whom
+        "n_cached_tokens": int,                            # what the engine's prefix cache reused
+        "ttft_ms": float, "e2e_ms": float,
+        "prompt_text": str,                                # NULL unless serve --record-text
+    }, pk="id", not_null={"request_id", "arrived_unix_s", "n_prompt_tokens"})
+    db["traffic"].create_index(["arrived_unix_s"])
+
+
 def migrate(db: Database) -> list[str]:
     """Apply the pending migrations; return their names.  Refuses a database from a newer homepd."""
     unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]

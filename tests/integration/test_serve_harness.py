@@ -36,6 +36,7 @@ class ServeProcess:
         self.log_path = tmp_path / f"serve-{self.port}.log"
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("HOMEPD_", "NOTIFY_SOCKET", "WATCHDOG_"))}
         clean["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")  # no user config file leaks in
+        clean["HOMEPD_DB"] = str(tmp_path / "homepd.db")  # the traffic recording stays in the test's directory
         if api_key:
             clean["HOMEPD_API_KEY"] = api_key
         clean.update(env or {})
