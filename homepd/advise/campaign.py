@@ -110,8 +110,10 @@ class Campaign:
     from the event loop after every run."""
 
     def __init__(self, base: EngineConfig, settings: AdviseSettings, *, store=None, sampler=None,
-                 on_progress: Callable[[Progress], None] | None = None, box=None):
+                 on_progress: Callable[[Progress], None] | None = None, box=None, sources: dict | None = None):
         self.base, self.settings, self.store, self.sampler = base, settings, store, sampler
+        # mix -> a trace source (``homepd.measure.trace.sources``: recorded traffic, a file) for mixes not built in
+        self.sources = dict(sources or {})
         self.on_progress = on_progress or (lambda p: None)
         self.box = box
         self.records: dict[tuple[str, str, int], RunRecord] = {}
@@ -239,6 +241,8 @@ class Campaign:
 
     def _trace(self, mix: str, repeat: int):
         s = self.settings
+        if mix in self.sources:
+            return self.sources[mix].trace(seed=s.seed * 1000 + repeat)
         return make_trace(mix, s.n_requests[mix], s.rate_per_s[mix], max_tokens=s.max_tokens,
                           long_tokens=s.long_tokens, ignore_eos=True, seed=s.seed * 1000 + repeat, name=mix)
 
@@ -246,7 +250,8 @@ class Campaign:
         s = self.settings
         return {"mixes": list(s.mixes), "repeats": s.repeats, "n_requests": s.n_requests,
                 "rate_per_s": s.rate_per_s, "max_tokens": s.max_tokens, "long_tokens": s.long_tokens,
-                "seed": s.seed, "arrival": "poisson", "ignore_eos": True}
+                "seed": s.seed, "arrival": "poisson", "ignore_eos": True,
+                "given": {mix: source.describe() for mix, source in self.sources.items()}}
 
     def _predicted_chunk(self, cand: Candidate) -> int | None:
         return predicted_chunk(self._estimates.get(cand.name), self._steps.get(cand.name, []),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -29,6 +30,12 @@ def register(subparsers) -> None:
     p.add_argument("--no-recovery", dest="recovery", action="store_false", default=None,
                    help="skip the killed-worker scenario")
     p.add_argument("--seed", type=int, default=0)
+    given = p.add_mutually_exclusive_group()
+    given.add_argument("--traffic", metavar="service[:SINCE]", default=None,
+                       help="replay the traffic `homepd serve` recorded (since SINCE: 30m, 2h, 1d or an ISO time) "
+                            "on every candidate instead of the built-in mixes")
+    given.add_argument("--trace-file", metavar="F", default=None,
+                       help="replay this homepd trace file on every candidate instead of the built-in mixes")
     p.add_argument("--db", default=None, help="run database (default: $HOMEPD_DB, else the XDG data dir)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_advise)
@@ -72,10 +79,14 @@ def _advise(args) -> int:
 
     base = config_from_args(args)
     settings = _settings(args)
-    prepare(base, pull=True)  # fetch the model first (with its own progress bar), never inside the campaign
+    setup = prepare(base, pull=True)  # fetch the model first (with its own progress bar), never inside the campaign
+    sources = _given_sources(args, base, setup.model_path)
+    if sources:
+        settings = dataclasses.replace(settings, mixes=tuple(sources))
     print(f"homepd advise: {'quick' if settings.quick else 'full'} campaign on {base.model}", file=sys.stderr)
     with Store.open(args.db) as store, Sampler(period_s=0.5) as sampler:
-        campaign = Campaign(base, settings, store=store, sampler=sampler, on_progress=_progress_printer())
+        campaign = Campaign(base, settings, store=store, sampler=sampler, on_progress=_progress_printer(),
+                            sources=sources)
         result = asyncio.run(campaign.run())
     print(file=sys.stderr)
     path = _write_result_file(result)
@@ -88,6 +99,19 @@ def _advise(args) -> int:
     if images:  # why stderr with --json: stdout holds the one JSON object
         print("pictures: " + ", ".join(str(p) for p in images), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _given_sources(args, base, model_path: str) -> dict:
+    """mix -> trace source for --traffic / --trace-file (empty: the built-in mixes)."""
+    from homepd.advise.traffic import FILE_MIX, TRAFFIC_MIX, file_source, traffic_source, units_of
+
+    if args.traffic is not None:
+        source = traffic_source(args.traffic, args.db, units_of(base.backend, model_path))
+        print(f"homepd advise: replaying {len(source.requests)} recorded requests ({source.label})", file=sys.stderr)
+        return {TRAFFIC_MIX: source}
+    if args.trace_file is not None:
+        return {FILE_MIX: file_source(args.trace_file)}
+    return {}
 
 
 def result_dict(result) -> dict:

@@ -65,11 +65,19 @@ class RecordedRequest:
     prompt_text: str | None = None       # only with serve --record-text
 
 
-def one_token_units(tokenizer: Tokenizer | None) -> tuple[tuple[str, ...], int]:
-    """(units, overhead): strings that are one token each, alone and in any sequence, for ``tokenizer``,
-    and the special tokens a raw prompt gets (its BOS).  Without a tokenizer: the word units, 1."""
+@dataclass(frozen=True)
+class TextUnits:
+    """Strings that are one token each, alone and in any sequence, for one tokenizer, and the special
+    tokens a raw prompt gets besides (its BOS)."""
+    units: tuple[str, ...] = WORD_UNITS
+    overhead_tokens: int = DEFAULT_OVERHEAD_TOKENS
+
+
+def one_token_units(tokenizer: Tokenizer | None) -> TextUnits:
+    """The ``TextUnits`` of ``tokenizer`` (checked on a seeded sequence of 256); without one, the word units
+    with one BOS (right for the BPE models homepd serves)."""
     if tokenizer is None:
-        return WORD_UNITS, DEFAULT_OVERHEAD_TOKENS
+        return TextUnits()
     rng = random.Random(0)
     for family in (WORD_UNITS, LETTER_UNITS):
         units = tuple(u for u in family
@@ -79,20 +87,22 @@ def one_token_units(tokenizer: Tokenizer | None) -> tuple[tuple[str, ...], int]:
         probe = "".join(rng.choice(units) for _ in range(256))
         if len(tokenizer.tokenize(probe, add_special=False, parse_special=False)) == 256:
             overhead = len(tokenizer.tokenize(probe, add_special=True, parse_special=False)) - 256
-            return units, overhead
+            return TextUnits(units, overhead)
     raise TraceError("found no one-token text units for this model's tokenizer: recorded traffic cannot be "
                      "replayed at its exact lengths on it")
 
 
 def traffic_trace(recorded: Sequence[RecordedRequest], *, rate_rps: float | None = None,
-                  n_requests: int | None = None, tokenizer: Tokenizer | None = None, seed: int = 0,
+                  n_requests: int | None = None, units: TextUnits | None = None, seed: int = 0,
                   name: str = "traffic") -> Trace:
     """The replay of ``recorded`` (in arrival order): see the module docstring.  ``rate_rps``: scale the
-    arrivals to that mean rate (None: as recorded); ``n_requests``: repeat or cut the window to that many."""
+    arrivals to that mean rate (None: as recorded); ``n_requests``: repeat or cut the window to that many;
+    ``units``: the replaying model's ``one_token_units`` (default: the word units); ``seed``: the text only
+    (the schedule, lengths and prefix structure are the recording's whatever the seed)."""
     if not recorded:
         raise TraceError("no recorded requests to replay")
     recorded = sorted(recorded, key=lambda r: r.arrived_unix_s)
-    units, overhead = one_token_units(tokenizer)
+    units, overhead = (units or TextUnits()).units, (units or TextUnits()).overhead_tokens
     n = len(recorded) if n_requests is None else n_requests
     if n < 1:
         raise TraceError(f"a trace needs at least one request, got n_requests={n}")
