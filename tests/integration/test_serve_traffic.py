@@ -1,0 +1,161 @@
+"""The traffic recording over real HTTP (fake backend, real sqlite), and ``homepd advise --traffic service``
+replaying it: lengths, classes and prefix shares recorded, no text unless asked, none at all with
+--no-record-traffic, and the replay's schedule the recording's."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from homepd.engine.prompt import chat_tokens, prompt_tokens
+from homepd.fakellm import FakeModel
+from homepd.measure.trace.prefixes import BLOCK_TOKENS
+from homepd.store import Store
+from homepd.store.traffic import traffic_since
+
+from test_serve_harness import ServeProcess
+
+MODEL = "smollm2-135m-instruct-q4_1"
+SHARED = "You are a careful assistant for a home lab. Answer briefly and precisely. "
+GAP_S = 0.4  # the think time between the client's requests: the workload's shape, not a synchronisation
+
+
+def chat_messages(question: str) -> list[dict]:
+    return [{"role": "user", "content": SHARED + question}]
+
+
+REQUESTS = [  # (route, body extras, header class)
+    ("chat", {"messages": chat_messages("What is a KV cache?"), "max_tokens": 5}, None),
+    ("chat", {"messages": chat_messages("Why does prefill stall decode on one core?"), "max_tokens": 9,
+              "request_class": "background"}, None),
+    ("completions", {"prompt": "Unrelated raw text, nothing like the chats.", "max_tokens": 3, "stream": True,
+                     "stream_options": {"include_usage": True}}, "background"),
+    ("chat", {"messages": chat_messages("What is a KV cache?"), "max_tokens": 4}, None),
+]
+
+
+def send_all(proc: ServeProcess) -> list[dict]:
+    """Send REQUESTS GAP_S apart; return (id, usage) of each."""
+    out = []
+    with proc.client() as client:
+        for i, (route, extra, klass) in enumerate(REQUESTS):
+            if i:
+                time.sleep(GAP_S)
+            headers = {"X-Homepd-Class": klass} if klass else {}
+            r = client.post(f"/v1/{'chat/completions' if route == 'chat' else 'completions'}",
+                            json={"model": MODEL, **extra}, headers=headers)
+            assert r.status_code == 200, r.text
+            if extra.get("stream"):
+                chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+                out.append({"id": chunks[0]["id"], "usage": chunks[-1]["usage"]})
+            else:
+                out.append({"id": r.json()["id"], "usage": r.json()["usage"]})
+    return out
+
+
+def expected_ids(route: str, extra: dict) -> list[int]:
+    tok = FakeModel()
+    return chat_tokens(tok, extra["messages"]) if route == "chat" else prompt_tokens(tok, extra["prompt"])
+
+
+def shared_blocks(a: list[int], b: list[int]) -> int:
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return n // BLOCK_TOKENS * BLOCK_TOKENS
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("traffic")
+    db = tmp / "store.db"
+    proc = ServeProcess(tmp, "--backend", "fake", "--n-ctx", "1024", "--db", str(db)).wait_ready()
+    try:
+        sent = send_all(proc)
+        status = proc.client().get("/status").json()["traffic"]
+    finally:
+        assert proc.terminate() == 0, proc.log()  # the drain flushes the recorder
+    with Store.open(db) as store:
+        rows = traffic_since(store, 0)
+    return db, sent, rows, status
+
+
+def test_the_service_records_lengths_classes_prefix_shares_and_no_text(recording):
+    _, sent, rows, status = recording
+    assert status["recording"] is True and status["text"] is False
+    assert [r.request_id for r in rows] == [s["id"] for s in sent]
+    assert [r.n_prompt_tokens for r in rows] == [s["usage"]["prompt_tokens"] for s in sent]
+    assert [r.n_prompt_tokens for r in rows] == [len(expected_ids(route, x)) for route, x, _ in REQUESTS]
+    assert [r.n_output_tokens for r in rows] == [s["usage"]["completion_tokens"] for s in sent] == [5, 9, 3, 4]
+    assert [r.request_class for r in rows] == ["interactive", "background", "background", "interactive"]
+    assert [r.route for r in rows] == ["chat", "chat", "completions", "chat"]
+    ids = [expected_ids(route, x) for route, x, _ in REQUESTS]
+    assert rows[0].n_prefix_tokens == 0 and rows[2].n_prefix_tokens == 0
+    assert rows[1].n_prefix_tokens == shared_blocks(ids[0], ids[1]) >= 4 * BLOCK_TOKENS
+    assert rows[1].prefix_parent == rows[0].request_id
+    assert rows[3].n_prefix_tokens == len(ids[3]) // BLOCK_TOKENS * BLOCK_TOKENS  # the same chat again
+    assert rows[3].prefix_parent == rows[0].request_id
+    assert all(r.prompt_text is None for r in rows)
+    gaps = [b.arrived_unix_s - a.arrived_unix_s for a, b in zip(rows, rows[1:])]
+    assert all(g >= GAP_S for g in gaps)
+
+
+def test_text_is_recorded_only_with_record_text_and_nothing_without_recording(tmp_path):
+    db = tmp_path / "text.db"
+    proc = ServeProcess(tmp_path, "--backend", "fake", "--db", str(db), "--record-text").wait_ready()
+    try:
+        with proc.client() as client:
+            assert client.post("/v1/completions", json={"model": MODEL, "prompt": "keep me", "max_tokens": 2}
+                               ).status_code == 200
+    finally:
+        assert proc.terminate() == 0, proc.log()
+    with Store.open(db) as store:
+        assert [r.prompt_text for r in traffic_since(store, 0)] == ["keep me"]
+
+    off = tmp_path / "off.db"
+    proc = ServeProcess(tmp_path, "--backend", "fake", "--db", str(off), "--no-record-traffic").wait_ready()
+    try:
+        with proc.client() as client:
+            assert client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}
+                               ).status_code == 200
+            assert client.get("/status").json()["traffic"] == {"recording": False}
+    finally:
+        assert proc.terminate() == 0, proc.log()
+    assert not off.exists()
+
+
+def homepd(*args):
+    return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_advise_traffic_service_replays_the_recorded_schedule(recording):
+    db, _, rows, _ = recording
+    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--traffic", "service", "--json",
+                 "--no-recovery")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    runs = [r for r in result["runs"] if r["mix"] == "traffic"]
+    assert runs and {r["mix"] for r in result["runs"]} == {"traffic"}
+    t0 = rows[0].arrived_unix_s
+    for run in runs:
+        reqs = sorted(run["record"]["requests"], key=lambda q: q["arrived_s"])
+        assert [q["n_prompt_tokens"] for q in reqs] == [r.n_prompt_tokens for r in rows]
+        assert [q["request_class"] for q in reqs] == [r.request_class for r in rows]
+        assert [q["n_output_tokens"] for q in reqs] == [r.n_output_tokens for r in rows]
+        offsets = [q["arrived_s"] - reqs[0]["arrived_s"] for q in reqs]
+        assert offsets == pytest.approx([r.arrived_unix_s - t0 for r in rows], abs=0.15)
+    assert result["recommendation"]["per_mix"][0]["mix"] == "traffic"
+
+
+def test_advise_traffic_errors_name_what_is_wrong(recording, tmp_path):
+    db = recording[0]
+    missing = homepd("advise", "--backend", "fake", "--db", str(tmp_path / "none.db"), "--traffic", "service")
+    assert missing.returncode != 0 and "no homepd store at" in missing.stderr
+    bad = homepd("advise", "--backend", "fake", "--db", str(db), "--traffic", "service:yesterday")
+    assert bad.returncode != 0 and "cannot read SINCE 'yesterday'" in bad.stderr
+    empty = homepd("advise", "--backend", "fake", "--db", str(db), "--traffic", "service:2099-01-01T00:00")
+    assert empty.returncode != 0 and "no recorded traffic" in empty.stderr and "it holds 4 requests" in empty.stderr
+    wrong = homepd("advise", "--backend", "fake", "--db", str(db), "--traffic", "server:2h")
+    assert wrong.returncode != 0 and "--traffic takes 'service'" in wrong.stderr
