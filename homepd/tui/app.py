@@ -178,11 +178,11 @@ class HomepdApp(App):
         self._tell("chat")
 
     # advise ---------------------------------------------------------------------------------------
-    def start_advise(self, quick: bool) -> None:
+    def start_advise(self, quick: bool, traffic: str | None = None) -> None:
         s = self.state
         s.advise_running, s.advise_step, s.advise_error = True, None, None
         s.advise_candidates = {}
-        self.jobs.advise(quick)
+        self.jobs.advise(quick, traffic)
         self._tell("advise")
 
     def on_advise_progress(self, message: m.AdviseProgress) -> None:

@@ -109,10 +109,10 @@ class Jobs:
         self._run(work, "switch")
 
     # advise, history, apply ---------------------------------------------------------------------
-    def advise(self, quick: bool) -> None:
+    def advise(self, quick: bool, traffic: str | None = None) -> None:
         def work() -> None:
             try:
-                view = self.source.run_advise(quick, self._post)
+                view = self.source.run_advise(quick, self._post, traffic=traffic)
             except BaseException as exc:  # CancelledError included: the user cancelled it
                 self._post(m.AdviseFinished(None, "cancelled" if type(exc).__name__ == "CancelledError"
                                             else error_text(exc)))

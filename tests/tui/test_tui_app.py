@@ -256,3 +256,26 @@ async def test_a_model_pull_shows_a_progress_bar_until_the_engine_is_up():
         source.release("start")
         await settle(app, pilot)
         assert not bar.display and app.state.is_ready
+
+
+async def test_advise_on_my_last_n_hours_of_traffic_runs_a_campaign_on_that_window():
+    from homepd.tui.screens.traffic import TrafficHoursScreen
+
+    source = FakeSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("a", "t")
+        await settle(app, pilot)
+        assert isinstance(app.screen, TrafficHoursScreen)
+        box = app.screen.query_one("#traffic-hours", Input)
+        box.value = "soon"
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, TrafficHoursScreen) and source.advise_traffic == []  # refused, still asking
+        box.value = "6"
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, AdviseScreen)
+        assert source.advise_traffic == ["service:6h"]
+        assert app.state.advise_view is not None and not app.state.advise_running

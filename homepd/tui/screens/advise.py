@@ -9,10 +9,12 @@ from textual.widgets import Footer, Header, ProgressBar, Static
 
 from homepd.tui.screens.base import StateScreen
 from homepd.tui.screens.confirm import ConfirmScreen
+from homepd.tui.screens.traffic import TrafficHoursScreen
 from homepd.tui.state import AppState
 from homepd.tui.widgets.evidence import EvidencePanel
 
-IDLE = ("s: quick campaign (about 2 min on 2 cores) · f: full campaign (about 10 min). "
+IDLE = ("s: quick campaign (about 2 min on 2 cores) · f: full campaign (about 10 min) · t: on my last N hours "
+        "of traffic. "
         "Each candidate runs on its own engines with the same short/long/mixed traces; nothing is changed "
         "until you apply (w).")
 
@@ -21,6 +23,7 @@ class AdviseScreen(StateScreen):
     BINDINGS = [
         Binding("s", "start(True)", "quick run"),
         Binding("f", "start(False)", "full run"),
+        Binding("t", "start_traffic", "my traffic…"),
         Binding("x", "cancel", "cancel run"),
         Binding("m", "next_mix", "next mix"),
         Binding("w", "apply", "apply…"),
@@ -39,6 +42,17 @@ class AdviseScreen(StateScreen):
             self.notify("an advise campaign is already running", severity="warning")
             return
         self.app.start_advise(quick)
+
+    def action_start_traffic(self) -> None:
+        """Ask for N, then a quick campaign on the service's last N hours (``advise --traffic service:Nh``)."""
+        if self.app.state.advise_running:
+            self.notify("an advise campaign is already running", severity="warning")
+            return
+
+        def answered(hours: float | None) -> None:
+            if hours is not None:
+                self.app.start_advise(True, traffic=f"service:{hours:g}h")
+        self.app.push_screen(TrafficHoursScreen(), answered)
 
     def action_cancel(self) -> None:
         if self.app.state.advise_running:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import os
 import threading
 from typing import Callable
@@ -84,8 +85,9 @@ class DataSource(abc.ABC):
         raise HomepdError("the architecture can only be switched when the app runs its own engine")
 
     # advise, the store and the config file (local to this box) --------------------------------------
-    def run_advise(self, quick: bool, emit: Emit) -> AdviseView:
-        """Run an advise campaign here (it starts its own engines), storing its evidence; emit progress."""
+    def run_advise(self, quick: bool, emit: Emit, traffic: str | None = None) -> AdviseView:
+        """Run an advise campaign here (it starts its own engines), storing its evidence; emit progress.
+        ``traffic``: ``service[:SINCE]`` replays the service's recorded traffic instead of the built-in mixes."""
         from homepd.advise.campaign import AdviseSettings, Campaign
         from homepd.hw.monitor import Sampler
         from homepd.store import Store
@@ -94,6 +96,14 @@ class DataSource(abc.ABC):
 
         settings = AdviseSettings.quick_settings() if quick else AdviseSettings()
         base = self.config
+        sources = {}
+        if traffic is not None:
+            from homepd.advise.traffic import TRAFFIC_MIX, traffic_source, units_of
+            from homepd.launch import prepare
+
+            units = units_of(base.backend, prepare(base, pull=False, progress=False).model_path)
+            sources = {TRAFFIC_MIX: traffic_source(traffic, self.db, units)}
+            settings = dataclasses.replace(settings, mixes=tuple(sources))
         if not self._advise_lock.acquire(blocking=False):
             raise HomepdError("an advise campaign is already running")
         self._advise_cancelled = False
@@ -101,7 +111,7 @@ class DataSource(abc.ABC):
         try:
             # why a sampler of its own: per-role memory peaks must not mix in this app's own workers
             with Store.open(self.db) as store, Sampler(period_s=0.5) as sampler:
-                campaign = Campaign(base, settings, store=store, sampler=sampler,
+                campaign = Campaign(base, settings, store=store, sampler=sampler, sources=sources,
                                     on_progress=lambda p: emit(AdviseProgress(step_from_progress(p))))
                 task = loop.create_task(campaign.run())
                 self._advise = (loop, task)

@@ -75,6 +75,7 @@ class FakeSource(DataSource):
         self.mode = Mode(self.config.mode)
         self.n_ticks = 0
         self.applied: list[dict] = []
+        self.advise_traffic: list[str | None] = []   # run_advise's traffic argument, per run
         self.started = self.stopped = False
         self.gpus = gpus
         self._gates: dict[str, threading.Event] = {}
@@ -159,8 +160,10 @@ class FakeSource(DataSource):
         self.mode = Mode(mode)
         return self.description
 
-    def run_advise(self, quick: bool, emit: Emit) -> AdviseView:
+    def run_advise(self, quick: bool, emit: Emit, traffic: str | None = None) -> AdviseView:
         from homepd.tui.messages import AdviseProgress
+
+        self.advise_traffic.append(traffic)
 
         total = len(CANDIDATES[:3]) * len(MIXES)
         emit(AdviseProgress(AdviseStep(0, total, f"{CANDIDATES[0]} on the short trace (repeat 1/1)", CANDIDATES[0],
