@@ -159,3 +159,22 @@ def test_advise_traffic_errors_name_what_is_wrong(recording, tmp_path):
     assert empty.returncode != 0 and "no recorded traffic" in empty.stderr and "it holds 4 requests" in empty.stderr
     wrong = homepd("advise", "--backend", "fake", "--db", str(db), "--traffic", "server:2h")
     assert wrong.returncode != 0 and "--traffic takes 'service'" in wrong.stderr
+
+
+def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
+    from homepd.measure.trace import make_trace, write_trace
+
+    trace = make_trace("mixed", 5, 4.0, max_tokens=6, seed=3)
+    path = tmp_path / "mine.jsonl"
+    write_trace(trace, path)
+    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(tmp_path / "r.db"), "--trace-file", str(path),
+                 "--json", "--no-recovery")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["runs"] and {r["mix"] for r in result["runs"]} == {"trace"}
+    for run in result["runs"]:
+        reqs = sorted(run["record"]["requests"], key=lambda q: q["arrived_s"])
+        assert [q["n_output_tokens"] for q in reqs] == [r.max_tokens for r in trace]
+        assert [q["request_class"] for q in reqs] == [r.request_class for r in trace]
+    missing = homepd("advise", "--backend", "fake", "--trace-file", str(tmp_path / "nope.jsonl"))
+    assert missing.returncode != 0 and "cannot read the trace file" in missing.stderr
