@@ -65,10 +65,12 @@ class PrefixTracker:
         return match
 
     def _block_digests(self, token_ids: Sequence[int]) -> list[bytes]:
-        b = self.block_tokens
+        n_blocks = len(token_ids) // self.block_tokens
+        step = self.block_tokens * 8
+        packed = struct.pack(f"<{n_blocks * self.block_tokens}q", *token_ids[:n_blocks * self.block_tokens])
         out, previous = [], b""
-        for start in range(0, len(token_ids) - b + 1, b):
-            block = struct.pack(f"<{b}q", *token_ids[start:start + b])
-            previous = hashlib.blake2b(previous + block, key=self._key, digest_size=_DIGEST_BYTES).digest()
+        for start in range(0, n_blocks * step, step):
+            previous = hashlib.blake2b(previous + packed[start:start + step], key=self._key,
+                                       digest_size=_DIGEST_BYTES).digest()
             out.append(previous)
         return out
