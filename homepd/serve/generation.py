@@ -22,6 +22,7 @@ from fastapi.sse import EventSourceResponse, format_sse_event
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.sampling import SamplingParams
 from homepd.errors import HomepdError
+from homepd.measure.trace.traffic import Route
 from homepd.serve.errors import UNAVAILABLE, APIError, from_homepd_error, unavailable
 from homepd.serve.middleware import cut
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
@@ -83,7 +84,8 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
         if error.status < 500:
             service.metrics.rejected.labels(error.code or error.type).inc()
         raise error from None
-    service.note_arrival(stream, "chat" if shape.is_chat else "completions", params.max_tokens, prompt, messages)
+    service.note_arrival(stream, Route.CHAT if shape.is_chat else Route.COMPLETIONS, params.max_tokens, prompt,
+                         messages)
     created = int(time.time())
     model = body.model
     if body.stream:

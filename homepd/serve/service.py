@@ -23,6 +23,7 @@ from homepd.serve.errors import unavailable
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.settings import ServeSettings
 from homepd.serve.systemd import Notifier
+from homepd.measure.trace.traffic import Route
 from homepd.serve.traffic import TrafficCollector, TrafficRecorder, prompt_text
 
 log = logging.getLogger("homepd.serve")
@@ -164,12 +165,12 @@ class Service:
         self.in_flight[request_id] = request_class
         self._idle.clear()
 
-    def note_arrival(self, stream, route: str, max_tokens: int, prompt: str | None, messages: list | None) -> None:
+    def note_arrival(self, stream, route: Route, max_tokens: int, prompt: str | None, messages: list | None) -> None:
         """A request reached the engine: its shape goes to the traffic recording (when on)."""
         if self.traffic is not None:
             arrived_unix_s = time.time() - (time.monotonic() - stream.lifecycle.arrived_s)
             self.traffic.arrived(stream.request_id, stream.prompt_ids, arrived_unix_s, route,
-                                 str(stream.lifecycle.request_class), max_tokens,
+                                 stream.lifecycle.request_class, max_tokens,
                                  prompt_text(prompt, messages) if self.traffic.record_text else None)
 
     def finished(self, request_id: str, lc: Lifecycle | None, request_class: str) -> None:

@@ -23,9 +23,11 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
+from homepd.core.admission import RequestClass
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.records import FinishReason
 from homepd.measure.trace.prefixes import PrefixTracker
-from homepd.measure.trace.traffic import RecordedRequest
+from homepd.measure.trace.traffic import RecordedRequest, Route
 
 log = logging.getLogger("homepd.serve")
 FLUSH_PERIOD_S = 1.0
@@ -38,8 +40,8 @@ class _Arrived:
     request_id: str
     prompt_ids: tuple[int, ...]
     arrived_unix_s: float
-    route: str
-    request_class: str
+    route: Route
+    request_class: RequestClass
     max_tokens: int
     text: str | None
 
@@ -48,7 +50,7 @@ class _Arrived:
 class _Ended:
     request_id: str
     n_output_tokens: int
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     n_cached_tokens: int
     ttft_ms: float | None
     e2e_ms: float | None
@@ -75,15 +77,14 @@ class TrafficRecorder:
     def start(self) -> None:
         self._thread.start()
 
-    def arrived(self, request_id: str, prompt_ids: tuple[int, ...], arrived_unix_s: float, route: str,
-                request_class: str, max_tokens: int, text: str | None = None) -> None:
+    def arrived(self, request_id: str, prompt_ids: tuple[int, ...], arrived_unix_s: float, route: Route,
+                request_class: RequestClass, max_tokens: int, text: str | None = None) -> None:
         self._put(_Arrived(request_id, tuple(prompt_ids), arrived_unix_s, route, request_class, max_tokens,
                            text if self.record_text else None))
 
     def ended(self, request_id: str, lc: Lifecycle) -> None:
         ms = (lambda s: None if s is None else s * 1e3)
-        self._put(_Ended(request_id, len(lc.token_times_s), None if lc.finish_reason is None else lc.finish_reason.value,
-                         lc.n_cached_tokens, ms(lc.ttft_s),
+        self._put(_Ended(request_id, len(lc.token_times_s), lc.finish_reason, lc.n_cached_tokens, ms(lc.ttft_s),
                          None if lc.ended_s is None else ms(lc.ended_s - lc.arrived_s)))
 
     def _put(self, event) -> None:

@@ -12,6 +12,7 @@ keeps at most ``max_rows`` rows and none older than ``max_age_days``.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from typing import Iterable
 
@@ -23,7 +24,8 @@ SECONDS_PER_DAY = 86_400.0
 
 def add_traffic(store, requests: Iterable[RecordedRequest]) -> int:
     """Write ``requests`` in one transaction; return how many."""
-    rows = [dataclasses.asdict(r) for r in requests]
+    rows = [{k: v.value if isinstance(v, enum.Enum) else v for k, v in dataclasses.asdict(r).items()}
+            for r in requests]
     if rows:
         with store._lock, store.db.atomic():
             store.db["traffic"].insert_all(rows)

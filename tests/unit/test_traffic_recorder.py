@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
+from homepd.core.admission import RequestClass
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
+from homepd.measure.trace.traffic import Route
 from homepd.serve.traffic import TrafficRecorder
 from homepd.store import Store
 from homepd.store.traffic import traffic_since
@@ -32,15 +34,15 @@ def test_rows_carry_shape_prefix_share_and_no_text(tmp_path):
     path = tmp_path / "h.db"
     rec = TrafficRecorder(lambda: Store.open(path), service_id="svc")
     rec.start()
-    rec.arrived("a", tuple(SYSTEM + [1, 2, 3]), NOW, "chat", "interactive", 64, text="secret words")
-    rec.arrived("b", tuple(SYSTEM + [7] * 30), NOW + 1.5, "completions", "background", 8, text="more secrets")
+    rec.arrived("a", tuple(SYSTEM + [1, 2, 3]), NOW, Route.CHAT, RequestClass.INTERACTIVE, 64, text="secret words")
+    rec.arrived("b", tuple(SYSTEM + [7] * 30), NOW + 1.5, Route.COMPLETIONS, RequestClass.BACKGROUND, 8, text="more secrets")
     rec.ended("b", ended("b", 8))
     rec.ended("a", ended("a", 3))
     rec.stop()
     with Store.open(path) as store:
         rows = traffic_since(store, 0)
     assert [(r.request_id, r.route, r.request_class, r.n_prompt_tokens, r.n_output_tokens, r.max_tokens)
-            for r in rows] == [("a", "chat", "interactive", 43, 3, 64), ("b", "completions", "background", 70, 8, 8)]
+            for r in rows] == [("a", Route.CHAT, RequestClass.INTERACTIVE, 43, 3, 64), ("b", Route.COMPLETIONS, RequestClass.BACKGROUND, 70, 8, 8)]
     assert [(r.n_prefix_tokens, r.prefix_parent) for r in rows] == [(0, None), (32, "a")]
     assert all(r.prompt_text is None and r.finish_reason == "length" and r.service_id == "svc" for r in rows)
     assert rows[1].arrived_unix_s == NOW + 1.5 and rows[1].arrived_at[:19] == time.strftime(
@@ -52,7 +54,7 @@ def test_text_is_kept_only_when_asked(tmp_path):
     path = tmp_path / "h.db"
     rec = TrafficRecorder(lambda: Store.open(path), record_text=True)
     rec.start()
-    rec.arrived("a", tuple(SYSTEM), NOW, "chat", "interactive", 4, text="hello there")
+    rec.arrived("a", tuple(SYSTEM), NOW, Route.CHAT, RequestClass.INTERACTIVE, 4, text="hello there")
     rec.ended("a", ended("a", 1))
     rec.stop()
     with Store.open(path) as store:
@@ -67,12 +69,12 @@ def test_a_full_database_is_counted_and_recording_carries_on(tmp_path):
     rec = TrafficRecorder(lambda: store, service_id="svc")
     rec.start()
     for i in range(300):  # more than a batch
-        rec.arrived(f"r{i}", tuple(SYSTEM + [i]), NOW + i, "chat", "interactive", 4)
+        rec.arrived(f"r{i}", tuple(SYSTEM + [i]), NOW + i, Route.CHAT, RequestClass.INTERACTIVE, 4)
         rec.ended(f"r{i}", ended(f"r{i}", 2))
     wait_for(lambda: rec.n_write_errors >= 1)
     assert "full" in rec.last_error and rec.n_dropped >= 1 and rec.n_recorded == 0
     store.db.execute("PRAGMA max_page_count = 1073741823")
-    rec.arrived("late", tuple(SYSTEM), NOW + 500, "chat", "interactive", 4)
+    rec.arrived("late", tuple(SYSTEM), NOW + 500, Route.CHAT, RequestClass.INTERACTIVE, 4)
     rec.ended("late", ended("late", 2))
     rec.stop()
     with Store.open(path) as check:
@@ -86,7 +88,7 @@ def test_rows_older_than_the_retention_are_not_kept(tmp_path):
     rec = TrafficRecorder(lambda: Store.open(path), max_age_days=1.0)
     rec.start()
     for rid, t in (("old", NOW - 2 * 86400), ("new", NOW)):
-        rec.arrived(rid, tuple(SYSTEM), t, "chat", "interactive", 4)
+        rec.arrived(rid, tuple(SYSTEM), t, Route.CHAT, RequestClass.INTERACTIVE, 4)
         rec.ended(rid, ended(rid, 1))
     rec.stop()
     with Store.open(path) as store:

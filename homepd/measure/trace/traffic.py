@@ -24,12 +24,15 @@ structure.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import random
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from homepd.measure.trace.model import CLASS_OF_KIND, LONG_PROMPT_TOKENS, Trace, TraceError, TraceRequest
+from homepd.core.admission import RequestClass
+from homepd.core.records import FinishReason
+from homepd.measure.trace.model import LONG_PROMPT_TOKENS, Trace, TraceError, TraceRequest
 
 # why: these are one token in the BPE vocabularies of the models homepd serves (a leading space
 # starts a word, so a sequence of them never merges); single letters serve byte-level tokenizers (the fake)
@@ -44,6 +47,15 @@ class Tokenizer(Protocol):
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
 
 
+class Route(str, enum.Enum):
+    """Which OpenAI route a recorded request came by."""
+    CHAT = "chat"                  # /v1/chat/completions
+    COMPLETIONS = "completions"    # /v1/completions
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class RecordedRequest:
     """One request as ``homepd serve`` recorded it (a row of the store's ``traffic`` table)."""
@@ -51,9 +63,9 @@ class RecordedRequest:
     arrived_unix_s: float                # wall time of arrival
     n_prompt_tokens: int                 # after the chat template: what the engine prefilled
     n_output_tokens: int
-    request_class: str = "interactive"
-    route: str = "chat"                  # "chat" | "completions"
-    finish_reason: str | None = None
+    request_class: RequestClass = RequestClass.INTERACTIVE
+    route: Route = Route.CHAT
+    finish_reason: FinishReason | None = None
     max_tokens: int | None = None        # what the request allowed
     n_prefix_tokens: int = 0             # leading tokens an earlier prompt began with (whole blocks)
     prefix_parent: str | None = None     # the request id of that earlier prompt
@@ -63,6 +75,11 @@ class RecordedRequest:
     service_id: str = ""
     arrived_at: str = ""                 # arrived_unix_s as ISO 8601 UTC
     prompt_text: str | None = None       # only with serve --record-text
+
+    def __post_init__(self):  # why: rows come back from sqlite as plain strings
+        object.__setattr__(self, "request_class", RequestClass.parse(self.request_class))
+        object.__setattr__(self, "route", Route(self.route))
+        object.__setattr__(self, "finish_reason", FinishReason.parse(self.finish_reason))
 
 
 @dataclass(frozen=True)
@@ -135,7 +152,7 @@ def traffic_trace(recorded: Sequence[RecordedRequest], *, rate_rps: float | None
         requests.append(TraceRequest(
             arrival_s=round(cycle * period_s + rec.arrived_unix_s - t0, 4), prompt="".join(own),
             max_tokens=max(1, rec.n_output_tokens), kind=kind,
-            request_class=rec.request_class if rec.request_class in CLASS_OF_KIND.values() else "interactive",
+            request_class=rec.request_class.value,
             ignore_eos=True))
     trace = Trace(tuple(requests), name=name, seed=seed, generator={
         "source": "recorded traffic", "n_recorded": len(recorded), "first_arrival_unix_s": t0,
