@@ -73,6 +73,7 @@ def _progress_printer(stream=sys.stderr):
 
 def _advise(args) -> int:
     from homepd.advise.render import render_result
+    from homepd.advise.traffic import given_sources
     from homepd.hw.monitor import Sampler
     from homepd.launch import prepare
     from homepd.store import Store
@@ -80,9 +81,12 @@ def _advise(args) -> int:
     base = config_from_args(args)
     settings = _settings(args)
     setup = prepare(base, pull=True)  # fetch the model first (with its own progress bar), never inside the campaign
-    sources = _given_sources(args, base, setup.model_path)
+    sources = given_sources(args.db, base.backend, setup.model_path, traffic=args.traffic, trace_file=args.trace_file)
     if sources:
         settings = dataclasses.replace(settings, mixes=tuple(sources))
+        for mix, source in sources.items():
+            print(f"homepd advise: replaying {source.label} ({len(source.trace())} requests) as the {mix} mix",
+                  file=sys.stderr)
     print(f"homepd advise: {'quick' if settings.quick else 'full'} campaign on {base.model}", file=sys.stderr)
     with Store.open(args.db) as store, Sampler(period_s=0.5) as sampler:
         campaign = Campaign(base, settings, store=store, sampler=sampler, on_progress=_progress_printer(),
@@ -99,19 +103,6 @@ def _advise(args) -> int:
     if images:  # why stderr with --json: stdout holds the one JSON object
         print("pictures: " + ", ".join(str(p) for p in images), file=sys.stderr if args.json else sys.stdout)
     return 0
-
-
-def _given_sources(args, base, model_path: str) -> dict:
-    """mix -> trace source for --traffic / --trace-file (empty: the built-in mixes)."""
-    from homepd.advise.traffic import FILE_MIX, TRAFFIC_MIX, file_source, traffic_source, units_of
-
-    if args.traffic is not None:
-        source = traffic_source(args.traffic, args.db, units_of(base.backend, model_path))
-        print(f"homepd advise: replaying {len(source.requests)} recorded requests ({source.label})", file=sys.stderr)
-        return {TRAFFIC_MIX: source}
-    if args.trace_file is not None:
-        return {FILE_MIX: file_source(args.trace_file)}
-    return {}
 
 
 def result_dict(result) -> dict:

@@ -59,6 +59,17 @@ def file_source(path: str | Path) -> TraceFileSource:
     return TraceFileSource(read_trace(path), label=str(path), name=FILE_MIX)
 
 
+def given_sources(db: str | Path | None, backend: str, model_path: str, *, traffic: str | None = None,
+                  trace_file: str | Path | None = None) -> dict:
+    """mix -> trace source for ``--traffic`` or ``--trace-file`` (empty when neither is given), for
+    ``Campaign(sources=...)``: the campaign's mixes become these."""
+    if traffic is not None:
+        return {TRAFFIC_MIX: traffic_source(traffic, db, units_of(backend, model_path))}
+    if trace_file is not None:
+        return {FILE_MIX: file_source(trace_file)}
+    return {}
+
+
 def units_of(backend: str, model_path: str) -> TextUnits:
     """The one-token text units of the model the campaign replays on (its tokenizer, vocabulary only)."""
     from homepd.backends import model_classes

@@ -19,11 +19,11 @@ from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
+from homepd.measure.trace.traffic import Route
 from homepd.serve.errors import unavailable
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.settings import ServeSettings
 from homepd.serve.systemd import Notifier
-from homepd.measure.trace.traffic import Route
 from homepd.serve.traffic import TrafficCollector, TrafficRecorder, prompt_text
 
 log = logging.getLogger("homepd.serve")

@@ -96,14 +96,15 @@ class DataSource(abc.ABC):
 
         settings = AdviseSettings.quick_settings() if quick else AdviseSettings()
         base = self.config
-        sources = {}
         if traffic is not None:
-            from homepd.advise.traffic import TRAFFIC_MIX, traffic_source, units_of
+            from homepd.advise.traffic import given_sources
             from homepd.launch import prepare
 
-            units = units_of(base.backend, prepare(base, pull=False, progress=False).model_path)
-            sources = {TRAFFIC_MIX: traffic_source(traffic, self.db, units)}
+            sources = given_sources(self.db, base.backend, prepare(base, pull=False, progress=False).model_path,
+                                    traffic=traffic)
             settings = dataclasses.replace(settings, mixes=tuple(sources))
+        else:
+            sources = {}
         if not self._advise_lock.acquire(blocking=False):
             raise HomepdError("an advise campaign is already running")
         self._advise_cancelled = False
