@@ -81,7 +81,8 @@ def _advise(args) -> int:
     base = config_from_args(args)
     settings = _settings(args)
     setup = prepare(base, pull=True)  # fetch the model first (with its own progress bar), never inside the campaign
-    sources = given_sources(args.db, base.backend, setup.model_path, traffic=args.traffic, trace_file=args.trace_file)
+    sources = given_sources(args.db, base.backend, setup.model_path, traffic=args.traffic, trace_file=args.trace_file,
+                            n_ctx=base.n_ctx)
     if sources:
         settings = dataclasses.replace(settings, mixes=tuple(sources))
         for mix, source in sources.items():

@@ -60,11 +60,18 @@ def file_source(path: str | Path) -> TraceFileSource:
 
 
 def given_sources(db: str | Path | None, backend: str, model_path: str, *, traffic: str | None = None,
-                  trace_file: str | Path | None = None) -> dict:
+                  trace_file: str | Path | None = None, n_ctx: int | None = None) -> dict:
     """mix -> trace source for ``--traffic`` or ``--trace-file`` (empty when neither is given), for
-    ``Campaign(sources=...)``: the campaign's mixes become these."""
+    ``Campaign(sources=...)``: the campaign's mixes become these.  With ``n_ctx``, recorded traffic whose
+    requests would not fit the campaign's context is refused (they would fail, not measure anything)."""
     if traffic is not None:
-        return {TRAFFIC_MIX: traffic_source(traffic, db, units_of(backend, model_path))}
+        source = traffic_source(traffic, db, units_of(backend, model_path))
+        need = max(r.n_prompt_tokens + max(1, r.n_output_tokens) for r in source.requests)
+        if n_ctx is not None and need > n_ctx:
+            raise ConfigError(f"the recorded traffic has a request of {need} tokens (prompt + output), more than "
+                              f"the campaign's context of {n_ctx}: pass --n-ctx {need} or more (what the service "
+                              "ran with)")
+        return {TRAFFIC_MIX: source}
     if trace_file is not None:
         return {FILE_MIX: file_source(trace_file)}
     return {}

@@ -159,6 +159,8 @@ def test_advise_traffic_errors_name_what_is_wrong(recording, tmp_path):
     assert empty.returncode != 0 and "no recorded traffic" in empty.stderr and "it holds 4 requests" in empty.stderr
     wrong = homepd("advise", "--backend", "fake", "--db", str(db), "--traffic", "server:2h")
     assert wrong.returncode != 0 and "--traffic takes 'service'" in wrong.stderr
+    small = homepd("advise", "--backend", "fake", "--db", str(db), "--traffic", "service", "--n-ctx", "64")
+    assert small.returncode != 0 and "more than the campaign's context of 64: pass --n-ctx" in small.stderr
 
 
 def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):

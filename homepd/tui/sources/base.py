@@ -101,7 +101,7 @@ class DataSource(abc.ABC):
             from homepd.launch import prepare
 
             sources = given_sources(self.db, base.backend, prepare(base, pull=False, progress=False).model_path,
-                                    traffic=traffic)
+                                    traffic=traffic, n_ctx=base.n_ctx)
             settings = dataclasses.replace(settings, mixes=tuple(sources))
         else:
             sources = {}
