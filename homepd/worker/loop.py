@@ -100,7 +100,8 @@ class WorkerLoop:
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
                                    chunk=spec.chunk, decodes=spec.decodes, policy=policy,
                                    kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,
-                                   max_cached_cells=spec.max_cached_cells)
+                                   # why: that fault stands in for the cache; a real reuse would blur its claims
+                                   max_cached_cells=0 if spec.fault == "claim_prefix_hits" else spec.max_cached_cells)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us
