@@ -30,8 +30,9 @@ DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 # test-only scheduling bugs the worker can inject, to prove the teacher-forced check catches them
 # (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again;
 # and "claim_prefix_hits": the worker reports half of each prompt as a reused prefix without reusing anything,
-# so the faces' cache figures are tested end to end on the fake backend (tests/integration/test_serve_cache.py)
-FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits")
+# so the faces' cache figures are tested end to end on the fake backend (tests/integration/test_serve_cache.py);
+# and "reuse_off_by_one": a reused prefix keeps one cell past the match (tests/integration/test_prefix_reuse.py)
+FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits", "reuse_off_by_one")
 # "llama": llama.cpp; "fake": a deterministic stand-in for tests of logic that does not need the model
 BACKENDS = ("llama", "fake")
 
@@ -184,6 +185,15 @@ class EngineConfig:
         "admission", parse_bool, "reject a request at once (HTTP 503 + Retry-After) when its predicted TTFT "
                                  "misses its class's budget, instead of letting it fail late",
         action=argparse.BooleanOptionalAction))
+    # prefix reuse (homepd.core.prefixreuse): a finished request's KV stays in its worker's context, and a
+    # prompt starting with it prefills only the rest
+    prefix_cache: bool = field(default=True, metadata=_opt(
+        "prefix-cache", parse_bool, "keep finished requests' KV in the context and reuse the longest matching "
+                                    "prefix of a new prompt (conversations, shared documents)",
+        action=argparse.BooleanOptionalAction))
+    prefix_cache_cells: int | None = field(default=None, metadata=_opt(
+        "prefix-cache-cells", int, "KV cells cached prefixes may hold at most; idle cached cells slow every "
+                                   "running step on the unified KV cache (default: n_ctx/4)"))
     fault: str | None = field(default=None, metadata=_opt(  # test-only, one of FAULTS: a hidden flag
         "fault", help=argparse.SUPPRESS))
 
@@ -218,6 +228,9 @@ class EngineConfig:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.fault is not None and self.fault not in FAULTS:
             raise ConfigError(f"fault must be one of {', '.join(FAULTS)} (test-only), got {self.fault!r}")
+        if self.prefix_cache_cells is not None and (not isinstance(self.prefix_cache_cells, int)
+                                                    or self.prefix_cache_cells < 0):
+            raise ConfigError(f"prefix_cache_cells must be an integer >= 0, got {self.prefix_cache_cells!r}")
         if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
             raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
         if not isinstance(self.n_replicas, int) or self.n_replicas < 2:
@@ -394,3 +407,10 @@ def _toml_value(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise ConfigError(f"cannot write {value!r} to the config file")
+
+
+def max_cached_cells(config: EngineConfig, n_ctx: int) -> int:
+    """KV cells a worker's cached prefixes may hold (0: no prefix cache), for a worker of ``n_ctx`` cells."""
+    if not config.prefix_cache:
+        return 0
+    return min(n_ctx, config.prefix_cache_cells if config.prefix_cache_cells is not None else n_ctx // 4)

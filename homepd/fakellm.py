@@ -22,6 +22,7 @@ import struct
 
 import numpy as np
 
+from homepd.core.prefixcache import ReuseMode
 from homepd.core.special import SpecialToken
 from homepd.errors import WorkerError
 
@@ -84,10 +85,12 @@ class FakeContext:
     """``n_seq_max`` sequences over ``n_ctx`` cells; ``decode`` validates positions like llama.cpp would."""
 
     def __init__(self, model: FakeModel, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
-                 n_ubatch: int | None = None):
+                 n_ubatch: int | None = None, kv_unified: bool = True):
         self.model = model
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self._seqs: dict[int, list[int]] = {}
+        self._cells: dict[int, list[int]] = {}  # per sequence, the cell of each position (shared by seq_copy)
+        self._next_cell = 0
         self._rows: list[np.ndarray] = []
 
     def close(self) -> None:
@@ -96,8 +99,7 @@ class FakeContext:
     def decode(self, tokens: list[int], positions: list[int], seq_ids: list[int], wants_logits: list[bool]) -> None:
         n = len(tokens)
         assert 0 < n <= self.n_batch and len(positions) == len(seq_ids) == len(wants_logits) == n
-        used = sum(len(t) for t in self._seqs.values())
-        if used + n > self.n_ctx:
+        if self.n_cells_used + n > self.n_ctx:
             raise WorkerError(f"llama_decode returned 1 for a batch of {n} tokens "
                               f"(1 = no KV slot: context {self.n_ctx} too small for what is running)")
         rows = []
@@ -108,6 +110,8 @@ class FakeContext:
             if pos != len(seq):
                 raise WorkerError(f"fake decode: sequence {sid} holds {len(seq)} tokens, got position {pos}")
             seq.append(int(token))
+            self._cells.setdefault(sid, []).append(self._next_cell)
+            self._next_cell += 1
             if wants:
                 logits = np.zeros(N_VOCAB, dtype=np.float32)
                 logits[next_token(seq)] = 10.0
@@ -124,6 +128,30 @@ class FakeContext:
 
     def seq_rm(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
+        self._cells.pop(seq_id, None)
+
+    reuse_mode = ReuseMode.PREFIX
+    can_share = True
+
+    def seq_copy(self, src_id: int, dst_id: int, n_cells: int) -> int:
+        assert not self._seqs.get(dst_id)
+        self._seqs[dst_id] = self._seqs.get(src_id, [])[:n_cells]
+        self._cells[dst_id] = self._cells.get(src_id, [])[:n_cells]
+        return len(self._seqs[dst_id])
+
+    def seq_trim(self, seq_id: int, n_keep: int) -> int | None:
+        tokens = self._seqs.get(seq_id, [])
+        del tokens[n_keep:]
+        del self._cells.get(seq_id, [])[n_keep:]
+        return len(tokens)
+
+    @property
+    def n_cells_used(self) -> int:
+        """Cells held by any sequence, each once (what a unified cache has in use)."""
+        return len(set().union(*self._cells.values()))
+
+    def seq_n_pos(self, seq_id: int) -> int:
+        return len(self._seqs.get(seq_id, ()))
 
     # KV state of one sequence ------------------------------------------------
     def state_size(self, seq_id: int) -> int:
@@ -144,4 +172,6 @@ class FakeContext:
             raise WorkerError(f"llama_state_seq_set_data refused {n_bytes} bytes for sequence {seq_id}")
         (count,) = struct.unpack_from("<I", data, len(_MAGIC))
         self._seqs[seq_id] = np.frombuffer(data, dtype="<i4", count=count, offset=len(_MAGIC) + 4).tolist()
+        self._cells[seq_id] = list(range(self._next_cell, self._next_cell + count))
+        self._next_cell += count
         return n_bytes

@@ -16,6 +16,7 @@ import numpy as np
 
 import llama_cpp as C
 
+from homepd.core.prefixcache import ReuseMode
 from homepd.core.special import SpecialToken
 from homepd.errors import ModelError, WorkerError
 
@@ -56,6 +57,8 @@ class LlamaModel:
         self.eos_id = C.llama_vocab_eos(self._vocab)
         self.size_bytes = int(C.llama_model_size(self._model))
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+        self.n_swa = int(C.llama_model_n_swa(self._model))  # sliding-window size, 0 = none
+        self.is_recurrent = bool(C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model))
         self._pieces: dict[int, bytes] = {}
         self._special_tokens: tuple[SpecialToken, ...] | None = None
 
@@ -122,7 +125,7 @@ class LlamaContext:
     """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache."""
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, n_seq_max: int,
-                 n_threads: int, n_ubatch: int | None = None):
+                 n_threads: int, n_ubatch: int | None = None, kv_unified: bool = True):
         self.model = model
         params = C.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -132,8 +135,8 @@ class LlamaContext:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         # why: without kv_unified, llama.cpp splits n_ctx into n_seq_max equal
-        # streams and a long prompt fails with llama_decode() == 1.
-        params.kv_unified = True
+        # streams and a long prompt fails with llama_decode() == 1 (benchmarks/kv_layout.py measures both).
+        params.kv_unified = kv_unified
         params.no_perf = True
         self._ctx = C.llama_init_from_model(model._model, params)
         if not self._ctx:
@@ -141,6 +144,7 @@ class LlamaContext:
         self.n_ctx = C.llama_n_ctx(self._ctx)
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
+        self.kv_unified = kv_unified
         self._mem = C.llama_get_memory(self._ctx)
         self._batch = C.llama_batch_init(n_batch, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
@@ -191,6 +195,45 @@ class LlamaContext:
 
     def seq_rm(self, seq_id: int) -> None:
         C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    # prefix reuse (homepd.core.prefixreuse) ---------------------------------------
+    @property
+    def reuse_mode(self) -> ReuseMode:
+        """What this cache type allows to reuse.  A sliding-window cache keeps only the last ``n_swa``
+        positions of a sequence, and a recurrent or hybrid one only its final state, so neither can drop a
+        tail and resume earlier: only a whole kept sequence is continued (``EXACT``), as llama-server falls
+        back to (its issues #14157, #22746); a plain cache drops any tail (``PREFIX``)."""
+        return ReuseMode.EXACT if self.model.n_swa > 0 or self.model.is_recurrent else ReuseMode.PREFIX
+
+    @property
+    def can_share(self) -> bool:
+        """Whether ``seq_copy`` shares cells: on a unified cache it adds an id to cells; across the streams
+        of a split cache llama.cpp copies whole streams only."""
+        return self.kv_unified and self.reuse_mode is ReuseMode.PREFIX
+
+    def seq_copy(self, src_id: int, dst_id: int, n_cells: int) -> int:
+        """Empty ``dst_id`` gets positions ``0..n_cells-1`` of ``src_id`` (``llama_memory_seq_cp``: shared
+        cells); returns the positions ``dst_id`` holds."""
+        assert self.can_share
+        C.llama_memory_seq_cp(self._mem, src_id, dst_id, 0, n_cells)
+        return self.seq_n_pos(dst_id)
+
+    def seq_trim(self, seq_id: int, n_keep: int) -> int | None:
+        """Keep positions ``0..n_keep-1`` of ``seq_id`` and drop the rest; returns the positions kept, None
+        when the cache refuses (``llama_memory_seq_rm`` is False) or the kept part no longer starts at 0
+        (a sliding window already dropped its head)."""
+        if not C.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1):
+            return None
+        # why: llama-server's rule; a window of n_swa positions before the resume point must still be there
+        if C.llama_memory_seq_pos_min(self._mem, seq_id) > max(0, n_keep - self.model.n_swa if self.model.n_swa else 0):
+            return None
+        if C.llama_memory_seq_pos_max(self._mem, seq_id) != n_keep - 1:
+            return None
+        return n_keep
+
+    def seq_n_pos(self, seq_id: int) -> int:
+        """Positions ``seq_id`` holds (``llama_memory_seq_pos_max`` + 1; 0 when empty)."""
+        return int(C.llama_memory_seq_pos_max(self._mem, seq_id)) + 1
 
     # KV state of one sequence ------------------------------------------------
     def state_size(self, seq_id: int) -> int:

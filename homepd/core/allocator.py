@@ -6,6 +6,17 @@ the allocator only answers whether that fits (a free sequence id and cells
 unreserved out of ``n_ctx``), hands out the sequence id, grows a sequence's
 reservation and takes the id back with its cells.
 
+A finished sequence can stay *cached* (``homepd.core.prefixreuse``): its id and the cells its KV holds
+are counted apart (``n_cells_cached``) until it is evicted (``uncache``) or a new request takes it over
+(``take``).  Cached cells are reclaimable: ``can_allocate_evicting`` answers whether a request would fit
+once every cached sequence is gone, so a cached prefix never blocks a request.
+
+**Shared cells.**  A request can start from a copy of a cached sequence's first cells
+(``allocate_sharing``: ``llama_memory_seq_cp`` on a unified cache adds the new id to those cells, it copies
+nothing).  Each id then records the one id it shares its first cells with and how many (a forest); a cell
+is counted once however many ids hold it: cells in use = reserved + cached − shared.  When an id goes away
+or is trimmed, the ids sharing with it are re-linked to what they still physically share.
+
 # why counting cells is enough: the context is one unified KV cache
 # (``kv_unified``, homepd.llm), and llama.cpp finds a batch's cells, and an
 # imported sequence's, anywhere in it (not contiguous), so n_ctx cells are
@@ -25,14 +36,48 @@ class KVAllocator:
         self.free_seq_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
         self.n_cells_reserved = 0
         self._n_cells_of: list[int | None] = [None] * n_seq_max  # cells reserved by each allocated id
+        self.n_cells_cached = 0
+        self._n_cached_of: dict[int, int] = {}  # cached id -> the cells its KV holds
+        self._shares: dict[int, tuple[int, int]] = {}  # id -> (id it shares its first cells with, how many)
+
+    @property
+    def n_cells_shared(self) -> int:
+        """Cells counted under two ids (once per extra holder)."""
+        return sum(n for _, n in self._shares.values())
+
+    @property
+    def n_cells_in_use(self) -> int:
+        """Cells reserved or cached, each counted once."""
+        return self.n_cells_reserved + self.n_cells_cached - self.n_cells_shared
+
+    @property
+    def n_cells_cached_only(self) -> int:
+        """Cells only cached sequences hold (a cell a running sequence also holds is counted as its)."""
+        shares = self._shares_without(set(self._n_cached_of))
+        return self.n_cells_in_use - (self.n_cells_reserved - sum(n for _, n in shares.values()))
 
     @property
     def n_cells_free(self) -> int:
-        return self.n_ctx - self.n_cells_reserved
+        return self.n_ctx - self.n_cells_in_use
+
+    @property
+    def n_cached(self) -> int:
+        return len(self._n_cached_of)
+
+    def shares_of(self, seq_id: int) -> tuple[int, int] | None:
+        """(the id ``seq_id`` shares its first cells with, how many), or None."""
+        return self._shares.get(seq_id)
 
     def can_allocate(self, n_cells: int) -> bool:
         """True if a sequence id is free and ``n_cells`` more cells fit in ``n_ctx``."""
-        return bool(self.free_seq_ids) and self.n_cells_reserved + n_cells <= self.n_ctx
+        return bool(self.free_seq_ids) and n_cells <= self.n_cells_free
+
+    def can_allocate_evicting(self, n_cells: int) -> bool:
+        """True if ``n_cells`` would fit under some id once every cached sequence is evicted."""
+        if not (self.free_seq_ids or self._n_cached_of):
+            return False
+        shares = self._shares_without(set(self._n_cached_of))
+        return self.n_cells_reserved - sum(n for _, n in shares.values()) + n_cells <= self.n_ctx
 
     def allocate(self, n_cells: int) -> int:
         """Reserve ``n_cells`` cells under a free sequence id and return that id."""
@@ -42,15 +87,32 @@ class KVAllocator:
         self.n_cells_reserved += n_cells
         return seq_id
 
+    def can_allocate_sharing(self, n_cells: int, n_shared: int) -> bool:
+        return bool(self.free_seq_ids) and n_cells - n_shared <= self.n_cells_free
+
+    def allocate_sharing(self, n_cells: int, src_id: int, n_shared: int) -> int:
+        """Reserve ``n_cells`` under a free id whose first ``n_shared`` of them are ``src_id``'s first cells."""
+        assert 0 < n_shared <= min(n_cells, self.n_cells_held(src_id)) and self.can_allocate_sharing(n_cells, n_shared)
+        seq_id = self.free_seq_ids.pop()
+        self._n_cells_of[seq_id] = n_cells
+        self.n_cells_reserved += n_cells
+        self._shares[seq_id] = (src_id, n_shared)
+        return seq_id
+
     def n_cells_of(self, seq_id: int) -> int:
         """Cells reserved under ``seq_id`` now."""
         n_cells = self._n_cells_of[seq_id]
         assert n_cells is not None, f"sequence id {seq_id} is not allocated"
         return n_cells
 
+    def n_cells_held(self, seq_id: int) -> int:
+        """Cells under ``seq_id``, running (reserved) or cached."""
+        cached = self._n_cached_of.get(seq_id)
+        return cached if cached is not None else self.n_cells_of(seq_id)
+
     def can_grow(self, seq_id: int, n_cells: int) -> bool:
         """True if ``seq_id``'s reservation can become ``n_cells`` (at least what it holds)."""
-        return self.n_cells_reserved - self.n_cells_of(seq_id) + n_cells <= self.n_ctx
+        return self.n_cells_in_use - self.n_cells_of(seq_id) + n_cells <= self.n_ctx
 
     def grow(self, seq_id: int, n_cells: int) -> None:
         """Make ``seq_id``'s reservation ``n_cells``; a reservation never shrinks while the id is held."""
@@ -60,8 +122,86 @@ class KVAllocator:
         self.n_cells_reserved += n_cells - held
 
     def free(self, seq_id: int) -> None:
-        """Give back ``seq_id`` and the cells it reserved."""
+        """Give back ``seq_id`` and the cells it reserved (those it shares stay with their other holders)."""
         n_cells = self.n_cells_of(seq_id)
+        self._unlink(seq_id)
         self._n_cells_of[seq_id] = None
         self.n_cells_reserved -= n_cells
         self.free_seq_ids.append(seq_id)
+
+    # cached sequences (homepd.core.prefixreuse) -------------------------------------
+    def cache(self, seq_id: int, n_cells: int) -> None:
+        """``seq_id`` finished and its KV (``n_cells`` cells, at most what it reserved) stays as a cached prefix."""
+        held = self.n_cells_of(seq_id)
+        assert 0 < n_cells <= held, (n_cells, held)
+        self._n_cells_of[seq_id] = None
+        self.n_cells_reserved -= held
+        self._n_cached_of[seq_id] = n_cells
+        self.n_cells_cached += n_cells
+        self._cap_shares(seq_id, n_cells)
+
+    def n_cached_cells_of(self, seq_id: int) -> int:
+        return self._n_cached_of[seq_id]
+
+    def uncache(self, seq_id: int) -> None:
+        """Evict cached ``seq_id``: the id is free, and its cells no other id holds."""
+        self._unlink(seq_id)
+        self.n_cells_cached -= self._n_cached_of.pop(seq_id)
+        self.free_seq_ids.append(seq_id)
+
+    def trim_cached(self, seq_id: int, n_cells: int) -> None:
+        """Cached ``seq_id`` keeps only its first ``n_cells`` cells."""
+        held = self._n_cached_of[seq_id]
+        assert 0 < n_cells <= held
+        self._n_cached_of[seq_id] = n_cells
+        self.n_cells_cached -= held - n_cells
+        self._cap_shares(seq_id, n_cells)
+
+    def can_take(self, seq_id: int, n_cells: int) -> bool:
+        """True if cached ``seq_id`` can become a request's with ``n_cells`` reserved (its kept cells included)."""
+        return self.n_cells_in_use - self._n_cached_of[seq_id] + n_cells <= self.n_ctx
+
+    def take(self, seq_id: int, n_cells: int) -> None:
+        """Cached ``seq_id`` becomes a request's, reserving ``n_cells`` (the prefix it keeps among them)."""
+        assert n_cells >= self._n_cached_of[seq_id] and self.can_take(seq_id, n_cells)
+        self.n_cells_cached -= self._n_cached_of.pop(seq_id)
+        self._n_cells_of[seq_id] = n_cells
+        self.n_cells_reserved += n_cells
+
+    # the sharing forest --------------------------------------------------------------
+    def _unlink(self, seq_id: int) -> None:
+        """``seq_id`` goes away: the ids sharing its first cells now share them with its own source (as far
+        as it shared them), or with nobody."""
+        parent = self._shares.pop(seq_id, None)
+        for child, (src, n) in list(self._shares.items()):
+            if src == seq_id:
+                if parent is None:
+                    del self._shares[child]
+                else:
+                    self._shares[child] = (parent[0], min(n, parent[1]))
+
+    def _cap_shares(self, seq_id: int, n_cells: int) -> None:
+        """``seq_id`` now holds only its first ``n_cells``: what it shares is capped; an id sharing more of
+        its cells than that shares the rest with ``seq_id``'s source, if that holds them, else alone."""
+        parent = self._shares.get(seq_id)
+        if parent is not None and parent[1] > n_cells:
+            self._shares[seq_id] = (parent[0], n_cells)
+        for child, (src, n) in list(self._shares.items()):
+            if src == seq_id and n > n_cells:
+                # why: the cells past n_cells stay physically; the child now shares them with seq_id's
+                # source if seq_id had them from it, else the child alone holds them
+                self._shares[child] = (parent[0], min(n, parent[1])) if parent is not None and parent[1] > n_cells \
+                    else (seq_id, n_cells)
+
+    def _shares_without(self, gone: set[int]) -> dict[int, tuple[int, int]]:
+        """The sharing forest once the ids in ``gone`` are unlinked (the allocator is unchanged)."""
+        shares = dict(self._shares)
+        for seq_id in gone:
+            parent = shares.pop(seq_id, None)
+            for child, (src, n) in list(shares.items()):
+                if src == seq_id:
+                    if parent is None:
+                        del shares[child]
+                    else:
+                        shares[child] = (parent[0], min(n, parent[1]))
+        return {k: v for k, v in shares.items() if k not in gone}

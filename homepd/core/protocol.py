@@ -33,6 +33,8 @@ class WorkerSpec:
     # adaptive chunk: each step's prompt budget keeps interactive decodes within this ITL (None: fixed chunk,
     # which is then also the largest adaptive budget)
     itl_budget_ms: float | None = None
+    # prefix reuse (homepd.core.prefixreuse): finished sequences' KV kept up to this many cells (0: off)
+    max_cached_cells: int = 0
 
     @property
     def n_batch(self) -> int:
@@ -120,6 +122,7 @@ class WorkerReady:
     # cache): homepd.hw.smaps, measured by the controller
     memory_regions: tuple[tuple[str, int, int], ...] = ()
     kv_cache_bytes: int = 0
+    prefix_cache_mode: str = "off"  # what its prefix cache reuses (PrefixCacheStats.mode): off, prefix, exact
 
 
 @dataclass(frozen=True)

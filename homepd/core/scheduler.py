@@ -8,7 +8,10 @@ prompts in one step, bounded only by the batch size.  Which sequence ids and
 KV cells are free is the allocator's business (``homepd.core.allocator``); how
 many cells a request reserves, when it grows and who gives cells back when the
 context is full is ``homepd.core.kvpolicy``'s, applied here: a plan lists the
-requests it took cells from (``StepPlan.evicted``) for the worker to act on.
+requests it took cells from (``StepPlan.evicted``) for the worker to act on.  With a prefix cache
+(``homepd.core.prefixreuse``) a finished sequence's KV stays cached, an admitted prompt starts from the
+longest cached prefix (``StepPlan.reused``), and cached entries are evicted before any running request
+gives cells back.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from homepd.core import kvpolicy
 from homepd.core.allocator import KVAllocator
 from homepd.core.kvpolicy import KVAction
+from homepd.core.prefixcache import ReuseMode
+from homepd.core.prefixreuse import KVOps, PrefixReuse
 from homepd.core.sequence import Sequence
 from homepd.core.steppolicy import StepPolicy
 
@@ -54,6 +59,7 @@ class StepPlan:
     budget: int = 0  # the prompt-token budget the policy gave this step
     kv_in_use: int = 0  # KV cells held by every running sequence once this step's prompt tokens are in
     evicted: tuple[Eviction, ...] = ()  # applied by the worker before the step (also when it is empty)
+    reused: tuple[Sequence, ...] = ()  # admitted this step from a cached prefix (``Sequence.n_reused`` tokens)
 
     @property
     def n_decode_tokens(self) -> int:
@@ -72,13 +78,17 @@ class Scheduler:
     """Owns the waiting queue and the running set; admits through a ``KVAllocator``."""
 
     def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True,
-                 policy: StepPolicy | None = None):
+                 policy: StepPolicy | None = None, kv_ops: KVOps | None = None,
+                 reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
         self.policy = policy or StepPolicy(chunk, n_batch)  # the chunk lives in the policy
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
         self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx)
+        # None: no prefix cache (off, or the context cannot keep a finished sequence)
+        self.prefixes = PrefixReuse(self.allocator, kv_ops, ReuseMode(reuse_mode), max_cached_cells) \
+            if kv_ops is not None and reuse_mode != ReuseMode.OFF and max_cached_cells > 0 else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._arrivals = itertools.count()
@@ -99,22 +109,37 @@ class Scheduler:
     def can_admit(self, seq: Sequence) -> bool:
         """A sequence id is free and seq's cells fit, leaving a block of headroom per running decode."""
         headroom = kvpolicy.admission_headroom(len(self.running)) if self.decodes else 0
-        return self.allocator.can_allocate(self.cells_needed(seq) + headroom)
+        # why evicting: cached prefixes are reclaimable, they never keep a request waiting
+        return self.allocator.can_allocate_evicting(self.cells_needed(seq) + headroom)
 
-    def admit(self, seq: Sequence) -> None:
-        """Give seq a sequence id and reserve the cells its next steps need."""
+    def admit(self, seq: Sequence) -> bool:
+        """Give seq a sequence id and reserve the cells its next steps need: a waiting prompt takes the
+        cached entry matching it longest, if any (then returns True), else cached entries are evicted as
+        far as its id and cells need."""
         self._note_arrival(seq)
-        seq.seq_id = self.allocator.allocate(self.cells_needed(seq))
+        n_cells = self.cells_needed(seq)
+        reused = self.prefixes is not None and seq.n_prefilled == 0 and self.prefixes.take(seq, n_cells)
+        if not reused:
+            if self.prefixes is not None:
+                self.prefixes.make_room(n_cells)
+            seq.seq_id = self.allocator.allocate(n_cells)
         self.running.append(seq)
+        return reused
 
-    def release(self, seq: Sequence) -> None:
-        """Take seq out (finished, cancelled or handed off); its sequence id and cells become free."""
+    def release(self, seq: Sequence, keep_prefix: bool = False) -> bool:
+        """Take seq out (finished, cancelled or handed off); its sequence id and cells become free, or, with
+        ``keep_prefix`` and a prefix cache, its KV stays cached under its id.  True: it was kept (the caller
+        must not drop its KV)."""
+        kept = False
         if seq in self.running:
             self.running.remove(seq)
-            self.allocator.free(seq.seq_id)
+            kept = keep_prefix and self.prefixes is not None and self.prefixes.keep(seq)
+            if not kept:
+                self.allocator.free(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.is_finished = True
+        return kept
 
     def find(self, request_id: str) -> Sequence | None:
         for seq in (*self.running, *self.waiting):
@@ -143,6 +168,7 @@ class Scheduler:
             budget = max(budget, 1)
         planned = budget
         slices: list[PrefillSlice] = []
+        reused: list[Sequence] = []
         for seq in self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget):
             if budget <= 0:
                 break
@@ -150,11 +176,14 @@ class Scheduler:
                 if evicted or not self.can_admit(seq):
                     break
                 self.waiting.remove(seq)
-                self.admit(seq)
+                if self.admit(seq):
+                    reused.append(seq)
             slices.append(self._slice(seq, budget))
             budget -= slices[-1].n_tokens
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
-                        kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices), evicted=evicted)
+                        kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices) + sum(s.n_reused for s in reused),
+                        evicted=evicted,
+                        reused=tuple(reused))
 
     def _reserve_decode_cells(self) -> tuple[Eviction, ...]:
         """Grow the reservation of every decode whose next token needs a cell, oldest first; when the
@@ -170,6 +199,8 @@ class Scheduler:
                 if fits is not None:
                     self.allocator.grow(seq.seq_id, fits)
                     break
+                if self.prefixes is not None and self.prefixes.evict_lru():
+                    continue  # a cached prefix gives its cells back before any running request
                 # why: a request alone always fits (its worst case is capped to n_ctx), so a victim exists
                 evicted.append(self._evict(kvpolicy.victim_order(self.running)[0]))
         return tuple(evicted)

@@ -24,6 +24,7 @@ class Sequence:
     deadline_s: float | None = None  # when its first token is due (monotonic): arrival + its class's TTFT budget
     arrival_order: int | None = None  # set by the scheduler when it first sees seq: higher = newer
     n_preemptions: int = 0           # times the full KV context took its cells back (homepd.core.kvpolicy)
+    n_reused: int = 0                # prompt tokens taken from a cached prefix, not computed (homepd.core.prefixreuse)
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -59,4 +60,5 @@ class Sequence:
             self.params = replace(self.params, max_tokens=self.params.max_tokens - len(self.output_ids))
             self.output_ids = []
         self.n_prefilled = 0
+        self.n_reused = 0
         self.seq_id = None

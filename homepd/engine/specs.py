@@ -1,7 +1,7 @@
 """The ``WorkerSpec`` each worker of an engine is started with, from the config and the resolved setup."""
 from __future__ import annotations
 
-from homepd.config import EngineConfig
+from homepd.config import EngineConfig, max_cached_cells
 from homepd.core.protocol import EngineSetup, WorkerSpec
 from homepd.engine.topology import topology_for
 
@@ -17,5 +17,6 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             chunk=config.chunk, n_threads=place.n_threads, cpu_cores=place.cpu_cores,
             n_gpu_layers=999 if place.n_gpu_layers < 0 else place.n_gpu_layers, fault=config.fault,
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
-            backend=config.backend, itl_budget_ms=config.itl_budget_ms if config.adaptive_chunk else None)
+            backend=config.backend, itl_budget_ms=config.itl_budget_ms if config.adaptive_chunk else None,
+            max_cached_cells=max_cached_cells(config, place.n_ctx or config.n_ctx))
     return specs

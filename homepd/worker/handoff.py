@@ -149,7 +149,7 @@ class PrefillRole(_ArenaRole):
             n_tokens=seq.n_kv_tokens, slot_wait_s=wait_s, export_start_s=t0, export_end_s=t1, extent_bytes=extent,
             arena_used_bytes=self.allocator.used_bytes, arena_kv_bytes=sum(self._payload_bytes.values()),
             request_class=seq.request_class))
-        self.finish(seq)
+        self.finish(seq, keep_prefix=True)  # its KV may stay here as a cached prefix
 
 
 class DecodeRole(_ArenaRole):

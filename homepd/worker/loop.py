@@ -15,6 +15,7 @@ import traceback
 
 from homepd.core import modes
 from homepd.core.kvpolicy import KVAction
+from homepd.core.prefixcache import ReuseMode
 from homepd.core.protocol import CacheSource, KVPreempted, PrefixCacheStats, PrefixReused
 from homepd.core.protocol import (WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
@@ -25,6 +26,7 @@ from homepd.core.stepmodel import OnlineStepModel
 from homepd.core.steppolicy import StepPolicy
 from homepd.core.textstream import TextStream
 from homepd.hw.smaps import anon_intervals, new_intervals, resident_bytes
+from homepd.worker.prefixkv import ContextKV
 from homepd.worker.roles import Role, make_role
 
 
@@ -51,11 +53,13 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             tuple(("context", a, b) for a, b in new_intervals(after_model, anon_intervals()))
         kv_cache_bytes = resident_bytes("self", [(a, b) for kind, a, b in regions if kind == "context"])
         per_token, overhead = measure_state_bytes(ctx, model) if spec.role != modes.Role.COLOCATED else (0, 0)
+        loop = WorkerLoop(spec, model, ctx, conn, kv_bytes_per_cell=kv_cache_bytes // max(1, ctx.n_ctx))
+        prefixes = loop.scheduler.prefixes
         conn.send(WorkerReady(pid=os.getpid(), role=spec.role, model_size_bytes=model.size_bytes,
                               n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0,
                               state_bytes_per_token=per_token, state_overhead_bytes=overhead,
-                              memory_regions=regions, kv_cache_bytes=kv_cache_bytes))
-        loop = WorkerLoop(spec, model, ctx, conn)
+                              memory_regions=regions, kv_cache_bytes=kv_cache_bytes,
+                              prefix_cache_mode=(prefixes.mode if prefixes else ReuseMode.OFF).value))
         try:
             loop.run()
         except (EOFError, BrokenPipeError):
@@ -86,14 +90,18 @@ def measure_state_bytes(ctx, model) -> tuple[int, int]:
 class WorkerLoop:
     """Executes the scheduler's plans on one context and reports every step; its role does the rest."""
 
-    def __init__(self, spec: WorkerSpec, model, ctx, conn):
+    def __init__(self, spec: WorkerSpec, model, ctx, conn, kv_bytes_per_cell: int = 0):
         self.spec, self.model, self.ctx, self.conn = spec, model, ctx, conn
+        self.kv_bytes_per_cell = kv_bytes_per_cell  # the prefix cache's bytes in its stats
         # the worker's own step-time model, fitted online from its steps: the adaptive budget and the
         # deadline order read it every step
         self.step_model = OnlineStepModel()
         policy = StepPolicy(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=self.step_model.estimate)
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
-                                   chunk=spec.chunk, decodes=spec.decodes, policy=policy)
+                                   chunk=spec.chunk, decodes=spec.decodes, policy=policy,
+                                   kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,
+                                   # why: that fault stands in for the cache; a real reuse would blur its claims
+                                   max_cached_cells=0 if spec.fault == "claim_prefix_hits" else spec.max_cached_cells)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us
@@ -151,7 +159,7 @@ class WorkerLoop:
             seq = self.scheduler.find(msg.request_id)
             if seq is not None:
                 self.role.forget(seq)
-                self.finish(seq)
+                self.finish(seq, keep_prefix=True)
                 self.conn.send(RequestDone(msg.request_id, "cancelled", time.monotonic()))
             else:
                 self.role.cancel(msg.request_id)
@@ -180,9 +188,11 @@ class WorkerLoop:
         if plan.is_empty:
             return
         tokens, positions, seq_ids, wants, logit_rows = self._batch(plan)
-        started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == 0)
+        started = tuple(sl.seq.request_id for sl in plan.prefill if sl.start == sl.seq.n_reused)
         claimed = self._claim_prefix_hits(plan) if self.spec.fault == "claim_prefix_hits" else None
         t_start = time.monotonic()
+        for seq in plan.reused:
+            self.conn.send(PrefixReused(seq.request_id, seq.n_reused, CacheSource.CONTEXT, t_start))
         try:
             self.ctx.decode(tokens, positions, seq_ids, wants)
         except Exception as exc:  # e.g. no KV slot: fail the step's requests, keep the worker
@@ -211,7 +221,9 @@ class WorkerLoop:
         self.conn.send(StepReport(
             step=record, prefill_started=started,
             prefill_ended=tuple(sl.seq.request_id for sl in plan.prefill if sl.completes_prompt),
-            tokens=tuple(outs), done=tuple(done), estimate=self.step_model.estimate(), cache=claimed))
+            tokens=tuple(outs), done=tuple(done), estimate=self.step_model.estimate(),
+            cache=claimed if claimed is not None else
+            self.scheduler.prefixes.stats(self.kv_bytes_per_cell) if self.scheduler.prefixes else None))
 
     def _batch(self, plan: StepPlan):
         """The step's batch: decode tokens first, then prompt slices; logit_rows pairs every sequence
@@ -273,14 +285,16 @@ class WorkerLoop:
         return out, None
 
     def _done(self, seq: Sequence, reason: str, t_s: float, text: str) -> RequestDone:
-        self.finish(seq)
+        self.finish(seq, keep_prefix=True)
         return RequestDone(seq.request_id, reason, t_s, text=text)
 
-    def finish(self, seq: Sequence) -> None:
-        """Seq leaves this worker (done, cancelled, failed or handed off): free its KV and sequence id."""
-        if seq.seq_id is not None and not seq.is_finished and seq in self.scheduler.running:
-            self.ctx.seq_rm(seq.seq_id)
-        self.scheduler.release(seq)
+    def finish(self, seq: Sequence, keep_prefix: bool = False) -> None:
+        """Seq leaves this worker (done, cancelled, failed or handed off): free its KV and sequence id, or,
+        with ``keep_prefix`` (it left normally) and a prefix cache, keep its KV as a cached prefix."""
+        holds_kv = seq.seq_id is not None and not seq.is_finished and seq in self.scheduler.running
+        seq_id = seq.seq_id
+        if not self.scheduler.release(seq, keep_prefix=keep_prefix) and holds_kv:
+            self.ctx.seq_rm(seq_id)
 
     # test-only fault injection: deliberate scheduling bugs ----------------------
     def _claim_prefix_hits(self, plan: StepPlan) -> PrefixCacheStats:
@@ -303,3 +317,4 @@ class WorkerLoop:
         if self.spec.fault == "swap_seq" and len(plan.decode) >= 2:
             return plan.decode[(i + 1) % len(plan.decode)].output_ids[-1]  # another sequence's token
         return seq.output_ids[-1]
+

@@ -138,7 +138,7 @@ def exported(pool: KVArena, request_id: str, text: str, fingerprint: str = FINGE
     ids = model.tokenize(text)
     ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * (len(ids) - 1) + [True])
     sent, finished = [], []
-    role = PrefillRole(ctx, sent.append, finished.append, fingerprint, arena=pool)
+    role = PrefillRole(ctx, sent.append, lambda seq, keep_prefix=False: finished.append(seq), fingerprint, arena=pool)
     role.allocator.head = at
     params = SamplingParams(max_tokens=6)
     seq = Sequence(request_id, ids, params, seq_id=0, n_prefilled=len(ids), output_ids=[40],

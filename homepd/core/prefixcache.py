@@ -1,0 +1,170 @@
+"""Which token prefixes a worker's context still holds: a trie over token ids of finished sequences.
+
+Pure bookkeeping (no llama_cpp, no clock).  When a sequence finishes, its KV stays in the context under
+its own llama.cpp sequence id, and its tokens (prompt + outputs that entered the KV) become an *entry*
+here.  A new prompt asks for the entry sharing its longest prefix (``longest_match``); the scheduler
+then hands that entry's sequence id to the request, which keeps the matched cells, drops the rest
+(``llama_memory_seq_rm(seq, n, -1)``) and prefills only the remainder.  The chat template's fixed head
+(a system prompt) is a prefix like any other: it matches the head of any conversation that had it.
+
+Entries are evicted least recently used first (``lru``): the scheduler drops them whenever a running
+or newly admitted request needs their cells or their sequence id, so a cached prefix never makes a
+running request wait.
+
+A ``ReuseMode`` says what the context's cache type allows (``homepd.llm``): ``PREFIX``, any prefix of
+an entry (the entry is trimmed to it); ``EXACT``, only an entry wholly contained in the prompt (a
+sliding-window or recurrent cache cannot drop its tail: the cells before the window are gone);
+``OFF``, nothing.
+
+# why take the entry's own sequence id instead of copying its cells (``llama_memory_seq_cp``): no cell
+# is ever shared by two sequences, so the allocator's counts stay physical, and it works on every KV
+# layout (per-sequence streams copy whole streams) and on sliding-window caches.
+
+A controller-side router can keep one ``PrefixIndex`` per worker, fed with what the worker caches and
+evicts, and ask ``match_length(prompt)``: how many tokens of that prompt the worker holds.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+
+class ReuseMode(str, enum.Enum):
+    """What a worker's KV cache type allows to reuse (stated in its cache stats)."""
+    OFF = "off"        # no reuse (disabled, or the cache cannot keep a finished sequence)
+    PREFIX = "prefix"  # any prefix of a cached sequence: its tail is dropped
+    EXACT = "exact"    # only a whole cached sequence that the new prompt continues
+
+
+@dataclass(eq=False)
+class PrefixEntry:
+    """A finished sequence's KV kept in the context: ``tokens`` at positions 0.. under ``seq_id``."""
+    seq_id: int
+    tokens: tuple[int, ...]
+    last_used: int = 0  # the index's clock when cached: lower = evicted sooner
+
+    @property
+    def n_cells(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class _Node:
+    children: dict[int, "_Node"] = field(default_factory=dict)
+    n_entries_below: int = 0                  # entries whose tokens pass through (or end at) this node
+    ends: list[PrefixEntry] = field(default_factory=list)  # entries whose tokens end here
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    entry: PrefixEntry
+    n_tokens: int  # prompt tokens the entry holds (positions 0..n_tokens-1), at least 1
+
+
+class PrefixIndex:
+    """Cached entries by token ids; each sequence id is at most one entry."""
+
+    def __init__(self) -> None:
+        self._root = _Node()
+        self._by_seq_id: dict[int, PrefixEntry] = {}
+        self._clock = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._by_seq_id)
+
+    @property
+    def n_cells(self) -> int:
+        """Cells held by every entry (no cell is shared: each entry has its own sequence id)."""
+        return sum(e.n_cells for e in self._by_seq_id.values())
+
+    def entry_of(self, seq_id: int) -> PrefixEntry | None:
+        return self._by_seq_id.get(seq_id)
+
+    def insert(self, seq_id: int, tokens: list[int] | tuple[int, ...]) -> PrefixEntry:
+        """Index ``tokens`` held under ``seq_id`` (not already an entry), most recently used."""
+        assert seq_id not in self._by_seq_id and tokens, (seq_id, len(tokens))
+        entry = PrefixEntry(seq_id, tuple(tokens), next(self._clock))
+        node = self._root
+        node.n_entries_below += 1
+        for token in entry.tokens:
+            node = node.children.setdefault(token, _Node())
+            node.n_entries_below += 1
+        node.ends.append(entry)
+        self._by_seq_id[seq_id] = entry
+        return entry
+
+    def remove(self, entry: PrefixEntry) -> None:
+        """Forget ``entry`` (taken by a request or evicted); prunes the nodes only it used."""
+        assert self._by_seq_id.get(entry.seq_id) is entry
+        del self._by_seq_id[entry.seq_id]
+        node = self._root
+        node.n_entries_below -= 1
+        for token in entry.tokens:
+            child = node.children[token]
+            child.n_entries_below -= 1
+            if child.n_entries_below == 0:
+                del node.children[token]  # the rest of the path was only this entry's
+                return
+            node = child
+        node.ends.remove(entry)
+
+    def duplicate_of(self, tokens: list[int] | tuple[int, ...]) -> PrefixEntry | None:
+        """An entry holding exactly ``tokens``, if any (a second copy would only waste cells)."""
+        node = self._walk(tokens)
+        return node.ends[0] if node is not None and node.ends else None
+
+    def longest_match(self, prompt_ids: list[int] | tuple[int, ...], mode: ReuseMode = ReuseMode.PREFIX,
+                      max_tokens: int | None = None) -> PrefixMatch | None:
+        """The entry sharing the longest prefix with ``prompt_ids``, at most ``max_tokens`` of it (None: no
+        bound); among equals the one with the fewest cells beyond the match (least dropped), then the most
+        recently used.  ``EXACT``: only entries wholly within that bound.  None when nothing matches."""
+        if mode is ReuseMode.OFF:
+            return None
+        limit = len(prompt_ids) if max_tokens is None else min(max_tokens, len(prompt_ids))
+        node, depth = self._root, 0
+        best_exact: PrefixMatch | None = None
+        while depth < limit:
+            child = node.children.get(prompt_ids[depth])
+            if child is None:
+                break
+            node, depth = child, depth + 1
+            if node.ends:  # an entry wholly inside the prompt ends here: the deepest one is the best exact match
+                best_exact = PrefixMatch(max(node.ends, key=lambda e: e.last_used), depth)
+        if mode is ReuseMode.EXACT or depth == 0:
+            return best_exact
+        if best_exact is not None and best_exact.n_tokens == depth:
+            return best_exact
+        return PrefixMatch(self._least_beyond(node), depth)
+
+    def match_length(self, prompt_ids: list[int] | tuple[int, ...], mode: ReuseMode = ReuseMode.PREFIX) -> int:
+        """How many leading tokens of ``prompt_ids`` some entry holds (0: none)."""
+        match = self.longest_match(prompt_ids, mode)
+        return 0 if match is None else match.n_tokens
+
+    def touch(self) -> int:
+        """The clock's next tick: an entry given it is the most recently used."""
+        return next(self._clock)
+
+    def lru(self) -> list[PrefixEntry]:
+        """Every entry, least recently used first: the eviction order."""
+        return sorted(self._by_seq_id.values(), key=lambda e: e.last_used)
+
+    def _walk(self, tokens) -> _Node | None:
+        node = self._root
+        for token in tokens:
+            node = node.children.get(token)
+            if node is None:
+                return None
+        return node
+
+    @staticmethod
+    def _least_beyond(node: _Node) -> PrefixEntry:
+        """The entry below ``node`` that ends closest to it (breadth first), most recently used among those."""
+        level = [node]
+        while level:
+            ends = [e for n in level for e in n.ends]
+            if ends:
+                return max(ends, key=lambda e: e.last_used)
+            level = [c for n in level for c in n.children.values()]
+        raise AssertionError("a trie node with no entry below it")

@@ -1,0 +1,155 @@
+"""Prefix reuse inside a worker: the policy over the prefix index, the allocator and the context's KV.
+
+Pure policy (no llama_cpp, no clock); the scheduler calls it, and it acts on the context only through
+``KVOps``, which the worker gives (``homepd.llm`` or ``homepd.fakellm`` behind it):
+
+* **keep**: a sequence leaving the worker normally (finished, cancelled, handed off) keeps its KV under
+  its sequence id as a cached entry (``homepd.core.prefixcache``); an identical older entry is dropped.
+* **take**: a request being admitted reuses the entry sharing the longest prefix of its prompt — at most
+  all but its last token, which must be computed for its logits — and prefills only the remainder (a
+  partial match shorter than ``MIN_PARTIAL_MATCH_TOKENS`` is not worth it).  An
+  entry the prompt wholly continues (a conversation's next turn) becomes the request's: its id and cells.
+  Of an entry matched only in part (a shared document, a system prompt), the request gets a copy of the
+  matched cells under a new id (``KVOps.copy``: shared cells, nothing copied on a unified cache), so the
+  entry stays for its own next turn; where the context cannot share (``KVOps.can_share`` False) or no id
+  is free, the request takes the entry and drops its tail (``KVOps.trim``).  If the context refuses to
+  drop the tail (``trim`` is None), the entry is dropped whole and the prompt prefilled from its start.
+* **evict**: least recently used first, whenever a request needs a sequence id or cells that cached
+  entries hold, and whenever the entries hold more than ``max_cached_cells`` (a budget: idle cached
+  cells cost every running step on a unified KV cache, ``benchmarks/kv_layout.py``).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from homepd.core.allocator import KVAllocator
+from homepd.core.prefixcache import PrefixIndex, ReuseMode
+from homepd.core.protocol import PrefixCacheStats
+from homepd.core.sequence import Sequence
+
+
+# why 16: a partial match shorter than a KV block (a BOS, a role tag) saves almost nothing, and taking an
+# entry for it would drop the rest of someone's conversation
+MIN_PARTIAL_MATCH_TOKENS = 16
+
+
+class KVOps(Protocol):
+    def drop(self, seq_id: int) -> None:
+        """Remove every cell of ``seq_id`` from the context."""
+
+    can_share: bool  # copy() shares cells (a unified cache); else only whole-sequence copies exist
+
+    def copy(self, src_id: int, dst_id: int, n_cells: int) -> int:
+        """Give empty ``dst_id`` the first ``n_cells`` positions of ``src_id`` (shared cells); returns the
+        positions it got."""
+
+    def trim(self, seq_id: int, n_keep: int) -> int | None:
+        """Keep positions ``0..n_keep-1`` of ``seq_id``, drop the rest; returns the positions kept (None:
+        the cache cannot)."""
+
+
+class PrefixReuse:
+    """A worker's cached prefixes: what it keeps, who takes what, what is evicted, and its counters."""
+
+    def __init__(self, allocator: KVAllocator, kv: KVOps, mode: ReuseMode, max_cached_cells: int):
+        assert mode is not ReuseMode.OFF and max_cached_cells >= 0
+        self.allocator, self.kv, self.mode = allocator, kv, mode
+        self.max_cached_cells = max_cached_cells
+        self.index = PrefixIndex()
+        self.n_lookups = self.n_hits = self.n_lookup_tokens = self.n_hit_tokens = self.n_evictions = 0
+
+    def keep(self, seq: Sequence) -> bool:
+        """seq (running, holding its sequence id) leaves: keep its KV as an entry.  False if nothing to keep
+        (the caller frees the id and drops its KV as before)."""
+        n_kv = seq.n_kv_tokens
+        if n_kv <= 0 or self.max_cached_cells <= 0:
+            return False
+        tokens = (seq.prompt_ids + seq.output_ids)[:n_kv]
+        duplicate = self.index.duplicate_of(tokens)
+        if duplicate is not None:
+            self.evict(duplicate)
+        self.allocator.cache(seq.seq_id, n_kv)
+        self.index.insert(seq.seq_id, tokens)
+        while self.allocator.n_cells_cached_only > self.max_cached_cells and self.evict_lru():
+            pass
+        return True
+
+    def take(self, seq: Sequence, n_cells: int) -> bool:
+        """Give waiting seq (nothing prefilled) the cached entry matching its prompt longest, reserving
+        ``n_cells`` under that entry's id, and mark the kept prefix as prefilled.  False: nothing matched
+        (or the context refused the trim); seq has no id then."""
+        self.n_lookups += 1
+        self.n_lookup_tokens += seq.n_prompt
+        match = self.index.longest_match(seq.prompt_ids, self.mode, max_tokens=seq.n_prompt - 1)
+        if match is None:
+            return False
+        entry, n_keep = match.entry, match.n_tokens
+        if n_keep < min(entry.n_cells, MIN_PARTIAL_MATCH_TOKENS):
+            return False
+        if n_keep < entry.n_cells and self.kv.can_share and self._copy(seq, entry, n_keep, n_cells):
+            return True
+        while not self.allocator.can_take(entry.seq_id, n_cells):
+            others = [e for e in self.index.lru() if e is not entry]
+            if not others:
+                return False
+            self.evict(others[0])
+        self.index.remove(entry)
+        if n_keep < entry.n_cells:
+            kept = self.kv.trim(entry.seq_id, n_keep)
+            if kept is None:
+                self.kv.drop(entry.seq_id)
+                self.allocator.uncache(entry.seq_id)
+                self.n_evictions += 1
+                return False
+            n_keep = min(kept, seq.n_prompt - 1)  # what the context says it kept (the last token is computed)
+            self.allocator.trim_cached(entry.seq_id, n_keep)
+        self.allocator.take(entry.seq_id, n_cells)
+        self._reused(seq, entry.seq_id, n_keep)
+        return True
+
+    def _copy(self, seq: Sequence, entry, n_keep: int, n_cells: int) -> bool:
+        """seq gets the entry's first ``n_keep`` cells under a new id (the entry stays cached), evicting
+        other entries (LRU) as far as an id and the cells need; False if that cannot be done."""
+        while not self.allocator.can_allocate_sharing(n_cells, n_keep):
+            others = [e for e in self.index.lru() if e is not entry]
+            if not others:
+                return False
+            self.evict(others[0])
+        seq_id = self.allocator.allocate_sharing(n_cells, entry.seq_id, n_keep)
+        n_got = self.kv.copy(entry.seq_id, seq_id, n_keep)
+        entry.last_used = self.index.touch()
+        self._reused(seq, seq_id, min(n_got, seq.n_prompt - 1))
+        return True
+
+    def _reused(self, seq: Sequence, seq_id: int, n_keep: int) -> None:
+        seq.seq_id, seq.n_prefilled, seq.n_reused = seq_id, n_keep, n_keep
+        self.n_hits += 1
+        self.n_hit_tokens += n_keep
+
+    def evict(self, entry) -> None:
+        self.index.remove(entry)
+        self.allocator.uncache(entry.seq_id)
+        self.kv.drop(entry.seq_id)
+        self.n_evictions += 1
+
+    def evict_lru(self) -> bool:
+        """Evict the least recently used entry; False if there is none."""
+        entries = self.index.lru()
+        if not entries:
+            return False
+        self.evict(entries[0])
+        return True
+
+    def make_room(self, n_cells: int) -> None:
+        """Evict (LRU) until a sequence id is free and ``n_cells`` more cells are unreserved, as far as
+        cached entries allow."""
+        while not self.allocator.can_allocate(n_cells) and self.evict_lru():
+            pass
+
+    def stats(self, bytes_per_cell: int = 0) -> PrefixCacheStats:
+        # why: cells a cached entry shares with a running request are the request's (counted once, there)
+        n_cells = self.allocator.n_cells_cached_only
+        return PrefixCacheStats(
+            n_lookups=self.n_lookups, n_hits=self.n_hits, n_lookup_tokens=self.n_lookup_tokens,
+            n_hit_tokens=self.n_hit_tokens, n_evictions=self.n_evictions, n_cached_entries=len(self.index),
+            n_cached_cells=n_cells, cached_bytes=n_cells * bytes_per_cell, mode=self.mode.value)

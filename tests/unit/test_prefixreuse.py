@@ -1,0 +1,189 @@
+"""Prefix reuse in the scheduler and the allocator on constructed token sequences, its plans executed on
+the fake context (homepd.fakellm), which checks positions like llama.cpp and counts the cells in use."""
+from __future__ import annotations
+
+from homepd.core.allocator import KVAllocator
+from homepd.core.prefixcache import ReuseMode
+from homepd.core.sampling import SamplingParams
+from homepd.core.scheduler import Scheduler
+from homepd.core.sequence import Sequence
+from homepd.fakellm import FakeContext, FakeModel
+from homepd.worker.prefixkv import ContextKV
+
+
+def make(n_ctx=256, n_seq_max=4, max_cached_cells=256, chunk=64, can_share=True):
+    ctx = FakeContext(FakeModel(), n_ctx=n_ctx, n_batch=chunk, n_seq_max=n_seq_max, n_threads=1)
+    kv = ContextKV(ctx)
+    kv.can_share = can_share
+    s = Scheduler(n_seq_max=n_seq_max, n_ctx=n_ctx, n_batch=chunk, chunk=chunk, kv_ops=kv,
+                  reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells)
+    return s, ctx
+
+
+def step(s: Scheduler, ctx: FakeContext, token: int = 40):
+    """One worker step: schedule, drop evicted KV, decode the batch on the fake context, postprocess,
+    and release (keeping its prefix) every sequence that reached its max_tokens."""
+    plan = s.schedule()
+    for ev in plan.evicted:
+        ctx.seq_rm(ev.seq_id)
+    tokens, positions, ids = [], [], []
+    for q in plan.decode:
+        tokens.append(q.output_ids[-1]), positions.append(q.next_decode_pos), ids.append(q.seq_id)
+    for sl in plan.prefill:
+        tokens += sl.seq.prompt_ids[sl.start:sl.stop]
+        positions += range(sl.start, sl.stop)
+        ids += [sl.seq.seq_id] * sl.n_tokens
+    if tokens:
+        ctx.decode(tokens, positions, ids, [False] * len(tokens))
+    sampled = {q.request_id: token for q in plan.decode}
+    sampled.update({sl.seq.request_id: token for sl in plan.prefill if sl.completes_prompt})
+    for q in s.postprocess(plan, sampled):
+        if len(q.output_ids) >= q.params.max_tokens:
+            seq_id = q.seq_id
+            if not s.release(q, keep_prefix=True):
+                ctx.seq_rm(seq_id)
+    return plan
+
+
+def finish(s, ctx, *seqs):
+    for q in seqs:
+        s.add(q)
+    plans = []
+    while any(not q.is_finished for q in seqs):
+        plans.append(step(s, ctx))
+    return plans
+
+
+def request(rid, prompt, max_tokens=4):
+    return Sequence(request_id=rid, prompt_ids=list(prompt), params=SamplingParams(max_tokens=max_tokens))
+
+
+def prefilled(plans, rid):
+    return sum(sl.n_tokens for p in plans for sl in p.prefill if sl.seq.request_id == rid)
+
+
+DOC = list(range(100, 180))  # 80 tokens
+
+
+def test_a_next_turn_takes_the_finished_sequence_and_computes_only_its_new_tokens():
+    s, ctx = make()
+    first = request("a", DOC)
+    finish(s, ctx, first)
+    kept = DOC + first.output_ids[:-1]  # the last output never entered the KV
+    assert s.allocator.n_cached == 1 and s.allocator.n_cells_in_use == len(kept) == ctx.n_cells_used
+    nxt = request("b", kept + [40, 7, 8, 9])
+    plans = finish(s, ctx, nxt)
+    assert nxt.n_reused == len(kept) and plans[0].reused == (nxt,)
+    assert prefilled(plans, "b") == 4  # the last answer token and the three new ones
+    assert nxt.seq_id == 0  # the finished sequence's own id
+    assert s.prefixes.stats().n_hit_tokens == len(kept) and s.prefixes.stats().n_hits == 1
+
+
+def test_a_second_question_on_a_document_shares_its_cells_and_the_first_stays_cached():
+    s, ctx = make()
+    finish(s, ctx, request("q1", DOC + [1, 2, 3]))
+    q2 = request("q2", DOC + [5, 6])
+    s.add(q2)
+    step(s, ctx)
+    assert q2.n_reused == len(DOC) and q2.seq_id == 1  # a copy under a new id
+    # the document's cells are counted once, by the allocator as by the context
+    assert s.allocator.n_cells_shared == len(DOC)
+    assert ctx.n_cells_used == len(DOC) + 3 + 3 + 2  # q1's tail and outputs, q2's own two prompt tokens
+    assert s.prefixes.stats().n_cached_cells == 3 + 3  # what only q1 holds
+    while not q2.is_finished:
+        step(s, ctx)
+    assert s.allocator.n_cached == 2 and s.allocator.n_cells_in_use == ctx.n_cells_used
+    q3 = request("q3", DOC + [1, 2, 3, 40, 40, 40, 9])  # q1's conversation goes on: its entry is still there
+    finish(s, ctx, q3)
+    assert q3.n_reused == len(DOC) + 3 + 3
+
+
+def test_evicting_the_source_keeps_the_shared_cells_with_who_copied_them():
+    a = KVAllocator(n_seq_max=4, n_ctx=100)
+    src = a.allocate(40)
+    a.cache(src, 30)
+    dst = a.allocate_sharing(48, src, 20)
+    assert a.n_cells_in_use == 30 + 48 - 20
+    grand = a.allocate_sharing(16, dst, 10)
+    assert a.n_cells_in_use == 30 + 48 + 16 - 20 - 10
+    a.uncache(src)  # its 10 cells past the copy go; the 20 copied stay dst's
+    assert a.n_cells_in_use == 48 + 16 - 10 and a.shares_of(dst) is None and a.shares_of(grand) == (dst, 10)
+    a.free(dst)
+    assert a.n_cells_in_use == 16 and a.shares_of(grand) is None
+
+
+def test_trimming_a_shared_sequence_leaves_the_cells_its_copies_hold():
+    a = KVAllocator(n_seq_max=4, n_ctx=200)
+    root = a.allocate(100)
+    a.cache(root, 100)
+    mid = a.allocate_sharing(90, root, 80)
+    a.cache(mid, 90)
+    leaf = a.allocate_sharing(70, mid, 60)
+    a.trim_cached(mid, 50)  # leaf's cells 50..59 are still root's: leaf now shares 60 with root
+    assert a.shares_of(leaf) == (root, 60) and a.shares_of(mid) == (root, 50)
+    assert a.n_cells_in_use == 100 + 70 - 60
+
+
+def test_cached_prefixes_never_keep_a_request_waiting():
+    s, ctx = make(n_ctx=256, n_seq_max=3)
+    finish(s, ctx, request("a", range(1, 100)), request("b", range(200, 300)), request("c", range(300, 340)))
+    assert s.allocator.n_cached == 3 and not s.allocator.free_seq_ids
+    big = request("big", range(500, 700))  # needs an id and more cells than are free
+    assert s.can_admit(big)
+    plans = finish(s, ctx, big)
+    assert big.n_reused == 0 and not any(p.evicted for p in plans)
+    assert s.prefixes.n_evictions >= 2 and s.prefixes.index.entry_of(big.seq_id) is not None
+
+
+def test_a_decoding_request_evicts_cached_prefixes_before_any_running_one_is_preempted():
+    s, ctx = make(n_ctx=160, n_seq_max=3, chunk=64)
+    finish(s, ctx, request("old", range(1, 60)))  # 62 cells cached
+    long = request("long", range(200, 260), max_tokens=90)  # grows to 149 cells: needs the cached ones
+    plans = finish(s, ctx, long)
+    assert not any(p.evicted for p in plans) and long.n_preemptions == 0
+    assert s.prefixes.n_evictions == 1 and len(long.output_ids) == 90
+
+
+def test_least_recently_used_is_evicted_first_and_the_budget_bounds_cached_cells():
+    s, ctx = make(n_ctx=512, n_seq_max=4, max_cached_cells=100)
+    finish(s, ctx, request("a", range(1, 40)))
+    finish(s, ctx, request("b", range(100, 140)))
+    assert s.allocator.n_cached == 2
+    finish(s, ctx, request("c", range(200, 240)))  # 3 x 42 cells > 100: a goes
+    assert {e.tokens[0] for e in s.prefixes.index.lru()} == {100, 200}
+    assert s.prefixes.stats().n_cached_cells <= 100 and ctx.n_cells_used == s.allocator.n_cells_in_use
+
+
+def test_without_sharing_a_partial_match_takes_the_entry_and_drops_its_tail():
+    s, ctx = make(can_share=False)
+    finish(s, ctx, request("q1", DOC + [1, 2, 3]))
+    q2 = request("q2", DOC + [5, 6])
+    plans = finish(s, ctx, q2)
+    assert q2.n_reused == len(DOC) and q2.seq_id == 0 and prefilled(plans, "q2") == 2
+    assert s.allocator.n_cells_shared == 0 and s.allocator.n_cells_in_use == ctx.n_cells_used
+
+
+def test_a_refused_trim_prefills_the_whole_prompt():
+    s, ctx = make(can_share=False)
+    s.prefixes.kv.trim = lambda seq_id, n_keep: None  # e.g. a recurrent cache
+    finish(s, ctx, request("q1", DOC + [1, 2, 3]))
+    q2 = request("q2", DOC + [5, 6])
+    plans = finish(s, ctx, q2)
+    assert q2.n_reused == 0 and prefilled(plans, "q2") == len(DOC) + 2
+
+
+def test_the_last_prompt_token_is_always_computed():
+    s, ctx = make()
+    first = request("a", DOC, max_tokens=1)  # its KV holds the prompt alone
+    finish(s, ctx, first)
+    again = request("b", DOC)
+    plans = finish(s, ctx, again)
+    assert again.n_reused == len(DOC) - 1 and prefilled(plans, "b") == 1
+
+
+def test_a_few_shared_leading_tokens_are_not_worth_a_reuse():
+    s, ctx = make()
+    finish(s, ctx, request("a", [1] + DOC))
+    other = request("b", [1] + list(range(300, 340)))  # shares only its BOS
+    plans = finish(s, ctx, other)
+    assert other.n_reused == 0 and prefilled(plans, "b") == 41 and s.prefixes.stats().n_hits == 0
