@@ -1,10 +1,17 @@
-"""The advise campaign: every feasible architecture on identical traces, stored as evidence, then the rule.
+"""The advise campaign: every feasible architecture's capacity on identical traces, stored as evidence, then
+the rule.
 
 probe -> placement plan -> candidates (colocated unchunked and chunked, the chunk the calibration worker's own
 step-time model gives for the ITL target, as its step policy would budget it, disaggregated, replicas;
-infeasible ones with their reason) -> for each candidate, one engine, the short / long / mixed traces (same
-seeds for every candidate) -> a recovery scenario per architecture (a worker killed mid-run) -> ``recommend``
+infeasible ones with their reason) -> a calibration burst on the first candidate (the box's prefill and decode
+speeds: where every search starts) -> for each candidate, one engine, and per mix (and repeat) a capacity
+search (``homepd.advise.capacity``: probes at rates on one grid, each a seeded trace, the same trace for every
+candidate at the same rate) -> a recovery scenario per architecture (a worker killed mid-run) -> ``recommend``
 -> store.  Never changes the serving configuration: ``homepd advise apply`` is a separate step.
+
+Quick: the mixed trace only, one repeat, a grid of 2 steps per octave (a factor 1.41) and 3 probes a search;
+full: every mix, two repeats, 4 steps per octave (1.19) and up to 6 probes.  The quick grid is a subset of
+the full one, so their answers can only differ within the quick answer's interval (``answer_interval``).
 """
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from homepd.advise.capacity import CapacityCurve, SearchSettings, combine, start_rate_rps
+from homepd.advise.probes import search_capacity
 from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
@@ -26,39 +35,44 @@ from homepd.engine.controller import Engine
 from homepd.engine.topology import topology_for
 from homepd.engine.topology.colocated import chunk_candidate
 from homepd.launch import placement_plan, prepare
-from homepd.measure.metrics import SLO
+from homepd.measure.metrics import SLO, SLOTarget
 from homepd.measure.replay import RunRecord, run_trace
 from homepd.measure.trace import make_trace
+from homepd.measure.trace.conversations import CHAT_TURNS
+from homepd.measure.trace.model import estimate_tokens
 
 CALIBRATION_CHUNK = 256
 # why: below this a long prompt needs hundreds of steps; when the model says even an empty step misses the
 # target, the smallest chunk still helps more than an unbounded one, and the evidence shows the cost
 MIN_PREDICTED_CHUNK = 16
 MAX_PREDICTED_CHUNK = 2048
+CALIBRATION_REQUESTS = 4          # the calibration burst: the mixed trace's first requests, all at once
+RECOVERY_REQUESTS = 8
+FULL_SEARCH = SearchSettings(steps_per_octave=4, grow_steps=4, max_probes=6, time_budget_s=60.0, probe_s=12.0,
+                             max_requests=24)
+QUICK_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, max_probes=3, time_budget_s=24.0, probe_s=6.0,
+                              max_requests=12)
 
 
 @dataclass(frozen=True)
 class AdviseSettings:
-    """How big the campaign is; ``quick`` sizes it for about 2 minutes on a 2-core box, the full one for 10."""
+    """How big the campaign is; ``quick`` sizes it for about 2 minutes on a 2-core box.  ``slo`` None: the
+    engine's class budgets (``EngineConfig.class_budgets``) are the SLO."""
     quick: bool = False
     mixes: tuple[str, ...] = ("short", "long", "mixed", "chat")
     repeats: int = 2
-    chunks: tuple[int | None, ...] = (None, 32, 64, 128, CALIBRATION_CHUNK)
-    # chat: 8 turns in 2 conversations of 4, starting at 0.5 conversations/s (homepd.measure.trace.conversations)
-    n_requests: dict = field(default_factory=lambda: {"short": 8, "long": 3, "mixed": 8, "chat": 8})
-    rate_per_s: dict = field(default_factory=lambda: {"short": 4.0, "long": 0.5, "mixed": 2.0, "chat": 0.5})
+    chunks: tuple[int | None, ...] = (None, 32, 128, CALIBRATION_CHUNK)
+    search: SearchSettings = FULL_SEARCH
     max_tokens: int = 32
     long_tokens: int = 400
     recovery: bool = True
     seed: int = 0
-    slo: SLO = field(default_factory=SLO)  # the interactive class's budgets, per-token as TPOT
+    slo: SLO | None = None
 
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
-        base = dict(quick=True, mixes=("short", "long", "mixed"), repeats=1, chunks=(None, CALIBRATION_CHUNK),
-                    n_requests={"short": 4, "long": 2, "mixed": 4},
-                    rate_per_s={"short": 4.0, "long": 1.0, "mixed": 2.0}, max_tokens=24, long_tokens=300,
-                    recovery=False)
+        base = dict(quick=True, mixes=("mixed",), repeats=1, chunks=(None, CALIBRATION_CHUNK),
+                    search=QUICK_SEARCH, max_tokens=24, long_tokens=300, recovery=False)
         base.update(kw)
         return cls(**base)
 
@@ -84,6 +98,8 @@ class AdviseResult:
     box: dict
     predicted_chunk: int | None
     wall_s: float
+    capacity: dict[tuple[str, str], CapacityCurve] = field(default_factory=dict)  # (candidate, mix) -> curve
+    speeds: tuple[float | None, float | None] = (None, None)  # calibration: prefill tok/s, decode step ms
 
 
 def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[Candidate]:
@@ -92,12 +108,14 @@ def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[C
 
 
 def measurement(record: RunRecord) -> Measurement:
-    """What the rule reads from one run."""
+    """What the rule reads from one run (the probe at the capacity): the share meeting its class's TTFT target,
+    and the share meeting the per-token target, each on its own."""
     s, slo = record.summary, record.summary.slo
-    done = [r for r in record.requests if r.state.value == "finished"]
     n = max(1, s.n_requests)
-    ttft_ok = sum(1 for r in done if r.ttft_s is not None and r.ttft_s * 1e3 <= slo.ttft_ms) / n
-    tpot_ok = sum(1 for r in done if r.tpot_s is None or r.tpot_s * 1e3 <= slo.tpot_ms) / n
+    untimed = replace(slo, ttft_ms=float("inf"), background_ttft_ms=float("inf"))
+    ttft_ok = sum(1 for r in record.requests
+                  if slo.miss(r) not in (SLOTarget.FINISHED, SLOTarget.TTFT, SLOTarget.BACKGROUND_TTFT)) / n
+    tpot_ok = sum(1 for r in record.requests if untimed.miss(r) is None) / n
     return Measurement(
         goodput_per_s=s.goodput_per_s, slo_attainment=s.slo_attainment, ttft_attainment=ttft_ok,
         tpot_attainment=tpot_ok, ttft_ms_p99=s.ttft_ms.p99, itl_ms_p99=s.itl_ms.p99,
@@ -107,19 +125,24 @@ def measurement(record: RunRecord) -> Measurement:
 
 class Campaign:
     """Runs the campaign on this box.  ``store`` (optional) keeps the evidence; ``on_progress`` is called
-    from the event loop after every run."""
+    from the event loop after every probe."""
 
     def __init__(self, base: EngineConfig, settings: AdviseSettings, *, store=None, sampler=None,
                  on_progress: Callable[[Progress], None] | None = None, box=None, sources: dict | None = None):
-        self.base, self.settings, self.store, self.sampler = base, settings, store, sampler
+        self.base, self.store, self.sampler = base, store, sampler
+        # the engine's class budgets are the SLO unless the settings name one (the --slo-* flags)
+        self.settings = settings if settings.slo else replace(settings, slo=SLO.from_budgets(base.class_budgets))
+        self.slo: SLO = self.settings.slo
         # mix -> a trace source (``homepd.measure.trace.sources``: recorded traffic, a file) for mixes not built in
         self.sources = dict(sources or {})
         self.on_progress = on_progress or (lambda p: None)
         self.box = box
-        self.records: dict[tuple[str, str, int], RunRecord] = {}
+        self.records: dict[tuple[str, str, int], RunRecord] = {}   # the probe at the capacity, per repeat
         self.recovery: dict[str, RunRecord] = {}
-        self._steps: dict[str, list] = {}   # candidate -> its step log
-        self._estimates: dict[str, StepEstimate | None] = {}  # candidate -> its worker's last published estimate
+        self.capacity: dict[tuple[str, str], CapacityCurve] = {}
+        self.speeds: tuple[float | None, float | None] = (None, None)
+        self._calibration_steps: list = []
+        self._calibration_estimate: StepEstimate | None = None
         self._done, self._total, self._t0 = 0, 0, 0.0
 
     async def run(self) -> AdviseResult:
@@ -133,9 +156,9 @@ class Campaign:
         candidates = candidate_list(self.base, plan, self.settings)
         feasible = [c for c in candidates if c.feasible]
         s = self.settings
-        runs_per_candidate = len(s.mixes) * s.repeats
+        probes_per_candidate = len(s.mixes) * s.repeats * s.search.max_probes
         n_archs = len({c.mode for c in feasible})
-        self._total = (len(feasible) + 1) * runs_per_candidate + (n_archs if s.recovery else 0)
+        self._total = (len(feasible) + 1) * probes_per_candidate + (n_archs if s.recovery else 0)
         hardware = to_plain(to_dict(box, plan))
         run_id = None
         if self.store is not None:
@@ -152,16 +175,16 @@ class Campaign:
             predicted = None
             for i, cand in enumerate(ordered):
                 await self._measure(cand, evidence, run_id)
-                if cand is calibration:
-                    predicted = self._predicted_chunk(cand)
+                if i == 0:
+                    predicted = self._predicted_chunk()
                     if predicted is not None and predicted not in s.chunks:
                         extra = chunk_candidate(predicted, reason=f"predicted by the step-time model for ITL <= "
-                                                                  f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")
+                                                                  f"{self.slo.itl_ms or self.base.itl_budget_ms:g} ms")
                         candidates.insert(len(s.chunks), extra)
                         evidence.candidates.insert(len(s.chunks), extra)
                         ordered.insert(i + 1, extra)
                     else:
-                        self._total -= runs_per_candidate
+                        self._total -= probes_per_candidate
             if s.recovery:
                 for mode in dict.fromkeys(c.mode for c in feasible):
                     best = self._best_of(mode, evidence)
@@ -169,10 +192,11 @@ class Campaign:
                         await self._recovery(best, run_id)
             rec = recommend(evidence)
             if self.store is not None:
-                self.store.add_recommendation(run_id, to_plain(rec), headline=_headline(rec))
+                data = {**to_plain(rec), "capacity": [to_plain(c) for c in self.capacity.values()]}
+                self.store.add_recommendation(run_id, data, headline=_headline(rec))
             status = "complete"
             return AdviseResult(run_id, candidates, self.records, self.recovery, rec, s, hardware, predicted,
-                                time.monotonic() - self._t0)
+                                time.monotonic() - self._t0, dict(self.capacity), self.speeds)
         except Exception as exc:  # kept with the run; an interrupt (Ctrl-C, cancel) leaves it "incomplete"
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
@@ -185,30 +209,66 @@ class Campaign:
         return replace(self.base, **cand.config_values())
 
     async def _measure(self, cand: Candidate, evidence: Evidence, run_id) -> None:
+        """One engine for the candidate, reused by every probe of every search on it."""
         s = self.settings
         config = self._config(cand)
         setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
         async with Engine(config, setup, sampler=self.sampler) as engine:
             await self._warm_up(engine)
+            if self._done == 0 and self.speeds == (None, None):
+                await self._calibrate(engine)
             for mix in s.mixes:
+                curves = []
                 for repeat in range(s.repeats):
-                    self._report(f"{cand.name} on the {mix} trace (repeat {repeat + 1}/{s.repeats})")
-                    record = await run_trace(engine, self._trace(mix, repeat), trace_name=mix, slo=s.slo,
-                                             sampler=self.sampler)
-                    self.records[(cand.name, mix, repeat)] = record
-                    evidence.add(cand.name, mix, measurement(record))
-                    if self.store is not None:
-                        self.store.add_result(run_id, cand.name, mix, repeat, record,
-                                              steps=engine.steps_since(record.requests[0].arrived_s)
-                                              if record.requests else [])
-                    self._done += 1
-                    self._report(f"{cand.name} on the {mix} trace done")
-            self._steps[cand.name] = engine.steps_since()
-            if cand.mode is Mode.COLOCATED:
-                self._estimates[cand.name] = engine.step_estimate(Role.COLOCATED)
+                    seed = s.seed * 1000 + repeat
+                    outcome = await search_capacity(
+                        cand.name, mix, self._start_rate(mix), s.search, seed, self.slo,
+                        lambda rate, n, seed, mix=mix, repeat=repeat: self._probe(engine, cand, mix, repeat, rate,
+                                                                                  n, seed, run_id))
+                    self._total -= s.search.max_probes - len(outcome.curve.probes)
+                    curves.append(outcome.curve)
+                    if outcome.record_at_capacity is not None:
+                        self.records[(cand.name, mix, repeat)] = outcome.record_at_capacity
+                        evidence.add(cand.name, mix, measurement(outcome.record_at_capacity))
+                self.capacity[(cand.name, mix)] = evidence.capacity[(cand.name, mix)] = combine(curves)
+
+    async def _probe(self, engine, cand: Candidate, mix: str, repeat: int, rate_rps: float, n_requests: int,
+                     seed: int, run_id) -> RunRecord:
+        s = self.settings
+        self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s (repeat {repeat + 1}/{s.repeats})")
+        trace = self._trace(mix, n_requests, rate_rps, seed)
+        record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,
+                                 sampler=self.sampler)
+        if self.store is not None:
+            # why: one stored result per probe, its rate in the mix, so the history lists the curve
+            self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", repeat, record,
+                                  steps=engine.steps_since(record.requests[0].arrived_s) if record.requests else [])
+        self._done += 1
+        self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s done")
+        return record
+
+    async def _calibrate(self, engine) -> None:
+        """The box's prefill and decode speeds, from a burst of the mixed trace's first requests at once on
+        the first candidate (the calibration chunk): where every capacity search starts."""
+        s = self.settings
+        self._report("calibration: prefill and decode speeds")
+        trace = make_trace("mixed", CALIBRATION_REQUESTS, 1.0, concurrency=CALIBRATION_REQUESTS,
+                           max_tokens=s.max_tokens, long_tokens=s.long_tokens, ignore_eos=True, seed=s.seed)
+        t0 = time.monotonic()
+        record = await run_trace(engine, trace, trace_name="calibration", slo=self.slo, sampler=self.sampler)
+        self.speeds = (record.summary.prompt_tok_s, record.summary.tpot_ms.p50)
+        self._calibration_steps = engine.steps_since(t0)
+        if engine.config.mode is Mode.COLOCATED:
+            self._calibration_estimate = engine.step_estimate(Role.COLOCATED)
+
+    def _start_rate(self, mix: str) -> float:
+        probe = self._trace(mix, 12, 1.0, self.settings.seed * 1000)
+        prompt = sum(estimate_tokens(r.text) for r in probe) / len(probe)
+        output = sum(r.max_tokens for r in probe) / len(probe)
+        return start_rate_rps(self.speeds[0], self.speeds[1], prompt, output)
 
     async def _recovery(self, cand: Candidate, run_id) -> None:
-        """The mixed trace with a worker killed once the second request has its first token."""
+        """The mixed trace at the candidate's capacity, with a worker killed once two requests stream."""
         import os
         import signal
 
@@ -216,6 +276,11 @@ class Campaign:
         victim = topology_for(cand.mode).recovery_victim(config)
         self._report(f"recovery: {cand.name}, a worker killed mid-run")
         setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
+        curve = self.capacity.get((cand.name, "mixed"))
+        # at the capacity; where nothing passed, at the slowest rate probed (never the raw estimate: on a crowded
+        # box it can be hours of arrivals)
+        rate = (curve.capacity_rps or min(p.rate_rps for p in curve.probes)) if curve and curve.probes \
+            else max(self._start_rate("mixed"), 1.0)
         async with Engine(config, setup, sampler=self.sampler) as engine:
             await self._warm_up(engine)
 
@@ -225,8 +290,8 @@ class Campaign:
                     os.kill(engine.worker_pid(victim), signal.SIGKILL)
 
             engine.step_listeners.append(kill_once_two_stream)
-            record = await run_trace(engine, self._trace("mixed", 0), trace_name="mixed+kill",
-                                     slo=self.settings.slo, sampler=self.sampler)
+            record = await run_trace(engine, self._trace("mixed", RECOVERY_REQUESTS, rate, self.settings.seed * 1000),
+                                     trace_name="mixed+kill", slo=self.slo, sampler=self.sampler)
             await engine.wait_restarts()  # the restart may end after the last request
             record = dataclasses.replace(record, worker_events=tuple(
                 e for e in engine.worker_events if e.t_s >= record.requests[0].arrived_s))
@@ -239,28 +304,32 @@ class Campaign:
         stream = await engine.submit("Hello", params=SamplingParams(max_tokens=2))
         await stream.collect()
 
-    def _trace(self, mix: str, repeat: int):
+    def _trace(self, mix: str, n_requests: int, rate_rps: float, seed: int):
         s = self.settings
-        if mix in self.sources:
-            return self.sources[mix].trace(seed=s.seed * 1000 + repeat)
-        return make_trace(mix, s.n_requests[mix], s.rate_per_s[mix], max_tokens=s.max_tokens,
-                          long_tokens=s.long_tokens, ignore_eos=True, seed=s.seed * 1000 + repeat, name=mix)
+        if mix in self.sources:  # recorded traffic or a file, its arrivals scaled to the probe's rate
+            return self.sources[mix].trace(rate_rps=rate_rps, n_requests=n_requests, seed=seed)
+        if mix == "chat":  # why: its rate counts conversations; turns of each arrive after think times
+            return make_trace(mix, n_requests, rate_rps / CHAT_TURNS, max_tokens=s.max_tokens,
+                              long_tokens=s.long_tokens, ignore_eos=True, seed=seed, name=mix)
+        return make_trace(mix, n_requests, rate_rps, max_tokens=s.max_tokens, long_tokens=s.long_tokens,
+                          ignore_eos=True, seed=seed, name=mix)
 
     def _trace_description(self) -> dict:
         s = self.settings
-        return {"mixes": list(s.mixes), "repeats": s.repeats, "n_requests": s.n_requests,
-                "rate_per_s": s.rate_per_s, "max_tokens": s.max_tokens, "long_tokens": s.long_tokens,
-                "seed": s.seed, "arrival": "poisson", "ignore_eos": True,
+        return {"mixes": list(s.mixes), "repeats": s.repeats, "search": to_plain(s.search),
+                "max_tokens": s.max_tokens, "long_tokens": s.long_tokens, "seed": s.seed, "arrival": "poisson",
+                "ignore_eos": True, "rates": "searched: see the capacity curves",
                 "given": {mix: source.describe() for mix, source in self.sources.items()}}
 
-    def _predicted_chunk(self, cand: Candidate) -> int | None:
-        return predicted_chunk(self._estimates.get(cand.name), self._steps.get(cand.name, []),
-                               self.settings.slo.itl_ms or self.settings.slo.tpot_ms)
+    def _predicted_chunk(self) -> int | None:
+        return predicted_chunk(self._calibration_estimate, self._calibration_steps,
+                               self.slo.itl_ms or self.base.itl_budget_ms)
 
     def _best_of(self, mode: Mode, evidence: Evidence) -> Candidate | None:
-        rec = recommend(Evidence([c for c in evidence.candidates if c.mode is mode and c.feasible],
-                                 {k: v for k, v in evidence.runs.items()
-                                  if any(c.name == k[0] and c.mode is mode for c in evidence.candidates)}))
+        mine = {c.name for c in evidence.candidates if c.mode is mode and c.feasible}
+        rec = recommend(Evidence([c for c in evidence.candidates if c.name in mine],
+                                 {k: v for k, v in evidence.runs.items() if k[0] in mine},
+                                 {k: v for k, v in evidence.capacity.items() if k[0] in mine}))
         return rec.candidate
 
     def _report(self, current: str) -> None:

@@ -20,12 +20,14 @@ from homepd.measure.report import add_slo_flags, slo_from_args
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("advise", help="measure every feasible architecture on this box and recommend one",
-                              description="Runs colocated (unchunked and chunked), disaggregated and replicas on "
-                                          "identical short/long/mixed traces, stores the evidence, and applies "
+                              description="Searches the capacity (req/s with 90% of requests within every SLO of "
+                                          "their class) of colocated (unchunked and chunked), disaggregated and "
+                                          "replicas on identical seeded traces, stores the evidence, and applies "
                                           "the rule. Changes nothing: `homepd advise apply` does that.")
     add_config_flags(p, exclude=("mode", "chunk"))
     add_slo_flags(p)
-    p.add_argument("--quick", action="store_true", help="a smaller campaign (about 2 minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="each candidate's capacity on the mixed trace only, at a "
+                                                        "coarser resolution (about 2 minutes on 2 cores)")
     p.add_argument("--repeats", type=int, default=None, help="repeats per candidate and mix (default 2; quick 1)")
     p.add_argument("--no-recovery", dest="recovery", action="store_false", default=None,
                    help="skip the killed-worker scenario")
@@ -49,8 +51,8 @@ def register(subparsers) -> None:
     a.set_defaults(func=_apply)
 
 
-def _settings(args) -> AdviseSettings:
-    slo = slo_from_args(args)
+def _settings(args, base) -> AdviseSettings:
+    slo = slo_from_args(args, base.class_budgets)
     kw = {"slo": slo, "seed": args.seed}
     if args.repeats is not None:
         if args.repeats < 1:
@@ -79,7 +81,7 @@ def _advise(args) -> int:
     from homepd.store import Store
 
     base = config_from_args(args)
-    settings = _settings(args)
+    settings = _settings(args, base)
     setup = prepare(base, pull=True)  # fetch the model first (with its own progress bar), never inside the campaign
     sources = given_sources(args.db, base.backend, setup.model_path, traffic=args.traffic, trace_file=args.trace_file,
                             n_ctx=base.n_ctx)
@@ -115,8 +117,9 @@ def result_dict(result) -> dict:
         "run_id": result.run_id, "wall_s": result.wall_s, "settings": to_plain(result.settings),
         "hardware": result.box, "candidates": to_plain(result.candidates),
         "predicted_chunk": result.predicted_chunk, "evidence": evidence_rows(result),
+        "calibration": {"prefill_tok_s": result.speeds[0], "decode_step_ms": result.speeds[1]},
         "recommendation": to_plain(result.recommendation),
-        "runs": [{"candidate": c, "mix": m, "repeat": r, "record": rec.to_dict()}
+        "runs": [{"candidate": c, "mix": m, "repeat": r, "at_capacity": True, "record": rec.to_dict()}
                  for (c, m, r), rec in result.records.items()],
         "recovery": {mode: rec.to_dict() for mode, rec in result.recovery.items()},
         "projected_two_box": projections_plain(result),

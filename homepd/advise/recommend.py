@@ -4,17 +4,23 @@ Pure: evidence in, a ``Recommendation`` out — no engine, no clock, no store.
 
 The seeds' rule: recommend disaggregation only when prefill->decode
 interference is *measured* on the colocated runs, AND the disaggregated run
-meets both the TTFT and the TPOT targets, AND it beats the best colocated
-(chunked or replicated) goodput by a clear margin.  Otherwise recommend the
-colocated chunk (or replica count) with the best goodput.  This is decided per
-prompt mix; the overall answer is the one for the ``mixed`` trace (the mix a
-box serves in practice) and the evidence says when the mixes disagree.
+meets both the TTFT and the per-token targets, AND it beats the best colocated
+(chunked or replicated) capacity by a clear margin.  Otherwise recommend the
+colocated chunk (or replica count) with the best capacity: the highest arrival
+rate at which the target share of requests meets every SLO of their class
+(``homepd.advise.capacity``).  Candidates whose capacities lie within each
+other's measurement spread are a tie, and the answer says so.  Evidence
+without capacity curves (one rate per run) is ranked by goodput instead.  This
+is decided per prompt mix; the overall answer is the one for the ``mixed``
+trace (the mix a box serves in practice) and the evidence says when the mixes
+disagree.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
 
+from homepd.advise.capacity import CapacityCurve, within_spread
 from homepd.core.modes import Candidate, Mode
 
 # interference counts as measured when decode steps disturbed by prefill are this much slower, matched on
@@ -48,6 +54,7 @@ class Evidence:
     """Every measurement, by candidate and mix; infeasible candidates carry only their reason."""
     candidates: list[Candidate]
     runs: dict[tuple[str, str], list[Measurement]] = field(default_factory=dict)  # (candidate, mix) -> repeats
+    capacity: dict[tuple[str, str], CapacityCurve] = field(default_factory=dict)  # (candidate, mix) -> curve
 
     def add(self, candidate: str, mix: str, m: Measurement) -> None:
         self.runs.setdefault((candidate, mix), []).append(m)
@@ -75,6 +82,9 @@ class Row:
     itl_ms_p99: float | None
     interference_slowdown: float | None
     interference_samples: int
+    capacity_rps: float | None = None        # highest rate with the target share meeting the SLO (None: none)
+    capacity_spread_rps: float | None = None
+    has_curve: bool = False                  # a capacity search ran (its capacity may be None: nothing passed)
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,7 @@ class Recommendation:
     mixes_agree: bool
     table: tuple[Row, ...]
     infeasible: tuple[tuple[str, str], ...]   # (candidate, reason)
+    tied_with: tuple[str, ...] = ()           # candidates within the winner's measurement spread (mixed mix)
 
 
 def _median(values):
@@ -106,6 +117,7 @@ def _median(values):
 def summarize_rows(evidence: Evidence) -> list[Row]:
     rows = []
     for (name, mix), ms in evidence.runs.items():
+        curve = evidence.capacity.get((name, mix))
         goodputs = [m.goodput_per_s for m in ms if m.goodput_per_s is not None]
         med = _median(goodputs)
         spread = (max(goodputs) - min(goodputs)) / med if len(goodputs) > 1 and med else None
@@ -114,21 +126,41 @@ def summarize_rows(evidence: Evidence) -> list[Row]:
             goodput_per_s=med, goodput_spread=spread, slo_attainment=_median(m.slo_attainment for m in ms),
             ttft_ms_p99=_median(m.ttft_ms_p99 for m in ms), itl_ms_p99=_median(m.itl_ms_p99 for m in ms),
             interference_slowdown=_median(m.interference_slowdown for m in ms),
-            interference_samples=sum(m.interference_samples for m in ms)))
+            interference_samples=sum(m.interference_samples for m in ms),
+            capacity_rps=curve.capacity_rps if curve else None, capacity_spread_rps=curve.spread_rps if curve else None, has_curve=curve is not None))
     return rows
 
 
 def _goodput_key(row: Row):
-    """Best first: goodput, then SLO attainment, then the lower p99 ITL and TTFT."""
-    return (row.goodput_per_s or 0.0, row.slo_attainment or 0.0,
+    """Best first: capacity (when measured), then goodput, SLO attainment, then the lower p99 ITL and TTFT."""
+    return (row.capacity_rps or 0.0, row.goodput_per_s or 0.0, row.slo_attainment or 0.0,
             -(row.itl_ms_p99 if row.itl_ms_p99 is not None else float("inf")),
             -(row.ttft_ms_p99 if row.ttft_ms_p99 is not None else float("inf")))
+
+
+def _by_capacity(rows: list[Row]) -> bool:
+    return any(r.has_curve for r in rows)
+
+
+def _score(row: Row, by_capacity: bool) -> float | None:
+    return row.capacity_rps if by_capacity else row.goodput_per_s
+
+
+def _score_text(row: Row, by_capacity: bool) -> str:
+    if not by_capacity:
+        return f"{_fmt(row.goodput_per_s)} req/s"
+    spread = f" ± {_fmt(row.capacity_spread_rps)}" if row.capacity_spread_rps is not None else " or more"
+    if row.capacity_rps is None:
+        return f"no rate passed; goodput {_fmt(row.goodput_per_s)} req/s at the slowest probe"
+    return f"{_fmt(row.capacity_rps)}{spread} req/s"
 
 
 def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
                measurements: dict[tuple[str, str], list[Measurement]]) -> tuple[str | None, str, str]:
     """(winning candidate, rule id, reason) for one mix."""
     mine = [r for r in rows if r.mix == mix and by_name[r.candidate].feasible]
+    by_cap = _by_capacity(mine)
+    what = "capacity" if by_cap else "goodput"
     colocated = [r for r in mine if by_name[r.candidate].mode is not Mode.DISAGGREGATED]
     disagg = [r for r in mine if by_name[r.candidate].mode is Mode.DISAGGREGATED]
     best_co = max(colocated, key=_goodput_key, default=None)
@@ -144,16 +176,16 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
         max(chunked, key=lambda r: (r.interference_samples, r.interference_slowdown or 0.0))
     significant = (inter.interference_slowdown or 0.0) >= INTERFERENCE_SIGNIFICANT \
         and inter.interference_samples >= MIN_INTERFERENCE_SAMPLES
-    co_text = f"{best_co.candidate} has the best goodput without disaggregation ({_fmt(best_co.goodput_per_s)} req/s)"
+    co_text = f"{best_co.candidate} has the best {what} without disaggregation ({_score_text(best_co, by_cap)})"
     if not disagg:
-        return best_co.candidate, "colocated-best-goodput", co_text + "; disaggregation was not measured"
+        return best_co.candidate, f"colocated-best-{what}", co_text + "; disaggregation was not measured"
     d = max(disagg, key=_goodput_key)
     ms = measurements.get((d.candidate, mix), [])
     ttft_ok = _median(m.ttft_attainment for m in ms) or 0.0
     tpot_ok = _median(m.tpot_attainment for m in ms) or 0.0
     meets = ttft_ok >= SLO_ATTAINMENT_TARGET and tpot_ok >= SLO_ATTAINMENT_TARGET
-    margin = (d.goodput_per_s or 0.0) / best_co.goodput_per_s if best_co.goodput_per_s else \
-        (float("inf") if (d.goodput_per_s or 0.0) > 0 else 0.0)
+    d_score, co_score = _score(d, by_cap) or 0.0, _score(best_co, by_cap)
+    margin = d_score / co_score if co_score else (float("inf") if d_score > 0 else 0.0)
     if not significant:
         return best_co.candidate, "interference-not-significant", (
             f"interference is not significant (x{_fmt(inter.interference_slowdown)} over "
@@ -162,22 +194,32 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
     if not meets:
         return best_co.candidate, "disaggregated-misses-slo", (
             f"interference is measured (x{_fmt(inter.interference_slowdown)}), but disaggregated serving meets "
-            f"the TTFT target for {ttft_ok:.0%} and the TPOT target for {tpot_ok:.0%} of requests (needs "
+            f"the TTFT target for {ttft_ok:.0%} and the per-token target for {tpot_ok:.0%} of requests (needs "
             f"{SLO_ATTAINMENT_TARGET:.0%} each); {co_text}")
     if margin < DISAGG_MARGIN:
         return best_co.candidate, "disaggregated-no-clear-margin", (
-            f"interference is measured and disaggregated serving meets both targets, but its goodput "
-            f"({_fmt(d.goodput_per_s)} req/s) is x{_fmt(margin)} the best colocated one, under the "
+            f"interference is measured and disaggregated serving meets both targets, but its {what} "
+            f"({_score_text(d, by_cap)}) is x{_fmt(margin)} the best colocated one, under the "
             f"x{DISAGG_MARGIN} margin; {co_text}")
     return d.candidate, "disaggregated-wins", (
         f"interference is measured (x{_fmt(inter.interference_slowdown)} over {inter.interference_samples} "
-        f"disturbed steps), disaggregated serving meets TTFT for {ttft_ok:.0%} and TPOT for {tpot_ok:.0%} of "
-        f"requests, and its goodput {_fmt(d.goodput_per_s)} req/s is x{_fmt(margin)} the best colocated "
-        f"({best_co.candidate}, {_fmt(best_co.goodput_per_s)} req/s)")
+        f"disturbed steps), disaggregated serving meets TTFT for {ttft_ok:.0%} and the per-token target for "
+        f"{tpot_ok:.0%} of requests, and its {what} {_score_text(d, by_cap)} is x{_fmt(margin)} the best "
+        f"colocated ({best_co.candidate}, {_score_text(best_co, by_cap)})")
+
+
+def ties(evidence: Evidence, mix: str, winner: str) -> list[str]:
+    """The feasible candidates whose capacity on ``mix`` cannot be told from ``winner``'s (``within_spread``)."""
+    win = evidence.capacity.get((winner, mix))
+    if win is None:
+        return []
+    feasible = {c.name for c in evidence.candidates if c.feasible}
+    return [name for (name, m), curve in evidence.capacity.items()
+            if m == mix and name != winner and name in feasible and within_spread(win, curve)]
 
 
 def recommend(evidence: Evidence) -> Recommendation:
-    """Apply the rule per mix and overall; grade the confidence from repeats and margins."""
+    """Apply the rule per mix and overall; grade the confidence from repeats, margins and spreads."""
     by_name = {c.name: c for c in evidence.candidates}
     rows = summarize_rows(evidence)
     per_mix = []
@@ -196,29 +238,49 @@ def recommend(evidence: Evidence) -> Recommendation:
     agree = len({a.candidate for a in per_mix}) == 1
     if not agree:
         reason += "; the answer differs by prompt mix: " + ", ".join(f"{a.mix} -> {a.candidate}" for a in per_mix)
-    confidence, why = _confidence(rows, overall_mix, name)
+    tied = ties(evidence, overall_mix, name)
+    if tied:
+        row_of = {r.candidate: r for r in rows if r.mix == overall_mix}
+        if row_of[name].capacity_rps is None:
+            reason += f"; {_and([name, *tied])} are within the measurement spread (no rate passed for any)"
+        else:
+            reason += (f"; {_and([name, *tied])} are within the measurement spread ("
+                       + ", ".join(_score_text(row_of[n], True) for n in [name, *tied] if n in row_of) + ")")
+        confidence, why = "low", f"a tie: {_and([name, *tied])} are within the measurement spread"
+    else:
+        confidence, why = _confidence(rows, overall_mix, name)
     cand = by_name[name]
     return Recommendation(cand, cand.config_values(), rule, f"on the {overall_mix} mix: {reason}", confidence, why,
-                          tuple(per_mix), agree, tuple(rows), infeasible)
+                          tuple(per_mix), agree, tuple(rows), infeasible, tuple(tied))
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _confidence(rows: list[Row], mix: str, winner: str) -> tuple[str, str]:
     mine = sorted((r for r in rows if r.mix == mix), key=_goodput_key, reverse=True)
+    by_cap = _by_capacity(mine)
     win = next(r for r in mine if r.candidate == winner)
     rest = [r for r in mine if r.candidate != winner]
     if not rest:
         return "low", "only one candidate was measured"
     second = rest[0]
-    gap = ((win.goodput_per_s or 0) - (second.goodput_per_s or 0)) / max(win.goodput_per_s or 0, 1e-9)
-    spread = max(win.goodput_spread or 0.0, second.goodput_spread or 0.0)
+    w, x = _score(win, by_cap) or 0.0, _score(second, by_cap) or 0.0
+    gap = (w - x) / max(w, 1e-9)
+    if by_cap:
+        spread = max(win.capacity_spread_rps or 0.0, second.capacity_spread_rps or 0.0) / max(w, 1e-9)
+    else:
+        spread = max(win.goodput_spread or 0.0, second.goodput_spread or 0.0)
     n = f"{win.n_repeats} repeat(s), {win.n_requests} requests"
+    what = "measurement" if by_cap else "repeat"
     if win.n_repeats >= 2 and gap > spread and gap >= 0.1:
-        return "high", f"{n}; {gap:.0%} ahead of {second.candidate}, more than the {spread:.0%} repeat spread"
+        return "high", f"{n}; {gap:.0%} ahead of {second.candidate}, more than the {spread:.0%} {what} spread"
     if gap >= 0.2:
         return "medium", f"{n}; {gap:.0%} ahead of {second.candidate}" + (
             "" if win.n_repeats >= 2 else " (one repeat: spread unknown)")
     return "low", f"{n}; only {gap:.0%} ahead of {second.candidate}" + (
-        f", within the {spread:.0%} repeat spread" if spread else "")
+        f", within the {spread:.0%} {what} spread" if spread else "")
 
 
 def _fmt(x) -> str:

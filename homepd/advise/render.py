@@ -5,6 +5,7 @@ import statistics
 
 from homepd.advise.campaign import AdviseResult
 from homepd.advise.recommend import Recommendation
+from homepd.core.records import to_plain
 from homepd.measure.memory import CATEGORIES, breakdown_mib
 from homepd.measure.replay import RunRecord
 from homepd.measure.report import fmt
@@ -35,8 +36,12 @@ def evidence_rows(result: AdviseResult) -> list[dict]:
             energy = _med(sum(v for v in r.energy_j.values() if v is not None) / r.summary.n_output_tokens
                           if any(v is not None for v in r.energy_j.values()) and r.summary.n_output_tokens else None
                           for r in recs)
+            curve = result.capacity.get((cand.name, mix))
             rows.append({
                 "candidate": cand.name, "mix": mix, "repeats": len(recs),
+                "capacity_rps": curve.capacity_rps if curve else None,
+                "capacity_spread_rps": curve.spread_rps if curve else None,
+                "capacity": to_plain(curve) if curve else None,
                 "goodput_per_s": _med(x.goodput_per_s for x in s),
                 "slo_attainment": _med(x.slo_attainment for x in s),
                 "ttft_ms_p50": _med(x.ttft_ms.p50 for x in s), "ttft_ms_p99": _med(x.ttft_ms.p99 for x in s),
@@ -102,6 +107,43 @@ def render_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def capacity_cell(curve) -> str:
+    """A capacity as the table shows it: ``0.71 ± 0.29``; ``>= 4.00`` when nothing failed; ``< 0.25`` when
+    nothing passed (the lowest failing rate)."""
+    if curve is None:
+        return "-"
+    if curve.capacity_rps is None:
+        failing = [p.rate_rps for p in curve.probes if p.attainment < curve.target_share]
+        return f"< {min(failing):.2f}" if failing else "NA"
+    if curve.spread_rps is None:
+        return f">= {curve.capacity_rps:.2f}"
+    return f"{curve.capacity_rps:.2f} ± {curve.spread_rps:.2f}"
+
+
+def render_capacity(result: AdviseResult) -> str:
+    """Capacity (req/s with at least the target share of requests within every SLO of their class) per
+    candidate and mix, with its spread, and the SLO target that decided."""
+    mixes = [m for m in result.settings.mixes if any(k[1] == m for k in result.capacity)]
+    out = [f"{'candidate':<28}" + "".join(f"{m:>16}" for m in mixes) + "  decided by"]
+    for cand in result.candidates:
+        curves = [result.capacity.get((cand.name, m)) for m in mixes]
+        if not any(curves):
+            continue
+        decided = next((c.decided_by for c in reversed(curves) if c is not None), "")
+        out.append(f"{cand.name:<28}" + "".join(f"{capacity_cell(c):>16}" for c in curves) + f"  {decided}")
+    return "\n".join(out)
+
+
+def render_curves(result: AdviseResult) -> str:
+    """Attainment against rate, every probe (the capacity curve), one line per candidate and mix."""
+    lines = []
+    for (name, mix), curve in result.capacity.items():
+        probes = sorted(curve.probes, key=lambda p: (p.rate_rps, p.seed))
+        lines.append(f"  {name} / {mix}: " + ", ".join(
+            f"{p.rate_rps:.2f}/s {p.attainment:.0%} (n={p.n_requests})" for p in probes))
+    return "\n".join(lines)
+
+
 def render_recovery(result: AdviseResult) -> str:
     lines = []
     for mode, rec in result.recovery.items():
@@ -134,15 +176,19 @@ def render_recommendation(rec: Recommendation) -> str:
 
 def render_result(result: AdviseResult) -> str:
     s = result.settings
-    parts = [f"evidence ({'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mixes x {s.repeats} "
-             f"repeat(s); SLO {s.slo.describe()}; medians over repeats)",
+    target = f"{s.search.target_share:.0%}"
+    parts = [f"capacity, req/s with >= {target} of requests meeting the SLO ({s.slo.describe()}); "
+             f"{'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mix(es) x {s.repeats} repeat(s), "
+             f"grid x{2 ** (1 / s.search.steps_per_octave):.2f}",
+             render_capacity(result), "attainment against rate (every probe):", render_curves(result),
+             "evidence at each candidate's capacity (where no probe passed, at its lowest probe; medians over repeats)",
              render_table(evidence_rows(result))]
     memory = render_memory(evidence_rows(result))
     if memory:
         parts += ["memory by what holds it (MiB, each byte once):", memory]
     if result.predicted_chunk is not None:
         parts.append(f"step-time model: chunk {result.predicted_chunk} keeps a decode step under "
-                     f"{s.slo.itl_ms or s.slo.tpot_ms:g} ms")
+                     f"{s.slo.itl_ms or 100:g} ms")
     if result.recovery:
         parts += ["recovery (a worker killed mid-run on the mixed trace):", render_recovery(result)]
     parts += _two_boxes(result)

@@ -13,9 +13,8 @@ import json
 import sys
 
 from homepd.config import add_config_flags, config_from_args
-from homepd.measure.metrics import SLO
 from homepd.measure.replay import run_trace
-from homepd.measure.report import add_slo_flags, fmt, render_run
+from homepd.measure.report import add_slo_flags, fmt, render_run, slo_from_args
 from homepd.core.sampling import SamplingParams
 from homepd.measure.trace import PRESETS, make_trace, read_trace
 
@@ -32,6 +31,7 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
     from homepd.launch import prepare
 
     config = config_from_args(args)
+    slo = slo_from_args(args, config.class_budgets)  # bad --slo-* flags fail before the engine starts
     trace = None if args.prompt is not None else _trace_from_args(args)  # a bad trace file: before any engine
     setup = await asyncio.to_thread(prepare, config)
     print(f"homepd: starting {config.mode} engine on {config.model} (chunk={config.chunk}, "
@@ -51,8 +51,7 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
             print(f"\r  {done}/{len(trace)} requests done", end="", file=sys.stderr, flush=True)
 
         record = await run_trace(engine, trace, trace_name=trace.name, sampler=sampler, on_done=progress,
-                                 slo=SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms,
-                                         itl_ms=args.slo_itl_ms))
+                                 slo=slo)
         print(file=sys.stderr)
     if args.json:
         print(json.dumps(record.to_dict()))

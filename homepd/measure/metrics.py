@@ -8,18 +8,19 @@ prefill worker runs at the same time (disaggregated).
 from __future__ import annotations
 
 import bisect
+import enum
 import statistics
 from dataclasses import dataclass
 
-from homepd.core.admission import RequestClass
+from homepd.core.admission import ClassBudget, RequestClass
 from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
-from homepd.core.admission import RequestClass
 from homepd.core.modes import Role
 from homepd.core.stats import percentile
 from homepd.config import EngineConfig
 
 _INTERACTIVE = EngineConfig().class_budgets[RequestClass.INTERACTIVE]
+_BACKGROUND = EngineConfig().class_budgets[RequestClass.BACKGROUND]
 
 
 @dataclass(frozen=True)
@@ -98,27 +99,91 @@ class Dist:
                    p95=percentile(v, 95), p99=percentile(v, 99), max=max(v) if v else None)
 
 
+class TokenTarget(str, enum.Enum):
+    """What an interactive request's per-token budget is checked against."""
+    EVERY_GAP = "gap"     # every inter-token gap within the budget: a stall fails the request (the default)
+    P99_GAP = "p99"       # the p99 of its gaps (nearest rank: at most 1 % of them over; with < 100 gaps, all)
+    MEAN_TPOT = "tpot"    # its mean time per output token (a stall hides in the mean)
+
+
+class SLOTarget(str, enum.Enum):
+    """Which part of the SLO a request missed (the first that fails, in this order)."""
+    FINISHED = "finished"
+    TTFT = "ttft"
+    TOKEN = "token"
+    BACKGROUND_TTFT = "background_ttft"
+
+
 @dataclass(frozen=True)
 class SLO:
-    """Latency targets a request must meet to count towards goodput (DistServe's definition); by default the
-    interactive class's budgets (``EngineConfig.class_budgets``)."""
+    """The latency targets a request must meet to count towards goodput (DistServe's definition), per request
+    class.  Built from the engine's one table of class budgets (``SLO.from_budgets(config.class_budgets)``):
+    interactive TTFT <= ``ttft_ms`` and each gap <= ``itl_ms`` (``token_target`` says which statistic of the
+    gaps: every gap by default, else their p99 or mean); background TTFT <= ``background_ttft_ms``.  Every
+    request must finish.  ``itl_ms`` None: per-token latency not checked."""
     ttft_ms: float = _INTERACTIVE.ttft_ms
-    tpot_ms: float = _INTERACTIVE.itl_ms
-    itl_ms: float | None = None      # every gap between two tokens, when set (the stricter, stall-aware target)
+    itl_ms: float | None = _INTERACTIVE.itl_ms
+    token_target: TokenTarget = TokenTarget.EVERY_GAP
+    background_ttft_ms: float = _BACKGROUND.ttft_ms
+
+    def __post_init__(self):
+        object.__setattr__(self, "token_target", TokenTarget(self.token_target))
+
+    @classmethod
+    def from_budgets(cls, budgets: dict[RequestClass, ClassBudget], **overrides) -> "SLO":
+        """The SLO that the class budgets ``budgets`` (``EngineConfig.class_budgets``) state; ``overrides``
+        (a field name -> value, None values ignored) replace single targets (the ``--slo-*`` flags)."""
+        fields = dict(ttft_ms=budgets[RequestClass.INTERACTIVE].ttft_ms,
+                      itl_ms=budgets[RequestClass.INTERACTIVE].itl_ms,
+                      background_ttft_ms=budgets[RequestClass.BACKGROUND].ttft_ms)
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**fields)
+
+    def miss(self, lc: Lifecycle) -> SLOTarget | None:
+        """The target ``lc`` missed (None: it met every target of its class)."""
+        if lc.state is not RequestState.FINISHED or lc.ttft_s is None:
+            return SLOTarget.FINISHED
+        if lc.request_class is RequestClass.BACKGROUND:
+            return SLOTarget.BACKGROUND_TTFT if lc.ttft_s * 1e3 > self.background_ttft_ms else None
+        if lc.ttft_s * 1e3 > self.ttft_ms:
+            return SLOTarget.TTFT
+        if self.itl_ms is None or not lc.itl_s:
+            return None
+        if self.token_target is TokenTarget.EVERY_GAP:
+            over = max(lc.itl_s) * 1e3 > self.itl_ms
+        elif self.token_target is TokenTarget.P99_GAP:
+            over = percentile(lc.itl_s, 99) * 1e3 > self.itl_ms
+        else:
+            over = lc.tpot_s * 1e3 > self.itl_ms
+        return SLOTarget.TOKEN if over else None
 
     def is_met_by(self, lc: Lifecycle) -> bool:
-        if lc.state is not RequestState.FINISHED or lc.ttft_s is None or lc.ttft_s * 1e3 > self.ttft_ms:
-            return False
-        if lc.tpot_s is not None and lc.tpot_s * 1e3 > self.tpot_ms:
-            return False
-        return self.itl_ms is None or all(x * 1e3 <= self.itl_ms for x in lc.itl_s)
+        return self.miss(lc) is None
+
+    def target_text(self, target: SLOTarget) -> str:
+        """One target in words, as the evidence names the one that decided (``every gap <= 100 ms``)."""
+        if target is SLOTarget.FINISHED:
+            return "every request finishes"
+        if target is SLOTarget.TTFT:
+            return f"interactive TTFT <= {self.ttft_ms / 1e3:g} s"
+        if target is SLOTarget.BACKGROUND_TTFT:
+            return f"background TTFT <= {self.background_ttft_ms / 1e3:g} s"
+        what = {TokenTarget.EVERY_GAP: "every gap", TokenTarget.P99_GAP: "p99 gap",
+                TokenTarget.MEAN_TPOT: "mean TPOT"}[self.token_target]
+        return f"{what} <= {self.itl_ms:g} ms"
+
+    @property
+    def per_token_ms(self) -> float | None:
+        """The per-token budget, whichever statistic checks it (the stall threshold of the evidence)."""
+        return self.itl_ms
 
     def describe(self) -> str:
-        """AIPerf's ``--goodput`` spelling: ``time_to_first_token:4000 ...`` (milliseconds)."""
-        parts = [f"time_to_first_token:{self.ttft_ms:g}", f"inter_token_latency_mean:{self.tpot_ms:g}"]
+        """The targets in words, per class."""
+        parts = [self.target_text(SLOTarget.TTFT)]
         if self.itl_ms is not None:
-            parts.append(f"inter_token_latency_max:{self.itl_ms:g}")
-        return " ".join(parts)
+            parts.append(self.target_text(SLOTarget.TOKEN))
+        return (f"interactive: {', '.join(p.removeprefix('interactive ') for p in parts)}; background: TTFT <= "
+                f"{self.background_ttft_ms / 1e3:g} s; every request finishes")
 
 
 @dataclass(frozen=True)

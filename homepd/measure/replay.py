@@ -170,7 +170,7 @@ async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = No
     breakdown = await asyncio.to_thread(engine.measure_memory)
     arena_peak = engine.kv_peak(t0, t1)
     snap = engine.snapshot()
-    target = itl_target_ms if itl_target_ms is not None else (slo.itl_ms or slo.tpot_ms)
+    target = itl_target_ms if itl_target_ms is not None else (slo.itl_ms or engine.config.itl_budget_ms)
     return RunRecord(
         mode=engine.config.mode, config=to_plain(engine.config), trace_name=trace_name,
         summary=summarize(records, steps, slo),

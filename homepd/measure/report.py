@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 
 from homepd.config import env_default
+from homepd.core.admission import ClassBudget, RequestClass
+from homepd.errors import ConfigError
 from homepd.measure.memory import render_breakdown
-from homepd.measure.metrics import SLO, Dist
+from homepd.measure.metrics import SLO, Dist, TokenTarget
 from homepd.measure.replay import RunRecord
 
 MIB = 2 ** 20
@@ -16,18 +18,38 @@ def fmt(x, spec: str = ".0f") -> str:
 
 
 def add_slo_flags(parser: argparse.ArgumentParser) -> None:
-    """``--slo-ttft-ms``, ``--slo-tpot-ms``, ``--slo-itl-ms`` (each also ``HOMEPD_SLO_*``)."""
-    default = SLO()
-    parser.add_argument("--slo-ttft-ms", type=float, default=env_default("slo-ttft-ms", default.ttft_ms, float),
-                        help=f"TTFT target for goodput (default {default.ttft_ms:g} ms)")
-    parser.add_argument("--slo-tpot-ms", type=float, default=env_default("slo-tpot-ms", default.tpot_ms, float),
-                        help=f"TPOT (mean inter-token) target for goodput (default {default.tpot_ms:g} ms)")
-    parser.add_argument("--slo-itl-ms", type=float, default=env_default("slo-itl-ms", default.itl_ms, float),
-                        help="target for every single inter-token gap (stalls); default: not checked")
+    """``--slo-ttft-ms``, ``--slo-itl-ms``, ``--slo-token``, ``--slo-tpot-ms``, ``--slo-background-ttft-ms``
+    (each also ``HOMEPD_SLO_*``).  A target not given is the class budget's (``--ttft-budget``,
+    ``--itl-budget``, ``--background-ttft-budget``): the engine's budgets are the SLO."""
+    tokens = ", ".join(t.value for t in TokenTarget)
+    parser.add_argument("--slo-ttft-ms", type=float, default=env_default("slo-ttft-ms", None, float),
+                        help="interactive TTFT target for goodput (default: --ttft-budget)")
+    parser.add_argument("--slo-itl-ms", type=float, default=env_default("slo-itl-ms", None, float),
+                        help="interactive per-token target (default: --itl-budget), checked as --slo-token says")
+    parser.add_argument("--slo-token", choices=[t.value for t in TokenTarget],
+                        default=env_default("slo-token", TokenTarget.EVERY_GAP.value),
+                        help=f"which statistic of a request's gaps must meet --slo-itl-ms ({tokens}; default "
+                             f"gap: every gap, so a stall fails the request)")
+    parser.add_argument("--slo-tpot-ms", type=float, default=env_default("slo-tpot-ms", None, float),
+                        help="shorthand for --slo-token tpot --slo-itl-ms N (the mean time per output token)")
+    parser.add_argument("--slo-background-ttft-ms", type=float,
+                        default=env_default("slo-background-ttft-ms", None, float),
+                        help="background TTFT target (default: --background-ttft-budget)")
 
 
-def slo_from_args(args: argparse.Namespace) -> SLO:
-    return SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms, itl_ms=args.slo_itl_ms)
+def slo_from_args(args: argparse.Namespace, budgets: dict[RequestClass, ClassBudget]) -> SLO:
+    """The SLO the flags state, over the class budgets ``budgets`` (``EngineConfig.class_budgets``)."""
+    token, itl_ms = TokenTarget(args.slo_token), args.slo_itl_ms
+    if args.slo_tpot_ms is not None:
+        if itl_ms is not None or token not in (TokenTarget.EVERY_GAP, TokenTarget.MEAN_TPOT):
+            raise ConfigError("--slo-tpot-ms is --slo-token tpot --slo-itl-ms N: give one or the other")
+        token, itl_ms = TokenTarget.MEAN_TPOT, args.slo_tpot_ms
+    for name, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-itl-ms", itl_ms),
+                        ("--slo-background-ttft-ms", args.slo_background_ttft_ms)):
+        if value is not None and not value > 0:
+            raise ConfigError(f"{name} must be a positive number of milliseconds, got {value:g}")
+    return SLO.from_budgets(budgets, ttft_ms=args.slo_ttft_ms, itl_ms=itl_ms, token_target=token,
+                            background_ttft_ms=args.slo_background_ttft_ms)
 
 
 def dist_line(name: str, d: Dist, spec: str = ".0f") -> str:
@@ -75,7 +97,7 @@ def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int 
                    f" ms; export {fmt(kv.export_ms_p50, '.2f')} ms, import {fmt(kv.import_ms_p50, '.2f')} ms, "
                    f"slot wait p95 {fmt(kv.slot_wait_ms_p95, '.1f')} ms")
     if record.stalls:
-        out.append(f"stalls over {fmt(s.slo.itl_ms or s.slo.tpot_ms)} ms: {len(record.stalls)} "
+        out.append(f"stalls over {fmt(s.slo.itl_ms)} ms: {len(record.stalls)} "
                    f"(worst {min(n_stalls, len(record.stalls))}):")
         for st in record.stalls[:n_stalls]:
             who = ", ".join(f"{c.request_id} ({c.n_prompt_tokens} prompt tokens, {c.held_ms:.0f} ms"

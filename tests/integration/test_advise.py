@@ -18,7 +18,8 @@ def homepd(*args, env=None, **kw):
                           env={**os.environ, **(env or {})}, timeout=300, **kw)
 
 
-def test_quick_advise_measures_every_architecture_per_mix_stores_it_and_apply_writes_it(tmp_path):
+def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_stores_it_and_apply_writes_it(
+        tmp_path):
     db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
     out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json")
     assert out.returncode == 0, out.stderr
@@ -26,13 +27,25 @@ def test_quick_advise_measures_every_architecture_per_mix_stores_it_and_apply_wr
     rows = [r for r in result["evidence"] if "infeasible" not in r]
     names = {r["candidate"] for r in rows}
     assert {"colocated-unchunked", "colocated-chunk-256", "disaggregated", "replicas-2"} <= names
-    assert {r["mix"] for r in rows} == {"short", "long", "mixed"}
-    for r in rows:  # every candidate ran every mix, and the figures are there
+    assert {r["mix"] for r in rows} == {"mixed"}   # quick: the mixed trace only
+    for r in rows:  # every candidate was searched, and the figures at its capacity are there
+        curve = r["capacity"]
+        assert curve["candidate"] == r["candidate"] and curve["mix"] == "mixed" and curve["decided_by"]
+        assert 1 <= len(curve["probes"]) <= 3 and all(p["n_requests"] >= 10 for p in curve["probes"])
+        rates = [p["rate_rps"] for p in curve["probes"]]
+        assert len(set(rates)) == len(rates)   # a search never probes a rate twice
         assert r["goodput_per_s"] is not None and r["ttft_ms_p99"] is not None and r["total_pss_mib"] > 0
+    assert result["calibration"]["prefill_tok_s"] > 0
     rec = result["recommendation"]
     assert rec["candidate"]["name"] in names and rec["rule"] and rec["confidence"] in ("high", "medium", "low")
-    assert {a["mix"] for a in rec["per_mix"]} == {"short", "long", "mixed"}
+    assert {a["mix"] for a in rec["per_mix"]} == {"mixed"}
     assert "[" in out.stderr and "ETA" in out.stderr  # the progress bar
+
+    with Store.open(db, create=False) as store:   # one stored result per probe, its rate in the mix
+        (run,) = store.list_runs()
+        results = store.get_run(run["id"], timelines=False)["results"]
+        probes = sum(len(r["capacity"]["probes"]) for r in rows)
+        assert len([r for r in results if r["status"] == "measured" and "@" in r["mix"]]) == probes
 
     listing = homepd("history", "--db", str(db))
     assert listing.returncode == 0 and "advise" in listing.stdout and "complete" in listing.stdout

@@ -111,3 +111,58 @@ def test_interference_is_read_from_a_run_with_enough_samples_not_a_single_outlie
         ("disaggregated", "mixed"): [m(0.9)],
     }))
     assert rec.rule == "disaggregated-wins" and "x2.50 over 12 disturbed steps" in rec.reason
+
+
+def curve(name, capacity, spread, mix="mixed"):
+    from homepd.advise.capacity import CapacityCurve, Probe
+    probes = (Probe(capacity, 10, 1.0, capacity, 0, 10 / capacity, {"interactive": 1.0}),
+              Probe(capacity + spread, 10, 0.5, None, 0, 10, {"interactive": 0.5}, {"every gap <= 100 ms": 5}))
+    return CapacityCurve(name, mix, 0.9, spread, probes, capacity, spread, "every gap <= 100 ms")
+
+
+def with_capacity(ev, curves):
+    for c in curves:
+        ev.capacity[(c.candidate, c.mix)] = c
+    return ev
+
+
+def test_capacity_ranks_the_candidates_not_goodput_at_one_rate():
+    ev = with_capacity(evidence({("colocated-unchunked", "mixed"): [m(0.9, slowdown=1.0)],
+                                 ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=1.0)]},
+                                candidates=(CO_NONE, CO64)),
+                       [curve("colocated-unchunked", 0.5, 0.1), curve("colocated-chunk-64", 1.0, 0.19)])
+    rec = recommend(ev)
+    assert rec.candidate == CO64 and rec.rule == "colocated-best-capacity" and "1.00 ± 0.19 req/s" in rec.reason
+    assert rec.tied_with == () and {r.candidate: r.capacity_rps for r in rec.table}["colocated-chunk-64"] == 1.0
+
+
+def test_candidates_within_each_others_spread_are_reported_as_a_tie():
+    ev = with_capacity(evidence({("colocated-unchunked", "mixed"): [m(0.5, slowdown=1.0)],
+                                 ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=1.0)]},
+                                candidates=(CO_NONE, CO64)),
+                       [curve("colocated-unchunked", 0.84, 0.16), curve("colocated-chunk-64", 1.0, 0.19)])
+    rec = recommend(ev)
+    assert rec.candidate == CO64 and rec.tied_with == ("colocated-unchunked",)
+    assert "colocated-chunk-64 and colocated-unchunked are within the measurement spread" in rec.reason
+    assert rec.confidence == "low" and rec.confidence_why.startswith("a tie")
+
+
+def test_disaggregation_needs_a_clear_capacity_margin_too():
+    runs = {("colocated-chunk-64", "mixed"): [m(0.5, slowdown=3.0)], ("disaggregated", "mixed"): [m(0.5)]}
+    close = recommend(with_capacity(evidence(runs), [curve("colocated-chunk-64", 1.0, 0.19),
+                                                     curve("disaggregated", 1.19, 0.22)]))
+    assert close.candidate == CO64 and close.rule == "disaggregated-no-clear-margin"
+    clear = recommend(with_capacity(evidence(runs), [curve("colocated-chunk-64", 1.0, 0.19),
+                                                     curve("disaggregated", 2.0, 0.38)]))
+    assert clear.candidate == DIS and clear.rule == "disaggregated-wins" and clear.tied_with == ()
+
+
+def test_when_no_rate_passed_anywhere_every_candidate_is_a_tie_ranked_by_goodput_at_the_slowest_probe():
+    from dataclasses import replace
+    ev = evidence({("colocated-unchunked", "mixed"): [m(0.02, slowdown=9.0)],
+                   ("colocated-chunk-64", "mixed"): [m(0.07, slowdown=2.0)]}, candidates=(CO_NONE, CO64))
+    for c in (curve("colocated-unchunked", 0.5, 0.0), curve("colocated-chunk-64", 0.5, 0.0)):
+        ev.capacity[(c.candidate, c.mix)] = replace(c, capacity_rps=None, spread_rps=None, probes=c.probes[1:])
+    rec = recommend(ev)
+    assert rec.candidate == CO64 and rec.tied_with == ("colocated-unchunked",) and rec.confidence == "low"
+    assert "no rate passed; goodput 0.07 req/s at the slowest probe" in rec.reason

@@ -15,7 +15,7 @@ import pytest
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import StepRecord
 from homepd.core.records import WorkerEvent, WorkerEventKind
-from homepd.measure.metrics import SLO, summarize
+from homepd.measure.metrics import SLO, TokenTarget, summarize
 from homepd.measure.replay import ProcessMemory, RunRecord
 from homepd.measure.stalls import attribute_stalls
 from homepd.store import MAX_STEPS_PER_RESULT, RunNotFoundError, Store, StoreError, default_db_path
@@ -48,7 +48,7 @@ def make_record(n_requests: int = 3, n_tokens: int = 6, mode: str = "colocated",
                 with_death: bool = False) -> RunRecord:
     requests = tuple(make_lifecycle(f"r{i}", 100.0 + i * 0.05, n_tokens) for i in range(n_requests))
     steps = make_steps(20)
-    slo = SLO(ttft_ms=500.0, tpot_ms=100.0)
+    slo = SLO(ttft_ms=500.0, itl_ms=100.0, token_target=TokenTarget.MEAN_TPOT)
     events = (WorkerEvent(WorkerEventKind.DIED, "colocated", 4242, 100.5, exitcode=-9, cause="killed",
                           recomputed_requests=("r1",)),) if with_death else ()
     return RunRecord(mode=mode, config={"mode": mode, "chunk": 64, "model": Path("/m/x.gguf")},
