@@ -150,6 +150,12 @@ def test_advise_traffic_service_replays_the_recorded_schedule(recording):
         assert [q["n_prompt_tokens"] for q in reqs] == [r.n_prompt_tokens for r in cycled]
         assert [q["request_class"] for q in reqs] == [r.request_class for r in cycled]
         assert [q["n_output_tokens"] for q in reqs] == [r.n_output_tokens for r in cycled]
+        # the schedule: the recording's arrival offsets, scaled by one factor (the probe's rate over the
+        # recorded rate); arrivals are the engine's clock, so within a few tens of ms
+        recorded = [r.arrived_unix_s - rows[0].arrived_unix_s for r in rows]
+        replayed = [q["arrived_s"] - reqs[0]["arrived_s"] for q in reqs[:len(rows)]]
+        scale = replayed[-1] / recorded[-1]
+        assert scale > 0 and replayed == pytest.approx([x * scale for x in recorded], abs=0.15)
     assert result["recommendation"]["per_mix"][0]["mix"] == "traffic"
 
 
