@@ -87,8 +87,14 @@ class Disaggregated(Topology):
 
     def advise_candidates(self, base, plan, chunks):
         part = self.plan_part(plan)
+        """Every prompt handed off (the architecture itself), and the learned routing, which may keep a short
+        prompt on the decode worker within its streams' ITL budget."""
         return [Candidate(Mode.DISAGGREGATED.value, Mode.DISAGGREGATED, chunk=base.chunk, feasible=part.feasible,
-                          reason=part.reason)]
+                          reason=part.reason or "every prompt that fits the prefill worker is handed off"),
+                Candidate(f"{Mode.DISAGGREGATED.value}-routed", Mode.DISAGGREGATED, chunk=base.chunk,
+                          local_prefill=True, feasible=part.feasible,
+                          reason=part.reason or "learned routing: a short prompt may be prefilled on the decode "
+                                                "worker, within its streams' ITL budget")]
 
 
 TOPOLOGY = Disaggregated()
