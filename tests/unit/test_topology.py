@@ -121,7 +121,9 @@ def test_advise_measures_the_fixed_chunks_the_adaptive_chunk_both_routings_and_r
 
 def test_the_app_names_the_chunk_of_a_colocated_engine():
     config = EngineConfig(chunk=None, adaptive_chunk=False)
-    assert [topology_for(m).describe(config) for m in Mode] == ["colocated, chunk none", "disaggregated",
-                                                                "replicas"]
+    assert [topology_for(m).describe(config) for m in Mode] == ["colocated, chunk none",
+                                                                "disaggregated, learned routing", "replicas"]
+    assert topology_for(Mode.DISAGGREGATED).describe(EngineConfig(local_prefill=False)) == \
+        "disaggregated, every prompt handed off"
     adaptive = EngineConfig(chunk=256, adaptive_chunk=True)
     assert topology_for(Mode.COLOCATED).describe(adaptive) == "colocated, adaptive chunk (at most 256)"

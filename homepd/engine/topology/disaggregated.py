@@ -85,6 +85,9 @@ class Disaggregated(Topology):
     def recovery_victim(self, config):
         return Role.DECODE.value
 
+    def describe(self, config):
+        return f"{self.mode}, " + ("learned routing" if config.local_prefill else "every prompt handed off")
+
     def advise_candidates(self, base, plan, chunks):
         part = self.plan_part(plan)
         """Every prompt handed off (the architecture itself), and the learned routing, which may keep a short
