@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from homepd.core.lifecycle import RequestTimings
+from homepd.core.lifecycle import Lifecycle, RequestTimings
 from homepd.core.modes import Candidate, Mode
 
 
@@ -36,11 +36,13 @@ class PrefillSplit:
                 f"{self.n_handoff_prompts} ({self.n_handoff_tokens} tokens) handed off")
 
 
-def prefill_split(requests: Iterable[RequestTimings]) -> PrefillSplit:
-    """Where these requests' prompts were prefilled: a request whose KV was handed off has its transfer's
-    figures (``kv_bytes``, ``kv_transfer_s``); every other prefilled one was prefilled where it decodes."""
+def prefill_split(requests: Iterable[Lifecycle | RequestTimings]) -> PrefillSplit:
+    """Where these requests' prompts were prefilled (a run record's lifecycles, or their timings): a request
+    whose KV was handed off has its transfer's figures (``kv_bytes``, ``kv_transfer_s``); every other
+    prefilled one was prefilled where it decodes."""
     split = PrefillSplit()
-    for r in requests:
+    for request in requests:
+        r = request.timings() if isinstance(request, Lifecycle) else request
         handed_off = r.kv_bytes is not None or r.kv_transfer_s is not None
         if handed_off:
             split += PrefillSplit(n_handoff_prompts=1, n_handoff_tokens=r.n_prompt_tokens)

@@ -15,8 +15,8 @@ DIS = Candidate("disaggregated", "disaggregated", chunk=256)
 ROUTED = Candidate("disaggregated-routed", "disaggregated", chunk=256, local_prefill=True)
 
 
-def finished(request_id: str, n_prompt: int, handed_off: bool, kv_bytes_per_token: int = 1000):
-    """A request's timings as the controller leaves them: prefilled, handed off (or not), decoded, finished."""
+def finished(request_id: str, n_prompt: int, handed_off: bool, kv_bytes_per_token: int = 1000) -> Lifecycle:
+    """A request's lifecycle as the controller leaves it: prefilled, handed off (or not), decoded, finished."""
     lc = Lifecycle(request_id, arrived_s=0.0, n_prompt_tokens=n_prompt)
     lc.advance(RequestState.PREFILLING, 0.1)
     lc.prefill_end_s = 0.5
@@ -27,7 +27,7 @@ def finished(request_id: str, n_prompt: int, handed_off: bool, kv_bytes_per_toke
     lc.add_token(0.6)
     lc.add_token(0.7)
     lc.advance(RequestState.FINISHED, 0.7)
-    return lc.timings()
+    return lc
 
 
 def record(*requests):
@@ -37,8 +37,9 @@ def record(*requests):
 def test_each_runs_prompts_are_counted_where_they_were_prefilled():
     failed_early = Lifecycle("x", arrived_s=0.0, n_prompt_tokens=50)
     failed_early.advance(RequestState.FAILED, 0.2)
-    split = prefill_split([finished("a", 400, True), finished("b", 20, False), finished("c", 30, False),
-                           failed_early.timings()])
+    requests = [finished("a", 400, True), finished("b", 20, False), finished("c", 30, False), failed_early]
+    split = prefill_split(requests)  # a run record's lifecycles
+    assert prefill_split([lc.timings() for lc in requests]) == split  # or the stored timings
     assert split == PrefillSplit(n_local_prompts=2, n_local_tokens=50, n_handoff_prompts=1, n_handoff_tokens=400)
     assert split.describe() == "2 prompts (50 tokens) prefilled where they decode, 1 (400 tokens) handed off"
 
