@@ -99,5 +99,5 @@ def test_the_topology_routes_through_the_gate_only_with_local_prefill_on():
         workers = {name: types.SimpleNamespace(role=name, spec=spec, failed=None) for name, spec in specs.items()}
         kv = types.SimpleNamespace(fits_prefill_worker=lambda n: True)
         loads = {Role.PREFILL: load({I: 2000}), Role.DECODE: load(n_decode=3, n_interactive=3)}
-        entry = topology_for(Mode.DISAGGREGATED).route_new(config, workers, kv, gate, lambda h: loads[h.role], 20)
-        assert entry is workers[Role.DECODE if on else Role.PREFILL]
+        routed = topology_for(Mode.DISAGGREGATED).route_new(config, workers, kv, gate, lambda h: loads[h.role], 20)
+        assert routed.worker is workers[Role.DECODE if on else Role.PREFILL]

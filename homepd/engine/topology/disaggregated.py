@@ -89,9 +89,9 @@ class Disaggregated(Topology):
         return f"{self.mode}, " + ("learned routing" if config.local_prefill else "every prompt handed off")
 
     def advise_candidates(self, base, plan, chunks):
-        part = self.plan_part(plan)
         """Every prompt handed off (the architecture itself), and the learned routing, which may keep a short
         prompt on the decode worker within its streams' ITL budget."""
+        part = self.plan_part(plan)
         return [Candidate(Mode.DISAGGREGATED.value, Mode.DISAGGREGATED, chunk=base.chunk, feasible=part.feasible,
                           reason=part.reason or "every prompt that fits the prefill worker is handed off"),
                 Candidate(f"{Mode.DISAGGREGATED.value}-routed", Mode.DISAGGREGATED, chunk=base.chunk,
