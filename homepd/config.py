@@ -119,7 +119,8 @@ class EngineConfig:
         "n-ctx", int, "KV cells shared by all sequences (unified KV cache)"))
     n_seq_max: int = field(default=8, metadata=_opt("n-seq-max", int, "concurrent sequences per worker"))
     chunk: int | None = field(default=256, metadata=_opt(
-        "chunk", parse_chunk, "prefill token budget per step, or 'none' (unchunked)"))
+        "chunk", parse_chunk, "prefill token budget per step, or 'none' (unchunked); with the adaptive chunk, "
+                              "its largest"))
     n_threads: int | None = field(default=None, metadata=_opt(
         "threads", int, "n_threads of the colocated worker (default: every usable core)"))
     cpu_cores: tuple[int, ...] | None = field(default=None, metadata=_opt(
@@ -167,9 +168,12 @@ class EngineConfig:
     # first token is due within ttft_budget_ms and each next one within itl_budget_ms; a background one's first
     # within background_ttft_ms.  Prompts are served to keep those deadlines; adaptive_chunk sizes each step's
     # prompt budget to the ITL budget; admission rejects early what would miss its TTFT budget.
-    adaptive_chunk: bool = field(default=False, metadata=_opt(
+    # why on by default: it gave the best SLO capacity in benchmarks/slo_capacity.py; `homepd advise apply` may
+    # write another configuration (a fixed chunk is --no-adaptive-chunk --chunk N)
+    adaptive_chunk: bool = field(default=True, metadata=_opt(
         "adaptive-chunk", parse_bool, "size each step's prompt budget (at most --chunk) so running interactive "
-                                      "streams keep --itl-budget, from a step-time model fitted online",
+                                      "streams keep --itl-budget, from a step-time model fitted online (default "
+                                      "on; --no-adaptive-chunk: every step carries up to --chunk prompt tokens)",
         action=argparse.BooleanOptionalAction))
     itl_budget_ms: float = field(default=100.0, metadata=_opt(
         "itl-budget", float, "interactive requests: budget (ms) between two tokens"))
@@ -297,6 +301,7 @@ def config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
 
 # the optional config file ---------------------------------------------------------------------
 CONFIG_FILE_ENV = "HOMEPD_CONFIG"
+ADVICE_TABLE = "advice"  # the config file's table naming the advise run and candidate `advise apply` wrote
 SYSTEM_CONFIG_FILE = Path("/etc/homepd/config.toml")
 
 

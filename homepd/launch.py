@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 
-from homepd.config import EngineConfig
+from homepd.config import ADVICE_TABLE, EngineConfig, config_file_values, read_config_file
+from homepd.core.origin import SERVING_FIELDS, ConfigOrigin
+from homepd.core.origin import config_origin as origin_of
 from homepd.core.protocol import EngineSetup, RolePlacement
 from homepd.engine.topology import topology_for
 
@@ -72,3 +74,13 @@ def placement_plan(config: EngineConfig, model_path: str, box=None):
                           kv_bytes=config.n_ctx * per_token,
                           prefill_kv_bytes=prefill_context(config.n_ctx, config.prefill_n_ctx) * per_token,
                           transfer_bytes=config.kv_arena_bytes, n_replicas=config.n_replicas)
+
+
+def config_origin(config: EngineConfig, document: dict | None = None) -> ConfigOrigin:
+    """Which configuration ``config`` serves with and why (applied advice, the built-in default, or set by
+    hand), from the config file in force (``document``: its parsed TOML, default: read it)."""
+    document = read_config_file() if document is None else document
+    defaults = EngineConfig()
+    return origin_of({n: getattr(config, n) for n in SERVING_FIELDS}, {n: getattr(defaults, n) for n in SERVING_FIELDS},
+                     config_file_values(EngineConfig, None, document), document.get(ADVICE_TABLE) or {},
+                     topology_for(config.mode).describe(config))

@@ -2,11 +2,12 @@
 the rule.
 
 probe -> placement plan -> candidates (colocated unchunked and chunked, the chunk the calibration worker's own
-step-time model gives for the ITL target, as its step policy would budget it, disaggregated, replicas;
-infeasible ones with their reason) -> a calibration burst on the first candidate (the box's prefill and decode
-speeds: where every search starts) -> for each candidate, one engine, and per mix (and repeat) a capacity
+step-time model gives for the ITL target, as its step policy would budget it, the adaptive chunk, disaggregated
+with every prompt handed off and with learned routing, replicas; infeasible ones with their reason) -> a
+calibration burst on the first candidate (the box's prefill and decode speeds: where every search starts) -> for each candidate, one engine, and per mix (and repeat) a capacity
 search (``homepd.advise.capacity``: probes at rates on one grid, each a seeded trace, the same trace for every
-candidate at the same rate) -> a recovery scenario per architecture (a worker killed mid-run) -> ``recommend``
+candidate at the same rate) -> which runs did not exercise their architecture (not ranked) -> a recovery
+scenario per architecture (a worker killed mid-run) -> ``recommend``
 -> store.  Never changes the serving configuration: ``homepd advise apply`` is a separate step.
 
 Quick: the mixed trace only, one repeat, a grid of 2 steps per octave (a factor 1.41) and 3 probes a search;
@@ -23,6 +24,7 @@ from typing import Callable
 
 from homepd.advise.capacity import CapacityCurve, SearchSettings, combine, start_rate_rps
 from homepd.advise.probes import search_capacity
+from homepd.advise.exercised import not_exercised
 from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
@@ -185,6 +187,7 @@ class Campaign:
                         ordered.insert(i + 1, extra)
                     else:
                         self._total -= probes_per_candidate
+            evidence.not_exercised = not_exercised(candidates, self.records)
             if s.recovery:
                 for mode in dict.fromkeys(c.mode for c in feasible):
                     best = self._best_of(mode, evidence)
@@ -192,7 +195,11 @@ class Campaign:
                         await self._recovery(best, run_id)
             rec = recommend(evidence)
             if self.store is not None:
-                data = {**to_plain(rec), "capacity": [to_plain(c) for c in self.capacity.values()]}
+                # with every candidate's configuration: `homepd advise apply --candidate` may choose any of them
+                data = {**to_plain(rec), "capacity": [to_plain(c) for c in self.capacity.values()],
+                        "candidates": to_plain(candidates),
+                        "not_exercised": [{"candidate": c, "mix": m, "reason": why}
+                                          for (c, m), why in evidence.not_exercised.items()]}
                 self.store.add_recommendation(run_id, data, headline=_headline(rec))
             status = "complete"
             return AdviseResult(run_id, candidates, self.records, self.recovery, rec, s, hardware, predicted,

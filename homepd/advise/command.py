@@ -1,5 +1,6 @@
 """``homepd advise`` (measure every feasible architecture here, recommend one, keep the evidence) and
-``homepd advise apply [RUN]`` (write the recommended configuration for ``homepd serve`` and the app)."""
+``homepd advise apply [RUN] [--candidate NAME]`` (write the recommended configuration, or any measured
+candidate's, for ``homepd serve`` and the app)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from homepd.advise.apply import advice_values, choose
 from homepd.advise.campaign import AdviseSettings, Campaign, Progress
 from homepd.config import add_config_flags, config_from_args, write_config_file
 from homepd.core.records import to_plain
@@ -42,8 +44,11 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_advise)
     actions = p.add_subparsers(dest="advise_action", metavar="ACTION")
-    a = actions.add_parser("apply", help="write the recommended configuration to the config file")
+    a = actions.add_parser("apply", help="write the recommended (or a chosen) configuration to the config file")
     a.add_argument("run", nargs="?", default="last", help="advise run id (default: the last complete one)")
+    a.add_argument("--candidate", default=None, metavar="NAME",
+                   help="apply this candidate of the run instead of the recommended one (the names of its "
+                        "evidence table, e.g. colocated-adaptive, disaggregated-routed)")
     a.add_argument("--db", default=None)
     a.add_argument("--config-file", default=None, help="where to write (default: $HOMEPD_CONFIG, else the "
                                                        "user's config file)")
@@ -160,10 +165,12 @@ def _apply(args) -> int:
         raise ConfigError(f"run {run_id} holds no recommendation (kind {run.get('kind')!r}, "
                           f"status {run.get('status')!r}); run `homepd advise` first")
     rec = recs[-1]["data"] if "data" in recs[-1] else recs[-1]
-    values = dict(rec.get("config") or {})
-    if not values:
-        raise ConfigError(f"run {run_id}'s recommendation has no configuration to apply")
-    print(f"run {run_id}: {rec.get('candidate', {}).get('name')} — {rec.get('reason')}", file=sys.stderr)
+    candidate, values, notes = choose(run_id, rec, args.candidate)
+    name = candidate.name if candidate else (rec.get("candidate") or {}).get("name")
+    why = rec.get("reason") if candidate is None or args.candidate is None else candidate.reason
+    print(f"run {run_id}: {name} — {why}", file=sys.stderr)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     print("will write: " + ", ".join(f"{k} = {v}" for k, v in values.items()), file=sys.stderr)
     if not args.yes:
         if not sys.stdin.isatty():
@@ -171,6 +178,6 @@ def _apply(args) -> int:
         if input("apply? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing changed", file=sys.stderr)
             return 1
-    path = write_config_file(values, args.config_file)
+    path = write_config_file(advice_values(run_id, candidate, values), args.config_file)
     print(f"wrote {path}; `homepd serve` and the app read it at start (flags and HOMEPD_* still win)")
     return 0

@@ -55,6 +55,8 @@ class Evidence:
     candidates: list[Candidate]
     runs: dict[tuple[str, str], list[Measurement]] = field(default_factory=dict)  # (candidate, mix) -> repeats
     capacity: dict[tuple[str, str], CapacityCurve] = field(default_factory=dict)  # (candidate, mix) -> curve
+    # (candidate, mix) -> why those runs did not exercise the candidate's architecture: shown, never ranked
+    not_exercised: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def add(self, candidate: str, mix: str, m: Measurement) -> None:
         self.runs.setdefault((candidate, mix), []).append(m)
@@ -215,13 +217,15 @@ def ties(evidence: Evidence, mix: str, winner: str) -> list[str]:
         return []
     feasible = {c.name for c in evidence.candidates if c.feasible}
     return [name for (name, m), curve in evidence.capacity.items()
-            if m == mix and name != winner and name in feasible and within_spread(win, curve)]
+            if m == mix and name != winner and name in feasible and (name, m) not in evidence.not_exercised
+            and within_spread(win, curve)]
 
 
 def recommend(evidence: Evidence) -> Recommendation:
     """Apply the rule per mix and overall; grade the confidence from repeats, margins and spreads."""
     by_name = {c.name: c for c in evidence.candidates}
-    rows = summarize_rows(evidence)
+    table = summarize_rows(evidence)
+    rows = [r for r in table if (r.candidate, r.mix) not in evidence.not_exercised]  # ranked: what ran as named
     per_mix = []
     reasons = {}
     for mix in evidence.mixes:
@@ -232,7 +236,7 @@ def recommend(evidence: Evidence) -> Recommendation:
     infeasible = tuple((c.name, c.reason) for c in evidence.candidates if not c.feasible)
     if not per_mix:
         return Recommendation(None, {}, "no-evidence", "nothing could be measured on this box", "low",
-                              "no runs", (), True, tuple(rows), infeasible)
+                              "no runs", (), True, tuple(table), infeasible)
     overall_mix = OVERALL_MIX if OVERALL_MIX in reasons else per_mix[0].mix
     name, rule, reason = reasons[overall_mix]
     agree = len({a.candidate for a in per_mix}) == 1
@@ -251,7 +255,7 @@ def recommend(evidence: Evidence) -> Recommendation:
         confidence, why = _confidence(rows, overall_mix, name)
     cand = by_name[name]
     return Recommendation(cand, cand.config_values(), rule, f"on the {overall_mix} mix: {reason}", confidence, why,
-                          tuple(per_mix), agree, tuple(rows), infeasible, tuple(tied))
+                          tuple(per_mix), agree, tuple(table), infeasible, tuple(tied))
 
 
 def _and(names: list[str]) -> str:

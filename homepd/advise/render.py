@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 
 from homepd.advise.campaign import AdviseResult
+from homepd.advise.exercised import not_exercised_reason, splits_by_run
 from homepd.advise.recommend import Recommendation
 from homepd.core.records import to_plain
 from homepd.measure.memory import CATEGORIES, breakdown_mib
@@ -22,6 +23,7 @@ def evidence_rows(result: AdviseResult) -> list[dict]:
     """One row per candidate and mix: medians over repeats of the figures a reader compares."""
     colocated_pss = _med(r.total_pss_bytes for (name, _, _), r in result.records.items()
                          if name.startswith("colocated-"))
+    splits = splits_by_run(result.records)
     rows = []
     for cand in result.candidates:
         if not cand.feasible:
@@ -32,6 +34,7 @@ def evidence_rows(result: AdviseResult) -> list[dict]:
             if not recs:
                 continue
             s = [r.summary for r in recs]
+            split = splits[(cand.name, mix)]
             pss = _med(r.total_pss_bytes for r in recs)
             energy = _med(sum(v for v in r.energy_j.values() if v is not None) / r.summary.n_output_tokens
                           if any(v is not None for v in r.energy_j.values()) and r.summary.n_output_tokens else None
@@ -61,6 +64,11 @@ def evidence_rows(result: AdviseResult) -> list[dict]:
                 "memory_vs_colocated": pss / colocated_pss if pss is not None and colocated_pss else None,
                 "energy_j_per_token": energy,
                 "n_stalls": _med(len(r.stalls) for r in recs),
+                # where its prompts were prefilled (every repeat), and whether that exercised its architecture
+                "prefill_local_prompts": split.n_local_prompts, "prefill_local_tokens": split.n_local_tokens,
+                "prefill_handoff_prompts": split.n_handoff_prompts,
+                "prefill_handoff_tokens": split.n_handoff_tokens,
+                "not_exercised": not_exercised_reason(cand, split),
                 **{key: _med(breakdown_mib(r.memory_breakdown)[key] for r in recs)
                    for key in breakdown_mib(None)},
             })
@@ -86,7 +94,8 @@ COLUMNS = [("candidate", "candidate", 26, None), ("mix", "mix", 6, None), ("good
            ("tpot_ms_p50", "TPOT50", 7, ".1f"), ("itl_ms_p99", "ITL99", 7, ".0f"), ("itl_ms_max", "ITLmax", 7, ".0f"),
            ("prompt_tok_s", "pr/s", 6, ".0f"), ("prompt_reused_share", "reuse", 5, ".0%"),
            ("output_tok_s", "out/s", 6, ".1f"),
-           ("interference", "interf", 7, ".2f"), ("kv_transfer_ms_p50", "KVms", 6, ".1f"),
+           ("interference", "interf", 7, ".2f"), ("prefilled", "loc/hand", 8, None),
+           ("kv_transfer_ms_p50", "KVms", 6, ".1f"),
            ("total_pss_mib", "PSSMiB", 7, ".0f"), ("memory_vs_colocated", "mem×", 5, ".2f"),
            ("energy_j_per_token", "J/tok", 6, ".2f")]
 
@@ -101,9 +110,15 @@ def render_table(rows: list[dict]) -> str:
         cells = []
         for i, (key, _, w, spec) in enumerate(COLUMNS):
             value = row.get(key)
+            if key == "candidate" and row.get("not_exercised"):
+                value = f"{value} (!)"  # not ranked: see the note under the table
+            elif key == "prefilled":  # prompts prefilled where they decode / handed off with their KV
+                value = f"{row.get('prefill_local_prompts', 0)}/{row.get('prefill_handoff_prompts', 0)}"
             text = str(value) if spec is None else fmt(value, spec)
             cells.append(f"{text:<{w}}" if i < 2 else f"{text:>{w}}")
         out.append(" ".join(cells))
+    out += [f"(!) not ranked: {row['candidate']} on {row['mix']}: {row['not_exercised']}"
+            for row in rows if row.get("not_exercised")]
     return "\n".join(out)
 
 

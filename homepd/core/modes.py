@@ -26,19 +26,24 @@ class Role(enum.StrEnum):
 @dataclass(frozen=True)
 class Candidate:
     """One configuration advise measures: an architecture and its parameters (its topology names them)."""
-    name: str                       # e.g. "colocated-chunk-64", "disaggregated", "replicas-2"
+    name: str                       # e.g. "colocated-chunk-64", "colocated-adaptive", "disaggregated", "replicas-2"
     mode: Mode
     chunk: int | None = None        # prefill chunk (None = unchunked)
     n_replicas: int | None = None
     feasible: bool = True
     reason: str = ""                # why it is in the list (or why it cannot run here)
+    adaptive_chunk: bool = False    # each step's prompt budget kept to the ITL budget (``chunk``: its largest)
+    local_prefill: bool = False     # disaggregated: learned routing (a short prompt may stay on the decode worker)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # as read back from the store: a plain string
 
     def config_values(self) -> dict:
-        """The ``EngineConfig`` fields this candidate sets."""
-        out: dict = {"mode": self.mode, "chunk": self.chunk}
+        """The ``EngineConfig`` fields this candidate sets: enough to reproduce it from a config file (the
+        mode, the chunk or the adaptive chunk, the routing of a disaggregated one, the replica count)."""
+        out: dict = {"mode": self.mode, "chunk": self.chunk, "adaptive_chunk": self.adaptive_chunk}
+        if self.mode is Mode.DISAGGREGATED:
+            out["local_prefill"] = self.local_prefill
         if self.n_replicas is not None:
             out["n_replicas"] = self.n_replicas
         return out

@@ -171,11 +171,20 @@ class AdmissionGate:
         decision = route(n_prompt, RouteState(
             prefill_queue_tokens=sum(prefill_load.queued_tokens.values()), prefill_tok_s_prefill=remote[0],
             prefill_tok_s_decode=local_tok_s, handoff_ms_per_token=self.handoff_ms_per_token or 0.0,
-            handoff_base_ms=remote[1], max_local_tokens=decode.n_ctx, cached_local_tokens=cached_local_tokens,
-            cached_remote_tokens=cached_remote_tokens))
+            handoff_base_ms=remote[1], max_local_tokens=self.local_prefill_limit(decode, decode_load),
+            cached_local_tokens=cached_local_tokens, cached_remote_tokens=cached_remote_tokens))
         self.route_threshold = decision.threshold_tokens
         self.routed["local" if decision.on_decode_worker else "remote"] += 1
         return decision.on_decode_worker
+
+    def local_prefill_limit(self, decode: WorkerSpec, decode_load: WorkerLoad) -> int:
+        """The longest prompt the decode worker may prefill itself now: what one step of its policy may carry
+        beside its running decodes within their ITL budget (``prompt_budget``: the whole batch when no
+        interactive stream decodes; the smallest chunk while its speed is unmeasured).  A longer prompt there
+        would hold those streams for several steps: the interference disaggregation exists to remove."""
+        budget = prompt_budget(self.estimate(Role.DECODE), decode_load.n_decode, decode_load.n_interactive_decode,
+                               decode.step_itl_budget_ms, max_chunk=decode.n_batch)
+        return max(0, min(budget, decode.n_batch - decode_load.n_decode))
 
     # what it did ------------------------------------------------------------------
     def snapshot(self, load: WorkerLoad, running_by_class: dict[str, int]) -> AdmissionSnapshot:

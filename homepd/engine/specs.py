@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from homepd.config import EngineConfig, max_cached_cells
+from homepd.core.modes import Role
 from homepd.core.protocol import EngineSetup, WorkerSpec
 from homepd.engine.topology import topology_for
 
@@ -17,6 +18,14 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             chunk=config.chunk, n_threads=place.n_threads, cpu_cores=place.cpu_cores,
             n_gpu_layers=999 if place.n_gpu_layers < 0 else place.n_gpu_layers, fault=config.fault,
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
-            backend=config.backend, itl_budget_ms=config.itl_budget_ms if config.adaptive_chunk else None,
+            backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
             max_cached_cells=max_cached_cells(config, place.n_ctx or config.n_ctx))
     return specs
+
+
+def itl_budget_ms(config: EngineConfig, role: Role) -> float | None:
+    """The ITL budget a worker's step policy keeps (None: the fixed chunk).  A decode worker keeps it even
+    with a fixed chunk: the prompts it prefills itself (the gate's local prefill, prompts too long for the
+    prefill worker) must not stall the streams it exists to keep smooth (at a fixed chunk 256 they stalled
+    them by 1.9 s in an advise campaign); the chunk is then its largest prompt budget."""
+    return config.itl_budget_ms if config.adaptive_chunk or role is Role.DECODE else None

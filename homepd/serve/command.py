@@ -16,16 +16,19 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
 
 def serve(args: argparse.Namespace) -> int:
     from homepd.hw.monitor import Sampler
+    from homepd.launch import config_origin
     from homepd.serve.server import run_server
     from homepd.serve.service import Service
 
     settings = settings_from_args(args)  # refuses a non-loopback address without a key, before loading anything
     config = config_from_args(args)
+    origin = config_origin(config)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     print(f"homepd: serving {config.model} ({config.mode}) on http://{settings.host}:{settings.port}/v1 "
           f"{'(API key required)' if settings.api_key else '(no API key)'}", file=sys.stderr)
+    print(f"homepd: {origin.line}", file=sys.stderr)
     with Sampler(period_s=1.0) as sampler:
-        return run_server(Service(config, settings, sampler=sampler))
+        return run_server(Service(config, settings, sampler=sampler, origin=origin))
 
 
 def install(args: argparse.Namespace) -> int:

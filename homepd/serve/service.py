@@ -17,9 +17,11 @@ from collections import deque
 
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.origin import ConfigOrigin
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
 from homepd.measure.trace.traffic import Route
+from homepd.launch import config_origin
 from homepd.serve.errors import unavailable
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.settings import ServeSettings
@@ -34,8 +36,10 @@ SUBSCRIBER_QUEUE = 1000      # events buffered per /events client; a slower clie
 
 class Service:
     def __init__(self, config: EngineConfig, settings: ServeSettings, *, notifier: Notifier | None = None,
-                 sampler=None):
+                 sampler=None, origin: ConfigOrigin | None = None):
         self.config, self.settings = config, settings
+        # which configuration it serves with and why (applied advice, the built-in default, flags)
+        self.origin = origin if origin is not None else config_origin(config)
         self.notifier = notifier or Notifier()
         self.sampler = sampler
         self.engine = None
@@ -87,7 +91,7 @@ class Service:
             return
         self.state = "ready"
         self.notifier.ready(self._status_line())
-        log.info("homepd: ready (%s, %s)", self.config.mode, self.served_model_ids[0])
+        log.info("homepd: ready (%s, %s): %s", self.config.mode, self.served_model_ids[0], self.origin.line)
         self._spawn(self._watch())
 
     async def stop(self) -> None:
@@ -231,6 +235,7 @@ class Service:
         return {
             "state": self.state, "ready": self.is_ready, "failure": self.failure,
             "uptime_s": time.monotonic() - self.started_s, "models": list(self.served_model_ids),
+            "configuration": self.origin.to_dict(),
             "admission": {"in_flight": len(self.in_flight), "capacity": self.capacity,
                           "max_queue": self.settings.max_queue,
                           "by_class": {c: list(self.in_flight.values()).count(c) for c in set(self.in_flight.values())}},

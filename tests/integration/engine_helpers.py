@@ -25,16 +25,17 @@ N_THREADS = 2  # a colocated worker's threads: this box's two cores
 
 
 def coloc(path, **kw) -> EngineConfig:
-    """A colocated engine on the model at ``path``: 2048 tokens of context, 4 sequences, chunk 64,
-    N_THREADS threads; ``kw`` overrides."""
-    base = dict(model=str(path), mode="colocated", n_ctx=2048, n_seq_max=4, chunk=64, n_threads=N_THREADS)
+    """A colocated engine on the model at ``path``: 2048 tokens of context, 4 sequences, a fixed chunk 64 (not the
+    default adaptive one: these tests count steps per chunk), N_THREADS threads; ``kw`` overrides."""
+    base = dict(model=str(path), mode="colocated", n_ctx=2048, n_seq_max=4, chunk=64, adaptive_chunk=False,
+                n_threads=N_THREADS)
     return EngineConfig(**{**base, **kw})
 
 
 def disagg(path, **kw) -> EngineConfig:
     """A disaggregated engine on the model at ``path``: 2048 tokens of context, 4 decode sequences,
-    chunk 64, one thread per worker; ``kw`` overrides."""
-    base = dict(model=str(path), mode="disaggregated", n_ctx=2048, n_seq_max=4, chunk=64,
+    a fixed chunk 64, one thread per worker; ``kw`` overrides."""
+    base = dict(model=str(path), mode="disaggregated", n_ctx=2048, n_seq_max=4, chunk=64, adaptive_chunk=False,
                 prefill_threads=1, decode_threads=1)
     return EngineConfig(**{**base, **kw})
 

@@ -45,9 +45,11 @@ def test_request_alone_is_repeatable_and_equals_bare_loop(default_model_path, mo
     assert len(first[0]) == GREEDY.max_tokens
 
 
-@pytest.mark.parametrize("chunk", [16, 64, 512, None])
-def test_concurrent_requests_pass_teacher_forced_check(default_model_path, model, chunk):
-    tokens, steps, _ = run(generate_all(coloc(default_model_path, chunk=chunk), PROMPTS, GREEDY))
+@pytest.mark.parametrize("chunk, adaptive", [(16, False), (64, False), (512, False), (None, False),
+                                             (256, True)])  # the last: the default, budgets varying per step
+def test_concurrent_requests_pass_teacher_forced_check(default_model_path, model, chunk, adaptive):
+    config = coloc(default_model_path, chunk=chunk, adaptive_chunk=adaptive)
+    tokens, steps, _ = run(generate_all(config, PROMPTS, GREEDY))
     # the requests really shared steps (otherwise this tests nothing about batching)
     assert any(s.n_decode_tokens >= 2 for s in steps)
     if chunk is not None:

@@ -80,7 +80,8 @@ LONG = " ".join(["The history of computing is a story of people, ideas and machi
 def stall_run(path, chunk):
     """A request decoding alone, then a long prompt arrives; returns the run record and the long prompt's id."""
     async def scenario():
-        cfg = EngineConfig(model=str(path), n_ctx=2048, chunk=chunk, n_threads=2)
+        # a fixed chunk (or none): the stall these tests measure is what the default adaptive chunk prevents
+        cfg = EngineConfig(model=str(path), n_ctx=2048, chunk=chunk, adaptive_chunk=False, n_threads=2)
         async with make_engine(cfg) as engine:
             short = await engine.submit("Count from one to fifty:", params=SamplingParams(max_tokens=40,
                                                                                          ignore_eos=True))

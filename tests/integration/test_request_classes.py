@@ -38,7 +38,8 @@ def test_admission_rejects_early_once_it_can_predict_and_says_when_to_retry():
     then refused at submit with AdmissionRejected (a RequestError) carrying retry_after_s; nothing reaches a
     worker, and the gate counts both decisions."""
     async def scenario():
-        config = EngineConfig(backend="fake", n_ctx=2048, admission=True, ttft_budget_ms=1e-6, chunk=8)
+        config = EngineConfig(backend="fake", n_ctx=2048, admission=True, ttft_budget_ms=1e-6, chunk=8,
+                              adaptive_chunk=False)
         async with make_engine(config) as engine:
             admitted = 0
             while engine.gate.estimate("colocated") is None:  # measure: long prompts, several chunks each

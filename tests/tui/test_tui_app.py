@@ -173,7 +173,9 @@ async def test_apply_is_a_separate_action_that_asks_first():
         assert source.applied == [] and isinstance(app.screen, AdviseScreen)
         await pilot.press("w", "y")
         await settle(app, pilot)
-        assert source.applied == [{"mode": "colocated", "chunk": 256}]
+        # with the [advice] table naming the run: serve and the app then say they run its advice
+        assert source.applied == [{"mode": "colocated", "chunk": 256,
+                                   "advice": {"run": 7, "candidate": "colocated-chunk-256"}}]
 
 
 async def test_the_chat_screen_switches_the_architecture_of_the_apps_own_engine():

@@ -38,7 +38,7 @@ def test_disaggregation_loses_to_chunked_colocated_without_a_clear_margin():
         ("disaggregated", "mixed"): [m(0.65)],
     }))
     assert rec.candidate == CO64 and rec.rule == "disaggregated-no-clear-margin"
-    assert rec.config == {"mode": "colocated", "chunk": 64}
+    assert rec.config == {"mode": "colocated", "chunk": 64, "adaptive_chunk": False}
 
 
 def test_disaggregation_that_misses_the_ttft_target_is_not_recommended_even_with_more_goodput():
@@ -55,7 +55,7 @@ def test_replicas_win_when_they_have_the_best_goodput():
         ("replicas-2", "mixed"): [m(0.9, slowdown=1.4)],
         ("disaggregated", "mixed"): [m(0.7)],
     }, candidates=(CO64, REP, DIS)))
-    assert rec.candidate == REP and rec.config == {"mode": "replicas", "chunk": 256, "n_replicas": 2}
+    assert rec.candidate == REP and rec.config == {"mode": "replicas", "chunk": 256, "adaptive_chunk": False, "n_replicas": 2}
 
 
 def test_infeasible_disaggregation_is_listed_with_its_reason_and_colocated_recommended():

@@ -104,16 +104,26 @@ def test_the_cli_names_the_modes_as_before():
         parser.parse_args(["--mode", "pipelined"])
 
 
-def test_advise_measures_the_same_candidates_as_before():
+def test_advise_measures_the_fixed_chunks_the_adaptive_chunk_both_routings_and_replicas():
     config = EngineConfig(backend="fake", n_replicas=2, chunk=256)
     plan = types.SimpleNamespace(**{part: types.SimpleNamespace(feasible=True, reason="")
                                     for part in ("colocated", "disaggregated", "replicas")})
-    names = [c.name for m in Mode for c in topology_for(m).advise_candidates(config, plan, (None, 64))]
-    assert names == ["colocated-unchunked", "colocated-chunk-64", "disaggregated", "replicas-2"]
+    candidates = [c for m in Mode for c in topology_for(m).advise_candidates(config, plan, (None, 64))]
+    assert [c.name for c in candidates] == ["colocated-unchunked", "colocated-chunk-64", "colocated-adaptive",
+                                            "disaggregated", "disaggregated-routed", "replicas-2"]
+    values = {c.name: c.config_values() for c in candidates}
+    assert values["colocated-chunk-64"] == {"mode": Mode.COLOCATED, "chunk": 64, "adaptive_chunk": False}
+    assert values["colocated-adaptive"] == {"mode": Mode.COLOCATED, "chunk": 256, "adaptive_chunk": True}
+    assert values["disaggregated"]["local_prefill"] is False and values["disaggregated-routed"]["local_prefill"]
+    assert values["replicas-2"] == {"mode": Mode.REPLICAS, "chunk": 256, "adaptive_chunk": False, "n_replicas": 2}
     assert [topology_for(m).recovery_victim(config) for m in Mode] == ["colocated", "decode", "replica-0"]
 
 
 def test_the_app_names_the_chunk_of_a_colocated_engine():
-    config = EngineConfig(chunk=None)
-    assert [topology_for(m).describe(config) for m in Mode] == ["colocated, chunk none", "disaggregated",
-                                                                "replicas"]
+    config = EngineConfig(chunk=None, adaptive_chunk=False)
+    assert [topology_for(m).describe(config) for m in Mode] == ["colocated, chunk none",
+                                                                "disaggregated, learned routing", "replicas"]
+    assert topology_for(Mode.DISAGGREGATED).describe(EngineConfig(local_prefill=False)) == \
+        "disaggregated, every prompt handed off"
+    adaptive = EngineConfig(chunk=256, adaptive_chunk=True)
+    assert topology_for(Mode.COLOCATED).describe(adaptive) == "colocated, adaptive chunk (at most 256)"

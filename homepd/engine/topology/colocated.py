@@ -12,6 +12,13 @@ def chunk_candidate(chunk: int | None, feasible: bool = True, reason: str = "") 
     return Candidate(name, Mode.COLOCATED, chunk=chunk, feasible=feasible, reason=reason)
 
 
+def adaptive_candidate(max_chunk: int | None, feasible: bool = True, reason: str = "") -> Candidate:
+    """The colocated configuration whose step policy sizes each step's prompt budget (at most ``max_chunk``) to
+    the interactive streams' ITL budget, interactive prompts first (the project's benchmark's best)."""
+    return Candidate("colocated-adaptive", Mode.COLOCATED, chunk=max_chunk, adaptive_chunk=True, feasible=feasible,
+                     reason=reason or "each step's prompt budget kept to the ITL budget, interactive prompts first")
+
+
 class Colocated(Topology):
     mode = Mode.COLOCATED
     needs_plan = False  # the config's cores, threads and GPU
@@ -35,11 +42,15 @@ class Colocated(Topology):
         return Role.COLOCATED.value
 
     def describe(self, config):
+        if config.adaptive_chunk:
+            return f"{self.mode}, adaptive chunk" + (f" (at most {config.chunk})" if config.chunk else "")
         return f"{self.mode}, chunk {config.chunk or 'none'}"
 
     def advise_candidates(self, base, plan, chunks):
         part = self.plan_part(plan)
-        return [chunk_candidate(chunk, part.feasible, "" if part.feasible else part.reason) for chunk in chunks]
+        why = "" if part.feasible else part.reason
+        return [chunk_candidate(chunk, part.feasible, why) for chunk in chunks] + \
+            [adaptive_candidate(base.chunk, part.feasible, why)]
 
 
 TOPOLOGY = Colocated()

@@ -85,10 +85,19 @@ class Disaggregated(Topology):
     def recovery_victim(self, config):
         return Role.DECODE.value
 
+    def describe(self, config):
+        return f"{self.mode}, " + ("learned routing" if config.local_prefill else "every prompt handed off")
+
     def advise_candidates(self, base, plan, chunks):
+        """Every prompt handed off (the architecture itself), and the learned routing, which may keep a short
+        prompt on the decode worker within its streams' ITL budget."""
         part = self.plan_part(plan)
         return [Candidate(Mode.DISAGGREGATED.value, Mode.DISAGGREGATED, chunk=base.chunk, feasible=part.feasible,
-                          reason=part.reason)]
+                          reason=part.reason or "every prompt that fits the prefill worker is handed off"),
+                Candidate(f"{Mode.DISAGGREGATED.value}-routed", Mode.DISAGGREGATED, chunk=base.chunk,
+                          local_prefill=True, feasible=part.feasible,
+                          reason=part.reason or "learned routing: a short prompt may be prefilled on the decode "
+                                                "worker, within its streams' ITL budget")]
 
 
 TOPOLOGY = Disaggregated()

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Header, ProgressBar, Static
 
+from homepd.config import ADVICE_TABLE
 from homepd.tui.screens.base import StateScreen
 from homepd.tui.screens.confirm import ConfirmScreen
 from homepd.tui.screens.traffic import TrafficHoursScreen
@@ -72,7 +73,8 @@ class AdviseScreen(StateScreen):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.app.jobs.apply(dict(rec.config))
+                # with the [advice] table: homepd serve and the app then say they run this run's advice
+                self.app.jobs.apply({**rec.config, ADVICE_TABLE: {"run": view.run_id, "candidate": rec.candidate}})
         self.app.push_screen(ConfirmScreen(
             f"Write {rec.candidate} to the config file?\n\n{values}\n\n"
             "homepd serve and the app read it when they start (flags and HOMEPD_* still win)."), answered)

@@ -33,8 +33,9 @@ RECENT_STEPS_S = 30.0      # steps kept for stall attribution of the requests th
 PULL_POLL_S = 0.25
 
 
-def describe(config: EngineConfig, model_path: str) -> str:
-    return f"embedded engine: {topology_for(config.mode).describe(config)}, {os.path.basename(model_path)}"
+def describe(config: EngineConfig, model_path: str, why: str = "switched in the app") -> str:
+    """The app's header: the engine, the configuration it runs and why (``ConfigOrigin.why`` at start)."""
+    return f"embedded engine: {topology_for(config.mode).describe(config)}, {os.path.basename(model_path)} — {why}"
 
 
 def pending_pull(config: EngineConfig):
@@ -83,6 +84,7 @@ class EmbeddedSource(DataSource):
         from homepd.engine.controller import Engine
         from homepd.hw.monitor import Sampler
         from homepd.hw.probe import probe
+        from homepd.launch import config_origin
 
         if self._box is None:
             self._box = probe(self._nvml_module)
@@ -102,7 +104,7 @@ class EmbeddedSource(DataSource):
         finally:
             self._started.set()
         self._last_t = time.monotonic()
-        self.description = describe(self.config, setup.model_path)
+        self.description = describe(self.config, setup.model_path, config_origin(self.config).why)
         return self.description
 
     def _prepare(self, config: EngineConfig, emit: Emit):

@@ -26,6 +26,7 @@ import httpx
 
 from homepd.config import EngineConfig, read_config_file
 from homepd.core.lifecycle import RequestTimings
+from homepd.core.origin import ConfigOrigin
 from homepd.core.records import EngineSnapshot, RecordShapeError
 from homepd.errors import HomepdError
 from homepd.tui import derive
@@ -59,14 +60,16 @@ class ServiceStatus:
     in_flight: int
     capacity: int
     engine: EngineSnapshot | None      # None until the engine is up
+    origin: ConfigOrigin | None = None  # the configuration it serves with and why (None: an older service)
 
     @classmethod
     def from_json(cls, body: dict) -> "ServiceStatus":
         try:
-            admission, engine = body["admission"], body["engine"]
+            admission, engine, origin = body["admission"], body["engine"], body.get("configuration")
             return cls(str(body["state"]), tuple(body["models"]), int(admission["in_flight"]),
-                       int(admission["capacity"]), None if engine is None else EngineSnapshot.from_dict(engine))
-        except (KeyError, TypeError) as exc:
+                       int(admission["capacity"]), None if engine is None else EngineSnapshot.from_dict(engine),
+                       None if origin is None else ConfigOrigin.from_dict(origin))
+        except (KeyError, TypeError, ValueError) as exc:
             raise RecordShapeError(f"/status: missing or mistyped field {exc}") from None
 
 
@@ -158,7 +161,9 @@ class RemoteSource(DataSource):
     def description(self) -> str:
         with self._lock:
             state = self._status.state if self._status is not None else "?"
-        return f"remote: homepd serve at {self.url} ({state}, {self._connection})"
+            origin = self._status.origin if self._status is not None else None
+        running = f": {origin.configuration} — {origin.why}" if origin is not None else ""
+        return f"remote: homepd serve at {self.url} ({state}, {self._connection}){running}"
 
     def stop(self) -> None:
         self.cancel_advise(wait=True)
