@@ -62,10 +62,18 @@ def test_a_conversations_next_turn_goes_to_the_replica_that_served_it_unless_its
 
 def test_disaggregated_a_short_followup_of_a_handed_off_conversation_is_prefilled_on_the_decode_worker():
     async def scenario():
-        async with make_engine(fake_disagg(chunk=16)) as engine:
+        async with make_engine(fake_disagg(chunk=64)) as engine:  # one step carries the follow-up's ~30 new tokens
             while engine.gate.estimate("prefill") is None:  # measure the prefill worker
                 stream = await engine.submit("word " * 40, params=SamplingParams(max_tokens=2))
                 await stream.collect()
+            # and the decode worker's prompt steps (tiny prompts stay local): until it is measured, the gate lets
+            # it prefill only the smallest chunk beside its decodes
+            for _ in range(100):
+                if engine.gate.estimate("decode") is not None:
+                    break
+                stream = await engine.submit("hi", params=SamplingParams(max_tokens=2))
+                await stream.collect()
+            assert engine.gate.estimate("decode") is not None
             msgs = [{"role": "user", "content": "doc " * 300}]
             # why a long answer: the prefill worker holds the prompt but not the answer, the decode worker both
             turn1 = await engine.submit(messages=msgs, params=SamplingParams(max_tokens=80, ignore_eos=True))

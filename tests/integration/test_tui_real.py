@@ -47,11 +47,21 @@ async def test_a_chat_round_trip_on_the_real_model_shows_ttft_and_tpot_under_the
         assert turn.stats.ttft_ms > 0 and turn.stats.tpot_ms > 0 and turn.stats.mode == "colocated"
         shown = str(app.screen.query("#chat-log Static").first().render())
         assert isinstance(app.screen, ChatScreen) and turn.reply.strip()[:10] in shown
-        assert f"TTFT {turn.stats.ttft_ms:.0f} ms · TPOT {turn.stats.tpot_ms:.1f} ms · colocated" in shown
+        assert (f"TTFT {turn.stats.ttft_ms:.0f} ms (0/{turn.stats.n_prompt_tokens} prompt tok cached) · "
+                f"TPOT {turn.stats.tpot_ms:.1f} ms · colocated") in shown
+        # later turns resend the conversation: the worker reuses what it kept of the earlier turns
+        for question in ("And of Spain?", "And of Italy?"):
+            await pilot.press(*question, "enter")
+            await settle(app, pilot)
+        later = app.state.turns[2].stats
+        assert app.state.turns[2].error is None and later.n_prompt_tokens > turn.stats.n_prompt_tokens
+        assert later.n_cached_tokens >= turn.stats.n_prompt_tokens
+        shown = "\n".join(str(s.render()) for s in app.screen.query("#chat-log Static"))
+        assert f"({later.n_cached_tokens}/{later.n_prompt_tokens} prompt tok cached)" in shown
         app.request_tick()
         await settle(app, pilot)
         assert app.state.tick.architecture.workers[0].role == "colocated"
-        assert app.state.tick.requests[-1].n_output_tokens == turn.stats.n_output_tokens
+        assert app.state.tick.requests[-1].n_output_tokens == later.n_output_tokens
         await pilot.press("escape", "q")
         await settle(app, pilot)
     assert app.return_code == 0 and children() == []
