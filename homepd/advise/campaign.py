@@ -34,6 +34,7 @@ from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import prompt_budget
 from homepd.engine.controller import Engine
+from homepd.errors import ConfigError
 from homepd.engine.topology import topology_for
 from homepd.engine.topology.colocated import chunk_candidate
 from homepd.launch import placement_plan, prepare
@@ -70,6 +71,7 @@ class AdviseSettings:
     recovery: bool = True
     seed: int = 0
     slo: SLO | None = None
+    only: tuple[str, ...] | None = None  # measure just these candidates (``--candidates``); None: every one
 
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
@@ -105,8 +107,16 @@ class AdviseResult:
 
 
 def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[Candidate]:
-    """The configurations to measure on this box; infeasible ones carry the plan's reason."""
-    return [c for mode in Mode for c in topology_for(mode).advise_candidates(base, plan, settings.chunks)]
+    """The configurations to measure on this box; infeasible ones carry the plan's reason.  With
+    ``settings.only``, just those (a name that is not a candidate here is a ConfigError listing them)."""
+    every = [c for mode in Mode for c in topology_for(mode).advise_candidates(base, plan, settings.chunks)]
+    if settings.only is None:
+        return every
+    unknown = [n for n in settings.only if n not in {c.name for c in every}]
+    if unknown:
+        raise ConfigError(f"--candidates: {', '.join(unknown)} not a candidate here; the candidates are "
+                          f"{', '.join(c.name for c in every)}")
+    return [c for c in every if c.name in settings.only]
 
 
 def measurement(record: RunRecord) -> Measurement:
@@ -179,7 +189,7 @@ class Campaign:
                 await self._measure(cand, evidence, run_id)
                 if i == 0:
                     predicted = self._predicted_chunk()
-                    if predicted is not None and predicted not in s.chunks:
+                    if predicted is not None and predicted not in s.chunks and s.only is None:
                         extra = chunk_candidate(predicted, reason=f"predicted by the step-time model for ITL <= "
                                                                   f"{self.slo.itl_ms or self.base.itl_budget_ms:g} ms")
                         candidates.insert(len(s.chunks), extra)

@@ -34,6 +34,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-recovery", dest="recovery", action="store_false", default=None,
                    help="skip the killed-worker scenario")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--candidates", default=None, metavar="NAME[,NAME...]",
+                   help="measure only these candidates (names as the evidence table shows them)")
     given = p.add_mutually_exclusive_group()
     given.add_argument("--traffic", metavar="service[:SINCE]", default=None,
                        help="replay the traffic `homepd serve` recorded (since SINCE: 30m, 2h, 1d or an ISO time) "
@@ -65,6 +67,11 @@ def _settings(args, base) -> AdviseSettings:
         kw["repeats"] = args.repeats
     if args.recovery is not None:
         kw["recovery"] = args.recovery
+    if args.candidates is not None:
+        names = tuple(n.strip() for n in args.candidates.split(",") if n.strip())
+        if not names:
+            raise ConfigError("--candidates needs at least one candidate name")
+        kw["only"] = names
     return AdviseSettings.quick_settings(**kw) if args.quick else AdviseSettings(**kw)
 
 
@@ -101,7 +108,7 @@ def _advise(args) -> int:
                             sources=sources)
         result = asyncio.run(campaign.run())
     print(file=sys.stderr)
-    path = _write_result_file(result)
+    path = _write_result_file(result, args.db)
     images = _write_images(result, path)
     if args.json:
         print(json.dumps(result_dict(result)))
@@ -131,10 +138,10 @@ def result_dict(result) -> dict:
     }
 
 
-def _write_result_file(result) -> Path:
-    from homepd.store import default_db_path
+def _write_result_file(result, db: str | None) -> Path:
+    from homepd.store import results_dir
 
-    directory = default_db_path().parent / "advise"
+    directory = results_dir(db)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"advise-{result.run_id or time.strftime('%Y%m%d-%H%M%S')}.json"
     tmp = path.with_suffix(".json.tmp")

@@ -80,7 +80,7 @@ def show_command(args: argparse.Namespace) -> int:
     with store:
         run = store.get_run(store.resolve_run(args.run), timelines=args.plot)
     if args.plot:
-        paths = write_pictures(run, args.out)
+        paths = write_pictures(run, args.out, args.db)
         for result in run["results"]:  # why: the text and --json show the run as without --plot
             result.pop("steps", None)
             if isinstance(result.get("record"), dict):
@@ -92,13 +92,14 @@ def show_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_pictures(run: dict, out: str | None) -> list[Path]:
-    """Draw a stored run to ``out`` (a suffix .svg or .png is dropped) or next to the advise result files."""
+def write_pictures(run: dict, out: str | None, db: str | None = None) -> list[Path]:
+    """Draw a stored run to ``out`` (a suffix .svg or .png is dropped) or next to the advise result files of
+    the database ``db``."""
     from homepd.advise.images import write_run_images
-    from homepd.store import default_db_path
+    from homepd.store import results_dir
 
     if out is None:
-        stem = default_db_path().parent / "advise" / f"advise-{run['id']}"
+        stem = results_dir(db) / f"advise-{run['id']}"
     else:
         stem = Path(out)
         stem = stem.with_suffix("") if stem.suffix.lower() in (".svg", ".png") else stem

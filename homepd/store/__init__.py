@@ -30,8 +30,8 @@ marked ``incomplete`` on open and whenever runs are read; because each result
 is one transaction, such a run holds whole results only.
 """
 from homepd.store.errors import RunNotFoundError, StoreError
-from homepd.store.paths import default_db_path
+from homepd.store.paths import default_db_path, results_dir
 from homepd.store.rows import MAX_STEPS_PER_RESULT
 from homepd.store.store import RUN_STATUSES, Store
 
-__all__ = ["MAX_STEPS_PER_RESULT", "RUN_STATUSES", "RunNotFoundError", "Store", "StoreError", "default_db_path"]
+__all__ = ["MAX_STEPS_PER_RESULT", "RUN_STATUSES", "RunNotFoundError", "Store", "StoreError", "default_db_path", "results_dir"]

@@ -16,3 +16,9 @@ def default_db_path() -> Path:
     # why: the XDG spec says a relative XDG_DATA_HOME is invalid and must be ignored
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
     return base / "homepd" / DB_FILENAME
+
+
+def results_dir(db: str | os.PathLike | None = None) -> Path:
+    """Where advise writes its result files and pictures: an ``advise`` folder beside the database in use
+    (``db``, else ``default_db_path()``), so two databases never share a result file name."""
+    return (Path(db).expanduser() if db else default_db_path()).parent / "advise"

@@ -27,10 +27,11 @@ def test_advise_writes_its_pictures_and_history_plot_writes_them_again(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "HOMEPD_DB"}
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
     db = tmp_path / "runs.db"
-    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--no-recovery", env=env)
+    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--no-recovery",
+                 "--candidates", "colocated-chunk-256,disaggregated", env=env)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    where = tmp_path / "xdg" / "homepd" / "advise"
+    where = tmp_path / "advise"  # beside the database in use, not in the default data directory
     stem = where / f"advise-{result['run_id']}"
     svg, png = stem.with_suffix(".svg"), stem.with_suffix(".png")
     assert f"pictures: {svg}, {png}" in out.stderr

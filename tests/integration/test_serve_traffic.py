@@ -133,7 +133,7 @@ def homepd(*args):
 def test_advise_traffic_service_replays_the_recorded_schedule(recording):
     db, _, rows, _ = recording
     out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--traffic", "service", "--json",
-                 "--no-recovery")
+                 "--no-recovery", "--candidates", "colocated-adaptive,disaggregated")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     runs = [r for r in result["runs"] if r["mix"] == "traffic"]
@@ -171,6 +171,8 @@ def test_advise_traffic_errors_name_what_is_wrong(recording, tmp_path):
     assert wrong.returncode != 0 and "--traffic takes 'service'" in wrong.stderr
     small = homepd("advise", "--backend", "fake", "--db", str(db), "--traffic", "service", "--n-ctx", "64")
     assert small.returncode != 0 and "more than the campaign's context of 64: pass --n-ctx" in small.stderr
+    unknown = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--candidates", "colocated-x")
+    assert unknown.returncode != 0 and "colocated-x not a candidate here; the candidates are" in unknown.stderr
 
 
 def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
@@ -180,7 +182,7 @@ def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
     path = tmp_path / "mine.jsonl"
     write_trace(trace, path)
     out = homepd("advise", "--quick", "--backend", "fake", "--db", str(tmp_path / "r.db"), "--trace-file", str(path),
-                 "--json", "--no-recovery")
+                 "--json", "--no-recovery", "--candidates", "colocated-adaptive")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["runs"] and {r["mix"] for r in result["runs"]} == {"trace"}

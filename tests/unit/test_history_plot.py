@@ -54,7 +54,7 @@ def test_plot_writes_the_svg_and_png_where_asked_and_says_so(db, tmp_path, capsy
 def test_plot_defaults_to_the_advise_result_directory(db, tmp_path, capsys):
     assert main(["history", "show", "last", "--db", str(db), "--plot", "--json"]) == 0
     stdout, stderr = capsys.readouterr()
-    where = tmp_path / "xdg" / "homepd" / "advise"
+    where = db.parent / "advise"  # beside the database in use
     assert sorted(p.name for p in where.iterdir()) == ["advise-1.png", "advise-1.svg"]
     assert str(where / "advise-1.svg") in stderr
     assert '"requests"' not in stdout and '"id": 1' in stdout    # --json as without --plot: no timelines
