@@ -80,12 +80,7 @@ def make_trace(mix: str = "mixed", n_requests: int = 8, rate_per_s: float = 2.0,
             request_class=CLASS_OF_KIND[kind], ignore_eos=ignore_eos))
     generator = {"mix": mix, "n_requests": n_requests, "max_tokens": max_tokens, "long_tokens": long_tokens,
                  "ignore_eos": ignore_eos}
-    if concurrency is None:
-        generator.update(arrival=arrival, rate_per_s="inf" if math.isinf(rate_per_s) else rate_per_s,
-                         burstiness=burstiness)
-    else:
-        generator.update(concurrency=concurrency)
-    return Trace(tuple(requests), name=name or mix, seed=seed, concurrency=concurrency, generator=generator)
+    return _trace(requests, generator, name or mix, seed, concurrency, arrival, rate_per_s, burstiness)
 
 
 def _shared_prefix_trace(mix: str, n_requests: int, rate_per_s: float, *, arrival: str, burstiness: float,
@@ -102,12 +97,19 @@ def _shared_prefix_trace(mix: str, n_requests: int, rate_per_s: float, *, arriva
         requests = make_rag(n_requests, rate_per_s, documents=documents, long_tokens=long_tokens, **common)
         shape = {"documents": documents, "long_tokens": long_tokens}
     generator = {"mix": mix, "n_requests": n_requests, "max_tokens": max_tokens, "ignore_eos": ignore_eos, **shape}
+    return _trace(requests, generator, name or mix, seed, concurrency, arrival, rate_per_s, burstiness)
+
+
+def _trace(requests, generator: dict, name: str, seed: int, concurrency: int | None, arrival: str,
+           rate_per_s: float, burstiness: float) -> Trace:
+    """The trace, its generator record completed with how it arrives: the open-loop process, or the closed
+    loop's concurrency."""
     if concurrency is None:
         generator.update(arrival=arrival, rate_per_s="inf" if math.isinf(rate_per_s) else rate_per_s,
                          burstiness=burstiness)
     else:
         generator.update(concurrency=concurrency)
-    return Trace(tuple(requests), name=name or mix, seed=seed, concurrency=concurrency, generator=generator)
+    return Trace(tuple(requests), name=name, seed=seed, concurrency=concurrency, generator=generator)
 
 
 def _summary_request(rng: random.Random, long_tokens: int) -> str:
