@@ -88,13 +88,14 @@ def render_architecture(view: ArchitectureView | None) -> Text:
         lines.append(Text(view.note, style="dim"))
     lines.append(Text(f"queue: waiting {view.n_waiting} → running {view.n_running}"))
     lines += body(view, s)
-    lines += [_cache_line(c) for c in view.caches]
     for line in view.classes:
         lines.append(Text(line, style="cyan"))
     if view.budgets:
         lines.append(Text(view.budgets, style="dim"))
     for event in view.events:
         lines.append(Text(f"! {event}", style="yellow"))
+    # why after the events: a small terminal clips the panel's last lines, and a worker's restart matters more
+    lines += [_cache_line(c) for c in view.caches]
     return Text("\n").join(lines)
 
 
