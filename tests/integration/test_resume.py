@@ -41,6 +41,8 @@ async def kill_mid_stream(cfg: EngineConfig, victim: str, n_out: int, late_promp
         pid = engine.workers[victim].pid
         os.kill(pid, signal.SIGKILL)
         ends = await asyncio.gather(*(s.collect() for s in streams))
+        # replicas: the survivor can finish every request before the replacement has loaded its model
+        await engine.wait_restarts()
         for s, (events, text) in zip(streams, ends):
             texts[s.request_id] += text
         return pid, streams, ends, engine.snapshot(), texts
