@@ -10,9 +10,19 @@ candidate at the same rate) -> which runs did not exercise their architecture (n
 scenario per architecture (a worker killed mid-run) -> ``recommend``
 -> store.  Never changes the serving configuration: ``homepd advise apply`` is a separate step.
 
-Quick: the mixed trace only, one repeat, a grid of 2 steps per octave (a factor 1.41) and 3 probes a search;
-full: every mix, two repeats, 4 steps per octave (1.19) and up to 6 probes.  The quick grid is a subset of
-the full one, so their answers can only differ within the quick answer's interval (``answer_interval``).
+**Time.**  A campaign has a wall-clock budget (``AdviseSettings.wall_budget_s``: quick 105 s, so that the
+command ends within 2 minutes on a 2-core box; full 30 minutes, ``--budget``), shared out between the searches
+still to run: each search's probes get ``PROBE_SHARE`` of its share (the rest is engine starts and warm-ups),
+and a search stops when its share is spent, its answer saying how coarse it is (its first probe always runs).
+A faster box gets finer answers in the same time.
+
+**Quick:** the mixed trace, one repeat, the best scheduler of colocated and of disaggregated serving only (the
+last candidate their topologies list: colocated-adaptive, disaggregated-routed), on a grid of 2 steps per octave (a
+factor 1.41).  **Full:** every candidate on every mix on that coarse grid first (the screen), then, per mix,
+each architecture's best is refined on the grid of 4 steps per octave (1.19) from the screen's bracket and
+repeated on other seeds.  The quick grid is a subset of the full one, so their answers can only differ within
+the quick answer's interval (``answer_interval``).  Every search after the first on a mix starts at the
+capacity the earlier candidates measured there (neighbours are usually close: one probe then brackets).
 """
 from __future__ import annotations
 
@@ -22,7 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from homepd.advise.capacity import CapacityCurve, SearchSettings, combine, start_rate_rps
+from homepd.advise.capacity import CapacityCurve, SearchSettings, combine, probe_span_s, start_rate_rps
 from homepd.advise.probes import search_capacity
 from homepd.advise.exercised import not_exercised
 from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
@@ -51,10 +61,26 @@ MIN_PREDICTED_CHUNK = 16
 MAX_PREDICTED_CHUNK = 2048
 CALIBRATION_REQUESTS = 4          # the calibration burst: the mixed trace's first requests, all at once
 RECOVERY_REQUESTS = 8
-FULL_SEARCH = SearchSettings(steps_per_octave=4, grow_steps=4, max_probes=6, time_budget_s=60.0, probe_s=12.0,
-                             max_requests=24)
-QUICK_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, max_probes=3, time_budget_s=24.0, probe_s=6.0,
-                              max_requests=12)
+# probe_s is set from the SLO's TTFT budget and the grid (``probe_span_s``) when the campaign starts
+SCREEN_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, max_probes=3, time_budget_s=40.0, probe_s=10.0,
+                               max_requests=48)
+QUICK_SEARCH = SCREEN_SEARCH
+FULL_SEARCH = SearchSettings(steps_per_octave=4, grow_steps=2, max_probes=4, time_budget_s=75.0, probe_s=22.0,
+                             max_requests=96)
+QUICK_WALL_BUDGET_S = 105.0   # + the command's start and its report: within 2 minutes
+FULL_WALL_BUDGET_S = 1800.0
+# why: a search's probes (arrivals and drain, as measured) get this share of its time; engine starts and
+# warm-ups take the rest (about 3 s of a 30 s search here)
+PROBE_SHARE = 0.85
+SCREEN_SHARE = 0.5            # full: the screen's part of the budget; the refinement gets the rest
+RECOVERY_RESERVE_S = 20.0     # per architecture's recovery scenario
+# why: batching lets a box serve more than one request at a time, stalls less; the serial rate is a fair first
+# guess, and probing above it is cheaper than below (a probe's length is its requests over the rate)
+START_UTILISATION = 1.0
+# why: on 2 cores a capacity near 0.5-1 req/s makes a meaningful probe 10-20 s long, so 2 minutes hold about
+# five probes: two or three each for the product's question, colocated (chunked) or disaggregated; the full
+# campaign adds replicas and the fixed chunks
+QUICK_MODES = (Mode.COLOCATED, Mode.DISAGGREGATED)
 
 
 @dataclass(frozen=True)
@@ -63,9 +89,11 @@ class AdviseSettings:
     engine's class budgets (``EngineConfig.class_budgets``) are the SLO."""
     quick: bool = False
     mixes: tuple[str, ...] = ("short", "long", "mixed", "chat")
-    repeats: int = 2
-    chunks: tuple[int | None, ...] = (None, 32, 128, CALIBRATION_CHUNK)
-    search: SearchSettings = FULL_SEARCH
+    repeats: int = 2                   # of each refined search (full); the screen runs once
+    chunks: tuple[int | None, ...] = (None, CALIBRATION_CHUNK)
+    search: SearchSettings = SCREEN_SEARCH      # every candidate on every mix (coarse)
+    refine: SearchSettings | None = FULL_SEARCH  # each architecture's best per mix (fine), None: no refinement
+    wall_budget_s: float | None = FULL_WALL_BUDGET_S
     max_tokens: int = 32
     long_tokens: int = 400
     recovery: bool = True
@@ -76,7 +104,8 @@ class AdviseSettings:
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
         base = dict(quick=True, mixes=("mixed",), repeats=1, chunks=(None, CALIBRATION_CHUNK),
-                    search=QUICK_SEARCH, max_tokens=24, long_tokens=300, recovery=False)
+                    search=QUICK_SEARCH, refine=None, wall_budget_s=QUICK_WALL_BUDGET_S, max_tokens=24,
+                    long_tokens=300, recovery=False)
         base.update(kw)
         return cls(**base)
 
@@ -107,11 +136,13 @@ class AdviseResult:
 
 
 def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[Candidate]:
-    """The configurations to measure on this box; infeasible ones carry the plan's reason.  With
-    ``settings.only``, just those (a name that is not a candidate here is a ConfigError listing them)."""
-    every = [c for mode in Mode for c in topology_for(mode).advise_candidates(base, plan, settings.chunks)]
+    """The configurations to measure on this box; infeasible ones carry the plan's reason.  Quick: the best
+    scheduler (the last its topology lists) of colocated and of disaggregated serving (``QUICK_MODES``).  With ``settings.only``, just those (a name
+    that is not a candidate here is a ConfigError listing them)."""
+    per_mode = {mode: topology_for(mode).advise_candidates(base, plan, settings.chunks) for mode in Mode}
+    every = [c for listed in per_mode.values() for c in listed]
     if settings.only is None:
-        return every
+        return [per_mode[m][-1] for m in QUICK_MODES if per_mode[m]] if settings.quick else every
     unknown = [n for n in settings.only if n not in {c.name for c in every}]
     if unknown:
         raise ConfigError(f"--candidates: {', '.join(unknown)} not a candidate here; the candidates are "
@@ -156,6 +187,9 @@ class Campaign:
         self._calibration_steps: list = []
         self._calibration_estimate: StepEstimate | None = None
         self._done, self._total, self._t0 = 0, 0, 0.0
+        self._deadline: float | None = None   # the end of the current stage's share of the wall budget
+        self._searches_left = 0
+        self._screened: dict[tuple[str, str], object] = {}  # (candidate, mix) -> the screen's SearchOutcome
 
     async def run(self) -> AdviseResult:
         from homepd.hw.probe import probe, to_dict
@@ -168,9 +202,12 @@ class Campaign:
         candidates = candidate_list(self.base, plan, self.settings)
         feasible = [c for c in candidates if c.feasible]
         s = self.settings
-        probes_per_candidate = len(s.mixes) * s.repeats * s.search.max_probes
+        probes_per_candidate = len(s.mixes) * s.search.max_probes
         n_archs = len({c.mode for c in feasible})
-        self._total = (len(feasible) + 1) * probes_per_candidate + (n_archs if s.recovery else 0)
+        self._total = (len(feasible) + (0 if s.quick else 1)) * probes_per_candidate + (n_archs if s.recovery else 0)
+        reserve = RECOVERY_RESERVE_S * n_archs if s.recovery else 0.0
+        end = None if s.wall_budget_s is None else self._t0 + s.wall_budget_s - reserve
+        screen_end = end if end is None or s.refine is None else self._t0 + (end - self._t0) * SCREEN_SHARE
         hardware = to_plain(to_dict(box, plan))
         run_id = None
         if self.store is not None:
@@ -185,11 +222,13 @@ class Campaign:
             calibration = next((c for c in feasible if c.name == chunk_candidate(CALIBRATION_CHUNK).name), None)
             ordered = ([calibration] if calibration else []) + [c for c in feasible if c is not calibration]
             predicted = None
+            self._deadline, self._searches_left = screen_end, len(ordered) * len(s.mixes)
             for i, cand in enumerate(ordered):
-                await self._measure(cand, evidence, run_id)
+                await self._measure(cand, evidence, run_id, s.mixes)
                 if i == 0:
                     predicted = self._predicted_chunk()
-                    if predicted is not None and predicted not in s.chunks and s.only is None:
+                    if predicted is not None and predicted not in s.chunks and s.only is None and not s.quick:
+                        self._searches_left += len(s.mixes)
                         extra = chunk_candidate(predicted, reason=f"predicted by the step-time model for ITL <= "
                                                                   f"{self.slo.itl_ms or self.base.itl_budget_ms:g} ms")
                         candidates.insert(len(s.chunks), extra)
@@ -198,6 +237,13 @@ class Campaign:
                     else:
                         self._total -= probes_per_candidate
             evidence.not_exercised = not_exercised(candidates, self.records)
+            if s.refine is not None:
+                contenders = self._contenders(candidates, evidence)
+                self._deadline = end
+                self._searches_left = sum(len(m) for m in contenders.values()) * s.repeats
+                for cand in (c for c in ordered if c.name in contenders):
+                    await self._measure(cand, evidence, run_id, contenders[cand.name], refine=True)
+                evidence.not_exercised = not_exercised(candidates, self.records)
             if s.recovery:
                 for mode in dict.fromkeys(c.mode for c in feasible):
                     best = self._best_of(mode, evidence)
@@ -225,8 +271,10 @@ class Campaign:
     def _config(self, cand: Candidate) -> EngineConfig:
         return replace(self.base, **cand.config_values())
 
-    async def _measure(self, cand: Candidate, evidence: Evidence, run_id) -> None:
-        """One engine for the candidate, reused by every probe of every search on it."""
+    async def _measure(self, cand: Candidate, evidence: Evidence, run_id, mixes: tuple[str, ...],
+                       refine: bool = False) -> None:
+        """One engine for the candidate, reused by every probe of every search on it: the screen (one coarse
+        search per mix) or the refinement (from the screen's probes on the fine grid, then repeats)."""
         s = self.settings
         config = self._config(cand)
         setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
@@ -234,20 +282,57 @@ class Campaign:
             await self._warm_up(engine)
             if self._done == 0 and self.speeds == (None, None):
                 await self._calibrate(engine)
-            for mix in s.mixes:
-                curves = []
-                for repeat in range(s.repeats):
+            for mix in mixes:
+                screened = self._screened.get((cand.name, mix))
+                curves, repeats = [], (range(s.repeats) if refine else range(1))
+                for repeat in repeats:
                     seed = s.seed * 1000 + repeat
+                    prior = screened if refine and repeat == 0 and screened is not None else None
+                    start = curves[0].capacity_rps if curves and curves[0].capacity_rps else self._start_rate(mix)
                     outcome = await search_capacity(
-                        cand.name, mix, self._start_rate(mix), s.search, seed, self.slo,
+                        cand.name, mix, start, self._budgeted(s.refine if refine else s.search), seed, self.slo,
                         lambda rate, n, seed, mix=mix, repeat=repeat: self._probe(engine, cand, mix, repeat, rate,
-                                                                                  n, seed, run_id))
-                    self._total -= s.search.max_probes - len(outcome.curve.probes)
+                                                                                  n, seed, run_id),
+                        speeds=self.speeds, prior=prior.curve.probes if prior else (),
+                        prior_records=prior.records if prior else None)
+                    self._searches_left = max(0, self._searches_left - 1)
                     curves.append(outcome.curve)
+                    if not refine:
+                        self._screened[(cand.name, mix)] = outcome
+                    if repeat == 0:  # the refinement's records replace the screen's
+                        evidence.runs.pop((cand.name, mix), None)
                     if outcome.record_at_capacity is not None:
                         self.records[(cand.name, mix, repeat)] = outcome.record_at_capacity
                         evidence.add(cand.name, mix, measurement(outcome.record_at_capacity))
                 self.capacity[(cand.name, mix)] = evidence.capacity[(cand.name, mix)] = combine(curves)
+
+    def _budgeted(self, search: SearchSettings) -> SearchSettings:
+        """``search`` with its probe length from the SLO (``probe_span_s``) and its arrivals' budget cut to this
+        search's share of the time left (at least one probe always runs)."""
+        span = probe_span_s(self.slo.ttft_ms / 1e3, search.steps_per_octave)
+        search = replace(search, probe_s=span)
+        if self._deadline is None:
+            return search
+        share = (self._deadline - time.monotonic()) / max(1, self._searches_left) * PROBE_SHARE
+        return replace(search, time_budget_s=max(1.0, min(search.time_budget_s, share)))
+
+    def _contenders(self, candidates: list[Candidate], evidence: Evidence) -> dict[str, tuple[str, ...]]:
+        """candidate name -> the mixes where it is its architecture's best on the screen (what the rule
+        compares: the refinement measures those finer and on more seeds).  Not exercised ones are left out."""
+        out: dict[str, list[str]] = {}
+        by_name = {c.name: c for c in candidates}
+        for mix in self.settings.mixes:
+            best: dict[Mode, tuple[float, str]] = {}
+            for (name, m), curve in self.capacity.items():
+                if m != mix or (name, m) in evidence.not_exercised or name not in by_name:
+                    continue
+                score = curve.capacity_rps or 0.0
+                mode = by_name[name].mode
+                if mode not in best or score > best[mode][0]:
+                    best[mode] = (score, name)
+            for _, name in best.values():
+                out.setdefault(name, []).append(mix)
+        return {name: tuple(mixes) for name, mixes in out.items()}
 
     async def _probe(self, engine, cand: Candidate, mix: str, repeat: int, rate_rps: float, n_requests: int,
                      seed: int, run_id) -> RunRecord:
@@ -282,7 +367,10 @@ class Campaign:
         probe = self._trace(mix, 12, 1.0, self.settings.seed * 1000)
         prompt = sum(estimate_tokens(r.text) for r in probe) / len(probe)
         output = sum(r.max_tokens for r in probe) / len(probe)
-        return start_rate_rps(self.speeds[0], self.speeds[1], prompt, output)
+        measured = sorted(c.capacity_rps for (_, m), c in self.capacity.items() if m == mix and c.capacity_rps)
+        if measured:  # where the earlier candidates' edges are: one probe there usually brackets this one's
+            return measured[len(measured) // 2]
+        return start_rate_rps(self.speeds[0], self.speeds[1], prompt, output, utilisation=START_UTILISATION)
 
     async def _recovery(self, cand: Candidate, run_id) -> None:
         """The mixed trace at the candidate's capacity, with a worker killed once two requests stream."""
@@ -350,8 +438,12 @@ class Campaign:
         return rec.candidate
 
     def _report(self, current: str) -> None:
-        elapsed = time.monotonic() - self._t0
+        now = time.monotonic()
+        elapsed = now - self._t0
         eta = elapsed / self._done * (self._total - self._done) if self._done else None
+        if self.settings.wall_budget_s is not None:  # the budget bounds it
+            eta = max(0.0, self._t0 + self.settings.wall_budget_s - now) if eta is None else \
+                min(eta, max(0.0, self._t0 + self.settings.wall_budget_s - now))
         self.on_progress(Progress(self._done, self._total, current, elapsed, eta))
 
 

@@ -14,8 +14,8 @@ answer's interval (``answer_interval``; tested on constructed curves).  The reso
 (``start_rate_rps``); while no probe failed, go up ``grow_steps`` grid steps; while none passed, go down as
 many; then bisect the grid steps between the highest passing rate below the lowest failing one and that
 failing rate, until they are adjacent (the resolution) or the probe budget (``max_probes`` probes, at most
-``time_budget_s`` of arrivals) is spent; the rate stays within [``min_rate_rps``, ``max_rate_rps``], and above
-the rate at which the smallest probe alone would take the whole time budget (when every probe fails there,
+``time_budget_s`` of probing: the probes' durations) is spent; the rate stays within [``min_rate_rps``,
+``max_rate_rps``], and above the rate at which the smallest probe alone would take the whole time budget (when every probe fails there,
 the capacity is reported as below it).
 
 **Noise.**  Attainment is not monotone in the rate on a real box (one unlucky burst).  The rule: *the capacity
@@ -25,8 +25,15 @@ lands in, and the full campaign's repeats (new seeds) show the spread.
 
 **Probe length** (``probe_requests``).  At least ``ceil(1 / attainment_resolution)`` requests, so that one
 failed request moves the attainment by at most that resolution (10 requests: 10 points, and a 90 % target
-tolerates exactly one miss), and more while their arrivals fit ``probe_s`` seconds (more arrival bursts
-averaged), at most ``max_requests``.
+tolerates exactly one miss), and more while their arrivals fit ``probe_s`` seconds, at most ``max_requests``.
+``probe_s`` is what makes a probe a *rate* and not a burst: one grid step above the capacity, the backlog grows
+by ``(ratio - 1)`` seconds of work per second of arrivals, so it reaches the interactive TTFT budget only after
+``TTFT / (ratio - 1)`` seconds (``probe_span_s``: 10 s on the quick grid, 22 s on the full one, for 4 s).  A
+shorter probe lets a box absorb a burst it could not sustain (12 requests at 8 req/s "passed" on this box).
+
+**Prior probes.**  A search may start from the probes of a coarser search of the same candidate and mix
+(``CapacitySearch(prior=...)``): on a grid that contains the coarse one, they are points of its own, and the
+search bisects on from their bracket (the full campaign refines its contenders that way).
 """
 from __future__ import annotations
 
@@ -42,7 +49,7 @@ class Probe:
     """One probe: a seeded trace of ``n_requests`` at ``rate_rps`` and what came out of it.  ``attainment``:
     share of requests meeting every SLO of their class; ``per_class``: that share per request class;
     ``misses``: failed requests by the target they missed first (``SLO.target_text``); ``duration_s``: the span
-    its arrivals were drawn for (``n_requests / rate_rps``), what the time budget counts."""
+    it took (first arrival to last end, as the campaign measures it), what the time budget counts."""
     rate_rps: float
     n_requests: int
     attainment: float
@@ -79,7 +86,7 @@ class SearchSettings:
     steps_per_octave: int = 4          # grid ratio 2 ** (1/4): 19 % resolution
     grow_steps: int = 4                # grid steps per bracketing move (4 = a factor of 2 on this grid)
     max_probes: int = 6
-    time_budget_s: float = 120.0       # arrivals' span summed over one search's probes
+    time_budget_s: float = 120.0       # the probes' durations summed over one search
     attainment_resolution: float = 0.1
     probe_s: float = 12.0
     max_requests: int = 40
@@ -98,6 +105,12 @@ def grid_rate(k: int, steps_per_octave: int) -> float:
 def grid_index(rate_rps: float, steps_per_octave: int) -> int:
     """The grid point nearest ``rate_rps`` (in log space)."""
     return round(math.log2(rate_rps) * steps_per_octave)
+
+
+def probe_span_s(ttft_budget_s: float, steps_per_octave: int) -> float:
+    """The arrivals' span that lets a probe one grid step above the capacity build a backlog of the TTFT budget
+    (see the module docstring), rounded up to a second."""
+    return float(math.ceil(ttft_budget_s / (2 ** (1 / steps_per_octave) - 1) - 1e-9))
 
 
 def start_rate_rps(prefill_tok_s: float | None, decode_step_ms: float | None, mean_prompt_tokens: float,
@@ -126,7 +139,7 @@ def _passes(p: Probe, target_share: float) -> bool:
 class CapacitySearch:
     """Ask/tell search of one candidate's capacity on one mix (one repeat)."""
 
-    def __init__(self, start_rps: float, settings: SearchSettings = SearchSettings()):
+    def __init__(self, start_rps: float, settings: SearchSettings = SearchSettings(), prior: tuple[Probe, ...] = ()):
         self.settings = settings
         s = settings
         # why: below the rate at which the fewest meaningful requests fill the whole time budget, no probe fits
@@ -137,6 +150,9 @@ class CapacitySearch:
         self._k_start = min(max(grid_index(start, s.steps_per_octave), self._k_min), self._k_max)
         self.probes: list[Probe] = []
         self._ks: list[int] = []
+        self.n_prior = len(prior)
+        for p in prior:  # a coarser search's probes: points of this grid too (its steps divide these)
+            self.record(p)
 
     # the state, in grid indices ----------------------------------------------------------------------
     def _bracket(self) -> tuple[int | None, int | None]:
@@ -149,19 +165,20 @@ class CapacitySearch:
         return (max(passes) if passes else None), low_fail
 
     def _spent_s(self) -> float:
-        return sum(p.duration_s for p in self.probes)
+        return sum(p.duration_s for p in self.probes[self.n_prior:])
 
     def next_rate(self) -> float | None:
         """The next rate to probe, or None: converged, out of budget, or at the end of the rate range."""
         s = self.settings
-        if len(self.probes) >= s.max_probes or (self.probes and self._spent_s() >= s.time_budget_s):
+        own = len(self.probes) - self.n_prior
+        if own >= s.max_probes or (own and self._spent_s() >= s.time_budget_s):
             return None
         k = self._next_index()
         if k is None or k in self._ks:
             return None
         rate = grid_rate(k, s.steps_per_octave)
         # why: a probe whose arrivals would overrun the time budget is not started (the first always is)
-        if self.probes and self._spent_s() + probe_requests(rate, s) / rate > s.time_budget_s:
+        if own and self._spent_s() + probe_requests(rate, s) / rate > s.time_budget_s:
             return None
         return rate
 

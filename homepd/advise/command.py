@@ -28,12 +28,15 @@ def register(subparsers) -> None:
                                           "the rule. Changes nothing: `homepd advise apply` does that.")
     add_config_flags(p, exclude=("mode", "chunk"))
     add_slo_flags(p)
-    p.add_argument("--quick", action="store_true", help="each candidate's capacity on the mixed trace only, at a "
-                                                        "coarser resolution (about 2 minutes on 2 cores)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats per candidate and mix (default 2; quick 1)")
+    p.add_argument("--quick", action="store_true", help="colocated-adaptive and disaggregated-routed only, on the "
+                                                        "mixed trace, at a coarser resolution (within 2 minutes)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats of each refined search (default 2; quick 1)")
     p.add_argument("--no-recovery", dest="recovery", action="store_false", default=None,
                    help="skip the killed-worker scenario")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", default=None, metavar="DURATION",
+                   help="wall-clock budget of the campaign, shared out between its searches (30m, 90s, 1h; "
+                        "default 30m, quick 105s): a longer budget gives finer answers")
     p.add_argument("--candidates", default=None, metavar="NAME[,NAME...]",
                    help="measure only these candidates (names as the evidence table shows them)")
     given = p.add_mutually_exclusive_group()
@@ -67,6 +70,9 @@ def _settings(args, base) -> AdviseSettings:
         kw["repeats"] = args.repeats
     if args.recovery is not None:
         kw["recovery"] = args.recovery
+    if args.budget is not None:
+        from homepd.measure.trace.sources import parse_duration_s
+        kw["wall_budget_s"] = parse_duration_s(args.budget, "--budget")
     if args.candidates is not None:
         names = tuple(n.strip() for n in args.candidates.split(",") if n.strip())
         if not names:

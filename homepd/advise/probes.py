@@ -2,7 +2,7 @@
 seeded trace replayed at its rate, and what each probe's run record says to the search."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from homepd.advise.capacity import CapacityCurve, CapacitySearch, Probe, SearchSettings, probe_requests
@@ -10,21 +10,46 @@ from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord
 
 
-def probe_of(record: RunRecord, rate_rps: float, seed: int, slo: SLO) -> Probe:
-    """What a probe's run record tells the search: attainment (every SLO of each request's class), per class,
-    goodput, and the failed requests by the target they missed first."""
+KEPT_UP = "the box keeps up (done within the drain allowance of the last arrival)"
+
+
+def drain_allowance_s(requests, slo: SLO, speeds: tuple[float | None, float | None]) -> float | None:
+    """How long after a probe's last arrival its last request may finish at a rate the box sustains: the
+    interactive TTFT budget (a request arriving last may wait that long) plus the longest request's service
+    time alone at the calibrated speeds (``speeds``: prefill tok/s, decode step ms).  None without speeds.
+
+    why: the background class may wait ``background_ttft_ms`` (2 minutes), longer than any probe, so above the
+    capacity its backlog would grow through a probe unseen; this is the background's throughput target."""
+    prefill_tok_s, step_ms = speeds
+    if not requests or not prefill_tok_s or not step_ms:
+        return None
+    longest = max(lc.n_prompt_tokens / prefill_tok_s + len(lc.token_times_s) * step_ms / 1e3 for lc in requests)
+    return slo.ttft_ms / 1e3 + longest
+
+
+def probe_of(record: RunRecord, rate_rps: float, seed: int, slo: SLO,
+             speeds: tuple[float | None, float | None] = (None, None)) -> Probe:
+    """What a probe's run record tells the search: attainment (every SLO of each request's class, and the box
+    keeping up: ``drain_allowance_s``), per class, goodput, and the failed requests by the target they missed
+    first."""
     requests = record.requests
     n = len(requests)
     per_class: dict[str, list[bool]] = {}
     misses: dict[str, int] = {}
+    allowance = drain_allowance_s(requests, slo, speeds)
+    deadline = max(lc.arrived_s for lc in requests) + allowance if allowance is not None and requests else None
     for lc in requests:
         missed = slo.miss(lc)
-        per_class.setdefault(str(lc.request_class), []).append(missed is None)
-        if missed is not None:
-            what = slo.target_text(missed)
+        what = slo.target_text(missed) if missed is not None else None
+        if what is None and deadline is not None and lc.ended_s is not None and lc.ended_s > deadline:
+            what = KEPT_UP
+        per_class.setdefault(str(lc.request_class), []).append(what is None)
+        if what is not None:
             misses[what] = misses.get(what, 0) + 1
     met = sum(ok for oks in per_class.values() for ok in oks)
-    duration_s = n / rate_rps if rate_rps > 0 else 0.0
+    # what the search's time budget counts: the probe as it ran (arrivals and drain, think times included)
+    ends = [lc.ended_s for lc in requests if lc.ended_s is not None]
+    duration_s = max(ends) - min(lc.arrived_s for lc in requests) if ends else (n / rate_rps if rate_rps > 0 else 0.0)
     return Probe(rate_rps=rate_rps, n_requests=n, attainment=met / n if n else 0.0,
                  goodput_rps=record.summary.goodput_per_s, seed=seed, duration_s=duration_s,
                  per_class={k: sum(v) / len(v) for k, v in per_class.items()}, misses=misses)
@@ -36,17 +61,28 @@ class SearchOutcome:
     passed) — the figures the evidence table shows."""
     curve: CapacityCurve
     record_at_capacity: RunRecord | None
+    records: dict[float, RunRecord] = field(default_factory=dict)  # rate -> record, every probe (and prior)
 
 
 async def search_capacity(candidate: str, mix: str, start_rps: float, settings: SearchSettings, seed: int,
-                          slo: SLO, run_probe: Callable[[float, int, int], Awaitable[RunRecord]]) -> SearchOutcome:
-    """Run one search: ``run_probe(rate_rps, n_requests, seed)`` replays a probe and returns its record."""
-    search = CapacitySearch(start_rps, settings)
-    records: dict[float, RunRecord] = {}
+                          slo: SLO, run_probe: Callable[[float, int, int], Awaitable[RunRecord]], *,
+                          speeds: tuple[float | None, float | None] = (None, None), prior: tuple[Probe, ...] = (),
+                          prior_records: dict[float, RunRecord] | None = None) -> SearchOutcome:
+    """Run one search: ``run_probe(rate_rps, n_requests, seed)`` replays a probe and returns its record.
+    ``prior``/``prior_records``: a coarser search's probes and records to refine from (``CapacitySearch``)."""
+    search = CapacitySearch(start_rps, settings, prior=prior)
+    records: dict[float, RunRecord] = dict(prior_records or {})
     while (rate := search.next_rate()) is not None:
         record = await run_probe(rate, probe_requests(rate, settings), seed)
         records[rate] = record
-        search.record(probe_of(record, rate, seed, slo))
+        search.record(probe_of(record, rate, seed, slo, speeds))
     curve = search.curve(candidate, mix)
     at = curve.capacity_rps if curve.capacity_rps is not None else min(records, default=None)
-    return SearchOutcome(curve, records.get(at) if at is not None else None)
+    return SearchOutcome(curve, _record_at(records, at), records)
+
+
+def _record_at(records: dict[float, RunRecord], rate: float | None) -> RunRecord | None:
+    if rate is None:
+        return None
+    near = [r for r in records if abs(r - rate) <= 1e-9 * max(1.0, rate)]  # the grid rate, computed twice
+    return records[near[0]] if near else None

@@ -192,9 +192,9 @@ def render_recommendation(rec: Recommendation) -> str:
 def render_result(result: AdviseResult) -> str:
     s = result.settings
     target = f"{s.search.target_share:.0%}"
-    parts = [f"capacity, req/s with >= {target} of requests meeting the SLO ({s.slo.describe()}); "
-             f"{'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mix(es) x {s.repeats} repeat(s), "
-             f"grid x{2 ** (1 / s.search.steps_per_octave):.2f}",
+    parts = [f"capacity, req/s with >= {target} of requests meeting the SLO ({s.slo.describe()}, and the box "
+             f"keeps up: a probe's requests done within the drain allowance of its last arrival); "
+             f"{campaign_shape(s)}",
              render_capacity(result), "attainment against rate (every probe):", render_curves(result),
              "evidence at each candidate's capacity (where no probe passed, at its lowest probe; medians over repeats)",
              render_table(evidence_rows(result))]
@@ -211,6 +211,18 @@ def render_result(result: AdviseResult) -> str:
               f"campaign wall time {result.wall_s:.0f} s" + (f"; stored as run {result.run_id}" if result.run_id else ""),
               "nothing was changed: `homepd advise apply` writes this configuration for `homepd serve`"]
     return "\n".join(parts)
+
+
+def campaign_shape(s) -> str:
+    """The campaign's size in words: its mixes, grids, repeats and time budget."""
+    grid = lambda search: f"x{2 ** (1 / search.steps_per_octave):.2f}"  # noqa: E731
+    text = f"{'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mix(es), grid {grid(s.search)}"
+    if s.refine is not None:
+        text += (f"; each architecture's best per mix refined on grid {grid(s.refine)}, "
+                 f"{s.repeats} repeat(s)")
+    if s.wall_budget_s is not None:
+        text += f"; budget {s.wall_budget_s:.0f} s"
+    return text
 
 
 def _two_boxes(result: AdviseResult) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 from homepd.advise.images import result_budgets_ms, result_pictures, run_budgets_ms, run_pictures
+from homepd.advise.render import campaign_shape
 from homepd.core.records import to_plain
 from homepd.tui.records import AdviseStep, AdviseView, EvidenceRow, RecommendationView
 
@@ -58,8 +59,7 @@ def from_result(result) -> AdviseView:
             itl_ms_max=r.get("itl_ms_max"), output_tok_s=r.get("output_tok_s"), interference=r.get("interference"),
             kv_transfer_ms=r.get("kv_transfer_ms_p50"), pss_mib=r.get("total_pss_mib")))
     s = result.settings
-    notes = [f"{'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mixes x {s.repeats} repeat(s), "
-             f"SLO {s.slo.describe()}; medians over repeats; wall {result.wall_s:.0f} s"]
+    notes = [f"{campaign_shape(s)}; SLO {s.slo.describe()}; medians over repeats; wall {result.wall_s:.0f} s"]
     if result.predicted_chunk is not None:
         notes.append(f"step-time model: chunk {result.predicted_chunk} keeps a decode step under the ITL target")
     title = f"advise run {result.run_id}" if result.run_id is not None else "advise run (not stored)"

@@ -140,3 +140,38 @@ def test_the_curve_is_plain_json_in_the_agreed_shape():
                           "spread_rps", "decided_by"}
     assert {"rate_rps", "n_requests", "attainment", "goodput_rps", "seed", "duration_s",
             "per_class"} <= set(plain["probes"][0])
+
+
+def refine(attainment, coarse, settings: SearchSettings, seed: int = 0):
+    s = CapacitySearch(coarse.capacity_rps or 1.0, settings, prior=coarse.probes)
+    while (rate := s.next_rate()) is not None:
+        n = probe_requests(rate, settings)
+        a = attainment(rate, seed)
+        s.record(Probe(rate, n, a, a * rate, seed, n / rate, {"interactive": a}, {}))
+    return s, s.curve("c", "mixed")
+
+
+@pytest.mark.parametrize("edge", [0.21, 0.62, 1.7, 3.3])
+def test_a_refinement_bisects_on_from_the_coarse_bracket_and_stays_inside_its_interval(edge):
+    coarse = search(step_at(edge), 0.5, QUICK)
+    s, fine = refine(step_at(edge), coarse, FULL)
+    fresh = search(step_at(edge), coarse.capacity_rps, FULL)
+    assert fine.probes[:len(coarse.probes)] == coarse.probes        # the screen's probes are its own points
+    assert len(fine.probes) - len(coarse.probes) < len(fresh.probes)  # fewer new probes than starting afresh
+    low, high = answer_interval(coarse)
+    assert low <= fine.capacity_rps <= high and fine.spread_rps < coarse.spread_rps
+    assert fine.capacity_rps == fresh.capacity_rps                  # the same edge, to the fine resolution
+    # the budget counts its own probes only: a spent coarse budget does not stop the refinement
+    tight = SearchSettings(steps_per_octave=8, grow_steps=8, max_probes=2, time_budget_s=1e9)
+    s2, _ = refine(step_at(edge), coarse, tight)
+    assert len(s2.probes) - len(coarse.probes) <= 2
+
+
+def test_the_probe_span_lets_one_grid_step_over_the_capacity_build_a_ttft_of_backlog():
+    from homepd.advise.capacity import probe_span_s
+
+    for n, ttft in [(2, 4.0), (4, 4.0), (4, 10.0), (8, 4.0)]:
+        span = probe_span_s(ttft, n)
+        backlog = (2 ** (1 / n) - 1) * span  # seconds of work left over after ``span`` one step above
+        assert ttft <= backlog < ttft + (2 ** (1 / n) - 1)   # enough, and no more than a second longer
+    assert (probe_span_s(4.0, 2), probe_span_s(4.0, 4)) == (10.0, 22.0)

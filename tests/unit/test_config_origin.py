@@ -62,7 +62,7 @@ def test_any_candidate_of_a_run_is_applied_and_the_file_reproduces_it_and_names_
     assert notes == ["replicas-2 is not the recommended candidate (colocated-chunk-64)"]
     path = write_config_file(advice_values(7, candidate, values))
     config = parse()
-    assert (config.mode, config.chunk, config.adaptive_chunk, config.n_replicas) == (Mode.REPLICAS, 256, False, 2)
+    assert (config.mode, config.chunk, config.adaptive_chunk, config.n_replicas) == (Mode.REPLICAS, 256, True, 2)
     origin = config_origin(config)
     assert (origin.source, origin.run_id, origin.candidate) == (ConfigSource.ADVICE, 7, "replicas-2")
     assert origin.why == "applied advice from run 7 (candidate replicas-2)"

@@ -115,7 +115,7 @@ def test_advise_measures_the_fixed_chunks_the_adaptive_chunk_both_routings_and_r
     assert values["colocated-chunk-64"] == {"mode": Mode.COLOCATED, "chunk": 64, "adaptive_chunk": False}
     assert values["colocated-adaptive"] == {"mode": Mode.COLOCATED, "chunk": 256, "adaptive_chunk": True}
     assert values["disaggregated"]["local_prefill"] is False and values["disaggregated-routed"]["local_prefill"]
-    assert values["replicas-2"] == {"mode": Mode.REPLICAS, "chunk": 256, "adaptive_chunk": False, "n_replicas": 2}
+    assert values["replicas-2"] == {"mode": Mode.REPLICAS, "chunk": 256, "adaptive_chunk": True, "n_replicas": 2}
     assert [topology_for(m).recovery_victim(config) for m in Mode] == ["colocated", "decode", "replica-0"]
 
 

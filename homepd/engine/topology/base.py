@@ -102,7 +102,8 @@ class Topology:
 
     # advise and the app ---------------------------------------------------------------------------
     def advise_candidates(self, base: EngineConfig, plan, chunks: tuple[int | None, ...]) -> list[Candidate]:
-        """The configurations of this mode advise measures on a box with ``plan``."""
+        """The configurations of this mode advise measures on a box with ``plan``; the last is the mode's best
+        scheduler (the quick campaign measures only it)."""
         raise NotImplementedError
 
     def describe(self, config: EngineConfig) -> str:

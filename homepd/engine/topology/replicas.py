@@ -62,7 +62,8 @@ class Replicas(Topology):
 
     def advise_candidates(self, base, plan, chunks):
         part = self.plan_part(plan)
-        return [Candidate(f"replicas-{base.n_replicas}", Mode.REPLICAS, chunk=base.chunk,
+        # each replica runs the best colocated scheduler (the adaptive chunk)
+        return [Candidate(f"replicas-{base.n_replicas}", Mode.REPLICAS, chunk=base.chunk, adaptive_chunk=True,
                           n_replicas=base.n_replicas, feasible=part.feasible, reason=part.reason)]
 
 

@@ -23,6 +23,18 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
 
 
+def parse_duration_s(text: str, what: str = "a duration") -> float:
+    """``90s``, ``30m``, ``2h``, ``1d``, ``1w`` or plain seconds, as seconds (> 0); ``TraceError`` otherwise."""
+    m = _DURATION.match(text)
+    try:
+        value = float(m.group(1)) * _UNIT_S[m.group(2).lower()] if m else float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise TraceError(f"cannot read {what} {text!r}: give seconds or a duration (90s, 30m, 2h)")
+    return value
+
+
 def parse_since(text: str, now_unix_s: float) -> float:
     """SINCE as Unix seconds: a duration back from now (``90s``, ``30m``, ``2h``, ``1d``, ``1w``) or an ISO
     8601 time (``2026-12-01T09:00``; without a zone it is local time).  ``TraceError`` says what is accepted."""

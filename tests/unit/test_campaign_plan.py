@@ -1,0 +1,140 @@
+"""The campaign's plan, without an engine: which candidates the quick campaign measures, the time each search
+gets from the wall budget, which candidates the full campaign refines, and the probe verdict's throughput
+target (the box keeping up with the arrivals)."""
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+from homepd.advise.campaign import (FULL_SEARCH, PROBE_SHARE, AdviseSettings, Campaign, candidate_list)
+from homepd.advise.capacity import CapacityCurve, Probe
+from homepd.advise.probes import KEPT_UP, drain_allowance_s, probe_of
+from homepd.advise.recommend import Evidence
+from homepd.config import EngineConfig
+from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.modes import Mode
+from homepd.measure.metrics import SLO
+from homepd.measure.trace.model import TraceError
+from homepd.measure.trace.sources import parse_duration_s
+
+PLAN = types.SimpleNamespace(**{part: types.SimpleNamespace(feasible=True, reason="")
+                                for part in ("colocated", "disaggregated", "replicas")})
+BASE = EngineConfig(backend="fake", n_replicas=2, chunk=256)
+
+
+def test_quick_measures_the_best_scheduler_of_colocated_and_disaggregated_and_full_every_candidate():
+    quick = candidate_list(BASE, PLAN, AdviseSettings.quick_settings())
+    assert [c.name for c in quick] == ["colocated-adaptive", "disaggregated-routed"]
+    full = [c.name for c in candidate_list(BASE, PLAN, AdviseSettings())]
+    assert full == ["colocated-unchunked", "colocated-chunk-256", "colocated-adaptive", "disaggregated",
+                    "disaggregated-routed", "replicas-2"]
+    # --candidates still picks any of them, quick or not
+    only = candidate_list(BASE, PLAN, AdviseSettings.quick_settings(only=("replicas-2",)))
+    assert [c.name for c in only] == ["replicas-2"]
+
+
+def test_each_search_gets_its_share_of_the_time_left_and_its_probe_length_from_the_ttft_budget():
+    campaign = Campaign(BASE, AdviseSettings())
+    campaign._deadline, campaign._searches_left = time.monotonic() + 100.0, 4
+    got = campaign._budgeted(FULL_SEARCH)
+    assert 100 / 4 * PROBE_SHARE - 1 <= got.time_budget_s <= 100 / 4 * PROBE_SHARE
+    assert got.probe_s == 22.0                        # 4 s over one 2^(1/4) grid step
+    campaign._searches_left = 1                       # the last search: never more than its own budget
+    assert campaign._budgeted(FULL_SEARCH).time_budget_s == FULL_SEARCH.time_budget_s
+    campaign._deadline = None                         # no budget: the settings' own
+    assert campaign._budgeted(FULL_SEARCH).time_budget_s == FULL_SEARCH.time_budget_s
+    slow = Campaign(BASE, AdviseSettings(slo=SLO(ttft_ms=8000)))
+    assert slow._budgeted(FULL_SEARCH).probe_s == 43.0
+
+
+def curve(name: str, mix: str, capacity: float | None) -> CapacityCurve:
+    return CapacityCurve(name, mix, 0.9, 0.1, (), capacity, 0.2 if capacity else None, "x")
+
+
+def test_the_refinement_takes_each_architectures_best_on_each_mix_and_never_an_unexercised_one():
+    campaign = Campaign(BASE, AdviseSettings())
+    cands = candidate_list(BASE, PLAN, AdviseSettings())
+    campaign.capacity = {
+        ("colocated-chunk-256", "mixed"): curve("colocated-chunk-256", "mixed", 0.5),
+        ("colocated-adaptive", "mixed"): curve("colocated-adaptive", "mixed", 0.71),
+        ("disaggregated", "mixed"): curve("disaggregated", "mixed", 0.35),
+        ("disaggregated-routed", "mixed"): curve("disaggregated-routed", "mixed", 1.0),
+        ("replicas-2", "mixed"): curve("replicas-2", "mixed", None),
+        ("colocated-chunk-256", "short"): curve("colocated-chunk-256", "short", 2.0),
+        ("colocated-adaptive", "short"): curve("colocated-adaptive", "short", 1.41),
+        ("disaggregated-routed", "short"): curve("disaggregated-routed", "short", 4.0),
+        ("disaggregated", "short"): curve("disaggregated", "short", 1.0),
+    }
+    evidence = Evidence(cands, not_exercised={("disaggregated-routed", "short"): "no KV moved"})
+    got = campaign._contenders(cands, evidence)
+    assert got == {"colocated-adaptive": ("mixed",), "disaggregated-routed": ("mixed",), "replicas-2": ("mixed",),
+                   "colocated-chunk-256": ("short",), "disaggregated": ("short",)}
+
+
+def lifecycle(i: int, arrived: float, ended: float, klass: str = "interactive", n_prompt: int = 40) -> Lifecycle:
+    lc = Lifecycle(request_id=f"r{i}", arrived_s=arrived, request_class=klass, n_prompt_tokens=n_prompt)
+    lc.first_token_s = arrived + 0.2
+    lc.token_times_s = [arrived + 0.2 + 0.05 * k for k in range(10)]
+    lc.ended_s = ended
+    lc.state = RequestState.FINISHED
+    return lc
+
+
+def test_a_background_request_that_ends_past_the_drain_allowance_misses_the_throughput_target():
+    slo = SLO()
+    requests = [lifecycle(i, float(i), i + 0.7) for i in range(9)]
+    speeds = (200.0, 50.0)
+    allowance = drain_allowance_s(requests + [lifecycle(9, 2.0, 3.0, "background", 400)], slo, speeds)
+    assert allowance == pytest.approx(4.0 + 400 / 200 + 10 * 0.05)   # TTFT budget + the longest one alone
+    late = lifecycle(9, 2.0, 8.0 + allowance + 1.0, "background", 400)   # a backlog at the end of the probe
+    record = types.SimpleNamespace(requests=tuple(requests + [late]), summary=types.SimpleNamespace(goodput_per_s=1))
+    probe = probe_of(record, 1.0, 0, slo, speeds)
+    assert probe.attainment == 0.9 and probe.misses == {KEPT_UP: 1} and probe.per_class["background"] == 0.0
+    in_time = lifecycle(9, 2.0, 8.0 + allowance - 0.5, "background", 400)
+    ok = types.SimpleNamespace(requests=tuple(requests + [in_time]), summary=types.SimpleNamespace(goodput_per_s=1))
+    assert probe_of(ok, 1.0, 0, slo, speeds).attainment == 1.0
+    # without calibrated speeds there is no allowance to check against
+    assert probe_of(record, 1.0, 0, slo).attainment == 1.0
+    assert probe.duration_s == pytest.approx(late.ended_s - 0.0)     # the probe as it ran
+
+
+def test_budget_durations_are_read_with_units_and_bad_ones_named():
+    assert [parse_duration_s(t) for t in ("30m", "90s", "1h", "45", "2.5m")] == [1800, 90, 3600, 45, 150]
+    for bad in ("", "soon", "-5", "0", "inf", "3x"):
+        with pytest.raises(TraceError, match="--budget"):
+            parse_duration_s(bad, "--budget")
+
+
+def test_a_refined_search_keeps_the_screens_records_and_reports_the_record_at_its_capacity():
+    import asyncio
+
+    from homepd.advise.campaign import SCREEN_SEARCH
+    from homepd.advise.probes import search_capacity
+
+    edge = 0.8  # every request meets the SLO up to 0.8 req/s, one in five misses its TTFT above
+    ran: list[float] = []
+
+    async def run_probe(rate, n, seed):
+        ran.append(rate)
+        reqs = []
+        for i in range(n):
+            lc = lifecycle(i, i / rate, i / rate + 0.7)
+            if rate > edge and i % 5 == 0:
+                lc.first_token_s = lc.arrived_s + 9.0   # over the 4 s TTFT
+            reqs.append(lc)
+        return types.SimpleNamespace(requests=tuple(reqs), summary=types.SimpleNamespace(goodput_per_s=rate))
+
+    slo = SLO()
+    screen = asyncio.run(search_capacity("c", "mixed", 1.0, SCREEN_SEARCH, 0, slo, run_probe))
+    n_screen = len(ran)
+    # 1.0 failed, 0.5 passed; 0.71 would overrun the screen's 40 s of probing
+    assert ran == [1.0, 0.5] and screen.curve.capacity_rps == 0.5 and screen.curve.spread_rps == 0.5
+    fine = asyncio.run(search_capacity("c", "mixed", 1.0, FULL_SEARCH, 0, slo, run_probe,
+                                       prior=screen.curve.probes, prior_records=screen.records))
+    assert fine.curve.probes[:n_screen] == screen.curve.probes        # the screen's probes are its points
+    assert ran[n_screen:] == pytest.approx([2 ** -0.5, 2 ** -0.25])    # bisects on: 0.71 passes, 0.84 fails
+    assert fine.curve.capacity_rps == pytest.approx(2 ** -0.5) and fine.curve.spread_rps < 0.2
+    assert fine.record_at_capacity is fine.records[ran[n_screen]]
+    assert set(fine.records) == set(ran)                               # every probe's record, the screen's too
