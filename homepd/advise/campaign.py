@@ -16,7 +16,7 @@ still to run: each search's probes get ``PROBE_SHARE`` of its share (the rest is
 and a search stops when its share is spent, its answer saying how coarse it is (its first probe always runs).
 A faster box gets finer answers in the same time.
 
-**Quick:** the mixed trace, one repeat, the best scheduler of colocated and of disaggregated serving only (the
+**Quick:** the mixed trace (the full campaign's, so that their answers compare), one repeat, the best scheduler of colocated and of disaggregated serving only (the
 last candidate their topologies list: colocated-adaptive, disaggregated-routed), on a grid of 2 steps per octave (a
 factor 1.41).  **Full:** every candidate on every mix on that coarse grid first (the screen), then, per mix,
 each architecture's best is refined on the grid of 4 steps per octave (1.19) from the screen's bracket and
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from homepd.advise.capacity import CapacityCurve, SearchSettings, combine, probe_span_s, start_rate_rps
-from homepd.advise.probes import search_capacity
+from homepd.advise.probes import decided_failing, search_capacity
 from homepd.advise.exercised import not_exercised
 from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
@@ -104,8 +104,7 @@ class AdviseSettings:
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
         base = dict(quick=True, mixes=("mixed",), repeats=1, chunks=(None, CALIBRATION_CHUNK),
-                    search=QUICK_SEARCH, refine=None, wall_budget_s=QUICK_WALL_BUDGET_S, max_tokens=24,
-                    long_tokens=300, recovery=False)
+                    search=QUICK_SEARCH, refine=None, wall_budget_s=QUICK_WALL_BUDGET_S, recovery=False)
         base.update(kw)
         return cls(**base)
 
@@ -340,7 +339,8 @@ class Campaign:
         self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s (repeat {repeat + 1}/{s.repeats})")
         trace = self._trace(mix, n_requests, rate_rps, seed)
         record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,
-                                 sampler=self.sampler)
+                                 sampler=self.sampler,
+                                 stop_when=decided_failing(len(trace), self.slo, s.search.target_share))
         if self.store is not None:
             # why: one stored result per probe, its rate in the mix, so the history lists the curve
             self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", repeat, record,

@@ -2,15 +2,42 @@
 seeded trace replayed at its rate, and what each probe's run record says to the search."""
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from homepd.advise.capacity import CapacityCurve, CapacitySearch, Probe, SearchSettings, probe_requests
-from homepd.measure.metrics import SLO
+from homepd.core.lifecycle import RequestClass
+from homepd.measure.metrics import SLO, TokenTarget
 from homepd.measure.replay import RunRecord
 
 
 KEPT_UP = "the box keeps up (done within the drain allowance of the last arrival)"
+
+
+def decided_failing(n_planned: int, slo: SLO, target_share: float):
+    """A ``replay`` stop rule for a probe of ``n_planned`` requests: True once more of them have missed than
+    the target share allows, counting the ended ones that missed a target of their class and the running
+    interactive ones already past the TTFT budget without a first token or with a gap over the per-token
+    target (every-gap SLO).  Then the probe's outcome cannot change: the rest is time spent on nothing."""
+    allowed = n_planned - math.ceil(target_share * n_planned - 1e-9)
+
+    def doomed(lc, now_s: float) -> bool:
+        if lc.request_class is not RequestClass.INTERACTIVE:
+            return False
+        if lc.first_token_s is None:
+            return (now_s - lc.arrived_s) * 1e3 > slo.ttft_ms
+        gaps = lc.itl_s
+        return (slo.token_target is TokenTarget.EVERY_GAP and slo.itl_ms is not None and bool(gaps)
+                and max(gaps) * 1e3 > slo.itl_ms)
+
+    def stop(ended, running) -> bool:
+        now = time.monotonic()
+        misses = sum(1 for lc in ended if slo.miss(lc) is not None) + sum(1 for lc in running if doomed(lc, now))
+        return misses > allowed
+
+    return stop
 
 
 def drain_allowance_s(requests, slo: SLO, speeds: tuple[float | None, float | None]) -> float | None:
@@ -28,12 +55,13 @@ def drain_allowance_s(requests, slo: SLO, speeds: tuple[float | None, float | No
 
 
 def probe_of(record: RunRecord, rate_rps: float, seed: int, slo: SLO,
-             speeds: tuple[float | None, float | None] = (None, None)) -> Probe:
+             speeds: tuple[float | None, float | None] = (None, None), n_planned: int | None = None) -> Probe:
     """What a probe's run record tells the search: attainment (every SLO of each request's class, and the box
     keeping up: ``drain_allowance_s``), per class, goodput, and the failed requests by the target they missed
-    first."""
+    first.  ``n_planned``: the probe's requests, those never sent (stopped early: ``decided_failing``) counting
+as not met (and not as any target's miss: the ones that decided it are named)."""
     requests = record.requests
-    n = len(requests)
+    n = max(len(requests), n_planned or 0)
     per_class: dict[str, list[bool]] = {}
     misses: dict[str, int] = {}
     allowance = drain_allowance_s(requests, slo, speeds)
@@ -75,7 +103,7 @@ async def search_capacity(candidate: str, mix: str, start_rps: float, settings: 
     while (rate := search.next_rate()) is not None:
         record = await run_probe(rate, probe_requests(rate, settings), seed)
         records[rate] = record
-        search.record(probe_of(record, rate, seed, slo, speeds))
+        search.record(probe_of(record, rate, seed, slo, speeds, n_planned=probe_requests(rate, settings)))
     curve = search.curve(candidate, mix)
     at = curve.capacity_rps if curve.capacity_rps is not None else min(records, default=None)
     return SearchOutcome(curve, _record_at(records, at), records)

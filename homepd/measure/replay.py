@@ -91,8 +91,12 @@ class MonotonicClock:
         await asyncio.sleep(max(0.0, t_s - time.monotonic()))
 
 
-async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> list[Lifecycle]:
+async def replay(engine, trace, on_done=None, clock: Clock | None = None, stop_when=None) -> list[Lifecycle]:
     """Replay ``trace`` (a ``Trace`` or any sequence of trace requests); return the lifecycles in trace order.
+
+    ``stop_when(ended, running)`` (lifecycles), asked as each request ends: True stops the replay there — the
+    requests still running are cancelled and the rest never sent (left out of the result: a capacity probe
+    whose outcome is already decided).
 
     Open loop: each request is submitted at its arrival offset on ``clock`` (default: real time).  Closed
     loop (``trace.concurrency`` = N): N requests in flight, the next submitted as one finishes, in trace
@@ -107,6 +111,27 @@ async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> lis
     requests = list(trace)
     concurrency = getattr(trace, "concurrency", None)
     t0 = clock.now()
+    running: dict[int, object] = {}    # id(stream) -> stream, while it runs
+    ended: list[Lifecycle] = []
+    stop = asyncio.Event()
+
+    def check_stop() -> None:
+        if stop.is_set() or stop_when is None or not stop_when(ended, [st.lifecycle for st in running.values()]):
+            return
+        stop.set()
+        for stream in list(running.values()):
+            engine.cancel(stream.request_id)
+
+    async def wait_until(t_s: float) -> None:
+        """The clock's wait, cut short by a stop."""
+        if stop_when is None:
+            return await clock.sleep_until(t_s)
+        sleeper, stopper = asyncio.ensure_future(clock.sleep_until(t_s)), asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((sleeper, stopper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, stopper):
+                task.cancel()
 
     async def one(i, req):
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=getattr(req, "ignore_eos", False))
@@ -123,9 +148,15 @@ async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> lis
             lc.error = str(exc)
             lc.advance(RequestState.FAILED, time.monotonic())
             return lc
-        await stream.collect()
+        running[id(stream)] = stream
+        try:
+            await stream.collect()
+        finally:
+            running.pop(id(stream), None)
         if on_done:
             on_done(stream)
+        ended.append(stream.lifecycle)
+        check_stop()
         return stream.lifecycle
 
     lifecycles: list = [None] * len(requests)
@@ -133,15 +164,17 @@ async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> lis
     async def unit(indices: list[int], at_offset: bool):
         for k, i in enumerate(indices):
             if k:  # a later turn: its think time after the previous turn ended
-                await clock.sleep_until(clock.now() + getattr(requests[i], "think_s", 0.0))
+                await wait_until(clock.now() + getattr(requests[i], "think_s", 0.0))
             elif at_offset:
-                await clock.sleep_until(t0 + requests[i].arrival_s)
+                await wait_until(t0 + requests[i].arrival_s)
+            if stop.is_set():
+                return
             lifecycles[i] = await one(i, requests[i])
 
     units = conversations(requests)
     if not concurrency:
         await asyncio.gather(*(unit(u, True) for u in units))
-        return lifecycles
+        return [lc for lc in lifecycles if lc is not None]
     pending = iter(units)  # why: one iterator shared by the lanes hands out each unit once
 
     async def lane():
@@ -149,18 +182,18 @@ async def replay(engine, trace, on_done=None, clock: Clock | None = None) -> lis
             await unit(u, False)
 
     await asyncio.gather(*(lane() for _ in range(min(concurrency, len(units)))))
-    return lifecycles
+    return [lc for lc in lifecycles if lc is not None]
 
 
 async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = None, sampler=None,
-                    on_done=None, itl_target_ms: float | None = None) -> RunRecord:
-    """Replay ``trace`` on a started ``engine`` and assemble its ``RunRecord``."""
+                    on_done=None, itl_target_ms: float | None = None, stop_when=None) -> RunRecord:
+    """Replay ``trace`` on a started ``engine`` and assemble its ``RunRecord`` (``stop_when``: ``replay``)."""
     slo = slo or SLO()
     if sampler is not None:
         sampler.register_process(os.getpid(), "controller")
     events_before = len(engine.worker_events)
     t0 = time.monotonic()
-    records = await replay(engine, trace, on_done)
+    records = await replay(engine, trace, on_done, stop_when=stop_when)
     t1 = time.monotonic()
     steps = engine.steps_since(t0)
     memory, energy = (), {}

@@ -120,3 +120,32 @@ def test_a_small_chunk_bounds_the_stall(default_model_path):
     # every gap is one step with at most 32 prompt tokens: far below the prompt's whole prefill time
     assert max_itl_ms <= max(s.duration_ms for s in prefill) + 5
     assert max_itl_ms < whole_prompt_ms / 4
+
+
+def test_a_stop_rule_cancels_what_runs_and_never_sends_the_rest():
+    """A probe decided early: the stop rule fires when the first short request ends; the long one running
+    then is cancelled, and the one due 60 s later is never sent (the replay does not wait for it)."""
+    from homepd.core.lifecycle import RequestState
+    from homepd.measure.trace.model import TraceRequest
+
+    trace = [TraceRequest(0.0, prompt="one two three", max_tokens=2, ignore_eos=True),
+             TraceRequest(0.0, prompt="four five six", max_tokens=100_000, ignore_eos=True),
+             TraceRequest(60.0, prompt="seven eight", max_tokens=2, ignore_eos=True)]
+    asked = []
+
+    def stop_when(ended, running):
+        asked.append(([lc.request_id for lc in ended], [lc.request_id for lc in running]))
+        return True
+
+    async def scenario():
+        async with make_engine(EngineConfig(backend="fake", n_ctx=200_000)) as engine:
+            t0 = time.monotonic()
+            records = await asyncio.wait_for(replay(engine, trace, stop_when=stop_when), timeout=50)
+            return records, time.monotonic() - t0
+
+    records, _ = run(scenario())
+    assert len(records) == 2                     # the third never sent
+    short, long_ = records
+    assert short.state is RequestState.FINISHED and len(short.token_times_s) == 2
+    assert long_.state is RequestState.CANCELLED and len(long_.token_times_s) < 100_000
+    assert asked[0] == ([short.request_id], [long_.request_id])   # asked as the first ended, the long running

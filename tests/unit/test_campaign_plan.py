@@ -138,3 +138,27 @@ def test_a_refined_search_keeps_the_screens_records_and_reports_the_record_at_it
     assert fine.curve.capacity_rps == pytest.approx(2 ** -0.5) and fine.curve.spread_rps < 0.2
     assert fine.record_at_capacity is fine.records[ran[n_screen]]
     assert set(fine.records) == set(ran)                               # every probe's record, the screen's too
+
+
+def test_a_probe_is_stopped_once_more_requests_missed_than_the_target_allows_and_the_unsent_count_as_misses():
+    from homepd.advise.probes import decided_failing
+
+    slo = SLO()
+    stop = decided_failing(10, slo, 0.9)           # 9 of 10 must meet: one miss is allowed
+    now = time.monotonic()
+    good = [lifecycle(i, now - 5, now - 4) for i in range(3)]
+    late = lifecycle(3, now - 20, now - 1)
+    late.first_token_s = late.arrived_s + 9.0      # its TTFT missed
+    assert not stop(good + [late], [])
+    waiting = Lifecycle(request_id="w", arrived_s=now - 6.0)        # interactive, no first token after 6 s
+    assert stop(good + [late], [waiting])
+    stalled = lifecycle(5, now - 2, now)
+    stalled.ended_s, stalled.state = None, RequestState.PREFILLING
+    stalled.token_times_s = [now - 1.5, now - 1.3, now - 1.0]       # a 300 ms gap so far: it will miss
+    assert stop(good + [late], [stalled])
+    background = Lifecycle(request_id="b", arrived_s=now - 60.0, request_class="background")
+    assert not stop(good + [late], [background])                    # 2 minutes to its first token
+    # the probe's verdict counts what was never sent as missed
+    record = types.SimpleNamespace(requests=tuple(good + [late]), summary=types.SimpleNamespace(goodput_per_s=1))
+    probe = probe_of(record, 1.0, 0, slo, n_planned=10)
+    assert probe.n_requests == 10 and probe.attainment == 0.3 and probe.misses == {"interactive TTFT <= 4 s": 1}
