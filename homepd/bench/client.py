@@ -51,6 +51,8 @@ class HttpTarget:
     # prompt then differs from its first token, so no server serves one from an earlier probe's cached KV
     unique_tag: str | None = None
     timeout_s: float = 600.0
+    clock: object | None = None       # the replay's Clock (its now()); None: time.monotonic
+    transport: httpx.AsyncBaseTransport | None = None  # None: the network (tests pass an in-process server)
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
     _ids: itertools.count = field(default_factory=itertools.count, repr=False)
 
@@ -66,7 +68,8 @@ class HttpTarget:
         # server's queue from the TTFT)
         self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers,
                                          limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-                                         timeout=httpx.Timeout(self.timeout_s, connect=10.0))
+                                         timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                                         transport=self.transport)
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -101,31 +104,34 @@ class HttpTarget:
             path, body = "/v1/chat/completions", {**common, "messages": messages}
         else:
             path, body = "/v1/completions", {**common, "prompt": tag + (prompt or "")}
-        lc = Lifecycle(request_id=f"bench-{index}", arrived_s=time.monotonic(), request_class=klass)
+        lc = Lifecycle(request_id=f"bench-{index}", arrived_s=self.now(), request_class=klass)
         return ChatStream(self, path, body, lc)
+
+    def now(self) -> float:
+        return self.clock.now() if self.clock is not None else time.monotonic()
 
     async def stream(self, path: str, body: dict, lc: Lifecycle) -> None:
         """Send one request and time its chunks into ``lc`` (see the module docstring)."""
-        lc.arrived_s = time.monotonic()
+        lc.arrived_s = self.now()
         lc.advance(RequestState.PREFILLING, lc.arrived_s)
         headers = {CLASS_HEADER: lc.request_class.value}
         try:
             async with self._client.stream("POST", path, json=body, headers=headers) as r:
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
-                    return _fail(lc, f"HTTP {r.status_code}: {text[:ERROR_CHARS]}")
+                    return _fail(lc, f"HTTP {r.status_code}: {text[:ERROR_CHARS]}", self.now())
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    _chunk(lc, json.loads(data), time.monotonic())
+                    _chunk(lc, json.loads(data), self.now())
         except (httpx.HTTPError, ValueError) as exc:
-            return _fail(lc, f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
+            return _fail(lc, f"{type(exc).__name__}: {exc}"[:ERROR_CHARS], self.now())
         if lc.first_token_s is None:
-            return _fail(lc, "the stream ended without any text")
-        lc.advance(RequestState.FINISHED, time.monotonic())
+            return _fail(lc, "the stream ended without any text", self.now())
+        lc.advance(RequestState.FINISHED, self.now())
 
 
 def _chunk(lc: Lifecycle, chunk: dict, now_s: float) -> None:
@@ -151,6 +157,6 @@ def _chunk(lc: Lifecycle, chunk: dict, now_s: float) -> None:
             lc.finish_reason = FinishReason(reason)
 
 
-def _fail(lc: Lifecycle, error: str) -> None:
+def _fail(lc: Lifecycle, error: str, now_s: float) -> None:
     lc.error = error
-    lc.advance(RequestState.FAILED, time.monotonic())
+    lc.advance(RequestState.FAILED, now_s)

@@ -98,12 +98,14 @@ ProbeListener = Callable[[str, dict], None]
 
 
 async def bench_server(server: Server, settings: BenchSettings, store=None, run_id: int | None = None,
-                       on_probe: ProbeListener | None = None) -> dict:
-    """Measure one server; return its ``target_result`` (each probe stored as a result when ``store``)."""
+                       on_probe: ProbeListener | None = None, clock=None, transport=None) -> dict:
+    """Measure one server; return its ``target_result`` (each probe stored as a result when ``store``).
+    ``clock`` (a replay ``Clock``) and ``transport`` (an httpx transport): tests run a server in process on
+    virtual time; by default real time and the network."""
     s, mix = settings, settings.mix_name
-    async with HttpTarget(server.url, api_key=s.api_key) as http:
+    async with HttpTarget(server.url, api_key=s.api_key, clock=clock, transport=transport) as http:
         http.model = s.model_name or await http.served_model()
-        warm = await replay(http, s.trace(1.0, 1, s.seed - 1))
+        warm = await replay(http, s.trace(1.0, 1, s.seed - 1), clock=clock)
         if warm[0].error:
             raise ConfigError(f"{server.name}: the warm-up request failed: {warm[0].error}")
         figures: list[dict] = []
@@ -113,7 +115,7 @@ async def bench_server(server: Server, settings: BenchSettings, store=None, run_
             # documents again from its cache; every probe gets its own (the same for every server)
             seed = s.seed * 1000 + index
             http.unique_tag = f"{server.name} probe {index}" if s.unique_prefix else None
-            lifecycles = await replay(http, s.trace(rate_rps, n_requests, seed))
+            lifecycles = await replay(http, s.trace(rate_rps, n_requests, seed), clock=clock)
             record = client_record(lifecycles, f"{mix}@{rate_rps:.3g}/s", s.slo,
                                    {"url": server.url, "model": http.model})
             if store is not None:
@@ -151,15 +153,16 @@ def _start_rate(warm, s: BenchSettings) -> float:
 
 
 async def bench_servers(servers: list[Server], settings: BenchSettings, store=None,
-                        on_probe: ProbeListener | None = None) -> tuple[int | None, list[dict]]:
+                        on_probe: ProbeListener | None = None, **in_process) -> tuple[int | None, list[dict]]:
     """Every server one after another; with ``store``, one ``bench-slo`` run holding every probe and, as its
-    recommendation, the table's data.  Returns (run id or None, the servers' results)."""
+    recommendation, the table's data.  Returns (run id or None, the servers' results).  ``in_process``:
+    ``bench_server``'s ``clock`` and ``transport`` (tests)."""
     config = {"servers": [dataclasses.asdict(sv) for sv in servers], "slo": to_plain(settings.slo),
               "model_name": settings.model_name}
     if store is None:
-        return None, [await bench_server(sv, settings, on_probe=on_probe) for sv in servers]
+        return None, [await bench_server(sv, settings, on_probe=on_probe, **in_process) for sv in servers]
     with store.recording(KIND, config, trace=settings.describe()) as run_id:
-        results = [await bench_server(sv, settings, store, run_id, on_probe) for sv in servers]
+        results = [await bench_server(sv, settings, store, run_id, on_probe, **in_process) for sv in servers]
         store.add_recommendation(run_id, {"headline": headline(results), "slo": settings.slo.describe(),
                                           "servers": results}, headline=headline(results))
     return run_id, results
