@@ -148,7 +148,7 @@ def test_the_export_carries_the_trace_and_the_benchmark_with_the_slo_as_each_too
     assert "homepd bench slo --url http://127.0.0.1:8000" in files["README.md"]
     assert "smollm2-135m-instruct-q4_1" in files["README.md"] and "0.5 GB/s" in files["README.md"]
     sglang = bench_commands(plan_from_run(run), ExportEngine.SGLANG, "http://127.0.0.1:30000")
-    assert "--dataset-path trace-sglang.jsonl" in sglang[0]
+    assert "--dataset-path trace-sglang.jsonl" in sglang[0] and "--goodput ttft:4000 tpot:100" in sglang[0]
     assert "--slo-ttft-ms 4000 --slo-itl-ms 100 --slo-token gap" in sglang[1]
 
 
