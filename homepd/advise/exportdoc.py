@@ -100,8 +100,10 @@ def readme(plan: ExportPlan, rec: Recipe, rows: list[TwoBoxProjection]) -> str:
               "them they fall back to TCP, where vLLM reports about 0.5 GB/s (not measured by homepd) — check the handoff time before "
               "trusting a disaggregated recipe on ordinary Ethernet.",
               "* the hardware: the capacity above is this box's; the benchmark below checks the new one.",
-              "* flag spellings: checked against the engines' documentation and examples, not run here "
-              "(homepd does not install those engines).", "",
+              "* flag spellings: checked when this export was written against vLLM 0.33's and SGLang 0.5.23's "
+              "argument definitions, sglang-router 0.3.2's parser and the llama-server of the llama.cpp homepd "
+              "vendors; llm-d's plugin names against its scheduler's examples. Newer releases may rename "
+              "them; nothing here was started by homepd.", "",
               "## One box or two", "", two_box_answer(plan, rows), "",
               "## Check it on the new hardware", "",
               f"The mixed trace of the campaign at the capacity rate ({TRACE_REQUESTS} requests, EOS ignored, seed "
