@@ -184,6 +184,19 @@ async def run_all(configs, args, log_dir: Path) -> list[dict]:
     return results
 
 
+def recipe_config(run: str, db: str | None) -> ServerConfig:
+    """llama-server with the flags ``homepd advise export RUN --engine llama-server`` writes (one replica)."""
+    import dataclasses
+
+    from homepd.advise.export import llama_server_args, plan_from_run
+    from homepd.store import Store
+
+    with Store.open(db, create=False) as store:
+        plan = plan_from_run(store.get_run(store.resolve_run(run), timelines=True))
+    return ServerConfig("llama-server-recipe", "llama-server",
+                        tuple(llama_server_args(dataclasses.replace(plan, n_replicas=None))))
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "merge":
         return merge([Path(p) for p in sys.argv[2:]])
@@ -205,12 +218,18 @@ def main() -> None:
     ap.add_argument("--classes", action="store_true", help="send long documents as background (else all "
                                                            "interactive, as the capacity figure asks)")
     ap.add_argument("--db", default=None, help="also store the results as one bench-slo run in this database")
+    ap.add_argument("--recipe-run", default=None, metavar="RUN",
+                    help="also measure llama-server started with `homepd advise export RUN --engine llama-server`'s "
+                         "flags (RUN in --recipe-db), as the config llama-server-recipe")
+    ap.add_argument("--recipe-db", default=None, help="the database of --recipe-run (default: homepd's)")
     ap.add_argument("-o", "--output", type=Path, default=None)
     args = ap.parse_args()
     args.rates = [float(x) for x in args.rates.split(",")]
     if args.model is None:
         args.model = str(resolve_model(DEFAULT_MODEL_NAME))
     configs = server_configs(args.threads, args.parallel, args.n_ctx)
+    if args.recipe_run is not None:
+        configs.append(recipe_config(args.recipe_run, args.recipe_db))
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {c.name for c in configs}
