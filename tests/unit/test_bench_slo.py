@@ -225,3 +225,19 @@ def test_the_capacity_of_fixed_rates_is_the_highest_pass_below_the_lowest_failur
 def test_bad_bench_slo_flags_are_refused_naming_the_flag(argv, words, capsys):
     assert main(["bench", "slo", "--no-store", *argv]) == 1
     assert words in capsys.readouterr().err
+
+
+def test_a_trace_file_is_replayed_at_the_probe_s_rate_with_the_server_s_own_prompts(tmp_path):
+    from homepd.advise.traffic import file_source
+    from homepd.measure.trace import make_trace, write_trace
+
+    write_trace(make_trace("rag", 3, 1.0, max_tokens=4, seed=3), tmp_path / "t.jsonl")
+    clock = FakeClock()
+    server = VirtualServer(clock, gap_per_stream_s=0.001)
+    settings = BenchSettings(slo=SLO(), source=file_source(tmp_path / "t.jsonl"), rates=(8.0,), n_requests=10)
+    result = on(clock, bench_server(Server("virtual", "http://box"), settings, clock=clock,
+                                    transport=server.transport()))
+    (probe,) = result["probes"]
+    assert (result["mix"], probe["n_requests"], probe["attainment"]) == ("trace", 10, 1.0)
+    # the warm-up and the ten requests: the file's three requests repeated, each with its max_tokens
+    assert len(server.requests) == 11 and {b["max_tokens"] for _, b, _ in server.requests} == {4}
