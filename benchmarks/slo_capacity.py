@@ -188,7 +188,8 @@ def recipe_config(run: str, db: str | None) -> ServerConfig:
     """llama-server with the flags ``homepd advise export RUN --engine llama-server`` writes (one replica)."""
     import dataclasses
 
-    from homepd.advise.export import llama_server_args, plan_from_run
+    from homepd.advise.export import plan_from_run
+    from homepd.advise.recipes import llama_server_args
     from homepd.store import Store
 
     with Store.open(db, create=False) as store:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from homepd.advise.export import ExportEngine, ExportPlan, Recipe, llama_server_args, recipe
+from homepd.advise.export import ExportEngine, ExportPlan
+from homepd.advise.recipes import Recipe, llama_server_args, recipe
 from homepd.advise.pictures import projections, runs_from_stored
 from homepd.advise.twobox import TwoBoxProjection
 from homepd.core.modes import Mode
@@ -97,7 +98,8 @@ def readme(plan: ExportPlan, rec: Recipe, rows: list[TwoBoxProjection]) -> str:
               "(or a directory). Set `MODEL_ID` to the same model at the precision you want; a different "
               "quantisation changes every figure.",
               "* the KV transfer: NIXL (vLLM) and NIXL/Mooncake (SGLang) are fast over RDMA or NVLink; without "
-              "them they fall back to TCP, where vLLM reports about 0.5 GB/s (not measured by homepd) — check the handoff time before "
+              "them they fall back to TCP, where vLLM reports about 0.5 GB/s (not measured by homepd) — check "
+              "the handoff time before "
               "trusting a disaggregated recipe on ordinary Ethernet.",
               "* the hardware: the capacity above is this box's; the benchmark below checks the new one.",
               "* flag spellings: checked when this export was written against vLLM 0.33's and SGLang 0.5.23's "

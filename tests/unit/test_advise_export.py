@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from homepd.advise.export import ExportEngine, plan_from_run, recipe, route_threshold
+from homepd.advise.export import ExportEngine, plan_from_run, route_threshold
+from homepd.advise.recipes import recipe
 from homepd.advise.exportdoc import bench_commands, export_files, two_box_answer
 from homepd.advise.twobox import LinkProjection, TwoBoxProjection
 from homepd.core.modes import Mode
