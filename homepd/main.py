@@ -17,7 +17,7 @@ from homepd.errors import HomepdError
 # dependencies), so one that fails to import is a broken install or a bug, never a face to skip
 COMMAND_MODULES = ("homepd.advise.command", "homepd.tui.command", "homepd.serve.command", "homepd.cli.history",
                    "homepd.cli.run", "homepd.cli.trace", "homepd.cli.probe", "homepd.cli.models",
-                   "homepd.cli.bench")
+                   "homepd.bench.command")
 
 
 class FaceImportError(ImportError):

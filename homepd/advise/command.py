@@ -59,6 +59,16 @@ def register(subparsers) -> None:
                                                        "user's config file)")
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     a.set_defaults(func=_apply)
+    x = actions.add_parser("export", help="write launch recipes reproducing a recommendation on llama-server, "
+                                          "vLLM, SGLang or llm-d, with the trace and benchmark to check it")
+    x.add_argument("run", nargs="?", default="last", help="advise run id (default: the last one)")
+    x.add_argument("--engine", required=True, choices=["llama-server", "vllm", "sglang", "llm-d"])
+    x.add_argument("--candidate", default=None, metavar="NAME", help="export this measured candidate instead "
+                                                                     "of the recommended one")
+    x.add_argument("-o", "--output", default=None, metavar="DIR",
+                   help="directory to write (default: ./homepd-export-RUN-ENGINE)")
+    x.add_argument("--db", default=None)
+    x.set_defaults(func=_export)
 
 
 def _settings(args, base) -> AdviseSettings:
@@ -165,6 +175,36 @@ def _write_images(result, json_path: Path) -> list[Path]:
     except Exception as exc:  # why: the result is written already; a plot problem must not turn it into a failure
         print(f"homepd advise: could not draw the pictures: {type(exc).__name__}: {exc}", file=sys.stderr)
         return []
+
+
+def _export(args) -> int:
+    from homepd.advise.export import plan_from_run
+    from homepd.advise.exportdoc import export_files, write_export
+    from homepd.store import Store
+
+    with Store.open(args.db, create=False) as store:
+        run_id = store.resolve_run(args.run)
+        run = store.get_run(run_id, timelines=True)  # why timelines: the routing threshold and the projection
+    plan = _with_model_path(plan_from_run(run, args.candidate))
+    out = Path(args.output or f"homepd-export-{run_id}-{args.engine}")
+    try:
+        paths = write_export(export_files(run, plan, args.engine), out)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the export to {out}: {exc.strerror or exc}") from None
+    print(f"run {run_id}: {plan.candidate} as {args.engine} recipes in {out}/: "
+          + ", ".join(p.name for p in paths))
+    return 0
+
+
+def _with_model_path(plan):
+    """The plan with its catalog model as the GGUF's path where it is here (llama-server loads a path)."""
+    from homepd.errors import HomepdError
+    from homepd.models.resolve import resolve_model
+
+    try:
+        return dataclasses.replace(plan, model=str(resolve_model(plan.model, pull=False, progress=False)))
+    except (HomepdError, OSError, ValueError):  # why: not pulled here; the README names the catalog model
+        return plan
 
 
 def _apply(args) -> int:

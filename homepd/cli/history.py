@@ -15,6 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from homepd.advise.slobench import KIND as BENCH_SLO_KIND
 from homepd.errors import HomepdError
 from homepd.hw.probe import fmt_bytes
 
@@ -150,13 +151,13 @@ def render_list(runs: list[dict], where: str) -> str:
     """The ``homepd history`` table."""
     if not runs:
         return f"no runs recorded in {where}"
-    lines = [f"{'id':>4}  {'kind':<8}{'started':<21}{'status':<12}{'took':>7}  {'candidates':<32}recommendation"]
+    lines = [f"{'id':>4}  {'kind':<10}{'started':<21}{'status':<12}{'took':>7}  {'candidates':<32}recommendation"]
     for r in runs:
         names = r["candidates"]
         cands = f"{len(names)}: {', '.join(names)}" if names else "-"
         if len(cands) > 30:
             cands = cands[:29] + "…"
-        lines.append(f"{r['id']:>4}  {r['kind']:<8}{_when(r['started_at']):<21}{r['status']:<12}"
+        lines.append(f"{r['id']:>4}  {r['kind']:<10}{_when(r['started_at']):<21}{r['status']:<12}"
                      f"{_took(r['started_at'], r['ended_at']):>7}  {cands:<32}{r['recommendation'] or '-'}")
     lines.append(f"({where}; `homepd history show RUN` for one)")
     return "\n".join(lines)
@@ -244,6 +245,9 @@ def render_run(run: dict) -> str:
     else:
         rec = run["recommendations"][-1]
         data = rec["data"] if isinstance(rec["data"], dict) else {}
+        if run["kind"] == BENCH_SLO_KIND and isinstance(data.get("servers"), list):
+            from homepd.advise.slobench import render_table  # a bench-slo run: its capacity table and curves
+            return "\n".join([*lines, render_table(data["servers"], data.get("slo") or "")])
         lines.append(f"recommendation: {rec['headline'] or '(no headline)'}")
         scalars = {k: v for k, v in data.items() if k != "headline" and isinstance(v, (str, int, float, bool))}
         lines += [f"  {k}: {v}" for k, v in scalars.items()]

@@ -26,7 +26,7 @@ PACKAGE = REPO / "homepd"
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 # library -> the one package or module allowed to import it (an owner not written yet must be the
-# only importer once it appears)
+# only importer once it appears); httpx: one client module in each face that is an HTTP client
 OWNERS = {
     "llama_cpp": "homepd.llm",
     "pynvml": "homepd.hw",
@@ -39,7 +39,8 @@ OWNERS = {
     "uvicorn": "homepd.serve",
     "prometheus_client": "homepd.serve",
     "sdnotify": "homepd.serve",
-    "httpx": "homepd.tui",  # the app's remote source (the service itself is served by uvicorn)
+    # the app's remote source and bench slo's client (the service itself is served by uvicorn)
+    "httpx": ("homepd.tui.sources.remote", "homepd.bench.client"),
     "textual_plotext": "homepd.tui",
     "plotext": "homepd.tui",
     "matplotlib": "homepd.advise.figure",
@@ -152,7 +153,9 @@ def importers() -> dict[str, frozenset[str]]:
     return {library: frozenset(modules) for library, modules in by_library.items()}
 
 
-def owns(owner: str, module: str) -> bool:
+def owns(owner: str | tuple[str, ...], module: str) -> bool:
+    if isinstance(owner, tuple):
+        return any(owns(o, module) for o in owner)
     return module == owner or module.startswith(owner + ".")
 
 
