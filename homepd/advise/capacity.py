@@ -217,6 +217,21 @@ def _resolution(rate: float | None, s: SearchSettings) -> float:
     return (rate or 1.0) * (2 ** (1 / s.steps_per_octave) - 1)
 
 
+def curve_at_rates(candidate: str, mix: str, probes: list[Probe], target_share: float) -> CapacityCurve:
+    """The curve of probes at given rates (not searched: ``bench slo --rates``), by the search's rule: the
+    capacity is the highest passing rate below the lowest failing one; the spread, the bracket up to that
+    failing rate; the resolution, the closest two rates."""
+    fails = sorted(p.rate_rps for p in probes if not _passes(p, target_share))
+    failing = fails[0] if fails else None
+    passing = [p.rate_rps for p in probes if _passes(p, target_share) and (failing is None or p.rate_rps < failing)]
+    capacity = max(passing) if passing else None
+    spread = failing - capacity if capacity is not None and failing is not None else None
+    rates = sorted(p.rate_rps for p in probes)
+    step = min((b - a for a, b in zip(rates, rates[1:])), default=0.0)
+    return CapacityCurve(candidate, mix, target_share, step, tuple(probes), capacity, spread,
+                         _decided_by(probes, target_share, capacity, failing))
+
+
 def _decided_by(probes, target_share: float, capacity: float | None, failing: float | None) -> str:
     if not probes:
         return "not measured"

@@ -8,7 +8,7 @@ candidate.  Everything stored is plain data (``target_result``), so the history 
 """
 from __future__ import annotations
 
-from homepd.advise.capacity import CapacityCurve, Probe
+from homepd.advise.capacity import CapacityCurve, Probe, curve_at_rates
 from homepd.advise.probes import probe_of
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.stats import percentile
@@ -17,10 +17,6 @@ from homepd.measure.replay import RunRecord
 
 KIND = "bench-slo"                      # the store's run kind
 CLIENT_MODE = "http-client"             # RunRecord.mode of a probe measured over HTTP
-
-
-def _passes(p: Probe, target_share: float) -> bool:
-    return p.attainment >= target_share - 1e-12  # why: the search's own rule (capacity.py), float-safe
 
 
 def client_record(lifecycles: list[Lifecycle], trace_name: str, slo: SLO, config: dict) -> RunRecord:
@@ -47,27 +43,8 @@ def probe_figures(record: RunRecord, rate_rps: float, seed: int, slo: SLO) -> tu
 
 
 def fixed_rate_curve(candidate: str, mix: str, probes: list[Probe], target_share: float) -> CapacityCurve:
-    """The curve of probes at given rates (``--rates``), by the search's rule: the capacity is the highest
-    passing rate below the lowest failing one; the spread the bracket up to that failing rate."""
-    fails = sorted(p.rate_rps for p in probes if not _passes(p, target_share))
-    low_fail = fails[0] if fails else None
-    passing = [p.rate_rps for p in probes if _passes(p, target_share) and (low_fail is None or p.rate_rps < low_fail)]
-    capacity = max(passing) if passing else None
-    spread = low_fail - capacity if capacity is not None and low_fail is not None else None
-    misses: dict[str, int] = {}
-    for p in probes:
-        if not _passes(p, target_share):
-            for what, n in p.misses.items():
-                misses[what] = misses.get(what, 0) + n
-    if not probes:
-        decided = "not measured"
-    elif low_fail is None:
-        decided = f"nothing failed up to {max(p.rate_rps for p in probes):.3g} req/s (the capacity is at least that)"
-    else:
-        decided = max(misses.items(), key=lambda kv: kv[1])[0] if misses else "attainment under the target share"
-    rates = sorted(p.rate_rps for p in probes)
-    step = min((b - a for a, b in zip(rates, rates[1:])), default=0.0)
-    return CapacityCurve(candidate, mix, target_share, step, tuple(probes), capacity, spread, decided)
+    """The curve of probes at given rates (``--rates``): ``capacity.curve_at_rates``."""
+    return curve_at_rates(candidate, mix, probes, target_share)
 
 
 def target_result(name: str, url: str, model: str, curve: CapacityCurve, figures: list[dict]) -> dict:
