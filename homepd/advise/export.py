@@ -40,6 +40,9 @@ class ExportPlan:
     mode: Mode
     chunk: int | None                # prompt tokens per step (None: unchunked); adaptive: the largest
     adaptive_chunk: bool
+    # adaptive: the fixed chunk the run's step-time model predicted for the ITL target (None: not predicted,
+    # e.g. a quick run): what an engine with a fixed batch gets instead of the adaptive one
+    itl_chunk: int | None
     n_replicas: int | None
     local_prefill: bool              # disaggregated: learned routing of short prompts to the decode worker
     n_ctx: int
@@ -81,7 +84,7 @@ def plan_from_run(run: dict, candidate: str | None = None) -> ExportPlan:
         None, "not disaggregated: no prefill/decode routing to carry over")
     return ExportPlan(
         run_id=int(run.get("id") or 0), candidate=chosen.name, mode=chosen.mode, chunk=chosen.chunk,
-        adaptive_chunk=chosen.adaptive_chunk, n_replicas=chosen.n_replicas, local_prefill=chosen.local_prefill,
+        adaptive_chunk=chosen.adaptive_chunk, itl_chunk=_predicted_chunk(rec), n_replicas=chosen.n_replicas, local_prefill=chosen.local_prefill,
         n_ctx=int(base.get("n_ctx") or 4096), n_seq_max=int(base.get("n_seq_max") or 8),
         n_threads=base.get("n_threads") or ((run.get("hardware") or {}).get("cpu") or {}).get("physical_cores"),
         model=str(base.get("model") or ""), prefix_cache=bool(base.get("prefix_cache", True)),
@@ -91,6 +94,12 @@ def plan_from_run(run: dict, candidate: str | None = None) -> ExportPlan:
         route_threshold_tokens=threshold, route_threshold_why=why,
         max_tokens=int(settings.get("max_tokens") or 32), long_tokens=int(settings.get("long_tokens") or 400),
         seed=int(settings.get("seed") or 0))
+
+
+def _predicted_chunk(rec: dict) -> int | None:
+    """The chunk the campaign's step-time model predicted for the ITL target (its extra fixed-chunk candidate)."""
+    return next((c.chunk for c in stored_candidates(rec) if c.reason.startswith("predicted by the step-time model")),
+                None)
 
 
 def _curve(rec: dict, candidate: str) -> dict | None:

@@ -38,11 +38,18 @@ def _cmd(*words) -> str:
     return " ".join(shlex.quote(str(w)) if not str(w).startswith("$") else f'"{w}"' for w in words if w != "")
 
 
+def fixed_chunk(plan: ExportPlan) -> int | None:
+    """The batch an engine without an adaptive step budget gets: the ITL-safe chunk the run predicted when the
+    plan is adaptive (its largest chunk would stall decodes behind long prompts), else the plan's chunk."""
+    return plan.itl_chunk if plan.adaptive_chunk and plan.itl_chunk else plan.chunk
+
+
 def llama_server_args(plan: ExportPlan) -> list[str]:
     """The llama-server flags of the plan (one server; replicas get one each)."""
     args = ["-c", plan.n_ctx, "-np", plan.n_seq_max]
-    if plan.chunk is not None:
-        args += ["-b", plan.chunk, "-ub", plan.chunk]
+    chunk = fixed_chunk(plan)
+    if chunk is not None:
+        args += ["-b", chunk, "-ub", chunk]
     if plan.n_threads:
         threads = max(1, plan.n_threads // (plan.n_replicas or 1))
         args += ["-t", threads, "-tb", threads]
@@ -67,7 +74,10 @@ def llama_server(plan: ExportPlan) -> Recipe:
                      "the recommended chunk; use vLLM or SGLang for disaggregation across GPUs")
     if plan.adaptive_chunk:
         notes.append(f"homepd adapted each step's prompt budget to the ITL target, up to {plan.chunk}; "
-                     "llama-server's batch is fixed: -b/-ub are that largest chunk")
+                     "llama-server's batch is fixed: -b/-ub are " + (
+                         f"{plan.itl_chunk}, the chunk homepd's step-time model predicted for the ITL target "
+                         "on this box" if plan.itl_chunk else "that largest chunk (this run predicted no "
+                                                               "ITL-safe chunk: a full advise does)"))
     return Recipe(ExportEngine.LLAMA_SERVER, {"launch.sh": _sh(*lines)}, tuple(notes), "http://127.0.0.1:8080")
 
 

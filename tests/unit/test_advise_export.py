@@ -93,6 +93,20 @@ def test_llama_server_gets_the_chunk_as_its_batch_and_the_plan_s_slots_context_t
     assert "--port 8080" in replicas and "--port 8081" in replicas and "-t 2 -tb 2" in replicas
 
 
+def test_an_adaptive_plan_gives_llama_server_the_itl_safe_chunk_the_run_predicted_else_its_largest():
+    adaptive = {"name": "colocated-adaptive", "mode": "colocated", "chunk": 256, "adaptive_chunk": True}
+    predicted = {"name": "colocated-chunk-16", "mode": "colocated", "chunk": 16,
+                 "reason": "predicted by the step-time model for ITL <= 100 ms"}
+    run = stored_run()
+    rec = run["recommendations"][0]["data"]
+    rec["candidates"] = [*CANDIDATES, predicted, adaptive]
+    got = recipe(plan_from_run(run, "colocated-adaptive"), "llama-server")
+    assert "-b 16 -ub 16" in got.files["launch.sh"] and any("predicted for the ITL target" in n for n in got.notes)
+    rec["candidates"] = [*CANDIDATES, adaptive]           # a quick run predicts none: the largest chunk
+    got = recipe(plan_from_run(run, "colocated-adaptive"), "llama-server")
+    assert "-b 256 -ub 256" in got.files["launch.sh"] and any("a full advise does" in n for n in got.notes)
+
+
 def test_vllm_disaggregated_is_two_nixl_kv_both_servers_with_side_channel_ports_and_the_proxy():
     plan = plan_from_run(stored_run("disaggregated-routed"))
     text = recipe(plan, "vllm").files["launch.sh"]
