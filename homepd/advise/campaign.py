@@ -19,8 +19,8 @@ A faster box gets finer answers in the same time.
 **Quick:** the mixed trace (the full campaign's, so that their answers compare), one repeat, the best scheduler of colocated and of disaggregated serving only (the
 last candidate their topologies list: colocated-adaptive, disaggregated-routed), on a grid of 2 steps per octave (a
 factor 1.41).  **Full:** every candidate on every mix on that coarse grid first (the screen), then, per mix,
-each architecture's best is refined on the grid of 4 steps per octave (1.19) from the screen's bracket and
-repeated on other seeds.  The quick grid is a subset of the full one, so their answers can only differ within
+each architecture's best is refined on the grid of 4 steps per octave (1.19) from the screen's bracket, and
+on the mixed trace (the answer's) repeated on another seed.  The quick grid is a subset of the full one, so their answers can only differ within
 the quick answer's interval (``answer_interval``).  Every search after the first on a mix starts at the
 capacity the earlier candidates measured there (neighbours are usually close: one probe then brackets).
 """
@@ -89,7 +89,8 @@ class AdviseSettings:
     engine's class budgets (``EngineConfig.class_budgets``) are the SLO."""
     quick: bool = False
     mixes: tuple[str, ...] = ("short", "long", "mixed", "chat")
-    repeats: int = 2                   # of each refined search (full); the screen runs once
+    repeats: int = 2                   # of each refined search on ``repeat_mixes`` (full); the rest run once
+    repeat_mixes: tuple[str, ...] = ("mixed",)  # the mix the answer is for (and a given traffic's: ``mixes``)
     chunks: tuple[int | None, ...] = (None, CALIBRATION_CHUNK)
     search: SearchSettings = SCREEN_SEARCH      # every candidate on every mix (coarse)
     refine: SearchSettings | None = FULL_SEARCH  # each architecture's best per mix (fine), None: no refinement
@@ -239,7 +240,7 @@ class Campaign:
             if s.refine is not None:
                 contenders = self._contenders(candidates, evidence)
                 self._deadline = end
-                self._searches_left = sum(len(m) for m in contenders.values()) * s.repeats
+                self._searches_left = sum(self._repeats(m) for mixes in contenders.values() for m in mixes)
                 for cand in (c for c in ordered if c.name in contenders):
                     await self._measure(cand, evidence, run_id, contenders[cand.name], refine=True)
                 evidence.not_exercised = not_exercised(candidates, self.records)
@@ -283,7 +284,7 @@ class Campaign:
                 await self._calibrate(engine)
             for mix in mixes:
                 screened = self._screened.get((cand.name, mix))
-                curves, repeats = [], (range(s.repeats) if refine else range(1))
+                curves, repeats = [], range(self._repeats(mix) if refine else 1)
                 for repeat in repeats:
                     seed = s.seed * 1000 + repeat
                     prior = screened if refine and repeat == 0 and screened is not None else None
@@ -304,6 +305,12 @@ class Campaign:
                         self.records[(cand.name, mix, repeat)] = outcome.record_at_capacity
                         evidence.add(cand.name, mix, measurement(outcome.record_at_capacity))
                 self.capacity[(cand.name, mix)] = evidence.capacity[(cand.name, mix)] = combine(curves)
+
+    def _repeats(self, mix: str) -> int:
+        """Refined searches on ``mix``: ``repeats`` on the answer's mix (or when one mix is all there is: a
+        given traffic), once elsewhere (a 30-minute budget on 2 cores holds no more)."""
+        s = self.settings
+        return s.repeats if mix in s.repeat_mixes or len(s.mixes) == 1 else 1
 
     def _budgeted(self, search: SearchSettings) -> SearchSettings:
         """``search`` with its probe length from the SLO (``probe_span_s``) and its arrivals' budget cut to this
@@ -336,7 +343,7 @@ class Campaign:
     async def _probe(self, engine, cand: Candidate, mix: str, repeat: int, rate_rps: float, n_requests: int,
                      seed: int, run_id) -> RunRecord:
         s = self.settings
-        self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s (repeat {repeat + 1}/{s.repeats})")
+        self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s (repeat {repeat + 1}/{self._repeats(mix)})")
         trace = self._trace(mix, n_requests, rate_rps, seed)
         record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,
                                  sampler=self.sampler,

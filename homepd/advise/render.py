@@ -219,7 +219,7 @@ def campaign_shape(s) -> str:
     text = f"{'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mix(es), grid {grid(s.search)}"
     if s.refine is not None:
         text += (f"; each architecture's best per mix refined on grid {grid(s.refine)}, "
-                 f"{s.repeats} repeat(s)")
+                 f"{s.repeats} repeat(s) on {', '.join(s.repeat_mixes)}")
     if s.wall_budget_s is not None:
         text += f"; budget {s.wall_budget_s:.0f} s"
     return text

@@ -47,6 +47,9 @@ def test_each_search_gets_its_share_of_the_time_left_and_its_probe_length_from_t
     assert campaign._budgeted(FULL_SEARCH).time_budget_s == FULL_SEARCH.time_budget_s
     slow = Campaign(BASE, AdviseSettings(slo=SLO(ttft_ms=8000)))
     assert slow._budgeted(FULL_SEARCH).probe_s == 43.0
+    # the refinement repeats on the answer's mix (or the one given mix), once elsewhere
+    assert [campaign._repeats(m) for m in ("mixed", "short", "chat")] == [2, 1, 1]
+    assert Campaign(BASE, AdviseSettings(mixes=("traffic",)))._repeats("traffic") == 2
 
 
 def curve(name: str, mix: str, capacity: float | None) -> CapacityCurve:
