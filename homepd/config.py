@@ -198,6 +198,11 @@ class EngineConfig:
     prefix_cache_cells: int | None = field(default=None, metadata=_opt(
         "prefix-cache-cells", int, "KV cells cached prefixes may hold at most; idle cached cells slow every "
                                    "running step on the unified KV cache (default: n_ctx/4)"))
+    # the KV store tier (homepd.kv.store): prefixes evicted from a context are saved to host shared memory
+    kv_store_bytes: int | None = field(default=None, metadata=_opt(
+        "kv-store", parse_size, "bytes of host shared memory for prefixes evicted from the workers' contexts, "
+                                "restored on a hit when faster than a prefill, e.g. 2G; 0 = off (default: "
+                                "the placement plan's, from free RAM; off on the fake backend)"))
     fault: str | None = field(default=None, metadata=_opt(  # test-only, one of FAULTS: a hidden flag
         "fault", help=argparse.SUPPRESS))
 
@@ -235,6 +240,8 @@ class EngineConfig:
         if self.prefix_cache_cells is not None and (not isinstance(self.prefix_cache_cells, int)
                                                     or self.prefix_cache_cells < 0):
             raise ConfigError(f"prefix_cache_cells must be an integer >= 0, got {self.prefix_cache_cells!r}")
+        if self.kv_store_bytes is not None and (not isinstance(self.kv_store_bytes, int) or self.kv_store_bytes < 0):
+            raise ConfigError(f"kv_store_bytes must be an integer >= 0 (0 = off), got {self.kv_store_bytes!r}")
         if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
             raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
         if not isinstance(self.n_replicas, int) or self.n_replicas < 2:

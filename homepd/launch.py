@@ -40,7 +40,27 @@ def prepare(config: EngineConfig, *, pull: bool = True, progress: bool = True, b
 
         box = probe()  # once: the placements and the arena are planned on the same reading
     plan = functools.cache(lambda: placement_plan(config, path, box))
-    return EngineSetup(path, identity, topology.placements(config, plan), topology.kv_arena_bytes(config, plan))
+    return EngineSetup(path, identity, topology.placements(config, plan), topology.kv_arena_bytes(config, plan),
+                       kv_store_bytes(config, path, plan if topology.needs_plan else None))
+
+
+def kv_store_bytes(config: EngineConfig, model_path: str, plan=None) -> int:
+    """The KV store tier's size: ``--kv-store``, else the placement plan's (``plan``: its thunk; None: from
+    the free RAM less one worker, without probing the whole box); 0 on the fake backend unless given (its
+    tests measure the logic they name)."""
+    if config.kv_store_bytes is not None:
+        return config.kv_store_bytes
+    if config.backend == "fake" or not config.prefix_cache:
+        return 0
+    if plan is not None:
+        return plan().store_bytes
+    from homepd.hw.placement import store_bytes_for
+    from homepd.hw.probe import probe_memory
+    from homepd.models.gguf import read_gguf_header
+
+    header = read_gguf_header(model_path)
+    per_token = header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS
+    return store_bytes_for(probe_memory().ram_available_bytes, header.size_bytes + config.n_ctx * per_token)
 
 
 def kv_arena_bytes(config: EngineConfig, model_path: str, box=None) -> int | None:
@@ -73,7 +93,8 @@ def placement_plan(config: EngineConfig, model_path: str, box=None):
     return plan_placement(box if box is not None else probe(), model_bytes=model_bytes,
                           kv_bytes=config.n_ctx * per_token,
                           prefill_kv_bytes=prefill_context(config.n_ctx, config.prefill_n_ctx) * per_token,
-                          transfer_bytes=config.kv_arena_bytes, n_replicas=config.n_replicas)
+                          transfer_bytes=config.kv_arena_bytes, n_replicas=config.n_replicas,
+                          store_bytes=config.kv_store_bytes)
 
 
 def config_origin(config: EngineConfig, document: dict | None = None) -> ConfigOrigin:

@@ -90,6 +90,8 @@ def register(subparsers: Any) -> None:
                         help="disaggregated: the prefill worker's context (default n_ctx/4, at least 512)")
     parser.add_argument("--kv-arena", type=_size, default=None,
                         help="disaggregated: the KV arena's size (default: the plan's, from the prefill context)")
+    parser.add_argument("--kv-store", type=_size, default=None,
+                        help="the KV store tier's size (default: the plan's, from free RAM)")
     parser.set_defaults(func=run)
 
 
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     prefill_n_ctx = prefill_context(args.n_ctx, args.prefill_n_ctx)
     plan = plan_placement(box, model_bytes if args.model_bytes is None else args.model_bytes, kv_bytes,
                           prefill_kv_bytes=kv_bytes * prefill_n_ctx // max(args.n_ctx, 1),
-                          transfer_bytes=args.kv_arena)
+                          transfer_bytes=args.kv_arena, store_bytes=args.kv_store)
     if args.json:
         print(to_json(box, plan))
     else:

@@ -17,10 +17,15 @@ Pure policy (no llama_cpp, no clock); the scheduler calls it, and it acts on the
 * **evict**: least recently used first, whenever a request needs a sequence id or cells that cached
   entries hold, and whenever the entries hold more than ``max_cached_cells`` (a budget: idle cached
   cells cost every running step on a unified KV cache, ``benchmarks/kv_layout.py``).
+* **store** (optional, ``StoreOps``: the host-memory KV store tier, ``homepd.kv.store``): an entry evicted for
+  room is saved there first; a prompt whose longest match in the store is longer than in the context is
+  restored from it (and only the rest prefilled) when ``store_is_faster`` says so.
 """
 from __future__ import annotations
 
 from typing import Protocol
+
+from homepd.core.stepmodel import StepEstimate
 
 from homepd.core.allocator import KVAllocator
 from homepd.core.prefixcache import PrefixIndex, ReuseMode
@@ -48,15 +53,55 @@ class KVOps(Protocol):
         the cache cannot)."""
 
 
+class StoreHitLike(Protocol):
+    n_tokens: int  # prompt tokens the stored entry holds
+
+
+class StoreOps(Protocol):
+    """The KV store tier, as the prefix cache uses it (``homepd.worker.storekv`` gives it)."""
+    n_entries: int
+    used_bytes: int
+
+    def save(self, seq_id: int, tokens: tuple[int, ...]) -> None:
+        """``seq_id``'s KV (holding ``tokens``) is about to be dropped from the context: keep it if worth it."""
+
+    def lookup(self, prompt_ids, mode: ReuseMode, max_tokens: int) -> StoreHitLike | None:
+        """The stored entry sharing the longest prefix with ``prompt_ids`` (at most ``max_tokens`` of it)."""
+
+    def is_faster(self, hit, n_context_tokens: int) -> bool:
+        """Whether restoring ``hit`` beats prefilling what it holds beyond the context's ``n_context_tokens``."""
+
+    def restore(self, hit, seq_id: int) -> int | None:
+        """Load ``hit`` into empty ``seq_id``, keeping its first ``hit.n_tokens`` positions; returns the
+        positions held (None: it could not, ``seq_id`` may hold anything: drop it)."""
+
+
+def store_is_faster(n_restore_tokens: int, n_gain_tokens: int, restore_ms_per_token: float | None,
+                    estimate: StepEstimate | None) -> bool:
+    """Restore ``n_restore_tokens`` from the store, or prefill the ``n_gain_tokens`` it would save?  Compares
+    the measured restore cost with the worker's step-time model (the one owner of step time).  Before either
+    is measured the store is tried: the first restore measures it (a restore is a memory copy, a prefill
+    runs the model)."""
+    if n_gain_tokens <= 0:
+        return False
+    if restore_ms_per_token is None or estimate is None:
+        return True
+    prefill_ms = estimate.predict_ms(n_gain_tokens, 0, n_gain_tokens) - estimate.base_ms
+    return restore_ms_per_token * n_restore_tokens < prefill_ms
+
+
 class PrefixReuse:
     """A worker's cached prefixes: what it keeps, who takes what, what is evicted, and its counters."""
 
-    def __init__(self, allocator: KVAllocator, kv: KVOps, mode: ReuseMode, max_cached_cells: int):
+    def __init__(self, allocator: KVAllocator, kv: KVOps, mode: ReuseMode, max_cached_cells: int,
+                 store: StoreOps | None = None):
         assert mode is not ReuseMode.OFF and max_cached_cells >= 0
         self.allocator, self.kv, self.mode = allocator, kv, mode
         self.max_cached_cells = max_cached_cells
+        self.store = store
         self.index = PrefixIndex()
         self.n_lookups = self.n_hits = self.n_lookup_tokens = self.n_hit_tokens = self.n_evictions = 0
+        self.n_store_hits = self.n_store_hit_tokens = 0
 
     def keep(self, seq: Sequence) -> bool:
         """seq (running, holding its sequence id) leaves: keep its KV as an entry.  False if nothing to keep
@@ -67,7 +112,7 @@ class PrefixReuse:
         tokens = (seq.prompt_ids + seq.output_ids)[:n_kv]
         duplicate = self.index.duplicate_of(tokens)
         if duplicate is not None:
-            self.evict(duplicate)
+            self.evict(duplicate, save=False)  # the new entry holds the same KV
         self.allocator.cache(seq.seq_id, n_kv)
         self.index.insert(seq.seq_id, tokens)
         while self.allocator.n_cells_cached_only > self.max_cached_cells and self.evict_lru():
@@ -81,11 +126,19 @@ class PrefixReuse:
         self.n_lookups += 1
         self.n_lookup_tokens += seq.n_prompt
         match = self.index.longest_match(seq.prompt_ids, self.mode, max_tokens=seq.n_prompt - 1)
+        if match is not None and match.n_tokens < min(match.entry.n_cells, MIN_PARTIAL_MATCH_TOKENS):
+            match = None
+        if self.store is not None:
+            hit = self.store.lookup(seq.prompt_ids, self.mode, seq.n_prompt - 1)
+            n_context = match.n_tokens if match is not None else 0
+            if hit is not None and hit.n_tokens >= max(n_context + 1, MIN_PARTIAL_MATCH_TOKENS) \
+                    and self.store.is_faster(hit, n_context) and self._restore(seq, hit, n_cells):
+                return True
+            if match is not None and self.index.entry_of(match.entry.seq_id) is not match.entry:
+                match = None  # evicted making room for a restore that failed
         if match is None:
             return False
         entry, n_keep = match.entry, match.n_tokens
-        if n_keep < min(entry.n_cells, MIN_PARTIAL_MATCH_TOKENS):
-            return False
         if n_keep < entry.n_cells and self.kv.can_share and self._copy(seq, entry, n_keep, n_cells):
             return True
         while not self.allocator.can_take(entry.seq_id, n_cells):
@@ -121,14 +174,35 @@ class PrefixReuse:
         self._reused(seq, seq_id, min(n_got, seq.n_prompt - 1))
         return True
 
+    def _restore(self, seq: Sequence, hit, n_cells: int) -> bool:
+        """seq gets a new id holding the store's entry (its first ``hit.n_tokens`` positions); False if no id
+        and cells can be freed for it or the restore failed (nothing is held then)."""
+        self.make_room(n_cells)
+        if not self.allocator.can_allocate(n_cells):
+            return False
+        seq_id = self.allocator.allocate(n_cells)
+        n_got = self.store.restore(hit, seq_id)
+        if not n_got:
+            self.kv.drop(seq_id)
+            self.allocator.free(seq_id)
+            return False
+        self._reused(seq, seq_id, min(n_got, seq.n_prompt - 1))
+        seq.is_restored = True
+        self.n_store_hits += 1
+        self.n_store_hit_tokens += seq.n_reused
+        return True
+
     def _reused(self, seq: Sequence, seq_id: int, n_keep: int) -> None:
         seq.seq_id, seq.n_prefilled, seq.n_reused = seq_id, n_keep, n_keep
         self.n_hits += 1
         self.n_hit_tokens += n_keep
 
-    def evict(self, entry) -> None:
+    def evict(self, entry, save: bool = True) -> None:
+        """Drop ``entry`` from the context; with a store and ``save``, it is saved there first."""
         self.index.remove(entry)
         self.allocator.uncache(entry.seq_id)
+        if save and self.store is not None:
+            self.store.save(entry.seq_id, entry.tokens)
         self.kv.drop(entry.seq_id)
         self.n_evictions += 1
 
@@ -152,4 +226,7 @@ class PrefixReuse:
         return PrefixCacheStats(
             n_lookups=self.n_lookups, n_hits=self.n_hits, n_lookup_tokens=self.n_lookup_tokens,
             n_hit_tokens=self.n_hit_tokens, n_evictions=self.n_evictions, n_cached_entries=len(self.index),
-            n_cached_cells=n_cells, cached_bytes=n_cells * bytes_per_cell, mode=self.mode.value)
+            n_cached_cells=n_cells, cached_bytes=n_cells * bytes_per_cell, mode=self.mode.value,
+            n_store_entries=self.store.n_entries if self.store is not None else 0,
+            store_bytes=self.store.used_bytes if self.store is not None else 0,
+            n_store_hits=self.n_store_hits, n_store_hit_tokens=self.n_store_hit_tokens)

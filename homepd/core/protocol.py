@@ -73,6 +73,7 @@ class EngineSetup:
     model_fingerprint: str
     placements: dict[str, RolePlacement]
     kv_arena_bytes: int | None = None
+    kv_store_bytes: int = 0  # the KV store tier, split among the workers with a prefix cache (0: none)
 
 
 # controller -> worker ----------------------------------------------------------
@@ -210,8 +211,10 @@ class PrefixCacheStats:
     n_cached_entries: int = 0     # cached prefixes held now
     n_cached_cells: int = 0       # KV cells they hold now (not counting cells shared with running requests)
     cached_bytes: int = 0         # those cells in bytes
-    n_store_entries: int = 0      # KV store tier (host memory), when there is one
-    store_bytes: int = 0
+    n_store_entries: int = 0      # KV store tier (host memory), when there is one: entries held now
+    store_bytes: int = 0          # bytes their extents take in the store (headers included)
+    n_store_hits: int = 0         # of the hits, prompts restored from the store
+    n_store_hit_tokens: int = 0   # tokens they restored
     mode: str = "off"             # what llama.cpp allows for this cache type: "off", "prefix" (any prefix), "exact"
 
     @property
@@ -305,3 +308,27 @@ class SlotFreed:
     """Controller -> prefill worker: arena bytes may be free again (wakes a waiting export);
     ``slot``: the extent's offset, -1 when unknown."""
     slot: int
+
+
+# the KV store tier (homepd.kv.store): prefixes evicted from a worker's context, in host shared memory ----------
+@dataclass(frozen=True)
+class AttachStore:
+    """Controller -> worker: its KV store segment, and the entries it holds (offset, extent bytes, payload
+    bytes, tokens), as that worker (or the one it replaces) reported them."""
+    names: tuple[str, ...]
+    entries: tuple[tuple[int, int, int, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class StoreSaved:
+    """Worker -> controller: a prefix evicted from its context is saved in its store segment at ``offset``."""
+    offset: int
+    extent_bytes: int
+    payload_bytes: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StoreDropped:
+    """Worker -> controller: these store entries are gone (evicted for room, or superseded)."""
+    offsets: tuple[int, ...]

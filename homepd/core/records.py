@@ -113,6 +113,7 @@ class ProcessMemoryBreakdown:
     compute_bytes: int            # llama.cpp's compute and output buffers, as far as steps touched them
     arena_bytes: int              # its share of the KV arena
     rest_bytes: int               # interpreter, libraries, heaps
+    kv_store_bytes: int = 0       # its share of the KV store tier's segments (homepd.kv.store)
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,12 @@ class MemoryBreakdown:
     arena_bytes: int
     rest_bytes: int
     processes: tuple[ProcessMemoryBreakdown, ...] = ()
+    kv_store_bytes: int = 0       # the KV store tier's resident pages (mapped by the controller and workers)
 
     @property
     def total_bytes(self) -> int:
         return (self.weights_shared_bytes + self.weights_copied_bytes + self.kv_cache_bytes + self.compute_bytes
-                + self.arena_bytes + self.rest_bytes)
+                + self.arena_bytes + self.kv_store_bytes + self.rest_bytes)
 
     def to_dict(self) -> dict:
         out = to_plain(self)

@@ -23,7 +23,7 @@ from homepd.core import kvpolicy
 from homepd.core.allocator import KVAllocator
 from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixcache import ReuseMode
-from homepd.core.prefixreuse import KVOps, PrefixReuse
+from homepd.core.prefixreuse import KVOps, PrefixReuse, StoreOps
 from homepd.core.sequence import Sequence
 from homepd.core.steppolicy import StepPolicy
 
@@ -79,7 +79,7 @@ class Scheduler:
 
     def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True,
                  policy: StepPolicy | None = None, kv_ops: KVOps | None = None,
-                 reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0):
+                 reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0, store: StoreOps | None = None):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
@@ -87,7 +87,7 @@ class Scheduler:
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
         self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx)
         # None: no prefix cache (off, or the context cannot keep a finished sequence)
-        self.prefixes = PrefixReuse(self.allocator, kv_ops, ReuseMode(reuse_mode), max_cached_cells) \
+        self.prefixes = PrefixReuse(self.allocator, kv_ops, ReuseMode(reuse_mode), max_cached_cells, store) \
             if kv_ops is not None and reuse_mode != ReuseMode.OFF and max_cached_cells > 0 else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []

@@ -25,6 +25,7 @@ class Sequence:
     arrival_order: int | None = None  # set by the scheduler when it first sees seq: higher = newer
     n_preemptions: int = 0           # times the full KV context took its cells back (homepd.core.kvpolicy)
     n_reused: int = 0                # prompt tokens taken from a cached prefix, not computed (homepd.core.prefixreuse)
+    is_restored: bool = False        # that prefix came from the KV store tier, not the context
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -61,4 +62,5 @@ class Sequence:
             self.output_ids = []
         self.n_prefilled = 0
         self.n_reused = 0
+        self.is_restored = False
         self.seq_id = None

@@ -24,7 +24,7 @@ from homepd.core.admission import RequestClass, Verdict
 from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.modes import Role
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted, RequestDone,
-                                  PrefixCacheStats, PrefixReused,
+                                  PrefixCacheStats, PrefixReused, StoreDropped, StoreSaved,
                                   SlotFreed, StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
@@ -69,6 +69,7 @@ class Engine:
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = self.pool.handles
         self.kv = None  # KVRouter (a topology with a KV arena)
+        self.kv_store = None  # homepd.kv.store.StoreBook: the KV store tier's segments and what they hold
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
         self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
@@ -86,11 +87,12 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         model_cls, _ = model_classes(self.config.backend)
         self.tokenizer = await asyncio.to_thread(model_cls, self.model_path, 0, True)
-        if self.topology.uses_kv_arena:
+        if self.topology.uses_kv_arena or self.setup.kv_store_bytes:
             await asyncio.to_thread(cleanup_stale_segments)  # segments of dead controllers
         for name, spec in worker_specs(self.config, self.setup).items():
             self.workers[name] = WorkerHandle(name, spec, self._loop, self._on_message, self._on_exit)
         try:
+            self._open_store()
             await self.pool.start()
             self.kv = self.topology.make_kv(self.config, self.setup, self.workers)
             if self.kv is not None:
@@ -111,10 +113,31 @@ class Engine:
         if self.kv is not None:
             self.kv.close()
             self.kv = None
+        if self.kv_store is not None:
+            self.kv_store.close()
+            self.kv_store = None
         await asyncio.to_thread(self._prepare_pool.shutdown, cancel_futures=True)  # no tokenize after close
         if self.tokenizer is not None:
             self.tokenizer.close()
             self.tokenizer = None
+
+    def _open_store(self) -> None:
+        """The KV store tier: a segment per worker with a prefix cache (the budget split evenly), each
+        attached by its worker before its first request (the message waits in its backlog)."""
+        from homepd.kv.store import StoreBook
+
+        cached = [h for h in self.workers.values() if h.spec.max_cached_cells > 0]
+        if not self.setup.kv_store_bytes or not cached:
+            return
+        self.kv_store = StoreBook({h.role: self.setup.kv_store_bytes // len(cached) for h in cached})
+        for handle in cached:
+            self._attach_store(handle)
+
+    def _attach_store(self, handle: WorkerHandle) -> None:
+        """Queue the store's attach message first in a (re)starting worker's backlog."""
+        msg = self.kv_store.attach_message(handle.role) if self.kv_store is not None else None
+        if msg is not None:
+            handle.backlog.appendleft((None, msg))
 
     async def __aenter__(self) -> "Engine":
         await self.start()
@@ -240,6 +263,10 @@ class Engine:
         elif isinstance(msg, PrefixReused):  # its prompt starts from a cached prefix, not recomputed
             if msg.request_id in self.streams:
                 self.streams[msg.request_id].lifecycle.n_cached_tokens = msg.n_tokens
+        elif isinstance(msg, StoreSaved):
+            self.kv_store.saved(handle.role, msg)
+        elif isinstance(msg, StoreDropped):
+            self.kv_store.dropped(handle.role, msg)
         elif isinstance(msg, (WorkerReady, Heartbeat)):
             pass  # the handle keeps the first; the second only proves it alive
         elif isinstance(msg, WorkerFatal):
@@ -354,6 +381,7 @@ class Engine:
         handle.in_flight.clear()
         self.affinity.forget(handle)
         handle.backlog.clear()
+        self._attach_store(handle)  # its replacement finds the conversations this one saved
         wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
         intact: set[str] = set()
         if self.kv is not None:

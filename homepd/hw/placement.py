@@ -27,6 +27,18 @@ ALL_LAYERS = -1  # n_gpu_layers value that offloads every layer
 MIN_PREFILL_N_CTX = 512
 ARENA_SLACK_BYTES = 1 << 20  # per arena: extent headers, page rounding, llama.cpp's state overhead
 MIN_ARENA_FRACTION = 8       # on a short box the arena may shrink to 1/8 of its default, no further
+# the KV store tier's default: a quarter of the RAM the workers and the arena leave free, at most 8 GiB
+# (llama-server's --cache-ram default), in whole MiB; 0 when RAM cannot be read
+STORE_RAM_FRACTION = 4
+MAX_DEFAULT_STORE_BYTES = 8 << 30
+
+
+def store_bytes_for(ram_available_bytes: int | None, used_bytes: int) -> int:
+    """The default KV store size when the workers (and arena) take ``used_bytes`` of RAM."""
+    if ram_available_bytes is None:
+        return 0
+    room = max(0, ram_available_bytes - RAM_RESERVE_BYTES - used_bytes) // STORE_RAM_FRACTION
+    return min(MAX_DEFAULT_STORE_BYTES, room) >> 20 << 20
 
 
 def prefill_context(n_ctx: int, prefill_n_ctx: int | None = None) -> int:
@@ -102,6 +114,7 @@ class PlacementPlan:
     disaggregated: DisaggregatedPlacement
     replicas: ReplicasPlacement
     notes: tuple[str, ...]
+    store_bytes: int = 0  # the KV store tier (host shared memory for prefixes evicted from contexts)
 
 
 def _fits(need_bytes: int, have_bytes: int | None) -> bool:
@@ -255,7 +268,7 @@ def _replicas(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, fit: Mem
 
 def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
                    transfer_bytes: int | None = None, n_replicas: int = 2,
-                   prefill_kv_bytes: int | None = None) -> PlacementPlan:
+                   prefill_kv_bytes: int | None = None, store_bytes: int | None = None) -> PlacementPlan:
     """Place prefill and decode for colocated and disaggregated serving on ``probe``'s box.
 
     ``kv_bytes`` is the KV cache for the configured context and sequences, held
@@ -263,7 +276,8 @@ def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
     worker's (its context holds only the prompts it works on; default
     ``kv_bytes``); ``transfer_bytes`` the KV arena, host shared memory for the
     handoff (default: ``arena_bytes_for(prefill_kv_bytes)``, shrunk down to an eighth
-    of that when RAM is short — longer prompts then prefill on the decode worker).
+    of that when RAM is short — longer prompts then prefill on the decode worker); ``store_bytes`` the KV
+    store tier (default: ``store_bytes_for`` the RAM the most demanding mode leaves).
     """
     assert model_bytes >= 0 and kv_bytes >= 0
     prefill_kv = kv_bytes if prefill_kv_bytes is None else prefill_kv_bytes
@@ -299,8 +313,11 @@ def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
         fits_vram_twice=tuple(_vram_twice(g, need, prefill_need) for g in gpus),
         prefill_worker_bytes=prefill_need,
     )
+    if store_bytes is None:
+        store_bytes = store_bytes_for(ram, max(need + prefill_need + transfer, n_replicas * need))
     return PlacementPlan(
         model_bytes=model_bytes, kv_bytes=kv_bytes, prefill_kv_bytes=prefill_kv, uses_gpus=bool(gpus), memory=fit,
+        store_bytes=store_bytes,
         colocated=_colocated(gpus, groups, need, fit),
         disaggregated=_disaggregated(gpus, groups, model_bytes, need, prefill_need, transfer, fit, ram),
         replicas=_replicas(gpus, groups, need, fit, ram, n_replicas),
@@ -326,6 +343,8 @@ def render_plan_text(plan: PlacementPlan) -> str:
              f"{fmt_bytes(plan.prefill_kv_bytes)}) + decode {fmt_bytes(m.worker_bytes)} + KV arena "
              f"{fmt_bytes(d.transfer_bytes)} = {fmt_bytes(d.total_bytes)}; fits in RAM: "
              f"{'yes' if m.fits_ram_twice else 'no'}"]
+    lines.append(f"           KV store (prefixes evicted from the contexts, host shared memory): "
+                 f"{fmt_bytes(plan.store_bytes)}")
     for i, once, twice in zip(m.gpu_indices, m.fits_vram_once, m.fits_vram_twice):
         lines.append(f"           cuda:{i} VRAM: once {'yes' if once else 'no'}, "
                      f"twice {'yes' if twice else 'no'}")

@@ -28,6 +28,7 @@ from homepd.core.records import MemoryBreakdown, ProcessMemoryBreakdown
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MIN_REGION_BYTES = 2 << 20   # smaller new mappings are interpreter arenas and the like: "rest"
 ARENA_PREFIX = "/dev/shm/homepd-kv-"
+STORE_PREFIX = "/dev/shm/homepd-kvstore-"  # the KV store tier (homepd.kv.store)
 
 Interval = tuple[int, int]   # [start, end) addresses
 
@@ -125,36 +126,52 @@ class ProcessRegions:
     kv_cache_bytes: int = 0
 
 
-def measure_process(proc: ProcessRegions, model_path: str | None) -> tuple[ProcessMemoryBreakdown, int, int]:
-    """One process's breakdown, and its resident bytes of the model file and of the KV arena (for counting once)."""
+def measure_process(proc: ProcessRegions, model_path: str | None) -> tuple[ProcessMemoryBreakdown, int, int,
+                                                                          dict[str, int]]:
+    """One process's breakdown, and its resident bytes of the model file, of the KV arena and of the KV store
+    by segment (for counting once)."""
     mappings = read_smaps(proc.pid)
     real_model = os.path.realpath(model_path) if model_path else None
     name = os.path.basename(real_model) if real_model else None
     model = [m for m in mappings if real_model and os.path.basename(m.path) == name
              and os.path.realpath(m.path) == real_model]
     arena = [m for m in mappings if m.path.startswith(ARENA_PREFIX)]
+    store = [m for m in mappings if m.path.startswith(STORE_PREFIX)]
     copied = resident_bytes(proc.pid, [(a, b) for kind, a, b in proc.regions if kind == "model"])
     context = resident_bytes(proc.pid, [(a, b) for kind, a, b in proc.regions if kind == "context"])
     kv = min(proc.kv_cache_bytes, context)
     pss = sum(m.pss_bytes for m in mappings)
-    mapped = sum(m.pss_bytes for m in model) + sum(m.pss_bytes for m in arena)
+    mapped = sum(m.pss_bytes for m in model) + sum(m.pss_bytes for m in arena) + sum(m.pss_bytes for m in store)
     rest = max(0, pss - mapped - copied - context)
     breakdown = ProcessMemoryBreakdown(
         role=proc.role, pid=proc.pid, pss_bytes=pss, weights_mapped_bytes=sum(m.pss_bytes for m in model),
         weights_copied_bytes=copied, kv_cache_bytes=kv, compute_bytes=context - kv,
-        arena_bytes=sum(m.pss_bytes for m in arena), rest_bytes=rest)
-    return breakdown, sum(m.rss_bytes for m in model), sum(m.rss_bytes for m in arena)
+        arena_bytes=sum(m.pss_bytes for m in arena), rest_bytes=rest, kv_store_bytes=sum(m.pss_bytes for m in store))
+    return (breakdown, sum(m.rss_bytes for m in model), sum(m.rss_bytes for m in arena),
+            {m.path: m.rss_bytes for m in store})
 
 
 def measure_processes(processes: list[ProcessRegions], model_path: str | None) -> MemoryBreakdown:
     """The breakdown over ``processes`` (the controller and its workers): shared mappings counted once."""
-    parts, model_rss, arena_rss = [], [0], [0]
+    parts, model_rss, arena_rss, store_rss = [], [0], [0], {}
     for proc in processes:
-        breakdown, model, arena = measure_process(proc, model_path)
+        breakdown, model, arena, store = measure_process(proc, model_path)
         parts.append(breakdown)
         model_rss.append(model)
         arena_rss.append(arena)
+        for path, rss in store.items():
+            store_rss[path] = max(rss, store_rss.get(path, 0))
     return MemoryBreakdown(
         weights_shared_bytes=max(model_rss), weights_copied_bytes=sum(p.weights_copied_bytes for p in parts),
         kv_cache_bytes=sum(p.kv_cache_bytes for p in parts), compute_bytes=sum(p.compute_bytes for p in parts),
-        arena_bytes=max(arena_rss), rest_bytes=sum(p.rest_bytes for p in parts), processes=tuple(parts))
+        arena_bytes=max(arena_rss), rest_bytes=sum(p.rest_bytes for p in parts), processes=tuple(parts),
+        kv_store_bytes=sum(_shm_resident_bytes(path, rss) for path, rss in store_rss.items()))
+
+
+def _shm_resident_bytes(path: str, rss_bytes: int) -> int:
+    """The pages a /dev/shm file holds (tmpfs blocks).  # why not the processes' RSS: a dead worker's saved
+    pages are in no live process's page tables until its replacement reads them, yet they take RAM."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return rss_bytes

@@ -36,8 +36,8 @@ from homepd.kv.header import (BODY_OFFSET, HEADER_BYTES, HEADER_CRC_OFFSET, HOLD
                               MAGIC, PREFIX, STATE_OFFSET, VERIFY_KINDS, SlotExpectation, SlotHeader, SlotState,
                               check_header, header_checksum, pack_body, payload_checksum, unpack_body)
 from homepd.kv.ring import PAGE_BYTES
-from homepd.kv.segment import (attach_segment, create_segment, new_token, parse_segment_name, segment_name,
-                               unlink_segment)
+from homepd.kv.segment import (NAME_PREFIX, attach_segment, create_segment, new_token, parse_segment_name,
+                               segment_name, unlink_segment)
 
 __all__ = ["KVArena", "SlotHeader", "SlotExpectation", "SlotState", "payload_checksum", "extent_bytes_for"]
 
@@ -72,7 +72,8 @@ class KVArena:
 
     # lifecycle ---------------------------------------------------------------
     @classmethod
-    def create(cls, capacity_bytes: int, owner_pid: int | None = None, verify: str = "sampled") -> KVArena:
+    def create(cls, capacity_bytes: int, owner_pid: int | None = None, verify: str = "sampled",
+               prefix: str = NAME_PREFIX, prefault: bool = True) -> KVArena:
         """Create, allocate and pre-fault an arena of ``capacity_bytes`` (rounded up to pages) for extents.
 
         ``verify`` is the payload checksum this process writes when it publishes
@@ -85,8 +86,8 @@ class KVArena:
                             f"of payload), got {capacity_bytes}")
         capacity_bytes = -(-capacity_bytes // PAGE_BYTES) * PAGE_BYTES
         owner_pid = os.getpid() if owner_pid is None else owner_pid
-        name = segment_name(owner_pid, new_token(), 0)
-        shm_map = create_segment(name, DATA_OFFSET + capacity_bytes)
+        name = segment_name(owner_pid, new_token(), 0, prefix)
+        shm_map = create_segment(name, DATA_OFFSET + capacity_bytes, prefault)
         try:
             ARENA_HEADER.pack_into(shm_map, 0, ARENA_MAGIC, LAYOUT_VERSION, capacity_bytes)
         except BaseException:
@@ -204,6 +205,21 @@ class KVArena:
                             f"({header.verify} check): header says {header.payload_checksum:016x}, payload "
                             f"gives {found:016x} — the KV was overwritten after publish")
         return header, self._hand_out(offset, header.payload_bytes)
+
+    def peek_ready(self, offset: int, expect: SlotExpectation, extent_bytes: int) -> tuple[SlotHeader, memoryview]:
+        """``open_ready`` without taking the extent: it stays READY for the next reader (the KV store reads
+        an entry many times); a view of the payload, released by ``release_views``."""
+        self._check_range(offset, extent_bytes, "peek_ready")
+        self._expect_state(offset, SlotState.READY, "peek_ready")
+        at = DATA_OFFSET + offset
+        header = check_header(f"KV extent at {offset}", self._buf[at:at + HEADER_BYTES], expect, extent_bytes)
+        found = payload_checksum(self._buf[at + HEADER_BYTES:at + extent_bytes], header.payload_bytes, header.verify)
+        if found != header.payload_checksum:
+            raise SlotError(f"KV extent at {offset} payload checksum mismatch for {header.request_id!r}")
+        return header, self._hand_out(offset, header.payload_bytes)
+
+    def release_views(self, offset: int) -> None:
+        self._release_views(offset)
 
     def release(self, offset: int) -> None:
         """Back to FREE: a consumer done importing, a producer abandoning an export, or a cancel."""

@@ -29,38 +29,44 @@ from homepd.osutil import pid_alive
 from homepd.errors import SlotError
 
 NAME_PREFIX = "homepd-kv-"
+STORE_PREFIX = "homepd-kvstore-"  # the KV store's segments (homepd.kv.store): apart in the memory breakdown
 SHM_DIR = Path("/dev/shm")
-_NAME_RE = re.compile(rf"^{NAME_PREFIX}(\d+)-([0-9a-f]+)-(\d+)$")
+_NAME_RE = re.compile(r"^(?:homepd-kv-|homepd-kvstore-)(\d+)-([0-9a-f]+)-(\d+)$")
 
 
 def new_token() -> str:
     return secrets.token_hex(4)
 
 
-def segment_name(owner_pid: int, token: str, index: int) -> str:
-    return f"{NAME_PREFIX}{owner_pid}-{token}-{index}"
+def segment_name(owner_pid: int, token: str, index: int, prefix: str = NAME_PREFIX) -> str:
+    return f"{prefix}{owner_pid}-{token}-{index}"
 
 
 def parse_segment_name(name: str) -> tuple[int, str, int] | None:
-    """``(owner_pid, token, index)`` of a homepd KV segment name, else None."""
+    """``(owner_pid, token, index)`` of a homepd KV segment name (arena or store), else None."""
     match = _NAME_RE.match(name.lstrip("/"))
     return (int(match[1]), match[2], int(match[3])) if match else None
 
 
-def create_segment(name: str, size_bytes: int) -> mmap.mmap:
-    """Create ``name``, allocate every page of it now and map it pre-faulted.
+def create_segment(name: str, size_bytes: int, prefault: bool = True) -> mmap.mmap:
+    """Create ``name``, allocate every page of it now and map it pre-faulted (``prefault`` False: pages are
+    allocated as they are first written, after checking that /dev/shm has room for them all).
 
     # why: posix_fallocate makes a too-small /dev/shm (Docker's default is
     # 64 MB) fail here with ENOSPC instead of a SIGBUS in the middle of a KV
     # export, and it allocates the pages so the first export does not pay for
     # page faults (measured ~4x slower than a warm buffer).
     """
+    free = _shm_free_bytes()
+    if not prefault and free is not None and free < size_bytes:
+        raise SlotError(f"no room in {SHM_DIR} for a {size_bytes}-byte KV segment ({free} bytes free) — make "
+                        "/dev/shm larger (docker run --shm-size) or ask for less (--kv-store)")
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode=0o600)
     try:
         os.ftruncate(fd, size_bytes)
-        if hasattr(os, "posix_fallocate"):
+        if prefault and hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, 0, size_bytes)
-        return _map(fd, size_bytes, populate=True)
+        return _map(fd, size_bytes, populate=prefault)
     except OSError as exc:
         _posixshmem.shm_unlink("/" + name)
         if exc.errno == errno.ENOSPC:

@@ -11,6 +11,7 @@ CATEGORIES = (("weights_shared_bytes", "weights_shared", "weights (shared)"),
               ("kv_cache_bytes", "kv_cache", "KV caches"),
               ("compute_bytes", "compute", "compute buffers"),
               ("arena_bytes", "arena", "KV arena"),
+              ("kv_store_bytes", "kv_store", "KV store"),
               ("rest_bytes", "rest", "rest"))
 
 

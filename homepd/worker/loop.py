@@ -17,7 +17,7 @@ from homepd.core import modes
 from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.protocol import CacheSource, KVPreempted, PrefixCacheStats, PrefixReused
-from homepd.core.protocol import (WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
+from homepd.core.protocol import (AttachStore, WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
 from homepd.core.sampling import TokenSampler
 from homepd.core.scheduler import Scheduler, StepPlan
@@ -28,6 +28,7 @@ from homepd.core.textstream import TextStream
 from homepd.hw.smaps import anon_intervals, new_intervals, resident_bytes
 from homepd.worker.prefixkv import ContextKV
 from homepd.worker.roles import Role, make_role
+from homepd.worker.storekv import ContextStore
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
@@ -97,11 +98,14 @@ class WorkerLoop:
         # deadline order read it every step
         self.step_model = OnlineStepModel()
         policy = StepPolicy(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=self.step_model.estimate)
+        # the KV store tier: its segment comes with the controller's AttachStore (none: no store)
+        self.store = ContextStore(ctx, conn.send, spec.model_fingerprint, self.step_model.estimate)
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
                                    chunk=spec.chunk, decodes=spec.decodes, policy=policy,
                                    kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,
                                    # why: that fault stands in for the cache; a real reuse would blur its claims
-                                   max_cached_cells=0 if spec.fault == "claim_prefix_hits" else spec.max_cached_cells)
+                                   max_cached_cells=0 if spec.fault == "claim_prefix_hits" else spec.max_cached_cells,
+                                   store=self.store)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us
@@ -145,8 +149,9 @@ class WorkerLoop:
             self.handle(msg)
 
     def abandon(self) -> None:
-        """The controller died: leave nothing behind (its KV slots included)."""
+        """The controller died: leave nothing behind (its KV slots and store included)."""
         self.role.abandon()
+        self.store.abandon()
 
     def handle(self, msg) -> None:
         if isinstance(msg, SubmitRequest):
@@ -165,6 +170,8 @@ class WorkerLoop:
                 self.role.cancel(msg.request_id)
         elif isinstance(msg, Shutdown):
             self.running = False
+        elif isinstance(msg, AttachStore):
+            self.store.attach(msg)
         elif not self.role.handle(msg):
             raise AssertionError(f"unknown message {msg!r}")
 
@@ -192,7 +199,8 @@ class WorkerLoop:
         claimed = self._claim_prefix_hits(plan) if self.spec.fault == "claim_prefix_hits" else None
         t_start = time.monotonic()
         for seq in plan.reused:
-            self.conn.send(PrefixReused(seq.request_id, seq.n_reused, CacheSource.CONTEXT, t_start))
+            self.conn.send(PrefixReused(seq.request_id, seq.n_reused,
+                                        CacheSource.STORE if seq.is_restored else CacheSource.CONTEXT, t_start))
         try:
             self.ctx.decode(tokens, positions, seq_ids, wants)
         except Exception as exc:  # e.g. no KV slot: fail the step's requests, keep the worker

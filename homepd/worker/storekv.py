@@ -1,0 +1,102 @@
+"""The KV store tier's hands in a worker (``homepd.core.prefixreuse.StoreOps``): save an evicted prefix
+into the worker's store segment, find and restore one, and time both.
+
+Saves run inside the step loop, at the eviction that needs the cells (the cells must be free before the
+next step), so a save is a plain ``llama_state_seq_get_data`` into the shared mapping and nothing more;
+prefixes shorter than ``MIN_STORE_TOKENS`` are not saved (recomputing them costs little).  Its cost per
+token is measured here and shown by ``benchmarks/kv_store.py``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from homepd.core.prefixcache import ReuseMode
+from homepd.core.prefixreuse import store_is_faster
+from homepd.core.protocol import AttachStore, StoreDropped
+from homepd.core.stepmodel import StepEstimate
+from homepd.errors import HomepdError
+from homepd.kv.store import StoreSegment, saved_message
+from homepd.kv.storeindex import StoreHit
+from homepd.kv.segment import unlink_pool_of
+
+# why 64: below it a prefill of the prefix is a few ms on a CPU; the save would cost about as much as it saves
+MIN_STORE_TOKENS = 64
+_EMA = 0.3  # weight of the newest restore in the measured cost per token
+
+
+class ContextStore:
+    """One worker's store segment, attached when the controller sends ``AttachStore``."""
+
+    def __init__(self, ctx, send: Callable[[object], None], model_fingerprint: str,
+                 estimate: Callable[[], StepEstimate | None]):
+        self.ctx, self.send, self.model_fingerprint, self.estimate = ctx, send, model_fingerprint, estimate
+        self.segment: StoreSegment | None = None
+        self.restore_ms_per_token: float | None = None  # measured (EMA); None until the first restore
+        self.save_ms_per_token: float | None = None
+
+    def attach(self, msg: AttachStore) -> None:
+        if self.segment is not None:
+            self.segment.close()
+        self.segment = StoreSegment(msg, self.model_fingerprint, self.ctx.n_ctx)
+
+    @property
+    def n_entries(self) -> int:
+        return len(self.segment.index) if self.segment is not None else 0
+
+    @property
+    def used_bytes(self) -> int:
+        return self.segment.index.used_bytes if self.segment is not None else 0
+
+    def save(self, seq_id: int, tokens: tuple[int, ...]) -> None:
+        store = self.segment
+        if store is None or len(tokens) < MIN_STORE_TOKENS or store.index.covers(tokens):
+            return
+        dropped = store.index.superseded_by(tokens)
+        for old in dropped:
+            store.drop(old)
+        t0 = time.monotonic()
+        try:
+            entry, evicted = store.save(tokens, self.ctx.state_size(seq_id),
+                                        lambda view: self.ctx.state_get(seq_id, view))
+        except HomepdError:
+            entry, evicted = None, []  # not saved: the prefix is recomputed when it comes back
+        if entry is not None:
+            self.save_ms_per_token = (time.monotonic() - t0) * 1e3 / len(tokens)
+        gone = tuple(e.offset for e in (*dropped, *evicted))
+        if gone:
+            self.send(StoreDropped(gone))
+        if entry is not None:
+            self.send(saved_message(entry))
+
+    def lookup(self, prompt_ids, mode: ReuseMode, max_tokens: int) -> StoreHit | None:
+        return self.segment.index.longest_match(prompt_ids, mode, max_tokens) if self.segment is not None else None
+
+    def is_faster(self, hit: StoreHit, n_context_tokens: int) -> bool:
+        return store_is_faster(len(hit.entry.tokens), hit.n_tokens - n_context_tokens, self.restore_ms_per_token,
+                               self.estimate())
+
+    def restore(self, hit: StoreHit, seq_id: int) -> int | None:
+        store = self.segment
+        t0 = time.monotonic()
+        try:
+            store.read(hit.entry, lambda view, n_bytes: self.ctx.state_set(seq_id, view, n_bytes))
+        except HomepdError:
+            store.drop(hit.entry)  # unreadable (overwritten, or another model's): never tried again
+            self.send(StoreDropped((hit.entry.offset,)))
+            return None
+        n_pos = self.ctx.seq_n_pos(seq_id)
+        ms = (time.monotonic() - t0) * 1e3 / max(1, n_pos)
+        self.restore_ms_per_token = ms if self.restore_ms_per_token is None else \
+            (1 - _EMA) * self.restore_ms_per_token + _EMA * ms
+        if hit.n_tokens < n_pos and self.ctx.seq_trim(seq_id, hit.n_tokens) is None:
+            return None
+        store.index.touch(hit.entry)
+        return min(n_pos, hit.n_tokens)
+
+    def abandon(self) -> None:
+        """The controller is gone: unlink its store segment (it cannot any more)."""
+        if self.segment is not None:
+            unlink_pool_of(self.segment.arena.owner_pid, self.segment.arena.token)
+            self.segment.close()
+            self.segment = None
