@@ -1,0 +1,153 @@
+"""The KV store tier on constructed token sequences: its index (longest match, LRU eviction by bytes, the
+budget, superseded entries, a rebuild after a restart), the restore-or-recompute rule, and the prefix cache
+saving an evicted entry and restoring it, on the fake context over a real store segment."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from homepd.core.prefixcache import ReuseMode
+from homepd.core.prefixreuse import store_is_faster
+from homepd.core.protocol import StoreDropped, StoreSaved
+from homepd.core.scheduler import Scheduler
+from homepd.core.stepmodel import StepEstimate
+from homepd.fakellm import FakeContext, FakeModel
+from homepd.kv.pool import extent_bytes_for
+from homepd.kv.ring import PAGE_BYTES
+from homepd.kv.store import StoreBook
+from homepd.kv.storeindex import StoreIndex
+from homepd.worker.prefixkv import ContextKV
+from homepd.worker.storekv import MIN_STORE_TOKENS, ContextStore
+
+from test_prefixreuse import finish, request
+
+PAYLOAD = 3 * PAGE_BYTES  # every entry below: a header page and three payload pages
+EXTENT = extent_bytes_for(PAYLOAD)
+
+
+def save(index: StoreIndex, tokens) -> list:
+    offset, extent, evicted = index.place(PAYLOAD)
+    index.insert(offset, extent, PAYLOAD, tokens)
+    return evicted
+
+
+def test_longest_match_prefers_the_longest_shared_prefix_and_exact_mode_only_whole_entries():
+    index = StoreIndex(8 * EXTENT)
+    save(index, range(0, 100))
+    save(index, [*range(0, 50), *range(500, 550)])
+    prompt = [*range(0, 80), 7, 7]
+    hit = index.longest_match(prompt, ReuseMode.PREFIX)
+    assert hit.n_tokens == 80 and hit.entry.tokens == tuple(range(100))
+    assert index.longest_match(prompt, ReuseMode.EXACT) is None  # no entry lies wholly inside the prompt
+    whole = index.longest_match([*range(100), 1, 2], ReuseMode.EXACT)
+    assert whole.n_tokens == 100
+    assert index.longest_match([9, 9, 9], ReuseMode.PREFIX) is None
+
+
+def test_a_full_store_evicts_the_least_recently_used_entries_until_the_new_one_fits():
+    index = StoreIndex(3 * EXTENT)  # the byte budget: three entries
+    for first in (0, 1000, 2000):
+        assert save(index, range(first, first + 70)) == []
+    index.touch(index.longest_match(range(0, 70), ReuseMode.PREFIX).entry)  # the oldest is used again
+    evicted = save(index, range(3000, 3070))
+    assert [e.tokens[0] for e in evicted] == [1000]  # the least recently used, not the oldest saved
+    assert len(index) == 3 and index.used_bytes == 3 * EXTENT <= index.capacity_bytes
+    assert [e.tokens[0] for e in index.entries()] == [2000, 0, 3000]
+    assert index.place(4 * EXTENT) is None and not index.can_ever_fit(4 * EXTENT)  # never fits: nothing evicted
+    assert len(index) == 3
+    index.allocator.check()
+
+
+def test_an_entry_is_covered_by_a_longer_one_and_supersedes_its_own_prefixes():
+    index = StoreIndex(8 * EXTENT)
+    save(index, range(0, 70))
+    save(index, range(0, 90))
+    assert index.covers(range(0, 80)) and not index.covers(range(0, 95))
+    assert sorted(len(e.tokens) for e in index.superseded_by(range(0, 95))) == [70, 90]
+    assert index.superseded_by(range(1, 95)) == []
+
+
+def test_a_rebuilt_index_holds_the_same_entries_and_allocates_around_them():
+    index = StoreIndex(4 * EXTENT)
+    for first in (0, 1000):
+        save(index, range(first, first + 70))
+    rebuilt = StoreIndex(4 * EXTENT)
+    for entry in index.entries():
+        rebuilt.restore_entry(entry)
+    assert rebuilt.longest_match(range(1000, 1080), ReuseMode.PREFIX).n_tokens == 70
+    offset, _, evicted = rebuilt.place(PAYLOAD)
+    assert evicted == [] and offset not in {e.offset for e in index.entries()}
+
+
+def estimate(ms_per_prompt_token: float) -> StepEstimate:
+    return StepEstimate(base_ms=5.0, ms_per_prompt_token=ms_per_prompt_token, ms_per_decode_token=1.0,
+                        ms_per_kv_ktoken=0.0, n_steps=20, error_ms=0.1)
+
+
+def test_the_store_is_used_only_when_its_measured_restore_beats_the_predicted_prefill():
+    assert store_is_faster(200, 200, 0.01, estimate(1.0))        # 2 ms restore vs 200 ms of prefill
+    assert not store_is_faster(200, 200, 0.01, estimate(0.005))  # a fast GPU prefill: recompute it
+    assert not store_is_faster(1000, 10, 0.01, estimate(0.5))    # a long restore to save ten tokens
+    assert store_is_faster(200, 200, None, None)  # not measured yet: the first restore measures it
+    assert not store_is_faster(200, 0, None, None)  # nothing to gain
+
+
+@pytest.fixture
+def store_and_scheduler():
+    """A scheduler whose prefix cache holds 100 cells, over the fake context and a real 1 MiB store segment."""
+    ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
+    sent: list = []
+    book = StoreBook({"colocated": 1 << 20})
+    store = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
+    store.attach(book.attach_message("colocated"))
+    s = Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, kv_ops=ContextKV(ctx), reuse_mode=ReuseMode.PREFIX,
+                  max_cached_cells=100, store=store)
+    yield s, ctx, store, sent, book
+    store.segment.close()
+    book.close()
+
+
+def test_an_entry_evicted_for_room_is_saved_and_a_later_prompt_restores_it(store_and_scheduler):
+    s, ctx, store, sent, book = store_and_scheduler
+    chat = list(range(10, 10 + 80))
+    a = request("a", chat)
+    finish(s, ctx, a)
+    finish(s, ctx, request("b", range(200, 280)))  # over the 100 cached cells: a's entry goes to the store
+    (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
+    assert len(saved.tokens) == 80 + 3 >= MIN_STORE_TOKENS and store.n_entries == 1
+    book.saved("colocated", saved)
+    turn = request("c", [*saved.tokens, 1, 2, 3])
+    plans = finish(s, ctx, turn)
+    assert turn.is_restored and turn.n_reused == len(saved.tokens)
+    assert plans[0].prefill[0].start == len(saved.tokens)  # only the new tokens are prefilled
+    # b's entry went to the store too, making room for the turn
+    assert s.prefixes.stats().n_store_hits == 1 and s.prefixes.stats().n_store_entries == 2
+    # what the context holds for the turn (kept as a cached entry now) is the conversation, from the store
+    assert ctx._seqs[turn.seq_id][:len(saved.tokens)] == list(saved.tokens)
+    # a restarted worker's store is rebuilt from what the controller was told
+    again = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
+    again.attach(book.attach_message("colocated"))
+    assert again.lookup([*saved.tokens, 9], ReuseMode.PREFIX, 1000).n_tokens == len(saved.tokens)
+    again.segment.close()
+
+
+def test_short_prefixes_are_not_saved_and_a_superseded_entry_is_dropped(store_and_scheduler):
+    s, ctx, store, sent, _ = store_and_scheduler
+    finish(s, ctx, request("short", range(10, 30)))
+    finish(s, ctx, request("b", range(200, 290)))  # evicts "short" (23 tokens): too short to save
+    assert store.n_entries == 0
+    store.save(0, tuple(range(200, 270)))  # as if its first 70 tokens had been saved before
+    ctx_ids = [k for k, v in ctx._seqs.items() if v[:1] == [200]]
+    store.save(ctx_ids[0], tuple(ctx._seqs[ctx_ids[0]]))
+    assert store.n_entries == 1  # the longer entry replaced the one it contains
+    assert any(isinstance(m, StoreDropped) for m in sent)
+
+
+def test_the_controller_unlinks_every_store_segment_it_created():
+    book = StoreBook({"replica-0": 1 << 20, "replica-1": 1 << 20, "tiny": 4096})
+    names = [n for a in book.segments.values() for n in a.names]
+    assert len(names) == 2  # a part too small to hold a prefix gets no segment
+    assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
+    book.close()
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
