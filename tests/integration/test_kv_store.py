@@ -9,10 +9,16 @@ import asyncio
 import os
 import signal
 
+import pytest
+
 from homepd.core.sampling import SamplingParams
 from homepd.kv.segment import STORE_PREFIX
+from homepd.llm import LlamaModel
+from homepd.measure.reference import teacher_forced_deficits
 
-from engine_helpers import fake_coloc, fake_text, make_engine, run
+from engine_helpers import PROMPTS, coloc, fake_coloc, fake_text, make_engine, run
+from test_engine_correctness import MARGIN_LOGITS
+from test_prefix_reuse import DOCUMENT, QUESTIONS
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 CHAT = "You are a helpful assistant. Tell me a story about a lighthouse keeper and the sea, please."  # 94 tokens
@@ -72,3 +78,70 @@ def test_evicted_conversation_is_restored_from_the_store_and_survives_a_worker_k
     assert third_text == fake_text(third_prompt, GREEDY.max_tokens)
     assert len(segments) == 1  # one worker, one segment, owned by this (the controller's) process
     assert store_segments(os.getpid()) == []  # unlinked when the engine stopped
+
+
+# the real model ------------------------------------------------------------------------------------------
+REAL_GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+
+
+def real_config(path, **kw):
+    """One thread; the context's cache holds one conversation's prefix at most (the next one evicts it)."""
+    return coloc(path, n_threads=1, kv_store_bytes=64 << 20, prefix_cache_cells=120, **kw)
+
+
+async def real_turn(engine, prompt: str):
+    stream = await engine.submit(prompt, params=REAL_GREEDY)
+    events, text = await stream.collect()
+    assert events[-1].kind == "done", events[-1]
+    return list(stream.prompt_ids), [e.token_id for e in events if e.kind == "token"], \
+        stream.lifecycle.n_cached_tokens, text
+
+
+def common_prefix(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_real_model_conversation_restored_from_the_store_agrees_with_a_fresh_prefill(
+        which, default_model_path, request):
+    """SmolLM2 (plain cache, mode 'prefix'): the store restores the longest matching prefix of an entry;
+    Gemma 3 (sliding-window layers, mode 'exact'): ``llama_state_seq_get_data`` saves what its caches hold
+    (the full layers' cells and the window's), so a whole saved sequence the prompt continues is restored,
+    as the context's own reuse allows.  After a kill -9 (SmolLM2) the replacement worker restores it too."""
+    path = request.getfixturevalue("gemma_model_path") if which == "gemma3" else default_model_path
+    first = DOCUMENT + QUESTIONS[0]
+
+    async def scenario():
+        async with make_engine(real_config(path)) as engine:
+            t1 = await real_turn(engine, first)
+            await real_turn(engine, PROMPTS[2] + " " + PROMPTS[1])  # the first exchange leaves for the store
+            t2 = await real_turn(engine, first + t1[3] + " Question: and then?")
+            stats = engine.cache_stats()["colocated"]
+            t3 = after = None
+            if which == "smollm2":
+                pid = engine.workers["colocated"].pid
+                os.kill(pid, signal.SIGKILL)
+                await replaced(engine, "colocated", pid)
+                t3 = await real_turn(engine, first + t1[3] + " Question: who came back?")
+                after = engine.cache_stats()["colocated"]
+        return t1, t2, stats, t3, after
+
+    t1, t2, stats, t3, after = run(scenario())
+    kept = t1[0] + t1[1][:-1]  # what the first exchange's KV holds
+    assert stats.n_store_hits == 1
+    if which == "gemma3":
+        assert stats.mode == "exact" and t2[2] == (len(kept) if t2[0][:len(kept)] == kept else 0) > 0
+    else:
+        assert stats.mode == "prefix" and t2[2] == min(common_prefix(t2[0], kept), len(t2[0]) - 1) > len(t1[0])
+    model = LlamaModel(path)
+    try:
+        checks = [t2] if t3 is None else [t2, t3]
+        for prompt_ids, generated, _, _ in checks:
+            deficits = teacher_forced_deficits(model, prompt_ids, generated, n_threads=1)
+            assert max(deficits) <= MARGIN_LOGITS, deficits
+    finally:
+        model.close()
+    if t3 is not None:  # the replacement found the conversation in the store: the longest saved exchange
+        # (the second turn went to the store too: it outgrew the context's cache as it finished)
+        longest = max(common_prefix(t3[0], kept), common_prefix(t3[0], t2[0] + t2[1][:-1]))
+        assert after.n_store_hits == 1 and t3[2] == min(longest, len(t3[0]) - 1) > len(t1[0])
