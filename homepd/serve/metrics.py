@@ -195,6 +195,9 @@ PREFIX_CACHE_SERIES = (
     ("homepd_prefix_cache_bytes", "gauge", "cached_bytes", "Bytes of KV the cached prefixes hold"),
     ("homepd_kv_store_entries", "gauge", "n_store_entries", "Prefixes held in the host-memory KV store"),
     ("homepd_kv_store_bytes", "gauge", "store_bytes", "Bytes of KV held in the host-memory KV store"),
+    ("homepd_kv_store_hits", "counter", "n_store_hits", "Prompts whose prefix was restored from the KV store"),
+    ("homepd_kv_store_hit_tokens", "counter", "n_store_hit_tokens",
+     "Prompt tokens restored from the KV store (not computed)"),
 )
 
 
