@@ -14,6 +14,8 @@ removes.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from homepd.hw.probe import BoxProbe, GpuInfo, fmt_bytes
@@ -33,12 +35,26 @@ STORE_RAM_FRACTION = 4
 MAX_DEFAULT_STORE_BYTES = 8 << 30
 
 
-def store_bytes_for(ram_available_bytes: int | None, used_bytes: int) -> int:
-    """The default KV store size when the workers (and arena) take ``used_bytes`` of RAM."""
+def store_bytes_for(ram_available_bytes: int | None, used_bytes: int, shm_free_bytes: int | None = None) -> int:
+    """The default KV store size when the workers (and arena) take ``used_bytes`` of RAM; at most half of
+    what /dev/shm has free (``shm_free_bytes``, default: read now), where the store's segments live."""
     if ram_available_bytes is None:
         return 0
     room = max(0, ram_available_bytes - RAM_RESERVE_BYTES - used_bytes) // STORE_RAM_FRACTION
+    shm = shm_free() if shm_free_bytes is None else shm_free_bytes
+    # why half of /dev/shm: a container's default is 64 MiB, and the KV arena and other programs use it too
+    if shm is not None:
+        room = min(room, shm // 2)
     return min(MAX_DEFAULT_STORE_BYTES, room) >> 20 << 20
+
+
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm (None: no /dev/shm)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def prefill_context(n_ctx: int, prefill_n_ctx: int | None = None) -> int:

@@ -151,3 +151,25 @@ def test_the_controller_unlinks_every_store_segment_it_created():
     assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
     book.close()
     assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+
+
+def test_the_default_store_takes_a_quarter_of_the_ram_left_within_half_of_dev_shm():
+    from homepd.hw.placement import MAX_DEFAULT_STORE_BYTES, RAM_RESERVE_BYTES, store_bytes_for
+
+    gib = 1 << 30
+    assert store_bytes_for(RAM_RESERVE_BYTES + 9 * gib, gib, shm_free_bytes=64 * gib) == 2 * gib
+    assert store_bytes_for(RAM_RESERVE_BYTES + 9 * gib, gib, shm_free_bytes=64 << 20) == 32 << 20  # a container
+    assert store_bytes_for(RAM_RESERVE_BYTES + 100 * gib, 0, shm_free_bytes=64 * gib) == MAX_DEFAULT_STORE_BYTES
+    assert store_bytes_for(RAM_RESERVE_BYTES, gib, shm_free_bytes=64 * gib) == 0  # no RAM left
+    assert store_bytes_for(None, 0) == 0  # RAM unknown: no store unless asked for
+
+
+def test_kv_store_flag_wins_and_the_fake_backend_has_no_store_unless_asked():
+    from homepd.config import EngineConfig
+    from homepd.launch import kv_store_bytes
+
+    assert kv_store_bytes(EngineConfig(backend="fake"), "fake://model") == 0
+    assert kv_store_bytes(EngineConfig(backend="fake", kv_store_bytes=3 << 20), "fake://model") == 3 << 20
+    assert kv_store_bytes(EngineConfig(kv_store_bytes=0), "unused") == 0  # off
+    with pytest.raises(Exception, match="kv_store_bytes"):
+        EngineConfig(kv_store_bytes=-1).validated()
