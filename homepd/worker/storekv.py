@@ -15,7 +15,7 @@ from homepd.core.prefixcache import ReuseMode
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import AttachStore, StoreDropped
 from homepd.core.stepmodel import StepEstimate
-from homepd.errors import HomepdError
+from homepd.errors import HomepdError, SlotError
 from homepd.kv.store import StoreSegment, saved_message
 from homepd.kv.storeindex import StoreHit
 from homepd.kv.segment import unlink_pool_of
@@ -81,10 +81,12 @@ class ContextStore:
         t0 = time.monotonic()
         try:
             store.read(hit.entry, lambda view, n_bytes: self.ctx.state_set(seq_id, view, n_bytes))
-        except HomepdError:
+        except SlotError:
             store.drop(hit.entry)  # unreadable (overwritten, or another model's): never tried again
             self.send(StoreDropped((hit.entry.offset,)))
             return None
+        except HomepdError:
+            return None  # the context refused it (no room for its cells now): the entry stays for later
         n_pos = self.ctx.seq_n_pos(seq_id)
         ms = (time.monotonic() - t0) * 1e3 / max(1, n_pos)
         self.restore_ms_per_token = ms if self.restore_ms_per_token is None else \
