@@ -103,6 +103,11 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def parse_size_or_off(text: str) -> int:
+    """``parse_size``, or 0 for '0' / 'off' (a tier that is turned off)."""
+    return 0 if str(text).strip().lower() in ("0", "off") else parse_size(text)
+
+
 def _opt(flag: str | None, parse=str, help: str = "", **argparse_kw) -> dict:
     """Field metadata: the CLI flag (``--flag``, env ``HOMEPD_FLAG``) that sets this field."""
     return {"flag": flag, "parse": parse, "help": help, "argparse": argparse_kw}
@@ -200,8 +205,8 @@ class EngineConfig:
                                    "running step on the unified KV cache (default: n_ctx/4)"))
     # the KV store tier (homepd.kv.store): prefixes evicted from a context are saved to host shared memory
     kv_store_bytes: int | None = field(default=None, metadata=_opt(
-        "kv-store", parse_size, "bytes of host shared memory for prefixes evicted from the workers' contexts, "
-                                "restored on a hit when faster than a prefill, e.g. 2G; 0 = off (default: "
+        "kv-store", parse_size_or_off, "bytes of host shared memory for prefixes evicted from the workers' contexts, "
+                                "restored on a hit when faster than a prefill, e.g. 2G; 0 or off = no store (default: "
                                 "the placement plan's, from free RAM; off on the fake backend)"))
     fault: str | None = field(default=None, metadata=_opt(  # test-only, one of FAULTS: a hidden flag
         "fault", help=argparse.SUPPRESS))

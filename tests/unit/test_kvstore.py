@@ -173,3 +173,6 @@ def test_kv_store_flag_wins_and_the_fake_backend_has_no_store_unless_asked():
     assert kv_store_bytes(EngineConfig(kv_store_bytes=0), "unused") == 0  # off
     with pytest.raises(Exception, match="kv_store_bytes"):
         EngineConfig(kv_store_bytes=-1).validated()
+    from homepd.config import parse_size_or_off
+
+    assert parse_size_or_off("0") == parse_size_or_off("off") == 0 and parse_size_or_off("2G") == 2 << 30
