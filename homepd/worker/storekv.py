@@ -70,7 +70,12 @@ class ContextStore:
             self.send(saved_message(entry))
 
     def lookup(self, prompt_ids, mode: ReuseMode, max_tokens: int) -> StoreHit | None:
-        return self.segment.index.longest_match(prompt_ids, mode, max_tokens) if self.segment is not None else None
+        """The longest match, made the most recently used entry: # why: making room in the context for its
+        restore saves other prefixes into the store, which must not evict this one first."""
+        hit = self.segment.index.longest_match(prompt_ids, mode, max_tokens) if self.segment is not None else None
+        if hit is not None:
+            self.segment.index.touch(hit.entry)
+        return hit
 
     def is_faster(self, hit: StoreHit, n_context_tokens: int) -> bool:
         return store_is_faster(len(hit.entry.tokens), hit.n_tokens - n_context_tokens, self.restore_ms_per_token,
@@ -78,6 +83,8 @@ class ContextStore:
 
     def restore(self, hit: StoreHit, seq_id: int) -> int | None:
         store = self.segment
+        if store.index.entry_at(hit.entry.offset) != hit.entry:
+            return None  # evicted since the lookup (the store filled while room was made for it)
         t0 = time.monotonic()
         try:
             store.read(hit.entry, lambda view, n_bytes: self.ctx.state_set(seq_id, view, n_bytes))

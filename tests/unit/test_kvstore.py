@@ -176,3 +176,29 @@ def test_kv_store_flag_wins_and_the_fake_backend_has_no_store_unless_asked():
     from homepd.config import parse_size_or_off
 
     assert parse_size_or_off("0") == parse_size_or_off("off") == 0 and parse_size_or_off("2G") == 2 << 30
+
+
+def test_a_hit_evicted_from_a_full_store_while_making_room_for_it_falls_back_to_a_prefill():
+    from homepd.core.protocol import AttachStore
+    from homepd.kv.pool import KVArena
+    from homepd.kv.segment import STORE_PREFIX
+
+    # a store that holds one entry, and a context too small for the turn beside the cached prefix
+    ctx = FakeContext(FakeModel(), n_ctx=160, n_batch=64, n_seq_max=4, n_threads=1)
+    arena = KVArena.create(extent_bytes_for(1), prefix=STORE_PREFIX, prefault=False)
+    store = ContextStore(ctx, [].append, "f" * 64, lambda: None)
+    store.attach(AttachStore(arena.names))
+    s = Scheduler(n_seq_max=4, n_ctx=160, n_batch=64, chunk=64, kv_ops=ContextKV(ctx), reuse_mode=ReuseMode.PREFIX,
+                  max_cached_cells=100, store=store)
+    try:
+        a = request("a", range(10, 90))
+        finish(s, ctx, a)
+        finish(s, ctx, request("b", range(200, 280)))  # a's entry goes to the store
+        saved = store.segment.index.entries()[0].tokens
+        turn = request("c", [*saved, 1, 2, 3])
+        finish(s, ctx, turn)  # its room evicts b, whose save evicts a's entry from the one-entry store
+        assert not turn.is_restored and turn.n_reused == 0 and turn.output_ids
+        assert store.segment.index.entries()[0].tokens[0] == 200  # the store holds b now
+    finally:
+        store.segment.close()
+        arena.close()
