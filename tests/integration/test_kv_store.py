@@ -81,7 +81,7 @@ def test_evicted_conversation_is_restored_from_the_store_and_survives_a_worker_k
 
 
 # the real model ------------------------------------------------------------------------------------------
-REAL_GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+REAL_GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 
 
 def real_config(path, **kw):
