@@ -202,3 +202,14 @@ def test_a_hit_evicted_from_a_full_store_while_making_room_for_it_falls_back_to_
     finally:
         store.segment.close()
         arena.close()
+
+
+def test_a_worker_whose_controller_died_unlinks_its_store_segment():
+    book = StoreBook({"colocated": 1 << 20})
+    (name,) = book.segments["colocated"].names
+    store = ContextStore(FakeContext(FakeModel(), n_ctx=64, n_batch=64, n_seq_max=1, n_threads=1), [].append,
+                         "f" * 64, lambda: None)
+    store.attach(book.attach_message("colocated"))
+    store.abandon()  # what the worker loop does when its controller is gone
+    assert not os.path.exists(f"/dev/shm/{name}") and store.n_entries == 0
+    book.close()  # the owner's close after that is harmless
