@@ -62,7 +62,9 @@ MAX_PREDICTED_CHUNK = 2048
 CALIBRATION_REQUESTS = 4          # the calibration burst: the mixed trace's first requests, all at once
 RECOVERY_REQUESTS = 8
 # probe_s is set from the SLO's TTFT budget and the grid (``probe_span_s``) when the campaign starts
-SCREEN_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, max_probes=3, time_budget_s=40.0, probe_s=10.0,
+# why time_budget_s 90: the wall budget's share is what bounds a search (the quick campaign's last one gets
+# all that is left)
+SCREEN_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, max_probes=3, time_budget_s=90.0, probe_s=10.0,
                                max_requests=48)
 QUICK_SEARCH = SCREEN_SEARCH
 FULL_SEARCH = SearchSettings(steps_per_octave=4, grow_steps=2, max_probes=4, time_budget_s=75.0, probe_s=22.0,
@@ -74,9 +76,10 @@ FULL_WALL_BUDGET_S = 1800.0
 PROBE_SHARE = 0.85
 SCREEN_SHARE = 0.5            # full: the screen's part of the budget; the refinement gets the rest
 RECOVERY_RESERVE_S = 20.0     # per architecture's recovery scenario
-# why: batching lets a box serve more than one request at a time, stalls less; the serial rate is a fair first
-# guess, and probing above it is cheaper than below (a probe's length is its requests over the rate)
-START_UTILISATION = 1.0
+# why: batching lets a box serve more than one request at a time (here the adaptive chunk passed at twice the
+# serial rate), and probing above the edge is cheaper than below it (a probe's length is its requests over the
+# rate, and a failing one stops once decided)
+START_UTILISATION = 2.0
 # why: on 2 cores a capacity near 0.5-1 req/s makes a meaningful probe 10-20 s long, so 2 minutes hold about
 # five probes: two or three each for the product's question, colocated (chunked) or disaggregated; the full
 # campaign adds replicas and the fixed chunks

@@ -198,6 +198,13 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
             f"interference is measured (x{_fmt(inter.interference_slowdown)}), but disaggregated serving meets "
             f"the TTFT target for {ttft_ok:.0%} and the per-token target for {tpot_ok:.0%} of requests (needs "
             f"{SLO_ATTAINMENT_TARGET:.0%} each); {co_text}")
+    if by_cap and best_co.capacity_rps is not None and best_co.capacity_spread_rps is None:
+        # why: nothing failed on the colocated search (its budget ended first): how far disaggregation is ahead
+        # cannot be told, and it is adopted only with a clear margin
+        return best_co.candidate, "disaggregated-no-clear-margin", (
+            f"interference is measured and disaggregated serving meets both targets, but the best colocated "
+            f"{what} is only a lower bound ({_score_text(best_co, by_cap)}: nothing failed), so its margin "
+            f"({_score_text(d, by_cap)}) cannot be told from the x{DISAGG_MARGIN} needed; {co_text}")
     if margin < DISAGG_MARGIN:
         return best_co.candidate, "disaggregated-no-clear-margin", (
             f"interference is measured and disaggregated serving meets both targets, but its {what} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import types
+from dataclasses import replace
 
 import pytest
 
@@ -130,7 +131,8 @@ def test_a_refined_search_keeps_the_screens_records_and_reports_the_record_at_it
         return types.SimpleNamespace(requests=tuple(reqs), summary=types.SimpleNamespace(goodput_per_s=rate))
 
     slo = SLO()
-    screen = asyncio.run(search_capacity("c", "mixed", 1.0, SCREEN_SEARCH, 0, slo, run_probe))
+    coarse = replace(SCREEN_SEARCH, time_budget_s=40.0)        # a tight share of the wall budget
+    screen = asyncio.run(search_capacity("c", "mixed", 1.0, coarse, 0, slo, run_probe))
     n_screen = len(ran)
     # 1.0 failed, 0.5 passed; 0.71 would overrun the screen's 40 s of probing
     assert ran == [1.0, 0.5] and screen.curve.capacity_rps == 0.5 and screen.curve.spread_rps == 0.5

@@ -115,9 +115,10 @@ def test_interference_is_read_from_a_run_with_enough_samples_not_a_single_outlie
 
 def curve(name, capacity, spread, mix="mixed"):
     from homepd.advise.capacity import CapacityCurve, Probe
-    probes = (Probe(capacity, 10, 1.0, capacity, 0, 10 / capacity, {"interactive": 1.0}),
-              Probe(capacity + spread, 10, 0.5, None, 0, 10, {"interactive": 0.5}, {"every gap <= 100 ms": 5}))
-    return CapacityCurve(name, mix, 0.9, spread, probes, capacity, spread, "every gap <= 100 ms")
+    probes = (Probe(capacity, 10, 1.0, capacity, 0, 10 / capacity, {"interactive": 1.0}),)
+    if spread is not None:  # None: nothing failed above it (a lower bound)
+        probes += (Probe(capacity + spread, 10, 0.5, None, 0, 10, {"interactive": 0.5}, {"every gap <= 100 ms": 5}),)
+    return CapacityCurve(name, mix, 0.9, spread or 0.1, probes, capacity, spread, "every gap <= 100 ms")
 
 
 def with_capacity(ev, curves):
@@ -155,6 +156,11 @@ def test_disaggregation_needs_a_clear_capacity_margin_too():
     clear = recommend(with_capacity(evidence(runs), [curve("colocated-chunk-64", 1.0, 0.19),
                                                      curve("disaggregated", 2.0, 0.38)]))
     assert clear.candidate == DIS and clear.rule == "disaggregated-wins" and clear.tied_with == ()
+    # nothing failed on the colocated search (a lower bound): twice its rate is no clear margin
+    bound = recommend(with_capacity(evidence(runs), [curve("colocated-chunk-64", 1.0, None),
+                                                     curve("disaggregated", 2.0, 0.38)]))
+    assert bound.candidate == CO64 and bound.rule == "disaggregated-no-clear-margin"
+    assert "only a lower bound (1.00 or more req/s: nothing failed)" in bound.reason
 
 
 def test_when_no_rate_passed_anywhere_every_candidate_is_a_tie_ranked_by_goodput_at_the_slowest_probe():
