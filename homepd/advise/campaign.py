@@ -64,8 +64,10 @@ RECOVERY_REQUESTS = 8
 # probe_s is set from the SLO's TTFT budget and the grid (``probe_span_s``) when the campaign starts
 # why time_budget_s 90: the wall budget's share is what bounds a search (the quick campaign's last one gets
 # all that is left)
-SCREEN_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, max_probes=3, time_budget_s=90.0, probe_s=10.0,
-                               max_requests=48)
+# why shrink_steps 1: a probe one step below (x1.41) costs 1.41x its failing neighbour, two steps 2x; with a
+# share of about 30 s the screen affords the first, and a passing rate is what ranks a candidate
+SCREEN_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, shrink_steps=1, max_probes=3, time_budget_s=90.0,
+                               probe_s=10.0, max_requests=48)
 QUICK_SEARCH = SCREEN_SEARCH
 FULL_SEARCH = SearchSettings(steps_per_octave=4, grow_steps=2, max_probes=4, time_budget_s=75.0, probe_s=22.0,
                              max_requests=96)
@@ -330,16 +332,19 @@ class Campaign:
         compares: the refinement measures those finer and on more seeds).  Not exercised ones are left out."""
         out: dict[str, list[str]] = {}
         by_name = {c.name: c for c in candidates}
+        rank = {c.name: i for i, c in enumerate(candidates)}
         for mix in self.settings.mixes:
-            best: dict[Mode, tuple[float, str]] = {}
+            best: dict[Mode, tuple[float, int, str]] = {}
             for (name, m), curve in self.capacity.items():
                 if m != mix or (name, m) in evidence.not_exercised or name not in by_name:
                     continue
-                score = curve.capacity_rps or 0.0
+                # why the rank: on a tie (no rate passed for any, often) the one its topology lists last, the
+                # mode's best scheduler, is refined
+                score = (curve.capacity_rps or 0.0, rank[name], name)
                 mode = by_name[name].mode
-                if mode not in best or score > best[mode][0]:
-                    best[mode] = (score, name)
-            for _, name in best.values():
+                if mode not in best or score > best[mode]:
+                    best[mode] = score
+            for _, _, name in best.values():
                 out.setdefault(name, []).append(mix)
         return {name: tuple(mixes) for name, mixes in out.items()}
 

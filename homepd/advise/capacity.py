@@ -11,8 +11,8 @@ answer's interval (``answer_interval``; tested on constructed curves).  The reso
 ``capacity * (2 ** (1 / steps_per_octave) - 1)`` req/s.
 
 **The search.**  Start at the grid rate nearest an estimate from the box's measured prefill and decode speeds
-(``start_rate_rps``); while no probe failed, go up ``grow_steps`` grid steps; while none passed, go down as
-many; then bisect the grid steps between the highest passing rate below the lowest failing one and that
+(``start_rate_rps``); while no probe failed, go up ``grow_steps`` grid steps; while none passed, go down
+``shrink_steps`` (default as many: a probe below is longer, so a campaign short of time steps down by less); then bisect the grid steps between the highest passing rate below the lowest failing one and that
 failing rate, until they are adjacent (the resolution) or the probe budget (``max_probes`` probes, at most
 ``time_budget_s`` of probing: the probes' durations) is spent; the rate stays within [``min_rate_rps``,
 ``max_rate_rps``], and above the rate at which the smallest probe alone would take the whole time budget (when every probe fails there,
@@ -85,6 +85,7 @@ class SearchSettings:
     target_share: float = DEFAULT_TARGET_SHARE
     steps_per_octave: int = 4          # grid ratio 2 ** (1/4): 19 % resolution
     grow_steps: int = 4                # grid steps per bracketing move (4 = a factor of 2 on this grid)
+    shrink_steps: int | None = None    # grid steps down while nothing passed (None: grow_steps)
     max_probes: int = 6
     time_budget_s: float = 120.0       # the probes' durations summed over one search
     attainment_resolution: float = 0.1
@@ -191,7 +192,7 @@ class CapacitySearch:
             top = max(self._ks)
             return None if top >= self._k_max else min(top + s.grow_steps, self._k_max)
         if low is None:                          # nothing passed below the lowest failure: shrink
-            return None if high <= self._k_min else max(high - s.grow_steps, self._k_min)
+            return None if high <= self._k_min else max(high - (s.shrink_steps or s.grow_steps), self._k_min)
         if high - low <= 1:
             return None                          # adjacent grid points: the resolution
         return (low + high) // 2

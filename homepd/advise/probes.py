@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from homepd.advise.capacity import CapacityCurve, CapacitySearch, Probe, SearchSettings, probe_requests
-from homepd.core.lifecycle import RequestClass
+from homepd.core.lifecycle import RequestClass, RequestState
 from homepd.measure.metrics import SLO, TokenTarget
 from homepd.measure.replay import RunRecord
 
@@ -67,6 +67,9 @@ as not met (and not as any target's miss: the ones that decided it are named).""
     allowance = drain_allowance_s(requests, slo, speeds)
     deadline = max(lc.arrived_s for lc in requests) + allowance if allowance is not None and requests else None
     for lc in requests:
+        if lc.state is RequestState.CANCELLED:  # stopped with the probe (``decided_failing``): not met, no target's
+            per_class.setdefault(str(lc.request_class), []).append(False)
+            continue
         missed = slo.miss(lc)
         what = slo.target_text(missed) if missed is not None else None
         if what is None and deadline is not None and lc.ended_s is not None and lc.ended_s > deadline:

@@ -75,6 +75,10 @@ def test_the_refinement_takes_each_architectures_best_on_each_mix_and_never_an_u
     got = campaign._contenders(cands, evidence)
     assert got == {"colocated-adaptive": ("mixed",), "disaggregated-routed": ("mixed",), "replicas-2": ("mixed",),
                    "colocated-chunk-256": ("short",), "disaggregated": ("short",)}
+    # nothing passed for any colocated candidate: the mode's best scheduler (listed last) is refined
+    for name in ("colocated-chunk-256", "colocated-adaptive", "colocated-unchunked"):
+        campaign.capacity[(name, "long")] = curve(name, "long", None)
+    assert "long" in campaign._contenders(cands, evidence)["colocated-adaptive"]
 
 
 def lifecycle(i: int, arrived: float, ended: float, klass: str = "interactive", n_prompt: int = 40) -> Lifecycle:
@@ -134,14 +138,14 @@ def test_a_refined_search_keeps_the_screens_records_and_reports_the_record_at_it
     coarse = replace(SCREEN_SEARCH, time_budget_s=40.0)        # a tight share of the wall budget
     screen = asyncio.run(search_capacity("c", "mixed", 1.0, coarse, 0, slo, run_probe))
     n_screen = len(ran)
-    # 1.0 failed, 0.5 passed; 0.71 would overrun the screen's 40 s of probing
-    assert ran == [1.0, 0.5] and screen.curve.capacity_rps == 0.5 and screen.curve.spread_rps == 0.5
+    # 1.0 failed, one coarse step down 0.71 passed: adjacent on the x1.41 grid
+    assert ran == pytest.approx([1.0, 2 ** -0.5]) and screen.curve.capacity_rps == pytest.approx(2 ** -0.5)
     fine = asyncio.run(search_capacity("c", "mixed", 1.0, FULL_SEARCH, 0, slo, run_probe,
                                        prior=screen.curve.probes, prior_records=screen.records))
     assert fine.curve.probes[:n_screen] == screen.curve.probes        # the screen's probes are its points
-    assert ran[n_screen:] == pytest.approx([2 ** -0.5, 2 ** -0.25])    # bisects on: 0.71 passes, 0.84 fails
-    assert fine.curve.capacity_rps == pytest.approx(2 ** -0.5) and fine.curve.spread_rps < 0.2
-    assert fine.record_at_capacity is fine.records[ran[n_screen]]
+    assert ran[n_screen:] == pytest.approx([2 ** -0.25])               # bisects on: 0.84 fails
+    assert fine.curve.capacity_rps == pytest.approx(2 ** -0.5) and fine.curve.spread_rps < 0.14
+    assert fine.record_at_capacity is screen.records[ran[1]]           # the screen's record at 0.71, kept
     assert set(fine.records) == set(ran)                               # every probe's record, the screen's too
 
 
@@ -167,3 +171,9 @@ def test_a_probe_is_stopped_once_more_requests_missed_than_the_target_allows_and
     record = types.SimpleNamespace(requests=tuple(good + [late]), summary=types.SimpleNamespace(goodput_per_s=1))
     probe = probe_of(record, 1.0, 0, slo, n_planned=10)
     assert probe.n_requests == 10 and probe.attainment == 0.3 and probe.misses == {"interactive TTFT <= 4 s": 1}
+    # one cancelled by the stop: not met, and not named as any target's miss (the ones that decided it are)
+    cut = lifecycle(4, now - 3, now)
+    cut.state = RequestState.CANCELLED
+    record = types.SimpleNamespace(requests=tuple(good + [late, cut]), summary=types.SimpleNamespace(goodput_per_s=1))
+    probe = probe_of(record, 1.0, 0, slo, n_planned=10)
+    assert probe.attainment == 0.3 and probe.misses == {"interactive TTFT <= 4 s": 1}

@@ -175,3 +175,13 @@ def test_the_probe_span_lets_one_grid_step_over_the_capacity_build_a_ttft_of_bac
         backlog = (2 ** (1 / n) - 1) * span  # seconds of work left over after ``span`` one step above
         assert ttft <= backlog < ttft + (2 ** (1 / n) - 1)   # enough, and no more than a second longer
     assert (probe_span_s(4.0, 2), probe_span_s(4.0, 4)) == (10.0, 22.0)
+
+
+def test_a_search_short_of_time_steps_down_by_less_than_it_grows():
+    settings = SearchSettings(steps_per_octave=2, grow_steps=2, shrink_steps=1, max_probes=3, time_budget_s=1e9)
+    s = CapacitySearch(1.0, settings)
+    s.record(Probe(s.next_rate(), 10, 0.5, 0.5, 0, 10, {}))          # 1.0 failed
+    assert s.next_rate() == pytest.approx(2 ** -0.5)                   # one step down (x1.41), not two
+    s2 = CapacitySearch(1.0, settings)
+    s2.record(Probe(s2.next_rate(), 10, 1.0, 1.0, 0, 10, {}))         # 1.0 passed
+    assert s2.next_rate() == 2.0                                       # up by two
