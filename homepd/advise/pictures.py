@@ -74,8 +74,12 @@ def read_curve(data) -> CapacityCurve | None:
     if not isinstance(data, dict) or not isinstance(data.get("probes"), (list, tuple)):
         return None
     try:
-        points = sorted((float(p["rate_rps"]), float(p["attainment"])) for p in data["probes"]
-                        if isinstance(p, dict) and p.get("rate_rps") is not None and p.get("attainment") is not None)
+        at: dict[float, list[float]] = {}
+        for p in data["probes"]:
+            if isinstance(p, dict) and p.get("rate_rps") is not None and p.get("attainment") is not None:
+                at.setdefault(round(float(p["rate_rps"]), 9), []).append(float(p["attainment"]))
+        # why the mean: the repeats probe some rates on two seeds; one point per rate keeps the curve a curve
+        points = sorted((rate, sum(a) / len(a)) for rate, a in at.items())
         return CapacityCurve(
             candidate=str(data["candidate"]), mix=str(data["mix"]), target_share=float(data.get("target_share", 0.9)),
             points=tuple(points), capacity_rps=_float_or_none(data.get("capacity_rps")),

@@ -46,7 +46,9 @@ def fixed_chunk(plan: ExportPlan) -> int | None:
 
 def llama_server_args(plan: ExportPlan) -> list[str]:
     """The llama-server flags of the plan (one server; replicas get one each)."""
-    args = ["-c", plan.n_ctx, "-np", plan.n_seq_max]
+    # why --kv-unified: homepd's cache is one pool all sequences share (a long prompt may use all of n_ctx);
+    # without it llama-server splits -c into -np slots of n_ctx/np (a 521-token prompt was refused at 4096/8)
+    args = ["-c", plan.n_ctx, "-np", plan.n_seq_max, "--kv-unified"]
     chunk = fixed_chunk(plan)
     if chunk is not None:
         args += ["-b", chunk, "-ub", chunk]

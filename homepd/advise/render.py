@@ -217,6 +217,8 @@ def campaign_shape(s) -> str:
     """The campaign's size in words: its mixes, grids, repeats and time budget."""
     grid = lambda search: f"x{2 ** (1 / search.steps_per_octave):.2f}"  # noqa: E731
     text = f"{'quick' if s.quick else 'full'} campaign: {len(s.mixes)} prompt mix(es), grid {grid(s.search)}"
+    if s.refine is None:  # why say it: seed to seed, the edge moves by more than one grid step on a small box
+        text += ", one seed"
     if s.refine is not None:
         text += (f"; each architecture's best per mix refined on grid {grid(s.refine)}, "
                  f"{s.repeats} repeat(s) on {', '.join(s.repeat_mixes)}")

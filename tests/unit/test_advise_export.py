@@ -86,7 +86,7 @@ def test_the_routing_threshold_lies_between_the_longest_prompt_kept_local_and_th
 def test_llama_server_gets_the_chunk_as_its_batch_and_the_plan_s_slots_context_threads_and_cache():
     files = recipe(plan_from_run(stored_run()), "llama-server").files
     line = files["launch.sh"].splitlines()[-1]
-    for flags in ("-c 8192", "-np 4", "-b 32 -ub 32", "-t 4 -tb 4", "--cache-prompt --cache-reuse 256", "--jinja"):
+    for flags in ("-c 8192", "-np 4 --kv-unified", "-b 32 -ub 32", "-t 4 -tb 4", "--cache-prompt --cache-reuse 256", "--jinja"):
         assert flags in line
     golden("llama-server-colocated-chunk-32.sh", files["launch.sh"])
     replicas = recipe(plan_from_run(stored_run(), "replicas-2"), "llama-server").files["launch.sh"]

@@ -64,6 +64,10 @@ def test_curves_are_found_wherever_the_evidence_carries_them_and_older_runs_have
 def test_probes_are_drawn_in_rate_order():
     data = curve("a", "mixed", 0.4, rates=(0.8, 0.1, 0.4, 0.2))
     assert [r for r, _ in pics.read_curve(data).points] == [0.1, 0.2, 0.4, 0.8]
+    # a rate probed on two seeds (the refinement's repeat) is one point: their mean
+    twice = dict(data, probes=[*data["probes"], {**data["probes"][0], "attainment": 1.0}])
+    points = dict(pics.read_curve(twice).points)
+    assert len(points) == 4 and points[data["probes"][0]["rate_rps"]] == (data["probes"][0]["attainment"] + 1.0) / 2 == 0.75
 
 
 def test_latencies_pool_the_repeats_of_finished_requests_and_leave_out_the_recovery_run():
