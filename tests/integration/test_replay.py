@@ -123,13 +123,14 @@ def test_a_small_chunk_bounds_the_stall(default_model_path):
 
 
 def test_a_stop_rule_cancels_what_runs_and_never_sends_the_rest():
-    """A probe decided early: the stop rule fires when the first short request ends; the long one running
-    then is cancelled, and the one due 60 s later is never sent (the replay does not wait for it)."""
+    """A probe decided early: the stop rule fires when the short request ends; the long one running then is
+    cancelled, and the one due 60 s later is never sent (the replay does not wait for it)."""
     from homepd.core.lifecycle import RequestState
     from homepd.measure.trace.model import TraceRequest
 
-    trace = [TraceRequest(0.0, prompt="one two three", max_tokens=2, ignore_eos=True),
-             TraceRequest(0.0, prompt="four five six", max_tokens=100_000, ignore_eos=True),
+    # the long one is sent first, the short one 0.2 s later (its submit has long returned: it is running)
+    trace = [TraceRequest(0.0, prompt="four five six", max_tokens=100_000, ignore_eos=True),
+             TraceRequest(0.2, prompt="one two three", max_tokens=2, ignore_eos=True),
              TraceRequest(60.0, prompt="seven eight", max_tokens=2, ignore_eos=True)]
     asked = []
 
@@ -145,7 +146,7 @@ def test_a_stop_rule_cancels_what_runs_and_never_sends_the_rest():
 
     records, _ = run(scenario())
     assert len(records) == 2                     # the third never sent
-    short, long_ = records
+    long_, short = records
     assert short.state is RequestState.FINISHED and len(short.token_times_s) == 2
     assert long_.state is RequestState.CANCELLED and len(long_.token_times_s) < 100_000
     assert asked[0] == ([short.request_id], [long_.request_id])   # asked as the first ended, the long running
