@@ -66,3 +66,16 @@ def no_controller_errors(caplog):
 def anyio_backend():
     """The app's async tests (Textual) run on asyncio."""
     return "asyncio"
+
+
+@pytest.fixture
+def config_home(tmp_path, monkeypatch):
+    """A clean environment: no HOMEPD_* variable, XDG config home and the system config file in tmp_path."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("HOMEPD_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr("homepd.config.SYSTEM_CONFIG_FILE", tmp_path / "etc" / "config.toml")
+    return tmp_path

@@ -29,17 +29,6 @@ def stored(recommended: str = "colocated-chunk-64", **extra) -> dict:
             "candidates": to_plain(CANDIDATES), **extra}
 
 
-@pytest.fixture
-def config_home(tmp_path, monkeypatch):
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("HOMEPD_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr("homepd.config.SYSTEM_CONFIG_FILE", tmp_path / "etc" / "config.toml")
-    return tmp_path
-
 
 def parse(argv=()):
     parser = argparse.ArgumentParser()

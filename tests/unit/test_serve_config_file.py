@@ -10,18 +10,6 @@ from homepd.config import (EngineConfig, add_config_flags, config_file_values, c
 from homepd.errors import ConfigError
 
 
-@pytest.fixture
-def config_home(tmp_path, monkeypatch):
-    """A clean environment: no HOMEPD_* variable, XDG config home in tmp_path."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("HOMEPD_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr("homepd.config.SYSTEM_CONFIG_FILE", tmp_path / "etc" / "config.toml")
-    return tmp_path
-
 
 def parse(argv):
     parser = argparse.ArgumentParser()
