@@ -304,7 +304,7 @@ class Campaign:
                     curves.append(outcome.curve)
                     if not refine:
                         self._screened[(cand.name, mix)] = outcome
-                    if repeat == 0:  # the refinement's records replace the screen's
+                    if refine and repeat == 0:  # the refinement's records replace the screen's
                         evidence.runs.pop((cand.name, mix), None)
                     if outcome.record_at_capacity is not None:
                         self.records[(cand.name, mix, repeat)] = outcome.record_at_capacity
@@ -379,12 +379,12 @@ class Campaign:
             self._calibration_estimate = engine.step_estimate(Role.COLOCATED)
 
     def _start_rate(self, mix: str) -> float:
-        probe = self._trace(mix, 12, 1.0, self.settings.seed * 1000)
-        prompt = sum(estimate_tokens(r.text) for r in probe) / len(probe)
-        output = sum(r.max_tokens for r in probe) / len(probe)
         measured = sorted(c.capacity_rps for (_, m), c in self.capacity.items() if m == mix and c.capacity_rps)
         if measured:  # where the earlier candidates' edges are: one probe there usually brackets this one's
             return measured[len(measured) // 2]
+        probe = self._trace(mix, 12, 1.0, self.settings.seed * 1000)  # built only when no edge is known yet
+        prompt = sum(estimate_tokens(r.text) for r in probe) / len(probe)
+        output = sum(r.max_tokens for r in probe) / len(probe)
         return start_rate_rps(self.speeds[0], self.speeds[1], prompt, output, utilisation=START_UTILISATION)
 
     async def _recovery(self, cand: Candidate, run_id) -> None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from homepd.advise.capacity import CapacityCurve, CapacitySearch, Probe, SearchSettings, probe_requests
-from homepd.core.lifecycle import RequestClass, RequestState
-from homepd.measure.metrics import SLO, TokenTarget
+from homepd.core.lifecycle import RequestState
+from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord
 
 
@@ -23,18 +23,10 @@ def decided_failing(n_planned: int, slo: SLO, target_share: float):
     target (every-gap SLO).  Then the probe's outcome cannot change: the rest is time spent on nothing."""
     allowed = n_planned - math.ceil(target_share * n_planned - 1e-9)
 
-    def doomed(lc, now_s: float) -> bool:
-        if lc.request_class is not RequestClass.INTERACTIVE:
-            return False
-        if lc.first_token_s is None:
-            return (now_s - lc.arrived_s) * 1e3 > slo.ttft_ms
-        gaps = lc.itl_s
-        return (slo.token_target is TokenTarget.EVERY_GAP and slo.itl_ms is not None and bool(gaps)
-                and max(gaps) * 1e3 > slo.itl_ms)
-
     def stop(ended, running) -> bool:
         now = time.monotonic()
-        misses = sum(1 for lc in ended if slo.miss(lc) is not None) + sum(1 for lc in running if doomed(lc, now))
+        misses = sum(1 for lc in ended if slo.miss(lc) is not None) \
+            + sum(1 for lc in running if slo.is_doomed(lc, now))
         return misses > allowed
 
     return stop

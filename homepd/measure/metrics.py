@@ -160,6 +160,17 @@ class SLO:
     def is_met_by(self, lc: Lifecycle) -> bool:
         return self.miss(lc) is None
 
+    def is_doomed(self, lc: Lifecycle, now_s: float) -> bool:
+        """Whether a *running* interactive request can no longer meet its targets: no first token and already
+        past the TTFT target, or (every-gap target) a gap over the per-token target so far."""
+        if lc.request_class is not RequestClass.INTERACTIVE:
+            return False
+        if lc.first_token_s is None:
+            return (now_s - lc.arrived_s) * 1e3 > self.ttft_ms
+        gaps = lc.itl_s
+        return (self.token_target is TokenTarget.EVERY_GAP and self.itl_ms is not None and bool(gaps)
+                and max(gaps) * 1e3 > self.itl_ms)
+
     def target_text(self, target: SLOTarget) -> str:
         """One target in words, as the evidence names the one that decided (``every gap <= 100 ms``)."""
         if target is SLOTarget.FINISHED:
