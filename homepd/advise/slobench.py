@@ -8,7 +8,7 @@ candidate.  Everything stored is plain data (``target_result``), so the history 
 """
 from __future__ import annotations
 
-from homepd.advise.capacity import CapacityCurve, Probe, curve_at_rates
+from homepd.advise.capacity import CapacityCurve, Probe
 from homepd.advise.probes import probe_of
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.stats import percentile
@@ -40,11 +40,6 @@ def probe_figures(record: RunRecord, rate_rps: float, seed: int, slo: SLO) -> tu
         "ttft_p50_ms": percentile(ttfts, 50), "ttft_p90_ms": percentile(ttfts, 90),
         "max_gap_p50_ms": percentile(max_gaps, 50), "max_gap_p90_ms": percentile(max_gaps, 90),
         "n_failed": record.summary.n_failed, "first_error": errors[0] if errors else None}
-
-
-def fixed_rate_curve(candidate: str, mix: str, probes: list[Probe], target_share: float) -> CapacityCurve:
-    """The curve of probes at given rates (``--rates``): ``capacity.curve_at_rates``."""
-    return curve_at_rates(candidate, mix, probes, target_share)
 
 
 def target_result(name: str, url: str, model: str, curve: CapacityCurve, figures: list[dict]) -> dict:

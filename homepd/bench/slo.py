@@ -9,8 +9,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from homepd.advise.capacity import CapacitySearch, SearchSettings, probe_requests, start_rate_rps
-from homepd.advise.slobench import KIND, client_record, fixed_rate_curve, headline, probe_figures, target_result
+from homepd.advise.capacity import CapacitySearch, SearchSettings, curve_at_rates, probe_requests, start_rate_rps
+from homepd.advise.slobench import KIND, client_record, headline, probe_figures, target_result
 from homepd.bench.client import HttpTarget
 from homepd.core.admission import RequestClass
 from homepd.core.records import to_plain
@@ -134,7 +134,7 @@ async def bench_server(server: Server, settings: BenchSettings, store=None, run_
                 if any(p.rate_rps < rate and p.attainment < s.stop_below for p in probes):
                     continue  # a lower rate already failed badly: a higher one cannot pass
                 probes.append(await probe(rate, s.n_requests or probe_requests(rate, s.search), index))
-            curve = fixed_rate_curve(server.name, mix, probes, s.search.target_share)
+            curve = curve_at_rates(server.name, mix, probes, s.search.target_share)
         else:
             search = CapacitySearch(s.start_rps or _start_rate(warm[0], s), s.search)
             while (rate := search.next_rate()) is not None:

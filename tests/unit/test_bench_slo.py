@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from homepd.advise.capacity import Probe
-from homepd.advise.slobench import fixed_rate_curve, render_table
+from homepd.advise.capacity import curve_at_rates
+from homepd.advise.slobench import render_table
 from homepd.bench.client import HttpTarget
 from homepd.bench.slo import BenchSettings, Server, bench_server, bench_servers
 from homepd.cli.history import render_run
@@ -202,14 +203,14 @@ def test_the_capacity_of_fixed_rates_is_the_highest_pass_below_the_lowest_failur
     def probe(rate, attainment, misses=None):
         return Probe(rate, 10, attainment, None, 0, 10 / rate, {}, misses or {})
 
-    curve = fixed_rate_curve("s", "mixed", [probe(0.5, 1.0), probe(1.0, 0.8, {"interactive TTFT <= 4 s": 2}),
+    curve = curve_at_rates("s", "mixed", [probe(0.5, 1.0), probe(1.0, 0.8, {"interactive TTFT <= 4 s": 2}),
                                             probe(2.0, 0.9), probe(4.0, 0.2, {"every gap <= 100 ms": 8})], 0.9)
     assert (curve.capacity_rps, curve.spread_rps) == (0.5, 0.5)  # the pass at 2/s above a failure does not count
     assert curve.decided_by == "every gap <= 100 ms"
-    none_failed = fixed_rate_curve("s", "mixed", [probe(1.0, 1.0), probe(2.0, 0.95)], 0.9)
+    none_failed = curve_at_rates("s", "mixed", [probe(1.0, 1.0), probe(2.0, 0.95)], 0.9)
     assert (none_failed.capacity_rps, none_failed.spread_rps) == (2.0, None)
     assert "nothing failed up to 2" in none_failed.decided_by
-    all_failed = fixed_rate_curve("s", "mixed", [probe(1.0, 0.5, {"every request finishes": 5})], 0.9)
+    all_failed = curve_at_rates("s", "mixed", [probe(1.0, 0.5, {"every request finishes": 5})], 0.9)
     assert all_failed.capacity_rps is None and all_failed.decided_by == "every request finishes"
     assert "< lowest rate" in render_table([{"name": "s", "url": "u", "model": "m", "mix": "mixed",
                                               "target_share": 0.9, "capacity_rps": None, "spread_rps": None,
