@@ -31,8 +31,9 @@ DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 # (tests/test_engine_correctness.py): feed another sequence's token, or feed the previous token again;
 # and "claim_prefix_hits": the worker reports half of each prompt as a reused prefix without reusing anything,
 # so the faces' cache figures are tested end to end on the fake backend (tests/integration/test_serve_cache.py);
-# and "reuse_off_by_one": a reused prefix keeps one cell past the match (tests/integration/test_prefix_reuse.py)
-FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits", "reuse_off_by_one")
+# and "reuse_off_by_one": a reused prefix keeps one cell past the match (tests/integration/test_prefix_reuse.py);
+# and "store_off_by_one": a prefix restored from the KV store keeps one cell past the match (test_kv_store.py)
+FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits", "reuse_off_by_one", "store_off_by_one")
 # "llama": llama.cpp; "fake": a deterministic stand-in for tests of logic that does not need the model
 BACKENDS = ("llama", "fake")
 
@@ -430,4 +431,9 @@ def max_cached_cells(config: EngineConfig, n_ctx: int) -> int:
     """KV cells a worker's cached prefixes may hold (0: no prefix cache), for a worker of ``n_ctx`` cells."""
     if not config.prefix_cache:
         return 0
-    return min(n_ctx, config.prefix_cache_cells if config.prefix_cache_cells is not None else n_ctx // 4)
+    return cached_cells_for(n_ctx, config.prefix_cache_cells)
+
+
+def cached_cells_for(n_ctx: int, prefix_cache_cells: int | None) -> int:
+    """The cached-prefix budget of a context of ``n_ctx`` cells: ``--prefix-cache-cells``, else a quarter."""
+    return min(n_ctx, prefix_cache_cells if prefix_cache_cells is not None else n_ctx // 4)

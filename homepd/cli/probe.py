@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from homepd.config import cached_cells_for
 from homepd.hw.probe import BoxProbe, fmt_bytes, probe, to_json
 
 
@@ -92,6 +93,8 @@ def register(subparsers: Any) -> None:
                         help="disaggregated: the KV arena's size (default: the plan's, from the prefill context)")
     parser.add_argument("--kv-store", type=_size, default=None,
                         help="the KV store tier's size (default: the plan's, from free RAM)")
+    parser.add_argument("--prefix-cache-cells", type=int, default=None,
+                        help="KV cells cached prefixes may keep in a context (default: a quarter of --n-ctx)")
     parser.set_defaults(func=run)
 
 
@@ -123,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
     prefill_n_ctx = prefill_context(args.n_ctx, args.prefill_n_ctx)
     plan = plan_placement(box, model_bytes if args.model_bytes is None else args.model_bytes, kv_bytes,
                           prefill_kv_bytes=kv_bytes * prefill_n_ctx // max(args.n_ctx, 1),
-                          transfer_bytes=args.kv_arena, store_bytes=args.kv_store)
+                          transfer_bytes=args.kv_arena, store_bytes=args.kv_store,
+                          prefix_cache_bytes=kv_bytes * cached_cells_for(args.n_ctx, args.prefix_cache_cells)
+                          // max(args.n_ctx, 1))
     if args.json:
         print(to_json(box, plan))
     else:

@@ -131,6 +131,7 @@ class PlacementPlan:
     replicas: ReplicasPlacement
     notes: tuple[str, ...]
     store_bytes: int = 0  # the KV store tier (host shared memory for prefixes evicted from contexts)
+    prefix_cache_bytes: int = 0  # of kv_bytes: what the cells cached prefixes may keep in a context hold
 
 
 def _fits(need_bytes: int, have_bytes: int | None) -> bool:
@@ -284,7 +285,8 @@ def _replicas(gpus: tuple[GpuInfo, ...], groups: CoreGroups, need: int, fit: Mem
 
 def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
                    transfer_bytes: int | None = None, n_replicas: int = 2,
-                   prefill_kv_bytes: int | None = None, store_bytes: int | None = None) -> PlacementPlan:
+                   prefill_kv_bytes: int | None = None, store_bytes: int | None = None,
+                   prefix_cache_bytes: int = 0) -> PlacementPlan:
     """Place prefill and decode for colocated and disaggregated serving on ``probe``'s box.
 
     ``kv_bytes`` is the KV cache for the configured context and sequences, held
@@ -333,7 +335,7 @@ def plan_placement(probe: BoxProbe, model_bytes: int, kv_bytes: int, *,
         store_bytes = store_bytes_for(ram, max(need + prefill_need + transfer, n_replicas * need))
     return PlacementPlan(
         model_bytes=model_bytes, kv_bytes=kv_bytes, prefill_kv_bytes=prefill_kv, uses_gpus=bool(gpus), memory=fit,
-        store_bytes=store_bytes,
+        store_bytes=store_bytes, prefix_cache_bytes=min(prefix_cache_bytes, kv_bytes),
         colocated=_colocated(gpus, groups, need, fit),
         disaggregated=_disaggregated(gpus, groups, model_bytes, need, prefill_need, transfer, fit, ram),
         replicas=_replicas(gpus, groups, need, fit, ram, n_replicas),
@@ -353,7 +355,8 @@ def render_plan_text(plan: PlacementPlan) -> str:
     """The plan as the lines ``homepd probe`` prints under the probe."""
     m = plan.memory
     d = plan.disaggregated
-    lines = [f"placement  model {fmt_bytes(plan.model_bytes)} + KV {fmt_bytes(plan.kv_bytes)} "
+    cached = f" (cached prefixes up to {fmt_bytes(plan.prefix_cache_bytes)} of it)" if plan.prefix_cache_bytes else ""
+    lines = [f"placement  model {fmt_bytes(plan.model_bytes)} + KV {fmt_bytes(plan.kv_bytes)}{cached} "
              f"= {fmt_bytes(m.worker_bytes)} per worker; fits in RAM once: {'yes' if m.fits_ram_once else 'no'}",
              f"           disaggregated: prefill {fmt_bytes(m.prefill_worker_bytes)} (KV "
              f"{fmt_bytes(plan.prefill_kv_bytes)}) + decode {fmt_bytes(m.worker_bytes)} + KV arena "

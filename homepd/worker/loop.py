@@ -99,7 +99,8 @@ class WorkerLoop:
         self.step_model = OnlineStepModel()
         policy = StepPolicy(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=self.step_model.estimate)
         # the KV store tier: its segment comes with the controller's AttachStore (none: no store)
-        self.store = ContextStore(ctx, conn.send, spec.model_fingerprint, self.step_model.estimate)
+        self.store = ContextStore(ctx, conn.send, spec.model_fingerprint, self.step_model.estimate,
+                                  fault=spec.fault)
         self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
                                    chunk=spec.chunk, decodes=spec.decodes, policy=policy,
                                    kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,

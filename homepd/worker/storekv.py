@@ -26,11 +26,16 @@ _EMA = 0.3  # weight of the newest restore in the measured cost per token
 
 
 class ContextStore:
-    """One worker's store segment, attached when the controller sends ``AttachStore``."""
+    """One worker's store segment, attached when the controller sends ``AttachStore``.
+
+    ``fault="store_off_by_one"`` (test-only) keeps one cell past the matched prefix of a restored entry: the
+    request then holds, where its prompt parts from the saved sequence, that sequence's token instead of its
+    own (tests/integration/test_kv_store.py shows the teacher-forced check failing on it)."""
 
     def __init__(self, ctx, send: Callable[[object], None], model_fingerprint: str,
-                 estimate: Callable[[], StepEstimate | None]):
+                 estimate: Callable[[], StepEstimate | None], fault: str | None = None):
         self.ctx, self.send, self.model_fingerprint, self.estimate = ctx, send, model_fingerprint, estimate
+        self.fault = fault
         self.segment: StoreSegment | None = None
         self.restore_ms_per_token: float | None = None  # measured (EMA); None until the first restore
         self.save_ms_per_token: float | None = None
@@ -98,10 +103,11 @@ class ContextStore:
         ms = (time.monotonic() - t0) * 1e3 / max(1, n_pos)
         self.restore_ms_per_token = ms if self.restore_ms_per_token is None else \
             (1 - _EMA) * self.restore_ms_per_token + _EMA * ms
-        if hit.n_tokens < n_pos and self.ctx.seq_trim(seq_id, hit.n_tokens) is None:
+        n_keep = hit.n_tokens + 1 if self.fault == "store_off_by_one" else hit.n_tokens
+        if n_keep < n_pos and self.ctx.seq_trim(seq_id, n_keep) is None:
             return None
         store.index.touch(hit.entry)
-        return min(n_pos, hit.n_tokens)
+        return min(n_pos, n_keep)
 
     def abandon(self) -> None:
         """The controller is gone: unlink its store segment (it cannot any more)."""

@@ -18,7 +18,7 @@ from homepd.measure.reference import teacher_forced_deficits
 
 from engine_helpers import PROMPTS, coloc, fake_coloc, fake_text, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS
-from test_prefix_reuse import DOCUMENT, QUESTIONS
+from test_prefix_reuse import DOCUMENT, FACTS, QUESTIONS
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 CHAT = "You are a helpful assistant. Tell me a story about a lighthouse keeper and the sea, please."  # 94 tokens
@@ -145,3 +145,24 @@ def test_real_model_conversation_restored_from_the_store_agrees_with_a_fresh_pre
         # (the second turn went to the store too: it outgrew the context's cache as it finished)
         longest = max(common_prefix(t3[0], kept), common_prefix(t3[0], t2[0] + t2[1][:-1]))
         assert after.n_store_hits == 1 and t3[2] == min(longest, len(t3[0]) - 1) > len(t1[0])
+
+
+def test_teacher_forced_check_catches_an_off_by_one_in_a_store_restore(default_model_path):
+    """The check above can fail: with ``fault="store_off_by_one"`` a restored entry keeps one cell past the
+    match, so the second question's prompt holds the first one's country where the two part."""
+    async def scenario():
+        async with make_engine(real_config(default_model_path, fault="store_off_by_one")) as engine:
+            await real_turn(engine, DOCUMENT + FACTS[0])
+            await real_turn(engine, PROMPTS[2] + " " + PROMPTS[1])  # the first exchange leaves for the store
+            second = await real_turn(engine, DOCUMENT + FACTS[1])
+            return second, engine.cache_stats()["colocated"]
+
+    (prompt_ids, generated, n_cached, _), stats = run(scenario())
+    assert stats.n_store_hits == 1 and n_cached > 0  # the document came back from the store (one cell too many)
+    model = LlamaModel(default_model_path)
+    try:
+        deficits = teacher_forced_deficits(model, prompt_ids, generated, n_threads=1)
+    finally:
+        model.close()
+    # the first answer token is chosen after the wrong country; a correct restore stays within MARGIN_LOGITS
+    assert deficits[0] > 2 * MARGIN_LOGITS, deficits

@@ -72,3 +72,13 @@ def test_launch_gives_the_prefill_worker_its_context_and_the_engine_the_arena():
     setup = prepare(by_hand, box=box)
     assert setup.placements["prefill"].n_ctx == 3000 and setup.kv_arena_bytes == 5 * MIB
     assert kv_arena_bytes(EngineConfig(backend="fake"), "fake://model", box) is None  # colocated: no arena
+
+
+def test_the_plan_says_how_much_of_the_kv_cache_cached_prefixes_may_hold():
+    from homepd.config import cached_cells_for
+
+    assert cached_cells_for(4096, None) == 1024 and cached_cells_for(4096, 5000) == 4096
+    plan = plan_placement(make_box(ram_gib=32), 2 * GIB, GIB, prefix_cache_bytes=GIB * cached_cells_for(4096, None) // 4096)
+    assert plan.prefix_cache_bytes == GIB // 4
+    assert "KV 1.0 GiB (cached prefixes up to 256.0 MiB of it)" in render_plan_text(plan)
+    assert "cached prefixes" not in render_plan_text(plan_placement(make_box(ram_gib=32), 2 * GIB, GIB))
