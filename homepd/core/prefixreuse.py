@@ -119,15 +119,27 @@ class PrefixReuse:
             pass
         return True
 
+    def expected_reuse(self, seq: Sequence) -> int:
+        """The prompt tokens waiting seq would take from the context's cached prefixes if admitted now (the
+        rule of ``take``, without taking anything; the store is not asked: its lookup is not free)."""
+        match = self._context_match(seq)
+        return 0 if match is None else match.n_tokens
+
+    def _context_match(self, seq: Sequence):
+        """The cached entry seq's prompt would take (all but its last token at most), or None: nothing, or a
+        partial match under ``MIN_PARTIAL_MATCH_TOKENS`` (a shared BOS is not a hit)."""
+        match = self.index.longest_match(seq.prompt_ids, self.mode, max_tokens=seq.n_prompt - 1)
+        if match is not None and match.n_tokens < min(match.entry.n_cells, MIN_PARTIAL_MATCH_TOKENS):
+            return None
+        return match
+
     def take(self, seq: Sequence, n_cells: int) -> bool:
         """Give waiting seq (nothing prefilled) the cached entry matching its prompt longest, reserving
         ``n_cells`` under that entry's id, and mark the kept prefix as prefilled.  False: nothing matched
         (or the context refused the trim); seq has no id then."""
         self.n_lookups += 1
         self.n_lookup_tokens += seq.n_prompt
-        match = self.index.longest_match(seq.prompt_ids, self.mode, max_tokens=seq.n_prompt - 1)
-        if match is not None and match.n_tokens < min(match.entry.n_cells, MIN_PARTIAL_MATCH_TOKENS):
-            match = None
+        match = self._context_match(seq)
         if self.store is not None:
             hit = self.store.lookup(seq.prompt_ids, self.mode, seq.n_prompt - 1)
             n_context = match.n_tokens if match is not None else 0

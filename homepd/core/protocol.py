@@ -33,6 +33,8 @@ class WorkerSpec:
     # adaptive chunk: each step's prompt budget keeps interactive decodes within this ITL (None: fixed chunk,
     # which is then also the largest adaptive budget)
     itl_budget_ms: float | None = None
+    # adaptive chunk: the longest step when no interactive stream decodes (steppolicy.IDLE_STEP_SHARE_OF_TTFT)
+    idle_step_ms: float | None = None
     # prefix reuse (homepd.core.prefixreuse): finished sequences' KV kept up to this many cells (0: off)
     max_cached_cells: int = 0
 

@@ -26,6 +26,9 @@ class Sequence:
     n_preemptions: int = 0           # times the full KV context took its cells back (homepd.core.kvpolicy)
     n_reused: int = 0                # prompt tokens taken from a cached prefix, not computed (homepd.core.prefixreuse)
     is_restored: bool = False        # that prefix came from the KV store tier, not the context
+    # while waiting: the prompt tokens it is expected to take from a cached prefix when admitted (what the
+    # deadline order counts as done; homepd.core.prefixreuse.PrefixReuse.expected_reuse, set on arrival)
+    n_expected_reuse: int = 0
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)

@@ -5,7 +5,9 @@ Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
 * ``prompt_budget``: while interactive streams decode, the prompt tokens a step may carry so that the
   step — and so every running interactive stream's next token — stays within the ITL budget, from the
   online step-time model (decode batch size, prompt tokens, context).  When only background streams
-  decode, or none, the whole ``max_chunk``: prefill runs at full speed when nobody is waiting on a token.
+  decode, or none, as much as an eighth of the TTFT budget holds (an interactive prompt arriving then
+  waits for that step), but never so little that the step's fixed cost slows prefill, and at most
+  ``max_chunk``: on a GPU the whole chunk, on a CPU a chunk of about 500 ms.
 * ``prompt_order``: interactive prompts before background ones; among interactive prompts, those whose
   TTFT deadline can still be met in deadline order (earliest first), and the ones that cannot all be met
   are set aside — Moore–Hodgson: when the deadlines ahead cannot all be kept, the prompt with the most
@@ -14,6 +16,7 @@ Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence as Seq
 
 from homepd.core.admission import RequestClass
@@ -24,20 +27,45 @@ from homepd.core.stepmodel import StepEstimate
 # them on; on a busy 2-core box that adds up to ~10-15 ms of jitter to single gaps, so steps aim at 85% of
 # the ITL budget (measured: at 100% of it a third of the requests saw one gap over the budget at 0.5 req/s)
 STEP_SHARE_OF_ITL = 0.85
+# why: when no interactive stream decodes, a step may carry the whole chunk, and an interactive prompt that
+# arrives then waits for that step and then shares its own with the rest of the long prompt.  On a CPU a
+# 256-token chunk over a 600-token document is a 2.5 s step: a RAG follow-up question waited 4-5 s behind
+# another document's prefill (benchmarks/chat_bench.py), where llama-server answered in 0.7 s.  So such a
+# step is capped at an eighth of the TTFT budget (500 ms of 4 s); on a GPU the chunk binds long before.
+IDLE_STEP_SHARE_OF_TTFT = 0.125
+# why: a step's fixed cost (reading the weights once) must stay a small part of it, or capped steps would cost
+# prefill throughput: the cap never goes below the chunk whose fixed cost is 10 % of the step
+MAX_FIXED_SHARE = 0.10
 
 
 def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,
                   itl_budget_ms: float | None, kv_in_use: int = 0, min_chunk: int = 4,
-                  max_chunk: int = 512) -> int:
+                  max_chunk: int = 512, idle_step_ms: float | None = None) -> int:
     """Prompt tokens the next step may carry (before the batch-size cap).
 
     Before the model has seen enough steps: ``min_chunk`` while interactive streams decode (safe until
-    measured)."""
-    if n_interactive_decodes == 0 or itl_budget_ms is None:
+    measured).  ``idle_step_ms``: when no interactive stream decodes, the longest step (an interactive prompt
+    arriving meanwhile waits for it; ``idle_step_budget``), but never a chunk whose fixed cost is over
+    ``MAX_FIXED_SHARE`` of the step; None: the whole ``max_chunk``."""
+    if itl_budget_ms is None:
         return max_chunk
+    if n_interactive_decodes == 0:
+        return max_chunk if model is None else idle_step_budget(model, n_decodes, kv_in_use, idle_step_ms, max_chunk)
     if model is None:
         return min_chunk
     return model.chunk_for_itl(itl_budget_ms * STEP_SHARE_OF_ITL, n_decodes, kv_in_use=kv_in_use, lo=min_chunk, hi=max_chunk)
+
+
+def idle_step_budget(model: StepEstimate, n_decodes: int, kv_in_use: int, idle_step_ms: float | None,
+                     max_chunk: int) -> int:
+    """The prompt budget of a step no interactive stream waits on: as much as ``idle_step_ms`` holds, at
+    least the chunk that keeps the step's fixed cost within ``MAX_FIXED_SHARE``, at most ``max_chunk``."""
+    if idle_step_ms is None:
+        return max_chunk
+    per = max(model.ms_per_prompt_token + model.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
+    efficient = math.ceil(max(model.base_ms, 0.0) * (1 - MAX_FIXED_SHARE) / MAX_FIXED_SHARE / per)
+    held = model.chunk_for_itl(idle_step_ms, n_decodes, kv_in_use, lo=1, hi=max_chunk, margin_sd=0.0)
+    return max(1, min(max_chunk, max(held, efficient)))
 
 
 def prompt_order(prompts: Seq[Sequence], now_s: float, ms_per_prompt_token: float | None,
@@ -53,7 +81,8 @@ def prompt_order(prompts: Seq[Sequence], now_s: float, ms_per_prompt_token: floa
         return interactive + background
 
     def work_s(seq: Sequence) -> float:
-        left = seq.n_prompt - seq.n_prefilled
+        # a waiting prompt's cached prefix is not work: it is taken, not computed, when admitted
+        left = seq.n_prompt - (seq.n_prefilled if seq.seq_id is not None else max(seq.n_prefilled, seq.n_expected_reuse))
         steps = -(-left // tokens_per_step) if tokens_per_step else 1
         return (left * ms_per_prompt_token + steps * step_ms) / 1e3
 
@@ -86,8 +115,10 @@ class StepPolicy:
     budget) and the order of prompts.  ``estimate``: the worker's online step-time model, read per step."""
 
     def __init__(self, chunk: int | None, n_batch: int, itl_budget_ms: float | None = None,
-                 estimate: Callable[[], StepEstimate | None] = lambda: None, min_chunk: int = 4):
+                 estimate: Callable[[], StepEstimate | None] = lambda: None, min_chunk: int = 4,
+                 idle_step_ms: float | None = None):
         self.chunk, self.n_batch, self.itl_budget_ms = chunk, n_batch, itl_budget_ms
+        self.idle_step_ms = idle_step_ms
         self.estimate, self.min_chunk = estimate, min(min_chunk, n_batch)
         self.between_steps_ms = 0.0  # time spent outside steps before the next one (set by the worker loop)
 
@@ -103,7 +134,8 @@ class StepPolicy:
         interactive = sum(1 for s in decode if s.request_class != RequestClass.BACKGROUND)
         itl = max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
         return min(room, prompt_budget(self.estimate(), len(decode), interactive, itl, kv_in_use,
-                                       min_chunk=self.min_chunk, max_chunk=self.n_batch))
+                                       min_chunk=self.min_chunk, max_chunk=self.n_batch,
+                                       idle_step_ms=self.idle_step_ms))
 
     def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0,
               tokens_per_step: int = 1) -> list[Sequence]:

@@ -96,7 +96,8 @@ class AdmissionGate:
         est = self.estimate(worker)
         if est is None:
             return None
-        per_step = prompt_budget(est, n_decode, n_interactive_decode, spec.step_itl_budget_ms, max_chunk=spec.n_batch)
+        per_step = prompt_budget(est, n_decode, n_interactive_decode, spec.step_itl_budget_ms, max_chunk=spec.n_batch,
+                                 idle_step_ms=spec.idle_step_ms)
         per_step = max(1, min(per_step, spec.n_batch - n_decode))
         return est.prefill_tok_s(n_decode, per_step), est.predict_ms(0, n_decode)
 

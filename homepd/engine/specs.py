@@ -4,6 +4,7 @@ from __future__ import annotations
 from homepd.config import EngineConfig, max_cached_cells
 from homepd.core.modes import Role
 from homepd.core.protocol import EngineSetup, WorkerSpec
+from homepd.core.steppolicy import IDLE_STEP_SHARE_OF_TTFT
 from homepd.engine.topology import topology_for
 
 
@@ -19,6 +20,7 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             n_gpu_layers=999 if place.n_gpu_layers < 0 else place.n_gpu_layers, fault=config.fault,
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
+            idle_step_ms=idle_step_ms(config, role),
             max_cached_cells=max_cached_cells(config, place.n_ctx or config.n_ctx))
     return specs
 
@@ -29,3 +31,12 @@ def itl_budget_ms(config: EngineConfig, role: Role) -> float | None:
     prefill worker) must not stall the streams it exists to keep smooth (at a fixed chunk 256 they stalled
     them by 1.9 s in an advise campaign); the chunk is then its largest prompt budget."""
     return config.itl_budget_ms if config.adaptive_chunk or role is Role.DECODE else None
+
+
+def idle_step_ms(config: EngineConfig, role: Role) -> float | None:
+    """The longest step of a worker whose chunk adapts when no interactive stream decodes: an eighth of the
+    interactive TTFT budget, so that an interactive prompt arriving meanwhile is not held for long (None:
+    no cap, the fixed chunk; a prefill worker, which runs no decodes, keeps the whole chunk)."""
+    if itl_budget_ms(config, role) is None or role is Role.PREFILL:
+        return None
+    return config.ttft_budget_ms * IDLE_STEP_SHARE_OF_TTFT

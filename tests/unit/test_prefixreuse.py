@@ -187,3 +187,28 @@ def test_a_few_shared_leading_tokens_are_not_worth_a_reuse():
     other = request("b", [1] + list(range(300, 340)))  # shares only its BOS
     plans = finish(s, ctx, other)
     assert other.n_reused == 0 and prefilled(plans, "b") == 41 and s.prefixes.stats().n_hits == 0
+
+
+def test_a_follow_up_whose_history_is_cached_is_ordered_as_the_short_job_it_is():
+    """The deadline order counts a waiting prompt's cached prefix as done: a follow-up turn due soon goes
+    before a long prompt already past its deadline (counted whole, the follow-up looked late too, and the
+    long one, due earlier, went first)."""
+    from homepd.core.stepmodel import StepEstimate
+    from homepd.core.steppolicy import StepPolicy
+
+    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=4.5, ms_per_decode_token=2.0, ms_per_kv_ktoken=0.0,
+                       n_steps=100, error_ms=0.0)
+    ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
+    s = Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, kv_ops=ContextKV(ctx), reuse_mode=ReuseMode.PREFIX,
+                  max_cached_cells=512, policy=StepPolicy(64, 64, estimate=lambda: est))
+    first = request("a", DOC)
+    finish(s, ctx, first)
+    late = request("late", list(range(300, 450)))
+    late.deadline_s = -1.0                                     # already past: 150 tokens cannot be on time
+    follow = request("b", DOC + first.output_ids[:-1] + [40, 7, 8, 9])
+    follow.deadline_s = 0.1                                    # 87 tokens whole: 0.4 s; its 4 new ones: 0.02 s
+    s.add(late)
+    s.add(follow)
+    assert follow.n_expected_reuse == len(DOC) + len(first.output_ids) - 1 and late.n_expected_reuse == 0
+    plan = s.schedule(0.0)
+    assert [sl.seq.request_id for sl in plan.prefill][0] == "b" and follow.n_reused == follow.n_expected_reuse

@@ -9,7 +9,8 @@ from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import OnlineStepModel, StepEstimate
-from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson, prompt_budget, prompt_order
+from homepd.core.steppolicy import (MAX_FIXED_SHARE, STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson, prompt_budget,
+                                   prompt_order)
 
 TRUE = dict(base=12.0, prompt=4.5, decode=2.0, kv=0.5)  # ms, like SmolLM2 on 2 cores
 
@@ -87,6 +88,36 @@ def test_budget_grows_to_the_whole_chunk_when_no_interactive_stream_decodes():
     assert prompt_budget(est, 4, 0, 100.0, max_chunk=256) == 256     # only background decodes
     assert prompt_budget(None, 2, 2, 100.0, min_chunk=16) == 16       # unmeasured: the safe minimum
     assert prompt_budget(estimate(base_ms=150.0), 2, 2, 100.0, min_chunk=16) == 16  # over even when empty
+
+
+def test_a_step_no_interactive_stream_waits_on_is_capped_so_an_arriving_prompt_is_not_held_long():
+    est = estimate()  # 12 ms + 4.5 ms a prompt token: a CPU
+    chunk = prompt_budget(est, 0, 0, 100.0, max_chunk=256, idle_step_ms=500.0)
+    assert est.predict_ms(chunk, 0) <= 500.0 < est.predict_ms(chunk + 1, 0) and chunk < 256
+    # background decodes share the capped step too
+    assert prompt_budget(est, 3, 0, 100.0, max_chunk=256, idle_step_ms=500.0) < chunk
+    # a GPU-like model: the whole chunk fits the cap
+    fast = estimate(base_ms=8.0, ms_per_prompt_token=0.05)
+    assert prompt_budget(fast, 0, 0, 100.0, max_chunk=256, idle_step_ms=500.0) == 256
+    # never below the chunk whose fixed cost is MAX_FIXED_SHARE of the step (a tight cap would cost throughput)
+    heavy = estimate(base_ms=100.0, ms_per_prompt_token=1.0)
+    floor = prompt_budget(heavy, 0, 0, 100.0, max_chunk=2048, idle_step_ms=50.0)
+    assert heavy.base_ms / heavy.predict_ms(floor, 0) <= MAX_FIXED_SHARE + 1e-9
+    assert heavy.base_ms / heavy.predict_ms(floor - 1, 0) > MAX_FIXED_SHARE
+    # a fixed chunk (no ITL budget) and an unmeasured box keep the whole chunk
+    assert prompt_budget(est, 0, 0, None, max_chunk=256, idle_step_ms=500.0) == 256
+    assert prompt_budget(None, 0, 0, 100.0, max_chunk=256, idle_step_ms=500.0) == 256
+
+
+def test_the_adaptive_workers_get_an_eighth_of_the_ttft_budget_as_their_idle_step_and_a_prefill_worker_none():
+    from homepd.config import EngineConfig
+    from homepd.core.modes import Role
+    from homepd.engine.specs import idle_step_ms
+
+    cfg = EngineConfig(model="m.gguf", ttft_budget_ms=4000.0)
+    assert idle_step_ms(cfg, Role.COLOCATED) == 500.0 and idle_step_ms(cfg, Role.DECODE) == 500.0
+    assert idle_step_ms(cfg, Role.PREFILL) is None
+    assert idle_step_ms(EngineConfig(model="m.gguf", adaptive_chunk=False), Role.COLOCATED) is None
 
 
 def test_moore_hodgson_sacrifices_one_long_job_to_keep_several_short_ones():
