@@ -38,21 +38,43 @@ class Stall:
         return max(self.culprits, key=lambda c: c.held_ms, default=None)
 
 
+@dataclass(frozen=True)
+class Gap:
+    """One inter-token gap of a stream: token ``token_index`` came at ``t_s``, the one before at ``t_prev_s``."""
+    token_index: int
+    t_prev_s: float
+    t_s: float
+
+    @property
+    def gap_ms(self) -> float:
+        return (self.t_s - self.t_prev_s) * 1e3
+
+
+def gaps_over(token_times_s: list[float], itl_target_ms: float, limit: int | None = None) -> list[Gap]:
+    """The gaps of ``token_times_s`` above ``itl_target_ms``, largest first (the ``limit`` largest, when given)."""
+    gaps = [Gap(i, token_times_s[i - 1], token_times_s[i]) for i in range(1, len(token_times_s))
+            if (token_times_s[i] - token_times_s[i - 1]) * 1e3 > itl_target_ms]
+    gaps.sort(key=lambda g: -g.gap_ms)
+    return gaps if limit is None else gaps[:limit]
+
+
 def attribute_stalls(records: list[Lifecycle], steps: list[StepRecord], itl_target_ms: float) -> list[Stall]:
     """Every gap above ``itl_target_ms`` in ``records``, with the prompts that held it; largest gap first."""
+    return attribute_gaps([(lc.request_id, gaps_over(lc.token_times_s, itl_target_ms)) for lc in records], steps)
+
+
+def attribute_gaps(gaps_by_request: list[tuple[str, list[Gap]]], steps: list[StepRecord]) -> list[Stall]:
+    """``attribute_stalls`` for gaps already picked out (``gaps_over``), per request id: the prompts whose steps
+    held each; largest gap first."""
     by_role: dict[str, list[StepRecord]] = {}
     for s in sorted(steps, key=lambda s: s.t_start_s):
         by_role.setdefault(s.worker_role, []).append(s)
     ends = {role: [s.t_end_s for s in ss] for role, ss in by_role.items()}
     out = []
-    for lc in records:
-        times = lc.token_times_s
-        for i in range(1, len(times)):
-            gap_ms = (times[i] - times[i - 1]) * 1e3
-            if gap_ms <= itl_target_ms:
-                continue
-            culprits = _in_gap(by_role, ends, lc.request_id, times[i - 1], times[i])
-            out.append(Stall(lc.request_id, i, gap_ms, tuple(culprits)))
+    for request_id, gaps in gaps_by_request:
+        for g in gaps:
+            culprits = _in_gap(by_role, ends, request_id, g.t_prev_s, g.t_s)
+            out.append(Stall(request_id, g.token_index, g.gap_ms, tuple(culprits)))
     out.sort(key=lambda st: -st.gap_ms)
     return out
 

@@ -1,5 +1,6 @@
 """Operations routes: ``/health`` (liveness), ``/ready``, ``/metrics`` (Prometheus), ``/status`` (JSON) and
-``/events`` (SSE: engine snapshots every ``interval_s`` and each finished request, for the dashboard)."""
+``/events`` (SSE: engine snapshots and sampled steps every ``interval_s``, and each finished request, for the
+dashboard)."""
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,10 @@ async def status(request: Request):
 
 @router.get("/events", responses={200: {"description": "an endless event stream", "content": {"text/event-stream": {}}}})
 async def events(request: Request, interval_s: Annotated[float, Query(ge=0.1, le=60.0)] = 1.0):
-    """Server-sent events: ``snapshot`` (``/status`` without recent requests) every ``interval_s``, and
-    ``request`` (a finished request's lifecycle) as each ends."""
+    """Server-sent events: ``snapshot`` (``/status`` without recent requests) every ``interval_s``;
+    ``request`` (a finished request's lifecycle, its largest token gap and its gaps over the ITL budget) as
+    each ends; ``steps`` after each interval: the engine steps that ran in it, at most 256 of them (a sample,
+    prompt-carrying steps first) with counts over all of them (``homepd.measure.stepstream.StepSample``)."""
     service = request.app.state.service
     queue = service.subscribe()
 
@@ -66,6 +69,8 @@ async def events(request: Request, interval_s: Annotated[float, Query(ge=0.1, le
                     event = await service.next_event(queue, left)
                     if event is not None:
                         yield format_sse_event(event=event[0], data_str=json.dumps(event[1]))
+                if not service.is_exiting:
+                    yield format_sse_event(event="steps", data_str=json.dumps(service.drain_steps(queue).to_dict()))
         finally:
             service.unsubscribe(queue)
 

@@ -16,10 +16,13 @@ import time
 from collections import deque
 
 from homepd.config import EngineConfig
+from homepd.core.admission import RequestClass
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.protocol import StepRecord
 from homepd.core.origin import ConfigOrigin
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
+from homepd.measure.stepstream import StepSample, StepSampler, TokenGaps
 from homepd.measure.trace.traffic import Route
 from homepd.launch import config_origin
 from homepd.serve.errors import unavailable
@@ -51,7 +54,8 @@ class Service:
         self.metrics = ServiceMetrics(self)
         self.in_flight: dict[str, str] = {}           # request id -> request class, admitted and not finished
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
-        self._subscribers: set[asyncio.Queue] = set()
+        # each /events client's queue of events, and its sample of the steps run since its last steps event
+        self._subscribers: dict[asyncio.Queue, StepSampler] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._exiting = asyncio.Event()
@@ -82,6 +86,7 @@ class Service:
             if self.sampler is not None:
                 self.sampler.register_process(os.getpid(), "controller")
             self.engine = Engine(self.config, setup, sampler=self.sampler)
+            self.engine.step_listeners.append(self._on_step)
             await self.engine.start()
             if self.settings.warmup:
                 stream = await self.engine.submit("Hello", params=SamplingParams(max_tokens=1))
@@ -188,7 +193,9 @@ class Service:
         if self.traffic is not None:
             self.traffic.ended(request_id, lc)
         self.metrics.observe_finished(lc)
-        record = {**lc.to_dict(), "request_class": request_class}
+        itl_target_ms = self.config.class_budgets[RequestClass.INTERACTIVE].itl_ms  # a gap over it is a stall
+        record = {**lc.to_dict(), "request_class": request_class,
+                  **TokenGaps.of(lc.request_id, lc.token_times_s, itl_target_ms).to_dict()}
         self.recent.append(record)
         self.publish("request", record)
         self.notifier.status(self._status_line())
@@ -258,11 +265,22 @@ class Service:
 
     def subscribe(self) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
-        self._subscribers.add(queue)
+        self._subscribers[queue] = StepSampler()
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue) -> None:
-        self._subscribers.discard(queue)
+        self._subscribers.pop(queue, None)
+
+    def _on_step(self, step: StepRecord) -> None:
+        # why a bounded sampler per client, not its queue: a step costs O(1) per client whatever the step rate,
+        # and a client that reads slowly holds at most its sampler's bound, never a growing backlog
+        for sampler in self._subscribers.values():
+            sampler.add(step)
+
+    def drain_steps(self, queue: asyncio.Queue) -> StepSample:
+        """The steps run since this client's previous call, sampled (at most ``stepstream.MAX_STEPS``)."""
+        sampler = self._subscribers.get(queue)
+        return sampler.drain(time.monotonic()) if sampler is not None else StepSample.of((), time.monotonic())
 
     def publish(self, kind: str, data: dict) -> None:
         for queue in self._subscribers:

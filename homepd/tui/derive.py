@@ -16,6 +16,7 @@ from homepd.core.lifecycle import RequestTimings
 from homepd.core.records import AdmissionSnapshot, EngineSnapshot, WorkerEvent, WorkerEventKind
 from homepd.measure.metrics import interference
 from homepd.measure.stalls import Stall
+from homepd.measure.stepstream import StepSample
 from homepd.tui.records import (ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats, GpuView, HardwareView,
                                 ProcessView, RequestRow, WorkerView)
 
@@ -156,18 +157,17 @@ def worst_stalls(stalls: Iterable[Stall]) -> dict[str, Stall]:
     return out
 
 
-def chart_point(t_s: float, interval_s: float, finished: Sequence[RequestTimings], steps: Sequence | None = None,
+def chart_point(t_s: float, interval_s: float, finished: Sequence[RequestTimings], steps: StepSample | None = None,
                 window_steps: Sequence | None = None) -> ChartPoint:
     """One tick of the live charts from the requests that finished in it and, where the
-    step log is at hand, the steps that ended in it (``steps``) and the last minute of steps
-    (``window_steps``, for the interference index)."""
+    step log is at hand, the steps that ended in it (``steps``: its counts are over every step, sampled or
+    not) and the last minute of steps (``window_steps``, for the interference index)."""
     ttfts = [t.ttft_s * 1e3 for t in finished if t.ttft_s is not None]
     tpots = [t.tpot_s * 1e3 for t in finished if t.tpot_s is not None]
     itl = tok_s = slowdown = None
     if steps is not None:
-        decode_steps = [s for s in steps if s.n_decode_tokens]
-        itl = max((s.duration_ms for s in decode_steps), default=None)
-        tok_s = sum(s.n_decode_tokens for s in decode_steps) / interval_s if interval_s > 0 else None
+        itl = steps.max_decode_step_ms
+        tok_s = steps.n_decode_tokens / interval_s if interval_s > 0 else None
     elif interval_s > 0:
         tok_s = sum(t.n_output_tokens for t in finished) / interval_s
     if window_steps:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import httpx
@@ -9,9 +10,10 @@ import pytest
 
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
-from homepd.core.protocol import PrefixCacheStats
+from homepd.core.protocol import PrefixCacheStats, StepRecord
 from homepd.core.records import EngineSnapshot, WorkerSnapshot
 from homepd.errors import HomepdError
+from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui.sources.remote import RemoteSource, find_service, iter_sse, service_address
 
 pytestmark = pytest.mark.timeout(30)
@@ -44,6 +46,7 @@ def finished(request_id: str, ttft_s: float, n_tokens: int, n_cached: int = 0) -
 
 
 RENAME: dict = {}   # a test sets {"old": "new"} for a field of the engine snapshot the service sends
+EVENTS: list = []   # a test sets the (name, data) events /events sends before its snapshot
 
 
 def engine_status() -> dict:
@@ -62,6 +65,9 @@ def service(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401, json={"error": {"message": "missing or wrong API key"}})
     if request.url.path == "/status":
         return httpx.Response(200, json=status())
+    if request.url.path == "/events" and EVENTS:
+        return httpx.Response(200, content=sse(*EVENTS, ("snapshot", json.dumps(engine_status()))),
+                              headers={"content-type": "text/event-stream"})
     if request.url.path == "/events":
         request_done = finished("chatcmpl-1", 0.3, 4).to_dict()     # what homepd serve publishes
         return httpx.Response(200, content=sse(("request", json.dumps(request_done)),
@@ -102,8 +108,53 @@ def test_the_dashboard_follows_the_status_and_event_stream():
         (cache,) = tick.architecture.caches  # /status's typed cache stats, per worker
         assert (cache.worker, cache.hit_ratio, cache.cached_bytes) == ("colocated", pytest.approx(2 / 3), 3 << 20)
         assert [r.request_id for r in tick.requests] == ["chatcmpl-1"] and tick.requests[0].ttft_ms == pytest.approx(300.0)
-        assert tick.point.ttft_ms == pytest.approx(300.0) and tick.point.interference is None   # no step log over HTTP
+        assert tick.point.ttft_ms == pytest.approx(300.0) and tick.point.interference is None   # no steps sent
+        assert tick.requests[0].itl_max_ms is None and tick.requests[0].stall == ""            # (an older service)
         assert "remote: homepd serve at http://homepd.test (ready, live)" == tick.status
+    finally:
+        source.stop()
+
+
+def stalled_events(steps_until_s: float) -> list[tuple[str, str]]:
+    """What homepd serve sends for a stream whose third token waited 300 ms on req-7's 256-token chunk, and a
+    steps event covering the engine's steps up to ``steps_until_s``."""
+    lc = Lifecycle("chatcmpl-1", arrived_s=100.0, n_prompt_tokens=9)
+    lc.advance(RequestState.PREFILLING, 100.0)
+    lc.advance(RequestState.DECODING, 100.25)
+    steps = [StepRecord("colocated", 0, 100.25, 100.30, ("chatcmpl-1",), ()),
+             StepRecord("colocated", 1, 100.30, 100.35, ("chatcmpl-1",), ()),
+             StepRecord("colocated", 2, 100.35, 100.65, ("chatcmpl-1",), (("req-7", 256),)),
+             StepRecord("colocated", 3, 100.65, 100.70, ("chatcmpl-1",), ())]
+    for s in steps:
+        lc.add_token(s.t_end_s)
+    lc.advance(RequestState.FINISHED, 100.70)
+    request = {**lc.to_dict(), "request_class": "interactive", **TokenGaps.of(lc.request_id, lc.token_times_s,
+                                                                               100.0).to_dict()}
+    return [("request", json.dumps(request)), ("steps", json.dumps(StepSample.of(steps, steps_until_s).to_dict()))]
+
+
+def test_the_service_s_steps_give_the_attached_dashboard_its_stalls_itl_and_interference(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "EVENTS", stalled_events(steps_until_s=100.8))
+    source = make()
+    try:
+        source.start(lambda message: None)
+        assert source.wait_finished(["chatcmpl-1"], 10)
+        tick = source.tick()
+        (row,) = tick.requests
+        assert row.itl_max_ms == pytest.approx(300.0) and row.stall == "300 ms ← req-7 (256 tok, same step)"
+        assert tick.point.itl_ms == pytest.approx(300.0) and tick.point.interference == pytest.approx(6.0)
+    finally:
+        source.stop()
+
+
+def test_a_finished_request_waits_for_the_steps_up_to_its_end(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "EVENTS", stalled_events(steps_until_s=100.6))  # ended at 100.7
+    source = make()
+    try:
+        source.start(lambda message: None)
+        assert source.wait_live(10)                   # the snapshot comes after the request and steps events
+        tick = source.tick()
+        assert tick.requests == () and tick.point.interference is not None   # the steps are in; the row waits
     finally:
         source.stop()
 

@@ -10,6 +10,7 @@ from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState, RequestTimings
 from homepd.core.records import EngineSnapshot, KVArenaSnapshot, WorkerEvent, WorkerEventKind, WorkerSnapshot
 from homepd.measure.stalls import Culprit, Stall
+from homepd.measure.stepstream import StepSample
 from homepd.tui import derive
 from homepd.tui.evidence import from_stored_run, recommendation_view, step_from_progress
 from homepd.tui.state import AppState, ChatTurn
@@ -59,7 +60,7 @@ def test_a_chart_point_takes_the_tick_s_requests_and_steps():
              StepRecord("colocated", 1, 0.030, 0.250, ("a",), (("b", 256),)),
              StepRecord("colocated", 2, 0.250, 0.280, ("a", "b"), ())]
     finished = [figures(ttft_s=0.25, tpot_s=0.03, n_output_tokens=3), figures(ttft_s=0.1, n_output_tokens=0)]
-    point = derive.chart_point(5.0, 0.5, finished, steps, steps)
+    point = derive.chart_point(5.0, 0.5, finished, StepSample.of(steps, 5.0), steps)
     assert point.ttft_ms == 250.0 and point.tpot_ms == 30.0
     assert round(point.itl_ms) == 220 and point.tok_s == 8.0        # 4 decode tokens in 0.5 s
     assert point.interference is not None and point.interference > 5  # the chunked step vs the lone ones

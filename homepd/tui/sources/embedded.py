@@ -12,7 +12,6 @@ import asyncio
 import os
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import replace
 from pathlib import Path
@@ -22,14 +21,13 @@ from homepd.core.admission import RequestClass
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
 from homepd.errors import EngineError
-from homepd.measure.stalls import attribute_stalls
+from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui import derive
 from homepd.tui.records import ChatStats, Tick
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
 from homepd.tui.sources.loop import LoopThread
+from homepd.tui.stepwindow import StepWindow
 
-WINDOW_S = 60.0            # steps kept for the interference index
-RECENT_STEPS_S = 30.0      # steps kept for stall attribution of the requests that just finished
 PULL_POLL_S = 0.25
 
 
@@ -73,7 +71,7 @@ class EmbeddedSource(DataSource):
         self.sampler = None
         self._loop: LoopThread | None = None
         self._last_t = time.monotonic()
-        self._window: deque = deque()     # recent StepRecords, oldest first
+        self._steps = StepWindow()        # the last minute of the step log: stalls, interference
         self._lock = threading.Lock()     # start vs stop: who creates and who tears down the engine
         self._closing = False
         self._started = threading.Event()
@@ -157,18 +155,12 @@ class EmbeddedSource(DataSource):
         snap, finished, steps = (self._loop.call(self._collect(self._last_t))
                                  if self._loop is not None else (None, [], []))
         interval_s, self._last_t = max(1e-3, now - self._last_t), now
-        self._window.extend(steps)
-        while self._window and self._window[0].t_end_s < now - WINDOW_S:
-            self._window.popleft()
         timings = [lc.timings() for lc in finished]
-        recent_steps = [s for s in self._window if s.t_end_s >= now - RECENT_STEPS_S]
         itl_target_ms = self.config.class_budgets[RequestClass.INTERACTIVE].itl_ms  # a gap over it is a stall
-        worst = derive.worst_stalls(attribute_stalls(finished, recent_steps, itl_target_ms))
-        rows = tuple(derive.request_row(t, max((x * 1e3 for x in lc.itl_s), default=None), worst.get(lc.request_id))
-                     for t, lc in zip(timings, finished))
+        gaps = [TokenGaps.of(lc.request_id, lc.token_times_s, itl_target_ms) for lc in finished]
+        rows, point = self._steps.tick(now, interval_s, list(zip(timings, gaps)), [StepSample.of(steps, now)])
         arch = derive.architecture_view(snap, derive.kv_mb_s(timings, interval_s)) if snap else None
         hardware = derive.hardware_view(self.sampler.latest() if self.sampler else None, self._box)
-        point = derive.chart_point(now, interval_s, timings, steps, self._window)
         return Tick(hardware, arch, rows, point, self.description)
 
     # chat -------------------------------------------------------------------------------------
@@ -239,6 +231,6 @@ class EmbeddedSource(DataSource):
             self.engine = back
             raise
         self.engine, self.config = engine, new
-        self._window.clear()
+        self._steps.clear()
         self.description = describe(new, setup.model_path)
         return self.description

@@ -1,16 +1,20 @@
 """The remote data source: a ``homepd serve`` already running on this box, over HTTP (docs/serve.md).
 
 ``GET /status`` when connecting; ``GET /events`` (server-sent events: an
-engine ``snapshot`` every half second and each finished ``request``) read on a
-thread of its own, which keeps the newest snapshot and buffers the requests
+engine ``snapshot`` every half second, each finished ``request`` with its
+token gaps, and the ``steps`` of each half second, sampled and bounded) read
+on a thread of its own, which keeps the newest snapshot and buffers the rest
 for the next ``tick``; chat through ``POST /v1/chat/completions`` with
 ``stream: true`` (the last chunk carries homepd's timings).  The API key, when
 set, goes in ``Authorization: Bearer``.  This is the app's HTTP edge: each
 body is decoded here, once, into typed records (``ServiceStatus`` with its
 ``EngineSnapshot``, ``RequestTimings``); a body of another shape is an error
 that names the field, never a dashboard of zeros.  The hardware panel comes
-from a local sampler: the service runs on this box.  The service sends no step
-log, so the ITL and interference charts stay empty and stalls are not attributed.
+from a local sampler: the service runs on this box.  The step samples feed the
+same ``StepWindow`` as the embedded engine's steps (ITL max, the interference
+index, stall attribution); a finished request waits for the sample that covers
+its end, so the steps that stalled it are there when its row is made.  An older
+service that sends no steps shows requests at once, without those figures.
 """
 from __future__ import annotations
 
@@ -29,15 +33,18 @@ from homepd.core.lifecycle import RequestTimings
 from homepd.core.origin import ConfigOrigin
 from homepd.core.records import EngineSnapshot, RecordShapeError
 from homepd.errors import HomepdError
+from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui import derive
 from homepd.tui.records import ChatStats, Tick
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
+from homepd.tui.stepwindow import StepWindow
 
 # why not imported: the app must not import homepd.serve; this is homepd.serve.settings.DEFAULT_PORT
 DEFAULT_PORT = 8439
 EVENTS_INTERVAL_S = 0.5
 RECONNECT_S = 1.0
 MAX_BUFFERED_REQUESTS = 500
+MAX_BUFFERED_SAMPLES = 240   # two minutes of step samples between ticks (a tick normally takes one or two)
 
 
 def service_address() -> tuple[str, int, str | None]:
@@ -126,8 +133,12 @@ class RemoteSource(DataSource):
                                     timeout=httpx.Timeout(10.0, read=60.0))
         self._sample_hardware = sample_hardware
         self._status: ServiceStatus | None = None
-        self._requests: deque[RequestTimings] = deque(maxlen=MAX_BUFFERED_REQUESTS)
-        self._lock = threading.Lock()
+        # finished requests (their figures, token gaps and end on the service's clock), oldest first
+        self._requests: deque[tuple[RequestTimings, TokenGaps | None, float]] = deque(maxlen=MAX_BUFFERED_REQUESTS)
+        self._samples: deque[StepSample] = deque(maxlen=MAX_BUFFERED_SAMPLES)
+        self._steps_t_s: float | None = None  # the newest step sample's time (service clock); None: no steps
+        self.steps = StepWindow()             # the service's last minute of steps, as sampled
+        self._lock = threading.Condition()    # the reader thread's buffers; notified on each event
         self._stopping = threading.Event()
         self._live = threading.Event()      # set once the first snapshot arrived on /events
         self._reader: threading.Thread | None = None
@@ -203,24 +214,51 @@ class RemoteSource(DataSource):
                     if w.pid:
                         self.sampler.register_process(w.pid, w.role)
         elif event == "request":
-            finished = RequestTimings.from_lifecycle_dict(json.loads(data))
+            body = json.loads(data)
+            finished = RequestTimings.from_lifecycle_dict(body)
+            gaps = TokenGaps.from_dict(finished.request_id, body) if "gaps_over" in body else None
+            ended_s = body.get("ended_s")
             with self._lock:
-                self._requests.append(finished)
+                self._requests.append((finished, gaps, float("-inf") if ended_s is None else float(ended_s)))
+                self._lock.notify_all()
+        elif event == "steps":
+            sample = StepSample.from_dict(json.loads(data))
+            with self._lock:
+                self._samples.append(sample)
+                self._steps_t_s = sample.t_s if self._steps_t_s is None else max(self._steps_t_s, sample.t_s)
+                self._lock.notify_all()
+
+    def _is_covered(self, ended_s: float) -> bool:
+        """Whether the steps up to a request's end have arrived (always, from a service that sends none)."""
+        return self._steps_t_s is None or ended_s <= self._steps_t_s
+
+    def wait_finished(self, request_ids, timeout_s: float) -> bool:
+        """Whether every one of ``request_ids`` finished and the steps up to its end arrived within ``timeout_s``
+        (its row is then in the next ``tick``)."""
+        wanted = set(request_ids)
+        with self._lock:
+            return self._lock.wait_for(lambda: wanted <= {t.request_id for t, _, end in self._requests
+                                                          if self._is_covered(end)}, timeout_s)
 
     # the dashboard ----------------------------------------------------------------------------
     def tick(self) -> Tick:
         now = time.monotonic()
         with self._lock:
-            status, finished = self._status, list(self._requests)
+            status, samples = self._status, list(self._samples)
+            self._samples.clear()
+            finished = [(t, gaps) for t, gaps, end in self._requests if self._is_covered(end)]
+            kept = [r for r in self._requests if not self._is_covered(r[2])]
             self._requests.clear()
+            self._requests.extend(kept)
         interval_s, self._last_t = max(1e-3, now - self._last_t), now
+        timings = [t for t, _ in finished]
         arch = None
         if status is not None and status.engine is not None:
             note = f"service {status.state}; admitted {status.in_flight}/{status.capacity}"
-            arch = derive.architecture_view(status.engine, derive.kv_mb_s(finished, interval_s), note)
+            arch = derive.architecture_view(status.engine, derive.kv_mb_s(timings, interval_s), note)
         hardware = derive.hardware_view(self.sampler.latest(), self._box) if self.sampler is not None else None
-        rows = tuple(derive.request_row(t) for t in finished)
-        return Tick(hardware, arch, rows, derive.chart_point(now, interval_s, finished), self.description)
+        rows, point = self.steps.tick(now, interval_s, finished, samples)
+        return Tick(hardware, arch, rows, point, self.description)
 
     # chat -------------------------------------------------------------------------------------
     def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:

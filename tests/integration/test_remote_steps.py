@@ -1,0 +1,66 @@
+"""The app attached to a running ``homepd serve`` shows what the embedded app shows: the service's step stream
+(``steps`` on ``/events``) gives the dashboard each request's ITL max, the interference index and stall
+attribution (fake backend, real worker, real HTTP, the app driven by Pilot)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from homepd.config import EngineConfig
+from homepd.tui.app import HomepdApp
+from homepd.tui.sources.remote import RemoteSource
+
+from pilot_helpers import settle
+from test_serve_harness import ServeProcess
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+DOCUMENT = "word " * 400    # 2,001 prompt tokens on the fake backend (a byte each), prefilled in one step
+
+
+def stream_with_a_prompt_beside_it(proc: ServeProcess) -> tuple[str, str]:
+    """Stream a (long), and once it streams send b, whose prompt is prefilled in one of a's steps; a is
+    cancelled (its connection closed) once b is done.  (a's id, b's id)."""
+    with proc.client() as client:
+        model = client.get("/status").json()["models"][0]
+        chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60_000, "stream": True}
+        with client.stream("POST", "/v1/chat/completions", json=chat) as a:
+            lines = a.iter_lines()  # why kept referenced: a dropped iterator closes the stream when collected
+            a_id = json.loads(next(line for line in lines if line.startswith("data: {"))[6:])["id"]
+            b = client.post("/v1/chat/completions", json={
+                "model": model, "messages": [{"role": "user", "content": DOCUMENT}], "max_tokens": 4})
+            assert b.status_code == 200, b.text
+            running = client.get("/status").json()["engine"]["requests"]
+            assert a_id in running.get("decoding", ()), f"a ended before b was served: {running}"
+        # leaving the block closes a's connection mid-stream: the service cancels it
+    return a_id, b.json()["id"]
+
+
+async def test_the_attached_app_shows_the_service_s_itl_max_interference_and_stalls(tmp_path):
+    # an ITL budget of 1 µs makes every gap a stall the dashboard attributes
+    proc = ServeProcess(tmp_path, "--backend", "fake", "--n-ctx", "65536", "--max-tokens", "60000",
+                        "--no-adaptive-chunk", "--chunk", "2048", "--itl-budget", "0.001").wait_ready()
+    source = RemoteSource(proc.url, EngineConfig(), api_key=proc.api_key, sample_hardware=False)
+    app = HomepdApp(source, tick_interval_s=None)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(app, pilot)
+            assert app.state.is_ready, app.state.error
+            a_id, b_id = await asyncio.to_thread(stream_with_a_prompt_beside_it, proc)
+            assert await asyncio.to_thread(source.wait_finished, (a_id, b_id), 30.0)  # and their steps arrived
+            app.request_tick()
+            await settle(app, pilot)
+            rows = {row.request_id: row for row in app.state.requests}
+            for rid in (a_id, b_id):
+                assert rows[rid].itl_max_ms is not None and rows[rid].itl_max_ms > 0
+                assert rows[rid].stall.split(" ms")[0].isdigit(), rows[rid].stall   # "N ms ← prompt" or "N ms gap"
+            # b's prompt shared a's steps: the step carrying it reached the app, and the index compares it
+            assert any(dict(step.prefill).get(b_id, 0) >= 1900 for step in source.steps.steps)
+            point = app.state.points[-1]
+            assert point.interference is not None and point.itl_ms is not None and point.tok_s > 0
+            await pilot.press("q")
+            await settle(app, pilot)
+    finally:
+        await asyncio.to_thread(source.stop)
+        assert proc.terminate() == 0
