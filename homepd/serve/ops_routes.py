@@ -53,8 +53,9 @@ async def status(request: Request):
 async def events(request: Request, interval_s: Annotated[float, Query(ge=0.1, le=60.0)] = 1.0):
     """Server-sent events: ``snapshot`` (``/status`` without recent requests) every ``interval_s``;
     ``request`` (a finished request's lifecycle, its largest token gap and its gaps over the ITL budget) as
-    each ends; ``steps`` after each interval: the engine steps that ran in it, at most 256 of them (a sample,
-    prompt-carrying steps first) with counts over all of them (``homepd.measure.stepstream.StepSample``)."""
+    each ends; ``steps`` before each snapshot: the engine steps that ran since the previous one, at most 256
+    of them (a sample, prompt-carrying steps first) with counts over all of them
+    (``homepd.measure.stepstream.StepSample``)."""
     service = request.app.state.service
     queue = service.subscribe()
 
@@ -62,6 +63,9 @@ async def events(request: Request, interval_s: Annotated[float, Query(ge=0.1, le
         loop = asyncio.get_running_loop()
         try:
             while not service.is_exiting:
+                # why steps first: a client that has the first snapshot knows that steps are streamed (the first
+                # sample is empty), and that a request it sees ends before the next sample covers it
+                yield format_sse_event(event="steps", data_str=json.dumps(service.drain_steps(queue).to_dict()))
                 snapshot = {k: v for k, v in service.status().items() if k != "recent_requests"}
                 yield format_sse_event(event="snapshot", data_str=json.dumps(snapshot))
                 deadline = loop.time() + interval_s
@@ -69,8 +73,6 @@ async def events(request: Request, interval_s: Annotated[float, Query(ge=0.1, le
                     event = await service.next_event(queue, left)
                     if event is not None:
                         yield format_sse_event(event=event[0], data_str=json.dumps(event[1]))
-                if not service.is_exiting:
-                    yield format_sse_event(event="steps", data_str=json.dumps(service.drain_steps(queue).to_dict()))
         finally:
             service.unsubscribe(queue)
 

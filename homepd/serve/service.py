@@ -18,8 +18,8 @@ from collections import deque
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
 from homepd.core.lifecycle import Lifecycle
-from homepd.core.protocol import StepRecord
 from homepd.core.origin import ConfigOrigin
+from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
 from homepd.measure.stepstream import StepSample, StepSampler, TokenGaps

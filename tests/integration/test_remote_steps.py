@@ -47,6 +47,7 @@ async def test_the_attached_app_shows_the_service_s_itl_max_interference_and_sta
         async with app.run_test(size=(120, 40)) as pilot:
             await settle(app, pilot)
             assert app.state.is_ready, app.state.error
+            assert await asyncio.to_thread(source.wait_live, 30.0)   # its first steps event came before it
             a_id, b_id = await asyncio.to_thread(stream_with_a_prompt_beside_it, proc)
             assert await asyncio.to_thread(source.wait_finished, (a_id, b_id), 30.0)  # and their steps arrived
             app.request_tick()

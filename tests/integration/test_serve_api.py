@@ -209,6 +209,7 @@ def test_status_and_event_stream(server, client):
     assert status["engine"]["workers"][0]["ready"] is True
     with client.stream("GET", "/events", params={"interval_s": 0.2}) as events:
         lines = events.iter_lines()
+        assert next(lines) == "event: steps" and "n_steps" in json.loads(next(lines)[6:]) and next(lines) == ""
         assert next(lines) == "event: snapshot"
         snapshot = json.loads(next(lines)[len("data: "):])
         assert snapshot["state"] == "ready" and "engine" in snapshot
