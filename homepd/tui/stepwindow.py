@@ -9,7 +9,7 @@ from typing import Sequence
 
 from homepd.core.lifecycle import RequestTimings
 from homepd.core.protocol import StepRecord
-from homepd.measure.stalls import attribute_gaps
+from homepd.measure.stalls import Stall, attribute_gaps
 from homepd.measure.stepstream import StepSample, TokenGaps, gaps_by_request
 from homepd.tui import derive
 from homepd.tui.records import ChartPoint, RequestRow
@@ -26,6 +26,7 @@ class StepWindow:
         self.window_s, self.recent_s = window_s, recent_s
         self.steps: deque[StepRecord] = deque()   # oldest first
         self.t_s: float | None = None              # the engine's clock at the newest sample
+        self.stalls: list[Stall] = []              # the last tick's requests' stalls, longest first
 
     def clear(self) -> None:
         self.steps.clear()
@@ -46,10 +47,11 @@ class StepWindow:
             self.add(sample)
         timings = [t for t, _ in finished]
         gaps = [g for _, g in finished if g is not None]
-        worst = {}
+        self.stalls = []
         if self.t_s is not None and gaps:
             recent = [s for s in self.steps if s.t_end_s >= self.t_s - self.recent_s]
-            worst = derive.worst_stalls(attribute_gaps(gaps_by_request(gaps), recent))
+            self.stalls = attribute_gaps(gaps_by_request(gaps), recent)
+        worst = derive.worst_stalls(self.stalls)
         rows = tuple(derive.request_row(t, g.itl_max_ms if g is not None else None, worst.get(t.request_id))
                      for t, g in finished)
         tick_steps = StepSample.merge(samples)
