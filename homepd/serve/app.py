@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from homepd.serve import ops_routes, openai_routes
+from homepd.serve import advice_routes, ops_routes, openai_routes
 from homepd.serve.errors import install_error_handlers
 from homepd.serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware
 
@@ -41,6 +41,7 @@ def create_app(service) -> FastAPI:
     app.state.service = service
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
+    app.include_router(advice_routes.router)
     install_error_handlers(app)
 
     # added innermost first: CORS (when on) answers preflights before the key is asked for

@@ -40,7 +40,9 @@ def install(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API (see docs/serve.md)",
                               description="Run the engine behind an OpenAI-compatible HTTP API.  Every flag is "
-                                          "also a HOMEPD_* variable and a config-file key.")
+                                          "also a HOMEPD_* variable and a config-file key.  Live advice "
+                                          "(--advice-*) compares the traffic with the stored advise evidence: "
+                                          "GET /advice, POST /advice/apply (see README, Live advice).")
     add_config_flags(p)
     add_option_flags(p, ServeSettings, section="serve")
     p.set_defaults(func=serve)

@@ -74,6 +74,7 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
                             f"{service.settings.max_prompt_bytes} (--max-prompt-bytes)", code="prompt_too_large",
                        param="messages" if messages else "prompt")
     rid = shape.id_prefix + uuid.uuid4().hex
+    await service.until_admitting()  # why: a switch of configuration under way (homepd.serve.switch) holds it
     service.admit(rid, request_class)
     try:
         stream = await service.engine.submit(prompt, messages=messages, params=params, request_id=rid,

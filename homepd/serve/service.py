@@ -35,6 +35,7 @@ log = logging.getLogger("homepd.serve")
 WATCH_PERIOD_S = 1.0         # how often the engine's health is checked (and the watchdog pinged, at the latest)
 RECENT_REQUESTS = 50         # finished requests kept for /status
 SUBSCRIBER_QUEUE = 1000      # events buffered per /events client; a slower client misses events
+SWITCH_START_S = 120.0       # a request that waits for a switch waits the drain and this long for the new engine
 
 
 class Service:
@@ -59,6 +60,8 @@ class Service:
         self._idle = asyncio.Event()
         self._idle.set()
         self._exiting = asyncio.Event()
+        self.admitting = asyncio.Event()             # clear while the configuration is switched (homepd.serve.switch)
+        self.admitting.set()
         self._tasks: set[asyncio.Task] = set()
         self.on_exit = lambda: None                   # set by the server: make uvicorn exit
         self.traffic: TrafficRecorder | None = None   # the traffic recording (off with --no-record-traffic)
@@ -69,6 +72,12 @@ class Service:
                                            max_rows=settings.traffic_retention_rows,
                                            max_age_days=settings.traffic_retention_days)
             self.metrics.registry.register(TrafficCollector(self.traffic))
+        self.advisor = None                           # live advice (off with --no-advice)
+        if settings.advice:
+            from homepd.serve.advice import AdviceCollector, LiveAdvisor
+
+            self.advisor = LiveAdvisor(self)
+            self.metrics.registry.register(AdviceCollector(self.advisor))
 
     # start-up ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -78,6 +87,8 @@ class Service:
 
         if self.traffic is not None:
             self.traffic.start()
+        if self.advisor is not None:  # why: before any request ends, so the restored traffic is all from before
+            await asyncio.to_thread(self.advisor.load)
         try:
             self.notifier.status(f"loading {self.config.model}")
             setup = await asyncio.to_thread(prepare, self.config, pull=False, progress=False)
@@ -98,6 +109,8 @@ class Service:
         self.notifier.ready(self._status_line())
         log.info("homepd: ready (%s, %s): %s", self.config.mode, self.served_model_ids[0], self.origin.line)
         self._spawn(self._watch())
+        if self.advisor is not None:
+            self._spawn(self.advisor.run())
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -155,6 +168,8 @@ class Service:
             return "not_ready", "the model is still loading; retry shortly"
         if self.state == "draining":
             return "draining", "homepd is shutting down and admits no new request"
+        if self.state == "switching":
+            return "switching", "homepd is switching to another configuration; retry in a moment"
         if self.state in ("failed", "stopped") or self._failed_workers():
             return "engine_failed", f"the engine has failed ({self.failure or self._failed_workers()})"
         if self.engine.health().restarting:
@@ -190,8 +205,9 @@ class Service:
             self._idle.set()
         if lc is None:
             return
+        met = self.advisor.observe(lc) if self.advisor is not None else None
         if self.traffic is not None:
-            self.traffic.ended(request_id, lc)
+            self.traffic.ended(request_id, lc, met)
         self.metrics.observe_finished(lc)
         itl_target_ms = self.config.class_budgets[RequestClass.INTERACTIVE].itl_ms  # a gap over it is a stall
         record = {**lc.to_dict(), "request_class": request_class,
@@ -208,6 +224,31 @@ class Service:
             self.finished(stream.request_id, stream.lifecycle, request_class)
 
         self._spawn(wait_end())
+
+    async def until_admitting(self) -> None:
+        """Wait while a switch of configuration is under way (then admission decides as usual)."""
+        if not self.admitting.is_set():
+            try:
+                await asyncio.wait_for(self.admitting.wait(), self.settings.drain_timeout_s + SWITCH_START_S)
+            except asyncio.TimeoutError:
+                pass
+
+    @property
+    def idle(self) -> asyncio.Event:
+        """Set while no admitted request is unfinished."""
+        return self._idle
+
+    def spawn_switch(self, candidate: str, why: str) -> None:
+        """Switch to ``candidate`` in the background (``--auto-apply``); a switch that cannot be done is logged."""
+        from homepd.serve.switch import SwitchError, switch_to
+
+        async def switch() -> None:
+            try:
+                await switch_to(self, candidate, why)
+            except SwitchError as exc:
+                log.warning("homepd: no switch to %s: %s", candidate, exc)
+
+        self._spawn(switch())
 
     # drain ---------------------------------------------------------------------------
     async def drain(self, timeout_s: float | None = None) -> None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from homepd.config import option as _opt, parse_bool
 from homepd.errors import ConfigError
+from homepd.measure.trace.model import TraceError
+from homepd.measure.trace.sources import parse_duration_s
 
 # why 8439: unassigned, and not a port a common local LLM server or UI uses
 # (llama.cpp 8080, vLLM 8000, Ollama 11434, LM Studio 1234, KoboldCpp 5001, Open WebUI 3000/8080, ...)
@@ -21,6 +23,21 @@ REQUEST_CLASSES = ("interactive", "background")
 def parse_origins(text: str) -> tuple[str, ...]:
     """Comma-separated CORS origins ('' = CORS off)."""
     return tuple(o.strip() for o in text.split(",") if o.strip())
+
+
+def parse_seconds(text: str) -> float:
+    """Seconds, or a duration (90s, 5m, 2h); 0 allowed (ValueError, with what is accepted, otherwise)."""
+    if str(text).strip() in ("0", "0s", "0.0"):
+        return 0.0
+    try:
+        return parse_duration_s(str(text), "a duration")
+    except TraceError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def parse_durations(text: str) -> tuple[float, ...]:
+    """Comma-separated durations (5m,1h,24h)."""
+    return tuple(parse_seconds(part) for part in str(text).split(",") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,22 @@ class ServeSettings:
     warmup: bool = field(default=True, metadata=_opt(
         "warmup", parse_bool, "run one short request before reporting ready",
         action=argparse.BooleanOptionalAction))
+    # live advice (homepd.serve.advice): the traffic profile against the stored capacity curves
+    advice: bool = field(default=True, metadata=_opt(
+        "advice", parse_bool, "watch the traffic and say, with the stored advise evidence, when another "
+                              "configuration would serve it better (GET /advice)", action=argparse.BooleanOptionalAction))
+    advice_windows_s: tuple[float, ...] = field(default=(300.0, 3600.0, 86_400.0), metadata=_opt(
+        "advice-windows", parse_durations, "comma-separated windows of the live traffic profile (the first one "
+                                          "is what the advice is judged on), e.g. 5m,1h,24h"))
+    advice_hysteresis_s: float = field(default=120.0, metadata=_opt(
+        "advice-hysteresis", parse_seconds, "how long a new verdict must hold before it is raised as advice"))
+    advice_period_s: float = field(default=5.0, metadata=_opt(
+        "advice-period", parse_seconds, "how often the advice is evaluated"))
+    advice_min_requests: int = field(default=10, metadata=_opt(
+        "advice-min-requests", int, "fewest requests in the window for the advice to judge it"))
+    auto_apply_interval_s: float | None = field(default=None, metadata=_opt(
+        "auto-apply", parse_seconds, "switch to advised configurations by itself, at most once per this "
+                                     "interval (e.g. 1h; default: never, POST /advice/apply decides)"))
 
     def validated(self) -> "ServeSettings":
         """Return self if consistent, else raise ConfigError naming the option."""
@@ -85,6 +118,13 @@ class ServeSettings:
         if self.traffic_retention_rows < 1 or not self.traffic_retention_days > 0:
             raise ConfigError("traffic_retention_rows must be >= 1 and traffic_retention_days > 0, got "
                               f"{self.traffic_retention_rows} and {self.traffic_retention_days}")
+        if not self.advice_windows_s or not all(w > 0 for w in self.advice_windows_s):
+            raise ConfigError(f"advice_windows_s needs at least one window > 0 s, got {self.advice_windows_s}")
+        if not self.advice_period_s > 0 or self.advice_hysteresis_s < 0 or self.advice_min_requests < 1:
+            raise ConfigError("advice_period_s must be > 0, advice_hysteresis_s >= 0 and advice_min_requests >= 1, "
+                              f"got {self.advice_period_s}, {self.advice_hysteresis_s}, {self.advice_min_requests}")
+        if self.auto_apply_interval_s is not None and not self.auto_apply_interval_s > 0:
+            raise ConfigError(f"--auto-apply needs a minimum interval > 0 (e.g. 1h), got {self.auto_apply_interval_s}")
         if not self.header_timeout_s > 0:
             raise ConfigError(f"header_timeout_s must be > 0, got {self.header_timeout_s}")
         if self.max_queue < 0 or self.drain_timeout_s < 0:

@@ -54,6 +54,7 @@ class _Ended:
     n_cached_tokens: int
     ttft_ms: float | None
     e2e_ms: float | None
+    slo_met: bool | None = None
 
 
 class TrafficRecorder:
@@ -82,10 +83,10 @@ class TrafficRecorder:
         self._put(_Arrived(request_id, tuple(prompt_ids), arrived_unix_s, route, request_class, max_tokens,
                            text if self.record_text else None))
 
-    def ended(self, request_id: str, lc: Lifecycle) -> None:
+    def ended(self, request_id: str, lc: Lifecycle, slo_met: bool | None = None) -> None:
         ms = (lambda s: None if s is None else s * 1e3)
         self._put(_Ended(request_id, len(lc.token_times_s), lc.finish_reason, lc.n_cached_tokens, ms(lc.ttft_s),
-                         None if lc.ended_s is None else ms(lc.ended_s - lc.arrived_s)))
+                         None if lc.ended_s is None else ms(lc.ended_s - lc.arrived_s), slo_met))
 
     def _put(self, event) -> None:
         try:
@@ -148,7 +149,7 @@ class TrafficRecorder:
             finish_reason=e.finish_reason, max_tokens=a.max_tokens, n_prefix_tokens=n_prefix, prefix_parent=parent,
             n_cached_tokens=e.n_cached_tokens, ttft_ms=e.ttft_ms, e2e_ms=e.e2e_ms, service_id=self.service_id,
             arrived_at=datetime.datetime.fromtimestamp(a.arrived_unix_s, datetime.timezone.utc)
-            .isoformat(timespec="milliseconds"), prompt_text=a.text)
+            .isoformat(timespec="milliseconds"), prompt_text=a.text, slo_met=e.slo_met)
 
     def _flush(self, batch: list[RecordedRequest]) -> None:
         if not batch:

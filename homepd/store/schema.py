@@ -81,6 +81,13 @@ def _traffic(db: Database) -> None:
     db["traffic"].create_index(["arrived_unix_s"])
 
 
+@_migration("0003_traffic_slo_met")
+def _traffic_slo_met(db: Database) -> None:
+    # whether each request met its class's SLO (NULL: recorded before), so that live advice's profile
+    # (``homepd.measure.profile``) keeps its SLO attainment across a restart
+    db["traffic"].add_column("slo_met", int)
+
+
 def migrate(db: Database) -> list[str]:
     """Apply the pending migrations; return their names.  Refuses a database from a newer homepd."""
     unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]

@@ -75,11 +75,14 @@ class RecordedRequest:
     service_id: str = ""
     arrived_at: str = ""                 # arrived_unix_s as ISO 8601 UTC
     prompt_text: str | None = None       # only with serve --record-text
+    slo_met: bool | None = None          # met every SLO target of its class (None: not judged)
 
     def __post_init__(self):  # why: rows come back from sqlite as plain strings
         object.__setattr__(self, "request_class", RequestClass.parse(self.request_class))
         object.__setattr__(self, "route", Route(self.route))
         object.__setattr__(self, "finish_reason", FinishReason.parse(self.finish_reason))
+        if self.slo_met is not None:
+            object.__setattr__(self, "slo_met", bool(self.slo_met))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,189 @@
+"""Live advice in the service: the traffic profile, the stored evidence, the verdict every few seconds.
+
+Each finished request is judged against its class's SLO and counted in the ``TrafficProfile`` (a few
+dictionary updates on the loop: nothing blocks).  At start the profile is rebuilt from the store's traffic
+table (the last window's worth, with each request's SLO verdict), so a restart keeps it, and the evidence is
+the latest advise run of the served model (``load_live_evidence``, re-read every ``EVIDENCE_REFRESH_S``), both
+read off the loop.  Every ``advice_period_s`` (or on ``POST /advice/evaluate``) the verdict is judged
+(``homepd.advise.live.judge``) and, through the hysteresis, raised as advice: an ``advice`` event on
+``/events``, a log line, ``/metrics`` and ``GET /advice``.  With ``--auto-apply INTERVAL`` a raised switch is
+applied (``homepd.serve.switch``) at most once per interval.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from homepd.advise.live import AdviceKind, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge
+from homepd.core.origin import ConfigSource
+from homepd.core.records import to_plain
+from homepd.measure.metrics import SLO, interference
+from homepd.measure.profile import FinishedRequest, TrafficProfile
+
+log = logging.getLogger("homepd.serve")
+EVIDENCE_REFRESH_S = 60.0
+INTERFERENCE_STEPS = 2000
+
+
+class LiveAdvisor:
+    def __init__(self, service, clock=time.time):
+        s = service.settings
+        self.service, self.clock = service, clock
+        self.settings = LiveSettings(window_s=s.advice_windows_s[0], hysteresis_s=s.advice_hysteresis_s,
+                                     min_requests=s.advice_min_requests)
+        self.profile = TrafficProfile(s.advice_windows_s, since_unix_s=clock())
+        self.slo = SLO.from_budgets(service.config.class_budgets)
+        self.evidence: LiveEvidence | None = None
+        self.evidence_error: str | None = None
+        self._evidence_at_s = -float("inf")
+        self.n_restored = 0
+        self.tracker = AdviceTracker(None, s.advice_hysteresis_s)
+        self.verdict: Verdict | None = None
+        self.n_events: dict[str, int] = {}
+        self.switches: deque[dict] = deque(maxlen=20)
+        self.last_switch_unix_s: float | None = None
+
+    # the store, off the loop ------------------------------------------------------------------------
+    def load(self, restore: bool = True) -> None:
+        """Read the evidence (and, at start, the recorded traffic of the longest window).  Blocking."""
+        from homepd.advise.liveevidence import load_live_evidence
+        from homepd.store import Store, StoreError
+        from homepd.store.traffic import traffic_since
+
+        self._evidence_at_s = time.monotonic()
+        try:
+            with Store.open(self.service.settings.db, create=False) as store:
+                self.evidence = load_live_evidence(store, self.service.config.model)
+                if restore:
+                    now = self.clock()
+                    rows = traffic_since(store, now - max(self.profile.windows_s), now)
+                    for r in rows:
+                        self.profile.observe(FinishedRequest(r.arrived_unix_s, r.request_class, r.n_prompt_tokens,
+                                                             r.n_output_tokens, r.n_cached_tokens, r.slo_met))
+                    self.n_restored = len(rows)
+            self.evidence_error = None
+        except Exception as exc:  # why: advice must never keep the service from serving (a store it cannot read)
+            error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+            if error != self.evidence_error:
+                log.warning("homepd: live advice has no evidence: %s", error)
+            self.evidence_error = error
+        if self.tracker.standing[1] is None:
+            self.tracker.reset(self.running())
+
+    # the loop's side ----------------------------------------------------------------------------------
+    def observe(self, lc) -> bool:
+        """Count a finished request; return whether it met its class's SLO."""
+        met = self.slo.is_met_by(lc)
+        arrived_unix_s = self.clock() - (time.monotonic() - lc.arrived_s)
+        self.profile.observe(FinishedRequest(arrived_unix_s, lc.request_class, lc.n_prompt_tokens,
+                                             len(lc.token_times_s), lc.n_cached_tokens, met))
+        return met
+
+    def running(self) -> str | None:
+        """The candidate the service runs: the applied one, else the evidence's whose values match."""
+        origin, config = self.service.origin, self.service.config
+        if origin.source is ConfigSource.ADVICE and origin.candidate:
+            return origin.candidate
+        for name, values in (self.evidence.configs if self.evidence else {}).items():
+            if all(getattr(config, k) == v for k, v in values.items()):
+                return name
+        return None
+
+    def evaluate(self) -> Verdict:
+        """Judge the traffic now; raise advice through the hysteresis (event, log line, counters)."""
+        now = self.clock()
+        engine = self.service.engine
+        slowdown = interference(engine.last_steps(INTERFERENCE_STEPS)).slowdown if engine is not None else None
+        live = self.profile.window(self.settings.window_s, now, slowdown)
+        self.verdict = judge(live, self.evidence, self.running(), self.settings)
+        event = self.tracker.update(self.verdict, now)
+        if event is not None:
+            kind = event.verdict.kind.value
+            self.n_events[kind] = self.n_events.get(kind, 0) + 1
+            log.info("homepd: advice (%s): %s", kind, event.verdict.reason)
+            self.service.publish("advice", event.to_dict())
+            if self._may_auto_apply(event.verdict, now):
+                self.service.spawn_switch(event.verdict.candidate, "auto-apply")
+        return self.verdict
+
+    def _may_auto_apply(self, verdict: Verdict, now: float) -> bool:
+        interval = self.service.settings.auto_apply_interval_s
+        return (interval is not None and verdict.kind is AdviceKind.SWITCH and verdict.candidate is not None
+                and (self.last_switch_unix_s is None or now - self.last_switch_unix_s >= interval))
+
+    async def run(self) -> None:
+        """Evaluate every ``advice_period_s``; re-read the evidence every ``EVIDENCE_REFRESH_S``."""
+        while True:
+            await asyncio.sleep(self.service.settings.advice_period_s)
+            if time.monotonic() - self._evidence_at_s >= EVIDENCE_REFRESH_S:
+                await asyncio.to_thread(self.load, False)
+            if self.service.state == "ready":
+                self.evaluate()
+
+    def switched(self, record: dict) -> None:
+        """A switch happened (``homepd.serve.switch``): keep it, and judge afresh from the new configuration."""
+        self.last_switch_unix_s = self.clock()
+        self.switches.append(record)
+        self.n_events["switch-applied"] = self.n_events.get("switch-applied", 0) + 1
+        self.tracker.reset(self.running())
+
+    # what /advice and /metrics show ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        ev = self.evidence
+        return {
+            "enabled": True, "running": self.running(),
+            "current": self.verdict.to_dict() if self.verdict else None,
+            "advice": self.tracker.current.to_dict() if self.tracker.current else None,
+            "history": [e.to_dict() for e in self.tracker.history],
+            "evidence": None if ev is None else {
+                "run_id": ev.run_id, "model": ev.model, "rows": [r.to_dict() for r in ev.rows],
+                "shapes": {m: to_plain(s) for m, s in ev.shapes.items()}, "candidates": sorted(ev.configs)},
+            "evidence_error": self.evidence_error,
+            "profile": [w.to_dict() for w in self.profile.windows(self.clock())],
+            "n_restored": self.n_restored, "events": dict(self.n_events),
+            "settings": {"window_s": self.settings.window_s, "hysteresis_s": self.settings.hysteresis_s,
+                         "min_requests": self.settings.min_requests,
+                         "period_s": self.service.settings.advice_period_s,
+                         "auto_apply_interval_s": self.service.settings.auto_apply_interval_s},
+            "switches": list(self.switches),
+        }
+
+
+class AdviceCollector:
+    """``/metrics``: ``homepd_advice{candidate,kind}`` (1 for the standing advice), headroom and capacity per
+    candidate on the matched mix, the live rate, and the advice events by kind."""
+
+    def __init__(self, advisor: LiveAdvisor):
+        self.advisor = advisor
+
+    def collect(self):
+        a = self.advisor
+        kind, candidate = a.tracker.standing
+        standing = GaugeMetricFamily("homepd_advice", "1 for the standing advice: its kind and candidate",
+                                     labels=["candidate", "kind"])
+        standing.add_metric([candidate or "", kind.value], 1.0)
+        yield standing
+        v = a.verdict
+        if v is not None:
+            yield GaugeMetricFamily("homepd_advice_live_rate_rps", "Arrival rate in the advice's window",
+                                    value=v.live.rate_rps if v.live else 0.0)
+            head = GaugeMetricFamily("homepd_advice_headroom_ratio", "Capacity on the matched mix / the live rate",
+                                     labels=["candidate", "mix"])
+            cap = GaugeMetricFamily("homepd_advice_capacity_rps", "Measured capacity on the matched mix",
+                                    labels=["candidate", "mix"])
+            for h in v.headroom:
+                if h.headroom is not None:
+                    head.add_metric([h.candidate, v.mix or ""], h.headroom)
+                if h.capacity_rps is not None:
+                    cap.add_metric([h.candidate, v.mix or ""], h.capacity_rps)
+            yield head
+            yield cap
+        events = CounterMetricFamily("homepd_advice_events", "Advice raised (and switches applied), by kind",
+                                     labels=["kind"])
+        for k, n in sorted(a.n_events.items()):
+            events.add_metric([k], n)
+        yield events

@@ -1,0 +1,51 @@
+"""The evidence live advice reads from the store (``homepd.advise.liveevidence``): the latest advise run of the
+served model, its curves as rows, the candidates' configurations and each mix's request shape measured from
+its probes; and the traffic table keeping each request's SLO verdict for a restarted profile."""
+from __future__ import annotations
+
+from homepd.advise.liveevidence import load_live_evidence
+from homepd.core.admission import RequestClass
+from homepd.core.modes import Mode
+from homepd.measure.trace.traffic import RecordedRequest
+from homepd.store import Store
+from homepd.store.traffic import add_traffic, traffic_since
+
+from live_evidence import CO, DI, store_evidence
+
+I, B = RequestClass.INTERACTIVE, RequestClass.BACKGROUND
+
+
+def test_the_latest_run_of_the_served_model_with_its_rows_shapes_and_configurations(tmp_path):
+    db = tmp_path / "runs.db"
+    mine = store_evidence(db, {"short": (40, I, 8), "long": (620, B, 16)},
+                          {(CO, "short"): (8.0, 1.0), (DI, "long"): (3.0, 0.5)})
+    store_evidence(db, {"short": (40, I, 8)}, {(CO, "short"): (9.0, 1.0)}, model="another.gguf")
+    with Store.open(db) as store:
+        ev = load_live_evidence(store, "smollm2-135m-instruct-q4_1")
+        assert load_live_evidence(store, "nothing-measured.gguf") is None
+    assert ev.run_id == mine
+    assert [(r.candidate, r.mix, r.capacity_rps, r.spread_rps, r.max_probed_rps) for r in ev.rows] == [
+        (CO, "short", 8.0, 1.0, 9.0), (DI, "long", 3.0, 0.5, 3.5)]
+    short, long_ = ev.shapes["short"], ev.shapes["long"]
+    assert (short.n_requests, short.long_share, short.background_share, short.prompt_tokens_p50,
+            short.mean_output_tokens) == (10, 0.0, 0.0, 40, 8)
+    assert (long_.long_share, long_.background_share, long_.prompt_tokens_p90, long_.mean_output_tokens) == \
+        (1.0, 1.0, 620, 16)
+    assert ev.configs[DI]["mode"] is Mode.DISAGGREGATED and ev.configs[DI]["local_prefill"] is True
+    assert ev.configs[CO]["adaptive_chunk"] is True
+
+
+def test_the_traffic_table_keeps_each_requests_slo_verdict(tmp_path):
+    with Store.open(tmp_path / "t.db") as store:
+        add_traffic(store, [RecordedRequest("a", 1.0, 40, 8, slo_met=True), RecordedRequest("b", 2.0, 40, 8,
+                                                                                             slo_met=False),
+                            RecordedRequest("c", 3.0, 40, 8)])
+        assert [r.slo_met for r in traffic_since(store, 0)] == [True, False, None]
+
+
+def test_a_run_without_capacity_curves_gives_no_evidence(tmp_path):
+    with Store.open(tmp_path / "e.db") as store:
+        run = store.begin_run("advise", {"base": {"model": "m"}})
+        store.add_recommendation(run, {"headline": "old run without curves"})
+        store.finish_run(run)
+        assert load_live_evidence(store, "m") is None
