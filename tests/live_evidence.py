@@ -33,10 +33,11 @@ def curve(candidate: str, mix: str, capacity_rps: float, spread_rps: float) -> C
 
 
 def record(mix: str, n_prompt_tokens: int, request_class: RequestClass, n_output_tokens: int,
-           n_requests: int = 10) -> RunRecord:
+           n_requests: int = 10, t0_s: float = 100.0) -> RunRecord:
+    """A run of ``n_requests`` finished requests of one shape, a second apart from ``t0_s`` (monotonic)."""
     requests = []
     for i in range(n_requests):
-        t0 = 100.0 + i
+        t0 = t0_s + i
         lc = Lifecycle(f"{mix}-{i}", arrived_s=t0, n_prompt_tokens=n_prompt_tokens, request_class=request_class)
         lc.advance(RequestState.PREFILLING, t0 + 0.01)
         lc.advance(RequestState.DECODING, t0 + 0.05)

@@ -275,3 +275,14 @@ class AdviceTracker:
         self.standing, self._pending, self.current = verdict.key, None, event
         self.history.append(event)
         return event
+
+
+def running_candidate(config, evidence: LiveEvidence | None, applied: str | None = None) -> str | None:
+    """The candidate a configuration is: ``applied`` (the one advice applied), else the first of the evidence
+    whose ``EngineConfig`` values ``config`` has; None when it matches none."""
+    if applied:
+        return applied
+    for name, values in (evidence.configs if evidence else {}).items():
+        if all(getattr(config, k, None) == v for k, v in values.items()):
+            return name
+    return None

@@ -18,7 +18,8 @@ from collections import deque
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from homepd.advise.live import AdviceKind, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge
+from homepd.advise.live import (AdviceKind, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge,
+                                running_candidate)
 from homepd.core.origin import ConfigSource
 from homepd.core.records import to_plain
 from homepd.measure.metrics import SLO, interference
@@ -85,13 +86,9 @@ class LiveAdvisor:
 
     def running(self) -> str | None:
         """The candidate the service runs: the applied one, else the evidence's whose values match."""
-        origin, config = self.service.origin, self.service.config
-        if origin.source is ConfigSource.ADVICE and origin.candidate:
-            return origin.candidate
-        for name, values in (self.evidence.configs if self.evidence else {}).items():
-            if all(getattr(config, k) == v for k, v in values.items()):
-                return name
-        return None
+        origin = self.service.origin
+        applied = origin.candidate if origin.source is ConfigSource.ADVICE else None
+        return running_candidate(self.service.config, self.evidence, applied)
 
     def evaluate(self) -> Verdict:
         """Judge the traffic now; raise advice through the hysteresis (event, log line, counters)."""

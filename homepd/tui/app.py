@@ -111,6 +111,11 @@ class HomepdApp(App):
         self.state.pull = (message.label, message.done_bytes, message.total_bytes)
         self._tell("pull")
 
+    def on_advice_arrived(self, message: m.AdviceArrived) -> None:
+        if message.view != self.state.advice:
+            self.state.advice = message.view
+            self._tell("advice")
+
     def on_tick_arrived(self, message: m.TickArrived) -> None:
         self.state.add_tick(message.tick)
         if message.tick.status and not self.state.switching:

@@ -59,6 +59,10 @@ class Jobs:
                 self._post(m.SourceFailed(error_text(exc)))
             else:
                 self._post(m.TickArrived(tick))
+                try:
+                    self._post(m.AdviceArrived(self.source.advice()))
+                except Exception:  # why: advice is a hint; a source that cannot give it keeps ticking
+                    pass
             finally:
                 self._ticking.release()
         self._run(work, "tick")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
+from homepd.tui.liveadvice import AdviceView
 from homepd.tui.records import AdviseStep, AdviseView, ChatStats, Tick
 
 
@@ -110,3 +111,11 @@ class Applied(Message):
     def __init__(self, path: str | None, error: str | None = None) -> None:
         super().__init__()
         self.path, self.error = path, error
+
+
+class AdviceArrived(Message):
+    """The live advice standing now (None: none), read with each tick."""
+
+    def __init__(self, view: AdviceView | None) -> None:
+        super().__init__()
+        self.view = view

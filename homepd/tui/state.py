@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from homepd.tui.liveadvice import AdviceView
 from homepd.tui.records import AdviseStep, AdviseView, ChartPoint, ChatStats, RequestRow, Tick
 
 CHART_POINTS = 600      # 5 minutes at two ticks a second
@@ -46,6 +47,7 @@ class AppState:
     advise_candidates: dict[str, int] = field(default_factory=dict)   # candidate -> runs done
     advise_view: AdviseView | None = None
     advise_error: str | None = None
+    advice: AdviceView | None = None                         # live advice standing now (None: none)
 
     @property
     def mode(self) -> str | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer, Header, ProgressBar, Static
 
@@ -16,9 +17,12 @@ from homepd.tui.widgets.text import size
 
 
 class DashboardScreen(StateScreen):
+    BINDINGS = [Binding("e", "evidence", "advice evidence", show=False)]
+
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="notice")
+        yield Static(id="advice-banner")
         yield ProgressBar(id="pull", show_eta=False)
         with Horizontal(id="dash-top"):
             yield HardwarePanel(id="hardware")
@@ -30,6 +34,11 @@ class DashboardScreen(StateScreen):
     def show_state(self, state: AppState, what: str) -> None:
         if what in ("pull", "source", "all"):
             self._show_notice(state)
+        if what in ("advice", "all"):
+            banner = self.query_one("#advice-banner", Static)
+            banner.display = state.advice is not None and state.advice.has_banner
+            if banner.display:
+                banner.update(Text(state.advice.banner))
         if what in ("tick", "all") and state.tick is not None:
             self.query_one(HardwarePanel).show(state.tick.hardware)
             self.query_one(ArchitecturePanel).show(state.tick.architecture)
@@ -49,3 +58,12 @@ class DashboardScreen(StateScreen):
         elif not state.is_ready:
             notice.update(Text(state.description))
         notice.display = pulling or bool(state.error) or not state.is_ready
+
+    def action_evidence(self) -> None:
+        from homepd.tui.screens.liveadvice import AdviceScreen
+
+        advice = self.app.state.advice
+        if advice is None:
+            self.notify("no live advice now")
+            return
+        self.app.push_screen(AdviceScreen(advice))

@@ -65,6 +65,11 @@ class DataSource(abc.ABC):
     def tick(self) -> Tick:
         """A picture of the box and the engine now, with what finished since the previous tick."""
 
+    def advice(self):
+        """The live advice standing now (a ``homepd.tui.liveadvice.AdviceView``), None when there is none or the
+        source cannot tell."""
+        return None
+
     @abc.abstractmethod
     def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
         """Run one chat turn, calling ``on_text`` with each piece of the reply; return its figures."""

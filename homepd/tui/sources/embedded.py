@@ -76,6 +76,7 @@ class EmbeddedSource(DataSource):
         self._closing = False
         self._started = threading.Event()
         self.description = ""
+        self._advisor = None                 # live advice (homepd.tui.liveadvice), once the engine is up
 
     # start and stop ---------------------------------------------------------------------------
     def start(self, emit: Emit) -> str:
@@ -103,6 +104,11 @@ class EmbeddedSource(DataSource):
             self._started.set()
         self._last_t = time.monotonic()
         self.description = describe(self.config, setup.model_path, config_origin(self.config).why)
+        from homepd.tui.liveadvice import LocalAdvisor
+
+        advisor = LocalAdvisor(self.config, self.db)
+        advisor.load()
+        self._advisor = advisor
         return self.description
 
     def _prepare(self, config: EngineConfig, emit: Emit):
@@ -156,12 +162,17 @@ class EmbeddedSource(DataSource):
                                  if self._loop is not None else (None, [], []))
         interval_s, self._last_t = max(1e-3, now - self._last_t), now
         timings = [lc.timings() for lc in finished]
+        if self._advisor is not None:
+            self._advisor.observe(finished)
         itl_target_ms = self.config.class_budgets[RequestClass.INTERACTIVE].itl_ms  # a gap over it is a stall
         gaps = [TokenGaps.of(lc.request_id, lc.token_times_s, itl_target_ms) for lc in finished]
         rows, point = self._steps.tick(now, interval_s, list(zip(timings, gaps)), [StepSample.of(steps, now)])
         arch = derive.architecture_view(snap, derive.kv_mb_s(timings, interval_s)) if snap else None
         hardware = derive.hardware_view(self.sampler.latest() if self.sampler else None, self._box)
         return Tick(hardware, arch, rows, point, self.description)
+
+    def advice(self):
+        return self._advisor.evaluate() if self._advisor is not None else None
 
     # chat -------------------------------------------------------------------------------------
     def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
@@ -210,7 +221,10 @@ class EmbeddedSource(DataSource):
     def switch_mode(self, mode: str) -> str:
         if self._loop is None:
             raise EngineError("the engine is not running")
-        return self._loop.call(self._switch(mode))
+        description = self._loop.call(self._switch(mode))
+        if self._advisor is not None:
+            self._advisor.load(self.config)  # why: another configuration runs: judged afresh
+        return description
 
     async def _switch(self, mode: str) -> str:
         from homepd.engine.controller import Engine

@@ -80,6 +80,7 @@ class FakeSource(DataSource):
         self.gpus = gpus
         self._gates: dict[str, threading.Event] = {}
         self.in_flight: dict[str, threading.Event] = {}   # what -> set once it waits at its gate
+        self.advice_data: dict | None = None              # the live advice it reports (GET /advice's shape)
 
     # test control -----------------------------------------------------------------------------
     def hold(self, what: str) -> None:
@@ -109,6 +110,11 @@ class FakeSource(DataSource):
         self.stopped = True
         for gate in self._gates.values():
             gate.set()
+
+    def advice(self):
+        from homepd.tui.liveadvice import advice_view
+
+        return advice_view(self.advice_data)
 
     def tick(self) -> Tick:
         i = self.n_ticks = self.n_ticks + 1
