@@ -119,7 +119,10 @@ class LiveAdvisor:
             if time.monotonic() - self._evidence_at_s >= EVIDENCE_REFRESH_S:
                 await asyncio.to_thread(self.load, False)
             if self.service.state == "ready":
-                self.evaluate()
+                try:
+                    self.evaluate()
+                except Exception:  # why: a bug in the advice must not end it for good, nor touch serving
+                    log.exception("homepd: live advice: evaluation failed")
 
     def switched(self, record: dict) -> None:
         """A switch happened (``homepd.serve.switch``): keep it, and judge afresh from the new configuration."""

@@ -113,6 +113,11 @@ class Service:
             self._spawn(self.advisor.run())
 
     async def stop(self) -> None:
+        if not self.admitting.is_set():  # why: a switch under way would start an engine after this stop
+            try:
+                await asyncio.wait_for(self.admitting.wait(), SWITCH_START_S)
+            except asyncio.TimeoutError:
+                pass
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -99,3 +99,16 @@ def test_at_capacity_when_the_running_one_cannot_hold_the_rate_and_nothing_is_be
 def test_no_evidence_and_too_little_traffic_are_said_as_such():
     assert judge(chats(), None, CO).kind is AdviceKind.NO_EVIDENCE
     assert judge(chats(), evidence(), CO, LiveSettings(min_requests=100)).kind is AdviceKind.QUIET
+
+
+def test_the_services_advice_options_read_durations_and_refuse_what_cannot_work():
+    from homepd.errors import ConfigError
+    from homepd.serve.settings import ServeSettings, parse_durations, parse_seconds
+
+    assert parse_durations("5m,1h, 24h") == (300.0, 3600.0, 86_400.0) and parse_seconds("0") == 0.0
+    with pytest.raises(ValueError, match="give seconds or a duration"):
+        parse_seconds("soon")
+    for bad, what in ((dict(advice_windows_s=()), "advice_windows_s"), (dict(advice_period_s=0.0), "advice_period_s"),
+                      (dict(auto_apply_interval_s=0.0), "--auto-apply needs a minimum interval")):
+        with pytest.raises(ConfigError, match=what):
+            ServeSettings(**bad).validated()
