@@ -19,6 +19,8 @@ import time
 from homepd.core.origin import ConfigOrigin, ConfigSource
 from homepd.core.records import to_plain
 from homepd.engine.topology import topology_for
+from homepd.errors import HomepdError
+from homepd.launch import prepare
 
 log = logging.getLogger("homepd.serve")
 
@@ -27,11 +29,9 @@ class SwitchError(Exception):
     """A switch that cannot be done (the message says why); nothing was changed."""
 
 
-async def _start_engine(service, config):
+async def _start_engine(service, config, setup):
     from homepd.engine.controller import Engine
-    from homepd.launch import prepare
 
-    setup = await asyncio.to_thread(prepare, config, pull=False, progress=False)
     engine = Engine(config, setup, sampler=service.sampler)
     await engine.start()
     return engine
@@ -50,13 +50,17 @@ async def switch_to(service, candidate: str, why: str) -> dict:
     if service.state != "ready":
         raise SwitchError(f"the service is {service.state}: it switches only while ready")
     old_config, old_origin = service.config, service.origin
-    config = dataclasses.replace(old_config, **evidence.configs[candidate]).validated()
     verdict = advisor.verdict.to_dict() if advisor.verdict else None
     t0 = time.monotonic()
     n_drained = len(service.in_flight)
     service.state = "switching"
     service.admitting.clear()
     try:
+        try:  # why: placement first: a configuration that cannot run here is refused before anything drains
+            config = dataclasses.replace(old_config, **evidence.configs[candidate]).validated()
+            setup = await asyncio.to_thread(prepare, config, pull=False, progress=False)
+        except HomepdError as exc:
+            raise SwitchError(f"{candidate} cannot run here: {exc}") from None
         try:
             await asyncio.wait_for(service.idle.wait(), service.settings.drain_timeout_s)
         except asyncio.TimeoutError:
@@ -65,11 +69,11 @@ async def switch_to(service, candidate: str, why: str) -> dict:
         old, service.engine = service.engine, None
         await old.stop()
         try:
-            service.engine = await _start_engine(service, config)
+            service.engine = await _start_engine(service, config, setup)
         except Exception as exc:
             log.error("homepd: switch to %s failed (%s); starting %s again", candidate, exc, old_config.mode)
             try:
-                service.engine = await _start_engine(service, old_config)
+                service.engine = await _start_engine(service, old_config, old.setup)
             except Exception as again:
                 service._fail(f"after a failed switch to {candidate} the previous configuration could not start "
                               f"again: {again}")

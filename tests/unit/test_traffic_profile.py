@@ -17,7 +17,7 @@ def req(t, klass=I, n_prompt=40, n_output=20, n_cached=0, met=True):
 def test_a_window_holds_rate_per_class_shares_ratio_and_attainment():
     p = TrafficProfile((60.0, 600.0), since_unix_s=0.0)
     for k in range(30):                       # 30 chats over the last minute, 10 of them missed
-        p.observe(req(541 + 2 * k, n_prompt=40, n_output=20, n_cached=10, met=k % 3 != 0))
+        p.observe(req(542 + 2 * k, n_prompt=40, n_output=20, n_cached=10, met=k % 3 != 0))
     for k in range(6):                        # 6 documents, 2 minutes earlier
         p.observe(req(400 + k, B, n_prompt=600, n_output=100))
     w = p.window(60.0, now_unix_s=600.0)
