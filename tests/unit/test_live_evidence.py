@@ -49,3 +49,32 @@ def test_a_run_without_capacity_curves_gives_no_evidence(tmp_path):
         store.add_recommendation(run, {"headline": "old run without curves"})
         store.finish_run(run)
         assert load_live_evidence(store, "m") is None
+
+
+def test_a_restarted_service_rebuilds_its_profile_and_verdicts_from_the_store(tmp_path):
+    import types
+
+    from homepd.config import EngineConfig
+    from homepd.core.origin import ConfigOrigin, ConfigSource
+    from homepd.serve.advice import LiveAdvisor
+    from homepd.serve.settings import ServeSettings
+
+    db = tmp_path / "runs.db"
+    store_evidence(db, {"short": (54, I, 8)}, {(CO, "short"): (8.0, 1.0), (DI, "short"): (4.0, 1.0)})
+    now = 1_000_000.0
+    with Store.open(db) as store:  # what the service before the restart recorded: 12 chats, 3 of them late
+        add_traffic(store, [RecordedRequest(f"r{i}", now - 60 + i, 54, 8, slo_met=i % 4 != 0) for i in range(12)]
+                    + [RecordedRequest("old", now - 7200, 54, 8, slo_met=True)])
+    published = []
+    service = types.SimpleNamespace(
+        settings=ServeSettings(db=str(db), advice_windows_s=(300.0, 3600.0), advice_min_requests=4),
+        config=EngineConfig(backend="fake"), engine=None, state="ready",
+        origin=ConfigOrigin(ConfigSource.DEFAULT, "colocated", "built-in default"),
+        publish=lambda kind, data: published.append((kind, data)))
+    advisor = LiveAdvisor(service, clock=lambda: now)
+    advisor.load()
+    state = advisor.to_dict()
+    assert advisor.n_restored == 12 and state["running"] == CO and state["evidence"]["run_id"] is not None
+    five = state["profile"][0]
+    assert five["n_requests"] == 12 and five["slo_attainment"] == {"interactive": 0.75}
+    assert advisor.evaluate().kind.value == "keep" and published == []
