@@ -24,9 +24,12 @@ def evidence(long_di=3.0, long_di_spread=0.5, short_co_spread=1.0) -> LiveEviden
 
 
 def window(n, t0, span_s, n_prompt, klass=RequestClass.INTERACTIVE, n_output=32, window_s=60.0):
+    """``n`` requests over the last ``span_s`` of a window ending at t0 + span_s (clear of its oldest bucket,
+    which the window counts whole or not at all)."""
     p = TrafficProfile((window_s,), since_unix_s=0.0)
+    bucket_s = window_s / 30
     for k in range(n):
-        p.observe(FinishedRequest(t0 + span_s * (k + 1) / n, klass, n_prompt, n_output, 0, True))
+        p.observe(FinishedRequest(t0 + bucket_s + (span_s - bucket_s) * (k + 1) / n, klass, n_prompt, n_output, 0, True))
     return p.window(window_s, now_unix_s=t0 + span_s)
 
 
