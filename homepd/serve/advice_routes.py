@@ -14,7 +14,7 @@ router = APIRouter(tags=["advice"])
 
 class ApplyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    candidate: str | None = None    # default: the candidate the standing advice names
+    candidate: str | None = None    # None (a body of {}): the candidate the standing advice names
 
 
 def _advisor(request: Request):
@@ -40,14 +40,14 @@ async def evaluate(request: Request):
 
 
 @router.post("/advice/apply", responses={409: {"description": "nothing to apply, or the switch cannot be done"}})
-async def apply(request: Request, body: ApplyRequest | None = None):
+async def apply(request: Request, body: ApplyRequest):
     """Drain, restart the workers in the advised (or the named) candidate's configuration and resume; returns
     the switch's record.  Requests that arrive meanwhile wait and are served by the new configuration."""
     from homepd.advise.live import AdviceKind
     from homepd.serve.switch import SwitchError, switch_to
 
     advisor = _advisor(request)
-    name = body.candidate if body is not None else None
+    name = body.candidate
     if name is None:
         standing = advisor.tracker.current
         if standing is None or standing.verdict.kind is not AdviceKind.SWITCH:

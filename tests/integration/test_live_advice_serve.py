@@ -111,7 +111,7 @@ def test_a_shift_to_documents_raises_switch_advice_and_apply_switches_with_every
 
             def apply() -> None:
                 with proc.client() as c:
-                    applied.append(c.post("/advice/apply"))
+                    applied.append(c.post("/advice/apply", json={}))
 
             def late_chat() -> None:
                 with proc.client() as c:
