@@ -48,7 +48,8 @@ class AdviceView:
 
 def _row_line(r: dict) -> str:
     cap = "no passing rate" if r.get("capacity_rps") is None else f"{r['capacity_rps']:.2f} req/s"
-    spread = "" if r.get("spread_rps") is None else f" ± {r['spread_rps']:.2f}"
+    spread = (" or more" if r.get("capacity_rps") is not None else "") if r.get("spread_rps") is None \
+        else f" ± {r['spread_rps']:.2f}"
     return f"run {r.get('run_id')} · {r.get('candidate')} on {r.get('mix')}: {cap}{spread}"
 
 
