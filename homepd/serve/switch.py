@@ -33,6 +33,7 @@ async def _start_engine(service, config, setup):
     from homepd.engine.controller import Engine
 
     engine = Engine(config, setup, sampler=service.sampler)
+    engine.step_listeners.append(service._on_step)  # why: /events' step samples follow the new engine too
     await engine.start()
     return engine
 

@@ -47,6 +47,7 @@ def finished(request_id: str, ttft_s: float, n_tokens: int, n_cached: int = 0) -
 
 RENAME: dict = {}   # a test sets {"old": "new"} for a field of the engine snapshot the service sends
 EVENTS: list = []   # a test sets the (name, data) events /events sends before its snapshot
+ADVICE: dict | None = None  # a test sets the standing advice GET /advice returns (None: 404, as --no-advice)
 
 
 def engine_status() -> dict:
@@ -65,6 +66,8 @@ def service(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401, json={"error": {"message": "missing or wrong API key"}})
     if request.url.path == "/status":
         return httpx.Response(200, json=status())
+    if request.url.path == "/advice" and ADVICE is not None:
+        return httpx.Response(200, json={"advice": ADVICE, "history": []})
     if request.url.path == "/events" and EVENTS:
         return httpx.Response(200, content=sse(*EVENTS, ("snapshot", json.dumps(engine_status()))),
                               headers={"content-type": "text/event-stream"})
@@ -216,3 +219,16 @@ def test_no_service_answering_means_none_found():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     assert find_service(f"http://127.0.0.1:{port}") is False
+
+
+def test_the_attached_app_reads_the_service_s_standing_advice(monkeypatch):
+    from test_tui_live_advice import SWITCH
+
+    source = make()
+    assert source.advice() is None  # live advice off: 404
+    monkeypatch.setitem(globals(), "ADVICE", SWITCH)
+    view = source.advice()
+    assert view.kind == "switch" and view.candidate == "disaggregated-routed" and view.running == "colocated-adaptive"
+    assert len(view.evidence) == 2
+    monkeypatch.setitem(globals(), "ADVICE", {"kind": "keep"})
+    assert source.advice().kind == "keep"

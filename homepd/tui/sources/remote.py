@@ -186,6 +186,19 @@ class RemoteSource(DataSource):
             self.sampler.stop()
             self.sampler = None
 
+    def advice(self):
+        """The service's standing live advice (``GET /advice``), None when there is none, live advice is off
+        (404) or the service cannot be reached."""
+        from homepd.tui.liveadvice import advice_view
+
+        try:
+            response = self._client.get("/advice", timeout=2.0)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return advice_view(response.json().get("advice"))
+
     # the event stream (its own thread) ---------------------------------------------------------
     def _read_events(self) -> None:
         while not self._stopping.is_set():
