@@ -172,6 +172,15 @@ class HomepdApp(App):
         self.notify("switching the architecture: the engine restarts (the conversation stays)")
         self._tell("chat")
 
+    def apply_live_advice(self, candidate: str) -> None:
+        """Switch to what the live advice names (the user confirmed it on the evidence screen)."""
+        s = self.state
+        if s.switching or not s.is_ready:
+            return
+        s.switching = True
+        self.jobs.apply_advice(candidate)
+        self.notify(f"switching to {candidate}: draining, then the workers restart")
+
     def on_mode_switched(self, message: m.ModeSwitched) -> None:
         self.state.switching = False
         if message.error:

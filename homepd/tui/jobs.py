@@ -112,6 +112,16 @@ class Jobs:
                 self._post(m.ModeSwitched(mode, description=description))
         self._run(work, "switch")
 
+    def apply_advice(self, candidate: str) -> None:
+        def work() -> None:
+            try:
+                description = self.source.apply_advice(candidate)
+            except Exception as exc:
+                self._post(m.ModeSwitched(candidate, error_text(exc)))
+            else:
+                self._post(m.ModeSwitched(candidate, description=description))
+        self._run(work, "switch")
+
     # advise, history, apply ---------------------------------------------------------------------
     def advise(self, quick: bool, traffic: str | None = None) -> None:
         def work() -> None:

@@ -44,6 +44,19 @@ async def test_switch_advice_raises_a_banner_and_e_opens_its_evidence():
         assert "run 7 · colocated-adaptive on long: 4.00 req/s ± 1.00" in evidence
         assert "2.50 req/s over 300 s, 40 requests, long prompts 100%" in evidence
         assert "POST /advice/apply" in evidence
+        await pilot.press("w")       # switch now: asks first; no changes nothing
+        await pilot.pause()
+        await pilot.press("n")
+        await pilot.pause()
+        assert source.applied_advice == [] and isinstance(app.screen, AdviceScreen)
+        await pilot.press("w")
+        await pilot.pause()
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert source.applied_advice == ["disaggregated-routed"] and not app.state.switching
+        await pilot.press("e")
+        await pilot.pause()
+        assert isinstance(app.screen, AdviceScreen)
         await pilot.press("escape")
         source.advice_data = {**SWITCH, "kind": "keep", "candidate": "colocated-adaptive"}
         app.request_tick()

@@ -66,6 +66,12 @@ def service(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401, json={"error": {"message": "missing or wrong API key"}})
     if request.url.path == "/status":
         return httpx.Response(200, json=status())
+    if request.url.path == "/advice/apply":
+        name = json.loads(request.content)["candidate"]
+        if name != "disaggregated-routed":
+            return httpx.Response(409, json={"error": {"message": f"no measured candidate {name!r} to switch to"}})
+        return httpx.Response(200, json={"kind": "switch-applied", "candidate": name, "took_s": 1.8,
+                                         "configuration": {"line": "disaggregated: prefill + decode"}})
     if request.url.path == "/advice" and ADVICE is not None:
         return httpx.Response(200, json={"advice": ADVICE, "history": []})
     if request.url.path == "/events" and EVENTS:
@@ -232,3 +238,11 @@ def test_the_attached_app_reads_the_service_s_standing_advice(monkeypatch):
     assert len(view.evidence) == 2
     monkeypatch.setitem(globals(), "ADVICE", {"kind": "keep"})
     assert source.advice().kind == "keep"
+
+
+def test_switching_from_the_attached_app_posts_to_the_service_and_names_its_refusal():
+    source = make()
+    assert source.apply_advice("disaggregated-routed") == ("disaggregated-routed: disaggregated: prefill + decode "
+                                                           "(switched in 1.8 s)")
+    with pytest.raises(HomepdError, match="no measured candidate 'replicas-9'"):
+        source.apply_advice("replicas-9")

@@ -23,6 +23,8 @@ HELP = """\
   m charts for the next prompt mix
   w apply the recommendation: asks first, then writes the config
     file that `homepd serve` and the app read at start
+[b]live advice[/b] a banner on the dashboard when the traffic moved
+  e the evidence   w (there) switch now: asks first, drains, restarts
 [b]chat[/b]
   enter send   esc leave the text field
   ctrl+b a long background prompt: watch TTFT, ITL, interference

@@ -24,18 +24,33 @@ def evidence_text(view: AdviceView) -> Text:
     if view.offer:
         text.append(f"\nto measure it: {view.offer}\n")
     if view.kind == "switch":
-        text.append("\nto switch: POST /advice/apply on the service (it drains, restarts, resumes), or\n"
-                    "`homepd advise apply --candidate " + str(view.candidate) + "` for the next start\n")
+        text.append("\nw: switch now (asks first; it drains, restarts the workers and resumes; POST /advice/apply "
+                    "on the service),\nor `homepd advise apply --candidate " + str(view.candidate) + "` for the next start\n")
     text.append("\nesc closes this")
     return text
 
 
 class AdviceScreen(ModalScreen):
-    BINDINGS = [Binding("escape,q,e", "app.pop_screen", "close")]
+    BINDINGS = [Binding("escape,q,e", "app.pop_screen", "close"), Binding("w", "switch", "switch now…")]
 
     def __init__(self, view: AdviceView):
         super().__init__()
         self.view = view
+
+    def action_switch(self) -> None:
+        from homepd.tui.screens.confirm import ConfirmScreen
+
+        if self.view.kind != "switch" or not self.view.candidate:
+            self.notify("this advice names nothing to switch to", severity="warning")
+            return
+        candidate = self.view.candidate
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.app.pop_screen()
+                self.app.apply_live_advice(candidate)
+        self.app.push_screen(ConfirmScreen(f"Switch to {candidate}? Running requests finish, new ones wait, the "
+                                           "workers restart in its measured configuration. (y/n)"), answered)
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="advice-evidence"):

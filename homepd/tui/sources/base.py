@@ -89,6 +89,11 @@ class DataSource(abc.ABC):
         """Restart the app's own engine in ``mode``; return the new description."""
         raise HomepdError("the architecture can only be switched when the app runs its own engine")
 
+    def apply_advice(self, candidate: str) -> str:
+        """Switch to the live advice's ``candidate`` (the app's engine restarts in its measured configuration,
+        or the attached service drains and restarts); return what now runs."""
+        raise HomepdError("this source cannot apply live advice")
+
     # advise, the store and the config file (local to this box) --------------------------------------
     def run_advise(self, quick: bool, emit: Emit, traffic: str | None = None) -> AdviseView:
         """Run an advise campaign here (it starts its own engines), storing its evidence; emit progress.

@@ -221,16 +221,28 @@ class EmbeddedSource(DataSource):
     def switch_mode(self, mode: str) -> str:
         if self._loop is None:
             raise EngineError("the engine is not running")
-        description = self._loop.call(self._switch(mode))
+        return self._switch_to(replace(self.config, mode=mode))
+
+    def apply_advice(self, candidate: str) -> str:
+        """Restart the app's engine in the configuration live advice measured ``candidate`` with."""
+        evidence = self._advisor.evidence if self._advisor is not None else None
+        if evidence is None or candidate not in evidence.configs:
+            raise EngineError(f"no measured candidate {candidate!r} to switch to")
+        return self._switch_to(replace(self.config, **evidence.configs[candidate]))
+
+    def _switch_to(self, config: EngineConfig) -> str:
+        if self._loop is None:
+            raise EngineError("the engine is not running")
+        description = self._loop.call(self._switch(config))
         if self._advisor is not None:
             self._advisor.load(self.config)  # why: another configuration runs: judged afresh
         return description
 
-    async def _switch(self, mode: str) -> str:
+    async def _switch(self, config: EngineConfig) -> str:
         from homepd.engine.controller import Engine
         from homepd.launch import prepare
 
-        new = replace(self.config, mode=mode).validated()
+        new = config.validated()
         # placement first: an infeasible mode is refused while the old engine still serves
         setup = await asyncio.to_thread(prepare, new, pull=False, progress=False, box=self._box)
         old, self.engine = self.engine, None

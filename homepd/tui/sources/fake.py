@@ -81,6 +81,7 @@ class FakeSource(DataSource):
         self._gates: dict[str, threading.Event] = {}
         self.in_flight: dict[str, threading.Event] = {}   # what -> set once it waits at its gate
         self.advice_data: dict | None = None              # the live advice it reports (GET /advice's shape)
+        self.applied_advice: list[str] = []               # the candidates the app switched to (apply_advice)
 
     # test control -----------------------------------------------------------------------------
     def hold(self, what: str) -> None:
@@ -165,6 +166,10 @@ class FakeSource(DataSource):
     def switch_mode(self, mode: str) -> str:
         self.mode = Mode(mode)
         return self.description
+
+    def apply_advice(self, candidate: str) -> str:
+        self.applied_advice.append(candidate)
+        return f"{candidate} (switched by live advice)"
 
     def run_advise(self, quick: bool, emit: Emit, traffic: str | None = None) -> AdviseView:
         from homepd.tui.messages import AdviseProgress

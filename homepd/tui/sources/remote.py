@@ -199,6 +199,18 @@ class RemoteSource(DataSource):
             return None
         return advice_view(response.json().get("advice"))
 
+    def apply_advice(self, candidate: str) -> str:
+        """``POST /advice/apply``: the service drains, restarts its workers as ``candidate`` and resumes."""
+        try:
+            response = self._client.post("/advice/apply", json={"candidate": candidate}, timeout=None)
+        except httpx.HTTPError as exc:
+            raise HomepdError(f"the service did not answer the switch: {exc}") from None
+        if response.status_code != 200:
+            raise HomepdError(_error_text(response))
+        record = response.json()
+        return (f"{record.get('candidate', candidate)}: {(record.get('configuration') or {}).get('line', '')} "
+                f"(switched in {record.get('took_s', 0):g} s)")
+
     # the event stream (its own thread) ---------------------------------------------------------
     def _read_events(self) -> None:
         while not self._stopping.is_set():
