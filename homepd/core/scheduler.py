@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from homepd.core import kvpolicy
+from homepd.core.admission import RequestClass
 from homepd.core.allocator import KVAllocator
 from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixcache import ReuseMode
@@ -183,6 +184,11 @@ class Scheduler:
                     reused.append(seq)
             slices.append(self._slice(seq, budget))
             budget -= slices[-1].n_tokens
+            if slices[-1].completes_prompt and seq.request_class != RequestClass.BACKGROUND:
+                # why: its first token waits for the whole step; the prompts after it get what an ITL share
+                # holds (a RAG follow-up shared its step with 500 ms of another document)
+                tail = self.policy.after_first_token(kv_in_use)
+                budget = budget if tail is None else min(budget, tail)
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
                         kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices) + sum(s.n_reused for s in reused),
                         evicted=evicted,

@@ -6,8 +6,7 @@ Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
   step — and so every running interactive stream's next token — stays within the ITL budget, from the
   online step-time model (decode batch size, prompt tokens, context).  When only background streams
   decode, or none, as much as an eighth of the TTFT budget holds (an interactive prompt arriving then
-  waits for that step), but never so little that the step's fixed cost slows prefill, and at most
-  ``max_chunk``: on a GPU the whole chunk, on a CPU a chunk of about 500 ms.
+  waits for that step), at most ``max_chunk``: on a GPU the whole chunk, on a CPU a chunk of about 500 ms.
 * ``prompt_order``: interactive prompts before background ones; among interactive prompts, those whose
   TTFT deadline can still be met in deadline order (earliest first), and the ones that cannot all be met
   are set aside — Moore–Hodgson: when the deadlines ahead cannot all be kept, the prompt with the most
@@ -16,7 +15,6 @@ Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence as Seq
 
 from homepd.core.admission import RequestClass
@@ -33,9 +31,9 @@ STEP_SHARE_OF_ITL = 0.85
 # another document's prefill (benchmarks/chat_bench.py), where llama-server answered in 0.7 s.  So such a
 # step is capped at an eighth of the TTFT budget (500 ms of 4 s); on a GPU the chunk binds long before.
 IDLE_STEP_SHARE_OF_TTFT = 0.125
-# why: a step's fixed cost (reading the weights once) must stay a small part of it, or capped steps would cost
-# prefill throughput: the cap never goes below the chunk whose fixed cost is 10 % of the step
-MAX_FIXED_SHARE = 0.10
+# why: a capped step still carries a useful chunk when the model's recent error eats the cap (measured here:
+# prefill speed is flat from 64 to 512 tokens a step on this CPU)
+MIN_IDLE_CHUNK = 32
 
 
 def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,
@@ -45,8 +43,7 @@ def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_deco
 
     Before the model has seen enough steps: ``min_chunk`` while interactive streams decode (safe until
     measured).  ``idle_step_ms``: when no interactive stream decodes, the longest step (an interactive prompt
-    arriving meanwhile waits for it; ``idle_step_budget``), but never a chunk whose fixed cost is over
-    ``MAX_FIXED_SHARE`` of the step; None: the whole ``max_chunk``."""
+    arriving meanwhile waits for it; ``idle_step_budget``); None: the whole ``max_chunk``."""
     if itl_budget_ms is None:
         return max_chunk
     if n_interactive_decodes == 0:
@@ -58,14 +55,11 @@ def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_deco
 
 def idle_step_budget(model: StepEstimate, n_decodes: int, kv_in_use: int, idle_step_ms: float | None,
                      max_chunk: int) -> int:
-    """The prompt budget of a step no interactive stream waits on: as much as ``idle_step_ms`` holds, at
-    least the chunk that keeps the step's fixed cost within ``MAX_FIXED_SHARE``, at most ``max_chunk``."""
+    """The prompt budget of a step no interactive stream waits on: as much as ``idle_step_ms`` holds less the
+    model's recent error (as the ITL budget does), at least ``MIN_IDLE_CHUNK``, at most ``max_chunk``."""
     if idle_step_ms is None:
         return max_chunk
-    per = max(model.ms_per_prompt_token + model.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
-    efficient = math.ceil(max(model.base_ms, 0.0) * (1 - MAX_FIXED_SHARE) / MAX_FIXED_SHARE / per)
-    held = model.chunk_for_itl(idle_step_ms, n_decodes, kv_in_use, lo=1, hi=max_chunk, margin_sd=0.0)
-    return max(1, min(max_chunk, max(held, efficient)))
+    return model.chunk_for_itl(idle_step_ms, n_decodes, kv_in_use, lo=min(MIN_IDLE_CHUNK, max_chunk), hi=max_chunk)
 
 
 def prompt_order(prompts: Seq[Sequence], now_s: float, ms_per_prompt_token: float | None,
@@ -136,6 +130,16 @@ class StepPolicy:
         return min(room, prompt_budget(self.estimate(), len(decode), interactive, itl, kv_in_use,
                                        min_chunk=self.min_chunk, max_chunk=self.n_batch,
                                        idle_step_ms=self.idle_step_ms))
+
+    def after_first_token(self, kv_in_use: int = 0) -> int | None:
+        """The prompt tokens a step may still carry after an interactive prompt completes in it: what one ITL
+        budget's share holds (its first token waits for the whole step; on a GPU that is thousands of tokens).
+        None: no limit (a fixed chunk, or the box unmeasured)."""
+        est = self.estimate() if self.adaptive else None
+        if est is None:
+            return None
+        per = max(est.ms_per_prompt_token + est.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
+        return int(self.itl_budget_ms * STEP_SHARE_OF_ITL // per)
 
     def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0,
               tokens_per_step: int = 1) -> list[Sequence]:

@@ -212,3 +212,29 @@ def test_a_follow_up_whose_history_is_cached_is_ordered_as_the_short_job_it_is()
     assert follow.n_expected_reuse == len(DOC) + len(first.output_ids) - 1 and late.n_expected_reuse == 0
     plan = s.schedule(0.0)
     assert [sl.seq.request_id for sl in plan.prefill][0] == "b" and follow.n_reused == follow.n_expected_reuse
+
+
+def test_a_step_in_which_an_interactive_prompt_completes_carries_only_an_itl_share_after_it():
+    """Its first token waits for the whole step: the long prompt behind it gets what 85 ms hold, not the rest
+    of the budget (a background prompt completing leaves the budget as it was)."""
+    from homepd.core.admission import RequestClass
+    from homepd.core.stepmodel import StepEstimate
+    from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy
+
+    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=4.5, ms_per_decode_token=2.0, ms_per_kv_ktoken=0.0,
+                       n_steps=100, error_ms=0.0)
+    for klass, tail in ((RequestClass.INTERACTIVE, int(100.0 * STEP_SHARE_OF_ITL // 4.5)),
+                        (RequestClass.BACKGROUND, 256 - 8)):
+        ctx = FakeContext(FakeModel(), n_ctx=1024, n_batch=256, n_seq_max=4, n_threads=1)
+        s = Scheduler(n_seq_max=4, n_ctx=1024, n_batch=256, chunk=256, kv_ops=ContextKV(ctx),
+                      reuse_mode=ReuseMode.PREFIX, max_cached_cells=0,
+                      policy=StepPolicy(256, 256, itl_budget_ms=100.0, estimate=lambda: est, idle_step_ms=10_000.0))
+        short = request("q", list(range(200, 208)))
+        short.request_class = klass
+        short.deadline_s = 1.0
+        doc = request("doc", list(range(300, 700)))
+        doc.request_class, doc.deadline_s = klass, 2.0
+        s.add(short)
+        s.add(doc)
+        plan = s.schedule(0.0)
+        assert [(sl.seq.request_id, sl.n_tokens) for sl in plan.prefill] == [("q", 8), ("doc", tail)], klass
