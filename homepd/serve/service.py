@@ -82,7 +82,6 @@ class Service:
     # start-up ----------------------------------------------------------------------
     async def start(self) -> None:
         """Load and warm the engine (the HTTP port is already open: /ready says 503 meanwhile)."""
-        from homepd.engine.controller import Engine
         from homepd.launch import prepare
 
         if self.traffic is not None:
@@ -96,8 +95,7 @@ class Service:
             self.served_model_ids = tuple(dict.fromkeys((self.config.model, os.path.splitext(model_file)[0])))
             if self.sampler is not None:
                 self.sampler.register_process(os.getpid(), "controller")
-            self.engine = Engine(self.config, setup, sampler=self.sampler)
-            self.engine.step_listeners.append(self._on_step)
+            self.engine = self.new_engine(self.config, setup)
             await self.engine.start()
             if self.settings.warmup:
                 stream = await self.engine.submit("Hello", params=SamplingParams(max_tokens=1))
@@ -229,6 +227,14 @@ class Service:
             self.finished(stream.request_id, stream.lifecycle, request_class)
 
         self._spawn(wait_end())
+
+    def new_engine(self, config: EngineConfig, setup):
+        """The service's engine for ``config`` (not started): its sampler, and its steps feeding ``/events``."""
+        from homepd.engine.controller import Engine
+
+        engine = Engine(config, setup, sampler=self.sampler)
+        engine.step_listeners.append(self._on_step)
+        return engine
 
     async def until_admitting(self) -> None:
         """Wait while a switch of configuration is under way (then admission decides as usual)."""

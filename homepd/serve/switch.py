@@ -30,10 +30,7 @@ class SwitchError(Exception):
 
 
 async def _start_engine(service, config, setup):
-    from homepd.engine.controller import Engine
-
-    engine = Engine(config, setup, sampler=service.sampler)
-    engine.step_listeners.append(service._on_step)  # why: /events' step samples follow the new engine too
+    engine = service.new_engine(config, setup)
     await engine.start()
     return engine
 
