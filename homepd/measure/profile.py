@@ -37,6 +37,12 @@ class FinishedRequest:
     n_cached_tokens: int = 0
     slo_met: bool | None = None     # None: not judged (a row recorded before the SLO was kept)
 
+    @classmethod
+    def of(cls, lc, slo_met: bool | None, now_unix_s: float, now_monotonic_s: float) -> "FinishedRequest":
+        """A finished ``Lifecycle`` (its times on the monotonic clock) placed on the wall clock."""
+        return cls(now_unix_s - (now_monotonic_s - lc.arrived_s), lc.request_class, lc.n_prompt_tokens,
+                   len(lc.token_times_s), lc.n_cached_tokens, slo_met)
+
 
 def token_bin(n_tokens: int) -> int:
     """The histogram bin of a token count: 0 for 0, then ``TOKEN_BINS_PER_OCTAVE`` bins per doubling."""

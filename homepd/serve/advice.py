@@ -79,9 +79,7 @@ class LiveAdvisor:
     def observe(self, lc) -> bool:
         """Count a finished request; return whether it met its class's SLO."""
         met = self.slo.is_met_by(lc)
-        arrived_unix_s = self.clock() - (time.monotonic() - lc.arrived_s)
-        self.profile.observe(FinishedRequest(arrived_unix_s, lc.request_class, lc.n_prompt_tokens,
-                                             len(lc.token_times_s), lc.n_cached_tokens, met))
+        self.profile.observe(FinishedRequest.of(lc, met, self.clock(), time.monotonic()))
         return met
 
     def running(self) -> str | None:

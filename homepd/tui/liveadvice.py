@@ -93,9 +93,7 @@ class LocalAdvisor:
     def observe(self, lifecycles) -> None:
         now_unix, now_mono = self.clock(), time.monotonic()
         for lc in lifecycles:
-            self.profile.observe(FinishedRequest(now_unix - (now_mono - lc.arrived_s), lc.request_class,
-                                                 lc.n_prompt_tokens, len(lc.token_times_s), lc.n_cached_tokens,
-                                                 self.slo.is_met_by(lc)))
+            self.profile.observe(FinishedRequest.of(lc, self.slo.is_met_by(lc), now_unix, now_mono))
 
     def evaluate(self) -> AdviceView | None:
         if self.evidence is None:
