@@ -40,11 +40,15 @@ def evidence_rows(run_id: int, recommendation: dict) -> tuple[EvidenceRow, ...]:
     return tuple(rows)
 
 
-def load_live_evidence(store, model: str) -> LiveEvidence | None:
-    """The latest advise run of ``model`` as ``LiveEvidence``; None when the store holds none."""
+def load_live_evidence(store, model: str, known: LiveEvidence | None = None) -> LiveEvidence | None:
+    """The latest advise run of ``model`` as ``LiveEvidence``; None when the store holds none.  ``known``: the
+    evidence already read, returned as it is when no newer run has been stored (a periodic re-read then costs
+    one query, not the run's curves and requests again)."""
     run_id = latest_advise_run(store, model)
     if run_id is None:
         return None
+    if known is not None and known.run_id == run_id and known.model == model:
+        return known
     run = store.get_run(run_id, timelines=False)
     rec = next(r["data"] for r in reversed(run["recommendations"]) if (r["data"] or {}).get("capacity"))
     configs = {c.name: c.config_values() for c in stored_candidates(rec) if c.feasible}

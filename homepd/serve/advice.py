@@ -58,7 +58,7 @@ class LiveAdvisor:
         self._evidence_at_s = time.monotonic()
         try:
             with Store.open(self.service.settings.db, create=False) as store:
-                self.evidence = load_live_evidence(store, self.service.config.model)
+                self.evidence = load_live_evidence(store, self.service.config.model, self.evidence)
                 if restore:
                     now = self.clock()
                     rows = traffic_since(store, now - max(self.profile.windows_s), now)

@@ -33,6 +33,13 @@ def test_the_latest_run_of_the_served_model_with_its_rows_shapes_and_configurati
         (1.0, 1.0, 620, 16)
     assert ev.configs[DI]["mode"] is Mode.DISAGGREGATED and ev.configs[DI]["local_prefill"] is True
     assert ev.configs[CO]["adaptive_chunk"] is True
+    # a re-read finds no newer run: the evidence already held is kept; a newer run replaces it
+    with Store.open(db) as store:
+        assert load_live_evidence(store, "smollm2-135m-instruct-q4_1", ev) is ev
+    newer = store_evidence(db, {"short": (40, I, 8)}, {(CO, "short"): (7.0, 1.0)})
+    with Store.open(db) as store:
+        again = load_live_evidence(store, "smollm2-135m-instruct-q4_1", ev)
+    assert again.run_id == newer != mine and again.rows[0].capacity_rps == 7.0
 
 
 def test_the_traffic_table_keeps_each_requests_slo_verdict(tmp_path):
