@@ -71,7 +71,11 @@ def test_replay_ttft_agrees_with_a_client_stopwatch(default_model_path):
     records, client = run(scenario())
     assert len(client) == 3
     for lc in records:
-        assert lc.ttft_s > 0 and abs(client[lc.request_id] - lc.ttft_s) < 0.005, (client[lc.request_id], lc.ttft_s)
+        # one-sided: the client's clock starts before the engine's and its token arrives after the worker stamped
+        # it, so the lifecycle may never read longer; the slack is the pipe from the worker and the loop's wake-up
+        # (5.4 ms seen on a loaded 2-core CI box), against a TTFT of ~430 ms that a missed queue wait would double
+        lag = client[lc.request_id] - lc.ttft_s
+        assert lc.ttft_s > 0 and 0 <= lag < 0.025, (client[lc.request_id], lc.ttft_s)
 
 
 LONG = " ".join(["The history of computing is a story of people, ideas and machines."] * 40)  # ~600 tokens
