@@ -9,7 +9,12 @@ import signal
 import subprocess
 import sys
 
-from homepd.config import read_config_file
+import psutil
+
+from engine_helpers import make_engine
+from engine_helpers import run as run_async
+from homepd.config import EngineConfig, read_config_file
+from homepd.kv.segment import SHM_DIR, parse_segment_name
 from homepd.store import Store
 
 
@@ -81,10 +86,18 @@ def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(
             chunk = proc.stderr.read1(4096)
             assert chunk, f"advise ended before its second result: {seen[-500:]!r}"
             seen += chunk
+        workers = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        # its workers see their pipe close, unlink the KV segments they attached and exit
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, alive
     finally:
         proc.kill()
+    # a segment it made for its next candidate before any worker attached has nobody left to unlink it: the next
+    # engine to start sweeps the segments of dead controllers
+    run_async(engine_start_and_stop(EngineConfig(backend="fake", mode="disaggregated", n_ctx=2048)))
+    assert not [n for n in os.listdir(SHM_DIR) if (parse_segment_name(n) or (0,))[0] == proc.pid]
     with Store.open(db, create=False) as store:
         assert store.integrity_check() == "ok"
         (run,) = store.list_runs()
@@ -92,3 +105,9 @@ def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(
         results = store.get_run(run["id"], timelines=False)["results"]
         measured = [r for r in results if r["status"] == "measured"]
         assert len(measured) >= 2 and all(r["record"] is not None for r in measured)
+
+
+async def engine_start_and_stop(config):
+    async with make_engine(config):
+        pass
+
