@@ -241,4 +241,5 @@ class PrefixReuse:
             n_cached_cells=n_cells, cached_bytes=n_cells * bytes_per_cell, mode=self.mode.value,
             n_store_entries=self.store.n_entries if self.store is not None else 0,
             store_bytes=self.store.used_bytes if self.store is not None else 0,
-            n_store_hits=self.n_store_hits, n_store_hit_tokens=self.n_store_hit_tokens)
+            n_store_hits=self.n_store_hits, n_store_hit_tokens=self.n_store_hit_tokens,
+            n_store_no_room=self.store.n_no_room if self.store is not None else 0)

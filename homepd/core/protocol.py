@@ -217,6 +217,7 @@ class PrefixCacheStats:
     store_bytes: int = 0          # bytes their extents take in the store (headers included)
     n_store_hits: int = 0         # of the hits, prompts restored from the store
     n_store_hit_tokens: int = 0   # tokens they restored
+    n_store_no_room: int = 0      # saves refused because /dev/shm had no room for their pages
     mode: str = "off"             # what llama.cpp allows for this cache type: "off", "prefix" (any prefix), "exact"
 
     @property

@@ -36,7 +36,7 @@ from homepd.kv.header import (BODY_OFFSET, HEADER_BYTES, HEADER_CRC_OFFSET, HOLD
                               MAGIC, PREFIX, STATE_OFFSET, VERIFY_KINDS, SlotExpectation, SlotHeader, SlotState,
                               check_header, header_checksum, pack_body, payload_checksum, unpack_body)
 from homepd.kv.ring import PAGE_BYTES
-from homepd.kv.segment import (NAME_PREFIX, attach_segment, create_segment, new_token, parse_segment_name,
+from homepd.kv.segment import (NAME_PREFIX, allocate_range, attach_segment, create_segment, new_token, parse_segment_name,
                                segment_name, unlink_segment)
 
 __all__ = ["KVArena", "SlotHeader", "SlotExpectation", "SlotState", "payload_checksum", "extent_bytes_for"]
@@ -147,6 +147,13 @@ class KVArena:
         at = DATA_OFFSET + offset
         PREFIX.pack_into(self._buf, at, MAGIC, LAYOUT_VERSION, SlotState.WRITING, os.getpid(), 0)
         self._writing[offset] = extent_bytes
+
+    def allocate(self, offset: int, extent_bytes: int) -> None:
+        """Allocate an extent's pages now, before ``begin`` writes its header: for an arena created without
+        ``prefault``, where a write into a page /dev/shm has no room for would be a SIGBUS.  SlotError if
+        there is no room."""
+        self._check_range(offset, extent_bytes, "allocate")
+        allocate_range(self.names[0], DATA_OFFSET + offset, extent_bytes)
 
     def payload(self, offset: int, n_bytes: int, request_id: str = "") -> memoryview:
         """A writable view of the first ``n_bytes`` of a WRITING extent's payload, for ``state_get``."""

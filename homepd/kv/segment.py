@@ -78,6 +78,25 @@ def create_segment(name: str, size_bytes: int, prefault: bool = True) -> mmap.mm
         _close_quietly(fd)
 
 
+def allocate_range(name: str, start: int, n_bytes: int) -> None:
+    """Allocate the pages of ``[start, start + n_bytes)`` of segment ``name`` now (a segment created without
+    ``prefault``), so /dev/shm running out of room is a SlotError here instead of a SIGBUS at the first write
+    into a page it has no room for.  Pages already allocated are left as they are."""
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    except FileNotFoundError:
+        raise SlotError(f"KV segment {name} does not exist — its owner closed it or died") from None
+    try:
+        os.posix_fallocate(fd, start, n_bytes)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise SlotError(f"no room in {SHM_DIR} for {n_bytes} more bytes of KV segment {name} "
+                            f"({_shm_free_bytes()} bytes free)") from None
+        raise
+    finally:
+        os.close(fd)
+
+
 def attach_segment(name: str, populate: bool = True) -> mmap.mmap:
     """Map an existing segment.  ``populate`` maps every page now (MAP_POPULATE),
     so this process does not take a page fault per 4 KiB on its first pass."""

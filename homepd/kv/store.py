@@ -23,6 +23,7 @@ from homepd.core.protocol import AttachStore, StoreDropped, StoreSaved
 from homepd.kv.header import SlotExpectation, SlotHeader, SlotState
 from homepd.kv.pool import KVArena
 from homepd.kv.ring import PAGE_BYTES
+from homepd.errors import SlotError
 from homepd.kv.segment import STORE_PREFIX
 from homepd.kv.storeindex import StoreEntry, StoreIndex
 
@@ -94,6 +95,7 @@ class StoreSegment:
         self.arena = KVArena.attach(msg.names, populate=False)
         self.model_fingerprint, self.n_ctx = model_fingerprint, n_ctx
         self.index = StoreIndex(self.arena.capacity_bytes)
+        self.n_no_room = 0  # saves refused: /dev/shm had no room for their pages
         for offset, extent, payload, tokens in msg.entries:
             entry = StoreEntry(offset, extent, payload, tuple(tokens))
             if self.arena.state(offset) is SlotState.READY:
@@ -101,13 +103,20 @@ class StoreSegment:
 
     def save(self, tokens, payload_bytes: int, write) -> tuple[StoreEntry | None, list[StoreEntry]]:
         """Save an entry of ``payload_bytes`` for ``tokens``: ``write(view)`` fills the payload and returns
-        the bytes written.  Returns (the entry or None if it cannot fit, the entries evicted for it)."""
+        the bytes written.  Returns (the entry, or None if it cannot fit or /dev/shm has no room for its
+        pages; the entries evicted for it, gone either way)."""
         placed = self.index.place(payload_bytes)
         if placed is None:
             return None, []
         offset, extent, evicted = placed
         for old in evicted:
             self.arena.reset_stale(old.offset)  # FREE: a stale header is never read as an entry again
+        try:
+            self.arena.allocate(offset, extent)  # the segment is not pre-faulted: pages are taken here
+        except SlotError:
+            self.index.abandon(offset)
+            self.n_no_room += 1
+            return None, evicted
         self.arena.begin(offset, extent)
         try:
             written = write(self.arena.payload(offset, payload_bytes, entry_tag(tokens)))

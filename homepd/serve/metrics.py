@@ -198,6 +198,8 @@ PREFIX_CACHE_SERIES = (
     ("homepd_kv_store_hits", "counter", "n_store_hits", "Prompts whose prefix was restored from the KV store"),
     ("homepd_kv_store_hit_tokens", "counter", "n_store_hit_tokens",
      "Prompt tokens restored from the KV store (not computed)"),
+    ("homepd_kv_store_no_room", "counter", "n_store_no_room",
+     "Saves to the KV store refused because /dev/shm had no room for their pages"),
 )
 
 

@@ -53,6 +53,10 @@ class ContextStore:
     def used_bytes(self) -> int:
         return self.segment.index.used_bytes if self.segment is not None else 0
 
+    @property
+    def n_no_room(self) -> int:
+        return self.segment.n_no_room if self.segment is not None else 0
+
     def save(self, seq_id: int, tokens: tuple[int, ...]) -> None:
         store = self.segment
         if store is None or len(tokens) < MIN_STORE_TOKENS or store.index.covers(tokens):

@@ -3,6 +3,7 @@ budget, superseded entries, a rebuild after a restart), the restore-or-recompute
 saving an evicted entry and restoring it, on the fake context over a real store segment."""
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -130,6 +131,42 @@ def test_an_entry_evicted_for_room_is_saved_and_a_later_prompt_restores_it(store
     again.attach(book.attach_message("colocated"))
     assert again.lookup([*saved.tokens, 9], ReuseMode.PREFIX, 1000).n_tokens == len(saved.tokens)
     again.segment.close()
+
+
+def allocated_bytes(store) -> int:
+    return os.stat(f"/dev/shm/{store.segment.arena.names[0]}").st_blocks * 512
+
+
+def test_a_save_takes_its_pages_of_dev_shm_before_writing_them(store_and_scheduler):
+    s, ctx, store, sent, _ = store_and_scheduler
+    before = allocated_bytes(store)  # the store is not pre-faulted: the arena header page, little more
+    finish(s, ctx, request("a", range(10, 90)))
+    finish(s, ctx, request("b", range(200, 280)))  # a's entry goes to the store
+    (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
+    assert allocated_bytes(store) - before >= saved.extent_bytes
+    assert s.prefixes.stats().n_store_no_room == 0
+
+
+def test_no_room_in_dev_shm_refuses_the_save_instead_of_a_sigbus_and_keeps_the_store_sound(store_and_scheduler,
+                                                                                            monkeypatch):
+    """posix_fallocate's ENOSPC stands for a /dev/shm that filled up after the store was created (Docker's
+    64 MB default, shared with other programs): a write into such a page would kill the worker with SIGBUS."""
+    s, ctx, store, sent, _ = store_and_scheduler
+    finish(s, ctx, request("a", range(10, 90)))
+    before = allocated_bytes(store)
+
+    def no_room(fd, offset, n_bytes):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    finish(s, ctx, request("b", range(200, 280)))  # a's entry would go to the store: no room for it
+    assert not [m for m in sent if isinstance(m, StoreSaved)] and store.n_entries == 0
+    assert allocated_bytes(store) == before  # not one page of it was written
+    assert s.prefixes.stats().n_store_no_room == 1
+    store.segment.index.allocator.check()
+    monkeypatch.undo()  # room again: the next eviction is saved
+    finish(s, ctx, request("c", range(400, 480)))
+    assert [m for m in sent if isinstance(m, StoreSaved)] and store.n_entries == 1
 
 
 def test_short_prefixes_are_not_saved_and_a_superseded_entry_is_dropped(store_and_scheduler):
