@@ -14,6 +14,7 @@ from homepd.core.origin import SERVING_FIELDS, ConfigOrigin
 from homepd.core.origin import config_origin as origin_of
 from homepd.core.protocol import EngineSetup, RolePlacement
 from homepd.engine.topology import topology_for
+from homepd.errors import EngineError
 
 KV_BYTES_PER_TOKEN_GUESS = 64 << 10  # placement plan's memory check when the GGUF header does not say
 
@@ -105,3 +106,41 @@ def config_origin(config: EngineConfig, document: dict | None = None) -> ConfigO
     return origin_of({n: getattr(config, n) for n in SERVING_FIELDS}, {n: getattr(defaults, n) for n in SERVING_FIELDS},
                      config_file_values(EngineConfig, None, document), document.get(ADVICE_TABLE) or {},
                      topology_for(config.mode).describe(config))
+
+
+class RestartFailed(EngineError):
+    """The engine in the new configuration did not start (``error``).  ``restored`` is an engine of the
+    previous configuration started again in its place, or None if that could not start either (``again``)."""
+
+    def __init__(self, error: BaseException, restored=None, again: BaseException | None = None):
+        self.error, self.restored, self.again = error, restored, again
+        super().__init__(f"the new configuration could not start ({error})" +
+                         ("; the previous one runs again" if restored is not None else
+                          f", nor the previous one ({again})" if again is not None else ""))
+
+
+async def replace_engine(old, config: EngineConfig, setup: EngineSetup, make):
+    """Stop ``old`` (None: nothing runs) and start ``make(config, setup)``, an unstarted engine, in its place:
+    the one owner of a switch's fallback, for the service and the app.
+
+    ``setup`` comes from ``prepare``, called before anything stopped, so a configuration that cannot be placed
+    is refused while ``old`` still serves.  If the new engine cannot start, ``old``'s configuration is started
+    again and RestartFailed carries it (``restored``); if that fails too, or there was no ``old``, RestartFailed
+    has ``restored`` None.
+    """
+    if old is not None:
+        await old.stop()
+    try:
+        engine = make(config, setup)
+        await engine.start()
+        return engine
+    except Exception as exc:
+        if old is None:
+            raise RestartFailed(exc, None, None) from None
+        error = exc
+    try:
+        back = make(old.config, old.setup)
+        await back.start()
+    except Exception as again:
+        raise RestartFailed(error, None, again) from None
+    raise RestartFailed(error, back) from None

@@ -20,19 +20,13 @@ from homepd.core.origin import ConfigOrigin, ConfigSource
 from homepd.core.records import to_plain
 from homepd.engine.topology import topology_for
 from homepd.errors import HomepdError
-from homepd.launch import prepare
+from homepd.launch import RestartFailed, prepare, replace_engine
 
 log = logging.getLogger("homepd.serve")
 
 
 class SwitchError(Exception):
     """A switch that cannot be done (the message says why); nothing was changed."""
-
-
-async def _start_engine(service, config, setup):
-    engine = service.new_engine(config, setup)
-    await engine.start()
-    return engine
 
 
 async def switch_to(service, candidate: str, why: str) -> dict:
@@ -65,20 +59,15 @@ async def switch_to(service, candidate: str, why: str) -> dict:
             raise SwitchError(f"{len(service.in_flight)} request(s) still running after "
                               f"{service.settings.drain_timeout_s:g} s (--drain-timeout); nothing switched") from None
         old, service.engine = service.engine, None
-        await old.stop()
         try:
-            service.engine = await _start_engine(service, config, setup)
-        except Exception as exc:
-            log.error("homepd: switch to %s failed (%s); starting %s again", candidate, exc, old_config.mode)
-            try:
-                service.engine = await _start_engine(service, old_config, old.setup)
-            except Exception as again:
+            service.engine = await replace_engine(old, config, setup, service.new_engine)
+        except RestartFailed as failed:
+            log.error("homepd: switch to %s failed (%s)", candidate, failed)
+            service.engine = failed.restored
+            if failed.restored is None:
                 service._fail(f"after a failed switch to {candidate} the previous configuration could not start "
-                              f"again: {again}")
-                raise SwitchError(f"the {candidate} configuration could not start ({exc}), nor the previous one "
-                                  f"({again})") from None
-            raise SwitchError(f"the {candidate} configuration could not start ({exc}); the previous one runs "
-                              "again") from None
+                              f"again: {failed.again}")
+            raise SwitchError(f"switching to {candidate}: {failed}") from None
         service.config = config
         service.origin = ConfigOrigin(ConfigSource.ADVICE, topology_for(config.mode).describe(config),
                                       f"switched by live advice ({why}) to run {evidence.run_id}'s candidate "

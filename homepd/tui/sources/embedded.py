@@ -240,22 +240,17 @@ class EmbeddedSource(DataSource):
 
     async def _switch(self, config: EngineConfig) -> str:
         from homepd.engine.controller import Engine
-        from homepd.launch import prepare
+        from homepd.launch import RestartFailed, prepare, replace_engine
 
         new = config.validated()
         # placement first: an infeasible mode is refused while the old engine still serves
         setup = await asyncio.to_thread(prepare, new, pull=False, progress=False, box=self._box)
         old, self.engine = self.engine, None
-        if old is not None:
-            await old.stop()
-        engine = Engine(new, setup, sampler=self.sampler)
         try:
-            await engine.start()
-        except Exception:
-            back = Engine(self.config, old.setup, sampler=self.sampler)
-            await back.start()
-            self.engine = back
-            raise
+            engine = await replace_engine(old, new, setup, lambda c, s: Engine(c, s, sampler=self.sampler))
+        except RestartFailed as failed:
+            self.engine = failed.restored  # None: nothing runs, and the app says why
+            raise EngineError(str(failed)) from None
         self.engine, self.config = engine, new
         self._steps.clear()
         self.description = describe(new, setup.model_path)
