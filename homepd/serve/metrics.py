@@ -94,6 +94,10 @@ class EngineCollector:
     def collect(self):
         s = self.service
         yield _gauge("homepd_ready", "1 once the model is loaded and warmed, 0 otherwise", float(s.is_ready))
+        missed = CounterMetricFamily("homepd_events_missed", "Events not delivered to an /events client that read "
+                                     "too slowly (each such client is sent a 'missed' event with its count)")
+        missed.add_metric([], s.n_events_missed)
+        yield missed
         engine = s.engine
         if engine is None or engine.tokenizer is None:
             return

@@ -55,7 +55,8 @@ async def events(request: Request, interval_s: Annotated[float, Query(ge=0.1, le
     ``request`` (a finished request's lifecycle, its largest token gap and its gaps over the ITL budget) as
     each ends; ``steps`` before each snapshot: the engine steps that ran since the previous one, at most 256
     of them (a sample, prompt-carrying steps first) with counts over all of them
-    (``homepd.measure.stepstream.StepSample``)."""
+    (``homepd.measure.stepstream.StepSample``); ``advice`` as live advice changes; ``missed`` (``{"events": N}``)
+    before the next event a client gets after it read too slowly and N events were not kept for it."""
     service = request.app.state.service
     queue = service.subscribe()
 

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
@@ -34,8 +35,15 @@ from homepd.serve.traffic import TrafficCollector, TrafficRecorder, prompt_text
 log = logging.getLogger("homepd.serve")
 WATCH_PERIOD_S = 1.0         # how often the engine's health is checked (and the watchdog pinged, at the latest)
 RECENT_REQUESTS = 50         # finished requests kept for /status
-SUBSCRIBER_QUEUE = 1000      # events buffered per /events client; a slower client misses events
+SUBSCRIBER_QUEUE = 1000      # events buffered per /events client; a slower client misses events, and is told
 SWITCH_START_S = 120.0       # a request that waits for a switch waits the drain and this long for the new engine
+
+
+@dataclass
+class _Subscriber:
+    """One /events client: its step sampler, and the events it missed since the last one it was sent."""
+    sampler: StepSampler
+    n_missed: int = 0
 
 
 class Service:
@@ -56,7 +64,8 @@ class Service:
         self.in_flight: dict[str, str] = {}           # request id -> request class, admitted and not finished
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
         # each /events client's queue of events, and its sample of the steps run since its last steps event
-        self._subscribers: dict[asyncio.Queue, StepSampler] = {}
+        self._subscribers: dict[asyncio.Queue, _Subscriber] = {}
+        self.n_events_missed = 0  # events not delivered to an /events client that read too slowly
         self._idle = asyncio.Event()
         self._idle.set()
         self._exiting = asyncio.Event()
@@ -317,7 +326,7 @@ class Service:
 
     def subscribe(self) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
-        self._subscribers[queue] = StepSampler()
+        self._subscribers[queue] = _Subscriber(StepSampler())
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue) -> None:
@@ -326,17 +335,25 @@ class Service:
     def _on_step(self, step: StepRecord) -> None:
         # why a bounded sampler per client, not its queue: a step costs O(1) per client whatever the step rate,
         # and a client that reads slowly holds at most its sampler's bound, never a growing backlog
-        for sampler in self._subscribers.values():
-            sampler.add(step)
+        for sub in self._subscribers.values():
+            sub.sampler.add(step)
 
     def drain_steps(self, queue: asyncio.Queue) -> StepSample:
         """The steps run since this client's previous call, sampled (at most ``stepstream.MAX_STEPS``)."""
-        sampler = self._subscribers.get(queue)
-        return sampler.drain(time.monotonic()) if sampler is not None else StepSample.of((), time.monotonic())
+        sub = self._subscribers.get(queue)
+        return sub.sampler.drain(time.monotonic()) if sub is not None else StepSample.of((), time.monotonic())
 
     def publish(self, kind: str, data: dict) -> None:
-        for queue in self._subscribers:
-            if not queue.full():
+        """Queue an event for every /events client.  A client whose queue is full misses it; the next event it
+        gets is a ``missed`` event with the count, so it knows its record has a hole (counted in /metrics)."""
+        for queue, sub in self._subscribers.items():
+            if sub.n_missed and queue.maxsize - queue.qsize() >= 2:
+                queue.put_nowait(("missed", {"events": sub.n_missed}))
+                sub.n_missed = 0
+            if sub.n_missed or queue.full():
+                sub.n_missed += 1
+                self.n_events_missed += 1
+            else:
                 queue.put_nowait((kind, data))
 
     def _status_line(self) -> str:

@@ -168,6 +168,18 @@ def test_a_finished_request_waits_for_the_steps_up_to_its_end(monkeypatch):
         source.stop()
 
 
+def test_events_the_service_could_not_keep_for_a_slow_app_are_shown_as_missed(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "EVENTS", [("missed", json.dumps({"events": 7})),
+                                                          ("missed", json.dumps({"events": 5}))])
+    source = make()
+    try:
+        source.start(lambda message: None)
+        assert source.wait_live(10)  # the snapshot comes after the two notices
+        assert "live, 12 events missed" in source.description
+    finally:
+        source.stop()
+
+
 def test_a_chat_turn_streams_and_carries_the_service_timings():
     source = make()
     try:

@@ -57,3 +57,21 @@ def test_a_finished_request_s_event_carries_its_largest_gap_and_its_gaps_over_th
     gaps = TokenGaps.from_dict("r", record)
     assert kind == "request" and gaps.itl_max_ms == pytest.approx(300.0) and gaps.n_over == 1
     assert [(g.token_index, round(g.gap_ms)) for g in gaps.over_target] == [(2, 300)]
+
+
+def test_a_client_that_reads_too_slowly_is_told_how_many_events_it_missed_before_its_next_one():
+    from homepd.serve.service import SUBSCRIBER_QUEUE
+
+    svc = service()
+    slow, other = svc.subscribe(), svc.subscribe()
+    for i in range(SUBSCRIBER_QUEUE + 5):
+        svc.publish("request", {"n": i})
+    assert slow.qsize() == SUBSCRIBER_QUEUE and svc.n_events_missed == 2 * 5  # both full: five each missed
+    for _ in range(SUBSCRIBER_QUEUE):  # the slow client catches up; the other never reads again
+        slow.get_nowait()
+    svc.publish("request", {"n": "after"})
+    assert [slow.get_nowait() for _ in range(2)] == [("missed", {"events": 5}), ("request", {"n": "after"})]
+    assert svc.n_events_missed == 2 * 5 + 1  # the other client missed this one too, and will be told
+    for j in range(3):
+        svc.publish("request", {"n": j})
+    assert [slow.get_nowait()[0] for _ in range(slow.qsize())] == ["request"] * 3  # told once, not again

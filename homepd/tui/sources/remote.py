@@ -143,6 +143,7 @@ class RemoteSource(DataSource):
         self._live = threading.Event()      # set once the first snapshot arrived on /events
         self._reader: threading.Thread | None = None
         self._connection = "connecting"
+        self._n_missed = 0                    # events the service could not keep for this app ('missed' events)
         self._last_t = time.monotonic()
         self.sampler = self._box = None
         self.model = ""
@@ -173,8 +174,9 @@ class RemoteSource(DataSource):
         with self._lock:
             state = self._status.state if self._status is not None else "?"
             origin = self._status.origin if self._status is not None else None
+            missed = f", {self._n_missed} events missed" if self._n_missed else ""
         running = f": {origin.configuration} — {origin.why}" if origin is not None else ""
-        return f"remote: homepd serve at {self.url} ({state}, {self._connection}){running}"
+        return f"remote: homepd serve at {self.url} ({state}, {self._connection}{missed}){running}"
 
     def stop(self) -> None:
         self.cancel_advise(wait=True)
@@ -246,6 +248,9 @@ class RemoteSource(DataSource):
             with self._lock:
                 self._requests.append((finished, gaps, float("-inf") if ended_s is None else float(ended_s)))
                 self._lock.notify_all()
+        elif event == "missed":  # this app read too slowly: the service dropped events for it (rows are missing)
+            with self._lock:
+                self._n_missed += int(json.loads(data).get("events", 0))
         elif event == "steps":
             sample = StepSample.from_dict(json.loads(data))
             with self._lock:
