@@ -51,15 +51,16 @@ def record(mix: str, n_prompt_tokens: int, request_class: RequestClass, n_output
 
 
 def store_evidence(db, shapes: dict[str, tuple[int, RequestClass, int]],
-                   capacities: dict[tuple[str, str], tuple[float, float]], model: str | None = None) -> int:
+                   capacities: dict[tuple[str, str], tuple[float, float]], model: str | None = None,
+                   hardware: dict | None = None) -> int:
     """Store an advise run of ``model`` (default: the default model): per mix in ``shapes`` (prompt tokens,
     class, output tokens) one measured result, and a curve per (candidate, mix) in ``capacities``
-    (capacity, spread).  Returns its id."""
+    (capacity, spread); ``hardware``: the probe it stores (as ``homepd.hw.probe.to_dict``).  Returns its id."""
     cands = candidates()
     best = next(c for c in cands if c.name == CO)
     base = EngineConfig(backend="fake") if model is None else EngineConfig(backend="fake", model=model)
     with Store.open(db) as store:
-        run = store.begin_run("advise", {"base": to_plain(base)})
+        run = store.begin_run("advise", {"base": to_plain(base)}, hardware=hardware)
         for mix, (n_prompt, klass, n_output) in shapes.items():
             store.add_result(run, CO, f"{mix}@1/s", 0, record(mix, n_prompt, klass, n_output))
         store.add_recommendation(run, {

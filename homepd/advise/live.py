@@ -79,6 +79,8 @@ class LiveEvidence:
     rows: tuple[EvidenceRow, ...]
     shapes: dict[str, MixShape]
     configs: dict[str, dict] = field(default_factory=dict)   # candidate -> EngineConfig values (feasible ones)
+    measured_on: str | None = None   # the box the run was measured on (BoxIdentity.describe), when it says
+    foreign: str | None = None       # why its capacities do not hold here (measured on another box), else None
 
     def rows_on(self, mix: str) -> list[EvidenceRow]:
         return [r for r in self.rows if r.mix == mix and (not self.configs or r.candidate in self.configs)]
@@ -149,6 +151,8 @@ def judge(live: WindowProfile, evidence: LiveEvidence | None, running: str | Non
     """The verdict on ``live`` (no hysteresis: ``AdviceTracker``)."""
     base = Verdict(AdviceKind.QUIET, running, running, None, "", live=live)
     since = f"{max(1, math.ceil(live.window_s / 60))}m"
+    if evidence is not None and evidence.foreign:
+        return replace(base, kind=AdviceKind.NO_EVIDENCE, offer="homepd advise", reason=evidence.foreign)
     if evidence is None or not evidence.rows:
         return replace(base, kind=AdviceKind.NO_EVIDENCE, offer="homepd advise",
                        reason="no advise run for this model in the store: nothing to compare the traffic with")

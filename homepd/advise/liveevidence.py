@@ -1,6 +1,6 @@
 """The evidence live advice compares the traffic with: the latest advise run of the served model, as stored.
 
-``load_live_evidence(store, model)`` reads its capacity curves (one ``EvidenceRow`` per candidate and mix),
+``load_live_evidence(store, model, box=...)`` reads, from the newest run measured on this box, its capacity curves (one ``EvidenceRow`` per candidate and mix),
 the feasible candidates' configurations (what ``POST /advice/apply`` switches to) and each mix's request
 shape, measured from the requests its probes sent (``mix_shape``).  Blocking: call it off the event loop.
 """
@@ -11,7 +11,8 @@ import statistics
 from homepd.advise.apply import stored_candidates
 from homepd.advise.live import EvidenceRow, LiveEvidence, MixShape
 from homepd.measure.trace.model import LONG_PROMPT_TOKENS
-from homepd.store.evidence import latest_advise_run, request_shapes
+from homepd.hw.probe import BoxIdentity
+from homepd.store.evidence import advise_runs, request_shapes
 
 
 def mix_shape(mix: str, requests: list[tuple[int, int, str]]) -> MixShape:
@@ -40,17 +41,31 @@ def evidence_rows(run_id: int, recommendation: dict) -> tuple[EvidenceRow, ...]:
     return tuple(rows)
 
 
-def load_live_evidence(store, model: str, known: LiveEvidence | None = None) -> LiveEvidence | None:
-    """The latest advise run of ``model`` as ``LiveEvidence``; None when the store holds none.  ``known``: the
-    evidence already read, returned as it is when no newer run has been stored (a periodic re-read then costs
-    one query, not the run's curves and requests again)."""
-    run_id = latest_advise_run(store, model)
-    if run_id is None:
+def load_live_evidence(store, model: str, known: LiveEvidence | None = None,
+                       box: BoxIdentity | None = None) -> LiveEvidence | None:
+    """The latest advise run of ``model`` measured on ``box`` (this box; None: any) as ``LiveEvidence``; None
+    when the store holds none.  A run that stored no hardware probe counts as this box's.  When every run was
+    measured on another box (the store copied over, a CPU or GPU changed), the evidence is the newest one's
+    with no rows and ``foreign`` saying so: its capacities do not hold here.  ``known``: the evidence already
+    read, returned as it is when no newer run has been stored (a periodic re-read then costs one query, not
+    the run's curves and requests again)."""
+    runs = advise_runs(store, model)
+    if not runs:
         return None
-    if known is not None and known.run_id == run_id and known.model == model:
+    here = [(run_id, measured) for run_id, measured in ((r, BoxIdentity.of(hw)) for r, hw in runs)
+            if box is None or measured is None or measured == box]
+    if not here:
+        run_id, hardware = runs[0]
+        elsewhere = BoxIdentity.of(hardware)
+        return LiveEvidence(run_id, model, (), {}, measured_on=elsewhere.describe(), foreign=(
+            f"the advise runs of this model were measured on another box (run {run_id}: {elsewhere.describe()}; "
+            f"this box: {box.describe()}): their capacities do not hold here"))
+    run_id, measured = here[0]
+    if known is not None and known.run_id == run_id and known.model == model and not known.foreign:
         return known
     run = store.get_run(run_id, timelines=False)
     rec = next(r["data"] for r in reversed(run["recommendations"]) if (r["data"] or {}).get("capacity"))
     configs = {c.name: c.config_values() for c in stored_candidates(rec) if c.feasible}
     shapes = {mix: mix_shape(mix, reqs) for mix, reqs in request_shapes(store, run_id).items() if reqs}
-    return LiveEvidence(run_id, model, evidence_rows(run_id, rec), shapes, configs)
+    return LiveEvidence(run_id, model, evidence_rows(run_id, rec), shapes, configs,
+                        measured_on=measured.describe() if measured is not None else None)

@@ -205,6 +205,32 @@ def probe(nvml_module: Any = None, llama_build: BuildInfo | None = None, *,
     )
 
 
+@dataclass(frozen=True)
+class BoxIdentity:
+    """What a measured capacity depends on of the box it was measured on: the CPU model, the CPUs this process
+    may use, and the GPUs.  Free memory, the hostname and the llama.cpp build are not part of it."""
+    cpu_model: str | None
+    n_cpus: int
+    gpus: tuple[str, ...]
+
+    @classmethod
+    def of(cls, hardware: dict | None) -> BoxIdentity | None:
+        """From a probe's JSON form (``to_dict``, as each run stores it); None when it holds none."""
+        cpu = (hardware or {}).get("cpu")
+        if not cpu:
+            return None
+        return cls(cpu.get("model"), len(cpu.get("usable_cpus") or ()),
+                   tuple(sorted(g.get("name") or "unknown GPU" for g in hardware.get("gpus") or ())))
+
+    def describe(self) -> str:
+        gpus = ", ".join(self.gpus) if self.gpus else "no GPU"
+        return f"{self.cpu_model or 'unknown CPU'} ({self.n_cpus} CPUs), {gpus}"
+
+
+def identity(box: BoxProbe) -> BoxIdentity:
+    return BoxIdentity.of(to_dict(box))
+
+
 def to_dict(box: BoxProbe, plan: Any = None) -> dict[str, Any]:
     """The probe (and a ``PlacementPlan`` if given) as plain JSON-ready data."""
     data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(box)}

@@ -47,8 +47,17 @@ class LiveAdvisor:
         self.n_events: dict[str, int] = {}
         self.switches: deque[dict] = deque(maxlen=20)
         self.last_switch_unix_s: float | None = None
+        self._identity = None
 
     # the store, off the loop ------------------------------------------------------------------------
+    def _box(self):
+        """This box, as the evidence must have been measured on it (probed once; blocking)."""
+        if self._identity is None:
+            from homepd.hw.probe import identity, probe
+
+            self._identity = identity(probe())
+        return self._identity
+
     def load(self, restore: bool = True) -> None:
         """Read the evidence (and, at start, the recorded traffic of the longest window).  Blocking."""
         from homepd.advise.liveevidence import load_live_evidence
@@ -58,7 +67,7 @@ class LiveAdvisor:
         self._evidence_at_s = time.monotonic()
         try:
             with Store.open(self.service.settings.db, create=False) as store:
-                self.evidence = load_live_evidence(store, self.service.config.model, self.evidence)
+                self.evidence = load_live_evidence(store, self.service.config.model, self.evidence, self._box())
                 if restore:
                     now = self.clock()
                     rows = traffic_since(store, now - max(self.profile.windows_s), now)
@@ -138,7 +147,8 @@ class LiveAdvisor:
             "advice": self.tracker.current.to_dict() if self.tracker.current else None,
             "history": [e.to_dict() for e in self.tracker.history],
             "evidence": None if ev is None else {
-                "run_id": ev.run_id, "model": ev.model, "rows": [r.to_dict() for r in ev.rows],
+                "run_id": ev.run_id, "model": ev.model, "measured_on": ev.measured_on, "foreign": ev.foreign,
+                "rows": [r.to_dict() for r in ev.rows],
                 "shapes": {m: to_plain(s) for m, s in ev.shapes.items()}, "candidates": sorted(ev.configs)},
             "evidence_error": self.evidence_error,
             "profile": [w.to_dict() for w in self.profile.windows(self.clock())],

@@ -1,7 +1,7 @@
 """Reading a stored advise run for live advice: which run is the latest for a model, and the shape of the
 requests each mix's probes sent (what the capacity curves were measured on).
 
-    latest_advise_run(store, model) -> run id | None
+    advise_runs(store, model) -> [(run id, stored hardware probe | None), ...], newest first
     request_shapes(store, run_id) -> {mix: [(n_prompt_tokens, n_output_tokens, request_class), ...]}
 """
 from __future__ import annotations
@@ -9,19 +9,17 @@ from __future__ import annotations
 import json
 
 
-def latest_advise_run(store, model: str) -> int | None:
-    """The newest complete advise run of ``model`` (its base configuration's model) that holds a recommendation
-    with capacity curves; None when there is none."""
+def advise_runs(store, model: str) -> list[tuple[int, dict | None]]:
+    """The complete advise runs of ``model`` (their base configuration's) that hold a recommendation with
+    capacity curves, newest first, each with the hardware probe it stored (None if it stored none)."""
     with store._lock:
         rows = store.db.execute(
-            "SELECT runs.id, runs.config_json, recommendations.data_json FROM runs JOIN recommendations "
+            "SELECT DISTINCT runs.id, runs.hardware_json FROM runs JOIN recommendations "
             "ON recommendations.run_id = runs.id WHERE runs.kind = 'advise' AND runs.status = 'complete' "
-            "ORDER BY runs.id DESC, recommendations.id DESC").fetchall()
-    for run_id, config_text, data_text in rows:
-        base = (json.loads(config_text or "{}") or {}).get("base") or {}
-        if base.get("model") == model and (json.loads(data_text or "{}") or {}).get("capacity"):
-            return run_id
-    return None
+            "AND json_extract(runs.config_json, '$.base.model') = ? "
+            "AND json_array_length(recommendations.data_json, '$.capacity') > 0 ORDER BY runs.id DESC",
+            [model]).fetchall()
+    return [(run_id, json.loads(hardware) if hardware else None) for run_id, hardware in rows]
 
 
 def request_shapes(store, run_id: int) -> dict[str, list[tuple[int, int, str]]]:

@@ -70,8 +70,10 @@ class LocalAdvisor:
     """Live advice for an engine the app owns (``EmbeddedSource``): ``load`` (blocking: the store), ``observe``
     each tick's finished lifecycles, ``evaluate`` -> the standing advice's view or None."""
 
-    def __init__(self, config, db: str | None, settings: LiveSettings = LiveSettings(), clock=time.time):
+    def __init__(self, config, db: str | None, settings: LiveSettings = LiveSettings(), clock=time.time,
+                 box=None):
         self.config, self.db, self.settings, self.clock = config, db, settings, clock
+        self.box = box  # homepd.hw.probe.BoxIdentity of this box: evidence measured elsewhere does not hold
         self.profile = TrafficProfile((settings.window_s,), since_unix_s=clock())
         self.slo = SLO.from_budgets(config.class_budgets)
         self.evidence = None
@@ -85,7 +87,7 @@ class LocalAdvisor:
         self.config = config or self.config
         try:
             with Store.open(self.db, create=False) as store:
-                self.evidence = load_live_evidence(store, self.config.model)
+                self.evidence = load_live_evidence(store, self.config.model, box=self.box)
         except Exception:  # why: no store, or an unreadable one: the app runs without advice
             self.evidence = None
         self.tracker.reset(running_candidate(self.config, self.evidence))

@@ -115,3 +115,12 @@ def test_the_services_advice_options_read_durations_and_refuse_what_cannot_work(
                       (dict(auto_apply_interval_s=0.0), "--auto-apply needs a minimum interval")):
         with pytest.raises(ConfigError, match=what):
             ServeSettings(**bad).validated()
+
+
+def test_evidence_measured_on_another_box_gives_no_advice_and_says_so():
+    from dataclasses import replace
+
+    foreign = replace(evidence(), rows=(), foreign="the advise runs of this model were measured on another box")
+    verdict = judge(documents(), foreign, CO)
+    assert verdict.kind is AdviceKind.NO_EVIDENCE and verdict.offer == "homepd advise"
+    assert "another box" in verdict.reason

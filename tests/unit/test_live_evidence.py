@@ -4,6 +4,7 @@ its probes; and the traffic table keeping each request's SLO verdict for a resta
 from __future__ import annotations
 
 from homepd.advise.liveevidence import load_live_evidence
+from homepd.hw.probe import BoxIdentity
 from homepd.core.admission import RequestClass
 from homepd.core.modes import Mode
 from homepd.measure.trace.traffic import RecordedRequest
@@ -40,6 +41,33 @@ def test_the_latest_run_of_the_served_model_with_its_rows_shapes_and_configurati
     with Store.open(db) as store:
         again = load_live_evidence(store, "smollm2-135m-instruct-q4_1", ev)
     assert again.run_id == newer != mine and again.rows[0].capacity_rps == 7.0
+
+
+def probed(cpu: str, n_cpus: int, *gpus: str) -> dict:
+    """A stored probe's JSON form, as much of it as the box's identity reads."""
+    return {"cpu": {"model": cpu, "usable_cpus": list(range(n_cpus))}, "gpus": [{"name": g} for g in gpus],
+            "memory": {"ram_available_bytes": 12345}}
+
+
+def test_evidence_measured_on_another_box_is_not_read_as_this_one_s(tmp_path):
+    db = tmp_path / "runs.db"
+    epyc, xeon = probed("AMD EPYC", 2), probed("Intel Xeon", 2)
+    on_epyc = store_evidence(db, {"short": (40, I, 8)}, {(CO, "short"): (8.0, 1.0)}, hardware=epyc)
+    on_xeon = store_evidence(db, {"short": (40, I, 8)}, {(CO, "short"): (5.0, 1.0)}, hardware=xeon)
+    m = "smollm2-135m-instruct-q4_1"
+    with Store.open(db) as store:
+        here = load_live_evidence(store, m, box=BoxIdentity.of({**epyc, "memory": {"ram_available_bytes": 1}}))
+        newest = load_live_evidence(store, m, box=BoxIdentity.of(xeon))
+        anywhere = load_live_evidence(store, m)
+        gpu_box = BoxIdentity.of(probed("AMD EPYC", 2, "NVIDIA GeForce RTX 3060"))
+        elsewhere = load_live_evidence(store, m, box=gpu_box)
+    # the newest run of this box, not the newest run: free memory is not what makes a box another one
+    assert (here.run_id, here.rows[0].capacity_rps, here.measured_on) == (on_epyc, 8.0, "AMD EPYC (2 CPUs), no GPU")
+    assert newest.run_id == anywhere.run_id == on_xeon
+    # a GPU added: no run holds, and the verdict says why instead of reading another box's capacities
+    assert elsewhere.rows == () and elsewhere.run_id == on_xeon
+    assert "another box" in elsewhere.foreign and "Intel Xeon (2 CPUs), no GPU" in elsewhere.foreign \
+        and "NVIDIA GeForce RTX 3060" in elsewhere.foreign
 
 
 def test_the_traffic_table_keeps_each_requests_slo_verdict(tmp_path):

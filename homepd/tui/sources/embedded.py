@@ -104,9 +104,10 @@ class EmbeddedSource(DataSource):
             self._started.set()
         self._last_t = time.monotonic()
         self.description = describe(self.config, setup.model_path, config_origin(self.config).why)
+        from homepd.hw.probe import identity
         from homepd.tui.liveadvice import LocalAdvisor
 
-        advisor = LocalAdvisor(self.config, self.db)
+        advisor = LocalAdvisor(self.config, self.db, box=identity(self._box))
         advisor.load()
         self._advisor = advisor
         return self.description
