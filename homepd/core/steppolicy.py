@@ -34,6 +34,10 @@ IDLE_STEP_SHARE_OF_TTFT = 0.125
 # why: a capped step still carries a useful chunk when the model's recent error eats the cap (measured here:
 # prefill speed is flat from 64 to 512 tokens a step on this CPU)
 MIN_IDLE_CHUNK = 32
+# why: before the step model has seen MIN_STEPS steps (a fresh worker: after start, a restart or a switch; the
+# warm-up is one or two) the cap above cannot be priced, and the whole chunk was a 2-3 s step here; 64 tokens
+# is ~0.3-0.6 s on this CPU at either thread count and a few ms on a GPU, and the steps it gives teach the model
+COLD_IDLE_CHUNK = 64
 
 
 def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,
@@ -43,11 +47,14 @@ def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_deco
 
     Before the model has seen enough steps: ``min_chunk`` while interactive streams decode (safe until
     measured).  ``idle_step_ms``: when no interactive stream decodes, the longest step (an interactive prompt
-    arriving meanwhile waits for it; ``idle_step_budget``); None: the whole ``max_chunk``."""
+    arriving meanwhile waits for it; ``idle_step_budget``; ``COLD_IDLE_CHUNK`` tokens before the model is
+    fitted); None: the whole ``max_chunk``."""
     if itl_budget_ms is None:
         return max_chunk
     if n_interactive_decodes == 0:
-        return max_chunk if model is None else idle_step_budget(model, n_decodes, kv_in_use, idle_step_ms, max_chunk)
+        if model is None:
+            return max_chunk if idle_step_ms is None else min(max_chunk, COLD_IDLE_CHUNK)
+        return idle_step_budget(model, n_decodes, kv_in_use, idle_step_ms, max_chunk)
     if model is None:
         return min_chunk
     return model.chunk_for_itl(itl_budget_ms * STEP_SHARE_OF_ITL, n_decodes, kv_in_use=kv_in_use, lo=min_chunk, hi=max_chunk)

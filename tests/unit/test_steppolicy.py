@@ -9,7 +9,7 @@ from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import OnlineStepModel, StepEstimate
-from homepd.core.steppolicy import (MIN_IDLE_CHUNK, STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson, prompt_budget,
+from homepd.core.steppolicy import (COLD_IDLE_CHUNK, MIN_IDLE_CHUNK, STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson, prompt_budget,
                                    prompt_order)
 
 TRUE = dict(base=12.0, prompt=4.5, decode=2.0, kv=0.5)  # ms, like SmolLM2 on 2 cores
@@ -103,9 +103,11 @@ def test_a_step_no_interactive_stream_waits_on_is_capped_so_an_arriving_prompt_i
     noisy = estimate(error_ms=100.0)
     assert prompt_budget(noisy, 0, 0, 100.0, max_chunk=256, idle_step_ms=500.0) < chunk
     assert prompt_budget(estimate(error_ms=400.0), 0, 0, 100.0, max_chunk=256, idle_step_ms=500.0) == MIN_IDLE_CHUNK
-    # a fixed chunk (no ITL budget) and an unmeasured box keep the whole chunk
+    # a fixed chunk (no ITL budget) keeps the whole chunk; an unmeasured worker takes COLD_IDLE_CHUNK until its
+    # model is fitted, and one without an idle cap (a prefill worker) the whole chunk
     assert prompt_budget(est, 0, 0, None, max_chunk=256, idle_step_ms=500.0) == 256
-    assert prompt_budget(None, 0, 0, 100.0, max_chunk=256, idle_step_ms=500.0) == 256
+    assert prompt_budget(None, 0, 0, 100.0, max_chunk=256, idle_step_ms=500.0) == COLD_IDLE_CHUNK < 256
+    assert prompt_budget(None, 0, 0, 100.0, max_chunk=256) == 256
 
 
 def test_the_adaptive_workers_get_an_eighth_of_the_ttft_budget_as_their_idle_step_and_a_prefill_worker_none():
