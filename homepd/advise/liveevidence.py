@@ -1,8 +1,9 @@
 """The evidence live advice compares the traffic with: the latest advise run of the served model, as stored.
 
-``load_live_evidence(store, model, box=...)`` reads, from the newest run measured on this box, its capacity curves (one ``EvidenceRow`` per candidate and mix),
-the feasible candidates' configurations (what ``POST /advice/apply`` switches to) and each mix's request
-shape, measured from the requests its probes sent (``mix_shape``).  Blocking: call it off the event loop.
+``load_live_evidence(store, model, box=...)`` reads, of the newest run measured on this box, its capacity
+curves (one ``EvidenceRow`` per candidate and mix), the feasible candidates' configurations (what
+``POST /advice/apply`` switches to) and each mix's request shape, measured from the requests its probes sent
+(``mix_shape``).  Blocking: call it off the event loop.
 """
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ from homepd.kv.header import (BODY_OFFSET, HEADER_BYTES, HEADER_CRC_OFFSET, HOLD
                               MAGIC, PREFIX, STATE_OFFSET, VERIFY_KINDS, SlotExpectation, SlotHeader, SlotState,
                               check_header, header_checksum, pack_body, payload_checksum, unpack_body)
 from homepd.kv.ring import PAGE_BYTES
-from homepd.kv.segment import (NAME_PREFIX, allocate_range, attach_segment, create_segment, new_token, parse_segment_name,
-                               segment_name, unlink_segment)
+from homepd.kv.segment import (NAME_PREFIX, allocate_range, attach_segment, create_segment, new_token,
+                               parse_segment_name, segment_name, unlink_segment)
 
 __all__ = ["KVArena", "SlotHeader", "SlotExpectation", "SlotState", "payload_checksum", "extent_bytes_for"]
 

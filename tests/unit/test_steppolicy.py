@@ -9,8 +9,8 @@ from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import OnlineStepModel, StepEstimate
-from homepd.core.steppolicy import (COLD_IDLE_CHUNK, MIN_IDLE_CHUNK, STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson, prompt_budget,
-                                   prompt_order)
+from homepd.core.steppolicy import (COLD_IDLE_CHUNK, MIN_IDLE_CHUNK, STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson,
+                                   prompt_budget, prompt_order)
 
 TRUE = dict(base=12.0, prompt=4.5, decode=2.0, kv=0.5)  # ms, like SmolLM2 on 2 cores
 
