@@ -27,7 +27,8 @@ def test_replaying_one_trace_twice_gives_the_same_schedule_prompts_and_output_co
     t0a, t0b = first[0].arrived_s, second[0].arrived_s
     gaps_a = [r.arrived_s - t0a for r in first]
     gaps_b = [r.arrived_s - t0b for r in second]
-    assert all(abs(a - b) < 0.02 and abs(a - req.arrival_s) < 0.02 for a, b, req in zip(gaps_a, gaps_b, trace))
+    # 50 ms: the event loop's lateness on a loaded CI box; a replay that did not wait would be off by up to 0.3 s
+    assert all(abs(a - b) < 0.05 and abs(a - req.arrival_s) < 0.05 for a, b, req in zip(gaps_a, gaps_b, trace))
     assert ids1 == ids2 and [r.n_prompt_tokens for r in first] == [len(i) for i in ids1]
     # ignore_eos: every request produces exactly its trace's output count, both times
     assert [len(r.token_times_s) for r in first] == [len(r.token_times_s) for r in second] \
