@@ -6,8 +6,14 @@ tokens, ``TOKEN_BINS_PER_OCTAVE`` bins per doubling: a quantile read from them i
 one).  Memory does not grow with traffic: ``len(windows) * n_buckets`` tallies at most.
 
     profile = TrafficProfile(windows_s=(300, 3600, 86400), since_unix_s=now)
+    profile.arrive(arrived_unix_s, request_class)    # as a request asks (optional: its rate counts then)
     profile.observe(FinishedRequest(arrived_unix_s, request_class, n_prompt_tokens, n_output_tokens, ...))
     profile.window(300, now_unix_s) -> WindowProfile   # rate per class, token quantiles, shares, SLO attainment
+
+The rate counts a request in the bucket of its arrival: as it arrives when the caller says so (``arrive``), so
+that a backlog or refused requests show as soon as they are asked for, not as they end; else when it ends
+(a profile rebuilt from the store's traffic table).  A bucket counts, per class, the larger of the two, so a
+request told both ways counts once.
 
 Times are wall-clock Unix seconds, so that a profile rebuilt from the store after a restart lines up with
 the one before it.  The interference index is not in the tallies: the caller passes its live reading.
@@ -68,10 +74,16 @@ class Tally:
     cached_tokens: int = 0
     prompt_hist: list[int] = field(default_factory=lambda: [0] * N_TOKEN_BINS)
     output_hist: list[int] = field(default_factory=lambda: [0] * N_TOKEN_BINS)
+    arrived_by_class: dict[RequestClass, int] = field(default_factory=dict)  # told as they arrived (``arrive``)
 
     @property
     def n_requests(self) -> int:
         return sum(self.n_by_class.values())
+
+    def offered_by_class(self) -> dict[RequestClass, int]:
+        """Requests that arrived in this bucket, per class: as told on arrival, or as finished if more."""
+        return {c: max(self.arrived_by_class.get(c, 0), self.n_by_class.get(c, 0))
+                for c in {*self.arrived_by_class, *self.n_by_class}}
 
     def add(self, r: FinishedRequest) -> None:
         c = r.request_class
@@ -88,7 +100,8 @@ class Tally:
 
     def merge(self, other: "Tally") -> None:
         for mine, theirs in ((self.n_by_class, other.n_by_class), (self.met_by_class, other.met_by_class),
-                             (self.judged_by_class, other.judged_by_class)):
+                             (self.judged_by_class, other.judged_by_class),
+                             (self.arrived_by_class, other.arrived_by_class)):
             for c, n in theirs.items():
                 mine[c] = mine.get(c, 0) + n
         self.n_long += other.n_long
@@ -142,21 +155,39 @@ class _Ring:
         self.bucket_s = window_s / n_buckets
         self.buckets: dict[int, Tally] = {}
 
-    def add(self, r: FinishedRequest) -> None:
-        k = int(r.arrived_unix_s // self.bucket_s)
-        self.buckets.setdefault(k, Tally()).add(r)
+    def _bucket(self, t_unix_s: float) -> Tally:
+        k = int(t_unix_s // self.bucket_s)
+        tally = self.buckets.setdefault(k, Tally())
         if len(self.buckets) > self.n_buckets + 1:  # why: bounded even when no one reads the window
             newest = max(self.buckets)
             for old in [j for j in self.buckets if j <= newest - self.n_buckets - 1]:
                 del self.buckets[old]
+        return tally
 
-    def total(self, now_unix_s: float) -> Tally:
+    def add(self, r: FinishedRequest) -> None:
+        self._bucket(r.arrived_unix_s).add(r)
+
+    def arrive(self, t_unix_s: float, request_class: RequestClass) -> None:
+        arrived = self._bucket(t_unix_s).arrived_by_class
+        arrived[request_class] = arrived.get(request_class, 0) + 1
+
+    def _in_window(self, now_unix_s: float) -> list[Tally]:
         """The buckets whose time lies within the window ending now (whole buckets: up to one bucket more)."""
         k_now = int(now_unix_s // self.bucket_s)
+        return [tally for k, tally in self.buckets.items() if k_now - self.n_buckets < k <= k_now]
+
+    def total(self, now_unix_s: float) -> Tally:
         out = Tally()
-        for k, tally in self.buckets.items():
-            if k_now - self.n_buckets < k <= k_now:
-                out.merge(tally)
+        for tally in self._in_window(now_unix_s):
+            out.merge(tally)
+        return out
+
+    def offered(self, now_unix_s: float) -> dict[RequestClass, int]:
+        """Requests that arrived within the window, per class (``Tally.offered_by_class``, bucket by bucket)."""
+        out: dict[RequestClass, int] = {}
+        for tally in self._in_window(now_unix_s):
+            for c, n in tally.offered_by_class().items():
+                out[c] = out.get(c, 0) + n
         return out
 
 
@@ -179,18 +210,25 @@ class TrafficProfile:
             ring.add(r)
         self.n_observed += 1
 
+    def arrive(self, arrived_unix_s: float, request_class: RequestClass) -> None:
+        """Count one request as it arrives (before it is admitted, so refused ones count too), for the rate."""
+        self.since_unix_s = min(self.since_unix_s, arrived_unix_s)
+        for ring in self._rings.values():
+            ring.arrive(arrived_unix_s, request_class)
+
     def window(self, window_s: float, now_unix_s: float, interference_slowdown: float | None = None
                ) -> WindowProfile:
         """The profile of the window of ``window_s`` (one of ``windows_s``) ending at ``now_unix_s``."""
         ring = self._rings[window_s]
         t = ring.total(now_unix_s)
+        offered = ring.offered(now_unix_s)
         span_s = max(ring.bucket_s, min(window_s, now_unix_s - self.since_unix_s))
         n = t.n_requests
         share = (lambda part: part / n if n else None)
         computed = t.prompt_tokens - t.cached_tokens
         return WindowProfile(
-            window_s=window_s, span_s=span_s, n_requests=n, rate_rps=n / span_s,
-            rate_by_class={c.value: k / span_s for c, k in sorted(t.n_by_class.items())},
+            window_s=window_s, span_s=span_s, n_requests=n, rate_rps=sum(offered.values()) / span_s,
+            rate_by_class={c.value: k / span_s for c, k in sorted(offered.items())},
             prompt_tokens={f"p{round(q * 100)}": hist_quantile(t.prompt_hist, q) for q in QUANTILES},
             output_tokens={f"p{round(q * 100)}": hist_quantile(t.output_hist, q) for q in QUANTILES},
             mean_prompt_tokens=share(t.prompt_tokens), mean_output_tokens=share(t.output_tokens),

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from homepd.advise.live import (AdviceKind, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge,
                                 running_candidate)
+from homepd.core.admission import RequestClass
 from homepd.core.origin import ConfigSource
 from homepd.core.records import to_plain
 from homepd.measure.metrics import SLO, interference
@@ -85,6 +86,14 @@ class LiveAdvisor:
             self.tracker.reset(self.running())
 
     # the loop's side ----------------------------------------------------------------------------------
+    def arrived(self, request_class: str) -> None:
+        """A request asked to be served (admitted or not): the live rate counts it now, not when it ends."""
+        try:
+            klass = RequestClass(request_class)
+        except ValueError:  # why: advice never refuses a request; the engine names a bad class
+            return
+        self.profile.arrive(self.clock(), klass)
+
     def observe(self, lc) -> bool:
         """Count a finished request; return whether it met its class's SLO."""
         met = self.slo.is_met_by(lc)

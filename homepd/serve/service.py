@@ -190,6 +190,8 @@ class Service:
 
     def admit(self, request_id: str, request_class: str) -> None:
         """Reserve a place for a request, or raise a 503 APIError (with Retry-After) saying why not."""
+        if self.advisor is not None:  # why before the checks: a request refused for a full queue is demand too
+            self.advisor.arrived(request_class)
         reason = self.unavailable_reason()
         if reason is None and len(self.in_flight) >= self.capacity:
             reason = ("queue_full", f"{len(self.in_flight)} requests are running or waiting (the most is "

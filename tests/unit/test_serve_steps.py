@@ -75,3 +75,19 @@ def test_a_client_that_reads_too_slowly_is_told_how_many_events_it_missed_before
     for j in range(3):
         svc.publish("request", {"n": j})
     assert [slow.get_nowait()[0] for _ in range(slow.qsize())] == ["request"] * 3  # told once, not again
+
+
+def test_the_live_profile_counts_each_request_as_it_asks_including_one_refused_for_a_full_queue():
+    from homepd.serve.errors import APIError
+
+    svc = Service(EngineConfig(backend="fake", n_seq_max=1), ServeSettings(record_traffic=False, max_queue=1))
+    svc.state = "ready"
+    svc.engine = types.SimpleNamespace(health=lambda: types.SimpleNamespace(failed=(), restarting=False))
+    svc.admit("a", "interactive")
+    svc.admit("b", "background")
+    with pytest.raises(APIError):  # one sequence and one place in the queue: the third is refused
+        svc.admit("c", "interactive")
+    window = svc.advisor.profile.window(svc.advisor.settings.window_s, svc.advisor.clock())
+    assert window.n_requests == 0  # none has ended
+    assert window.rate_by_class == {"interactive": pytest.approx(2 / window.span_s),
+                                    "background": pytest.approx(1 / window.span_s)}

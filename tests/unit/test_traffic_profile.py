@@ -59,6 +59,24 @@ def test_unjudged_requests_count_in_the_rates_but_not_in_the_attainment():
     assert w.n_requests == 2 and w.slo_attainment == {"interactive": 0.0}
 
 
+def test_the_rate_counts_requests_as_they_arrive_so_a_backlog_shows_before_it_ends():
+    p = TrafficProfile((60.0,), since_unix_s=0.0)
+    for k in range(30):                       # 30 chats asked for over the last minute; 10 have ended so far
+        p.arrive(542.0 + 2 * k, I)
+        if k < 10:
+            p.observe(req(542.0 + 2 * k))
+    w = p.window(60.0, now_unix_s=600.0)
+    assert w.rate_rps == pytest.approx(0.5) and w.n_requests == 10   # told twice, counted once
+    assert w.rate_by_class == {"interactive": pytest.approx(0.5)}
+    # a profile rebuilt from the store knows only requests that ended: each counts in its arrival bucket
+    rebuilt = TrafficProfile((60.0,), since_unix_s=0.0)
+    for k in range(10):
+        rebuilt.observe(req(542.0 + 2 * k))
+    rebuilt.arrive(590.0, B)                  # then the live service tells arrivals again
+    assert rebuilt.window(60.0, now_unix_s=600.0).rate_by_class == {"interactive": pytest.approx(10 / 60),
+                                                                      "background": pytest.approx(1 / 60)}
+
+
 def test_token_bins_are_within_a_quarter_octave():
     for n in (1, 7, 40, 531, 9999):
         assert abs(bin_value(token_bin(n)) / n - 1) < 0.1
