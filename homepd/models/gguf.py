@@ -119,6 +119,22 @@ class _Cursor:
         self.need(n_bytes, what)
         self.pos += n_bytes
 
+    def skip_strings(self, n_items: int, len_fmt: str, what: str) -> None:
+        """Skip an array of ``n_items`` strings (a vocabulary: ~50,000 of them) without decoding them."""
+        length = struct.Struct("<" + len_fmt)
+        buf, pos, end, step = self.buf, self.pos, self.size_bytes, length.size
+        for _ in range(n_items):
+            if pos + step > end:
+                break
+            pos += step + length.unpack_from(buf, pos)[0]
+            if pos > end:
+                break
+        else:
+            self.pos = pos
+            return
+        self.need(pos - self.pos + step, what)  # raises: the array runs past the end of the file
+        raise self.fail(f"{what} runs past the end of the file")
+
     def string(self, len_fmt: str, what: str, keep: bool) -> str | None:
         n_bytes = self.unpack(len_fmt, f"the length of {what}")
         self.need(n_bytes, what)
@@ -249,10 +265,8 @@ def _read_value(cur: _Cursor, value_type: int, count_fmt: str, key: str, keep: b
     if item_type in _SCALAR_FORMATS:
         cur.skip(n_items * struct.calcsize("<" + _SCALAR_FORMATS[item_type]), what)
     elif item_type == _STRING:
-        len_bytes = struct.calcsize("<" + count_fmt)
-        cur.need(n_items * len_bytes, what)
-        for _ in range(n_items):
-            cur.string(count_fmt, what, keep=False)
+        cur.need(n_items * struct.calcsize("<" + count_fmt), what)
+        cur.skip_strings(n_items, count_fmt, what)
     else:
         # nested arrays exist in the spec but not in any model we know of
         raise cur.fail(f"key {key!r} holds an array of type {item_type}")

@@ -47,6 +47,14 @@ def gguf_bytes(tensors=(("w", (64, 2), F32),), version=3, alignment=32, keys=Non
     return head + b"\0" * (-len(head) % alignment) + data
 
 
+def with_vocab_item_length(n_bytes: int) -> bytes:
+    """``gguf_bytes()`` whose vocabulary's second string claims ``n_bytes``."""
+    good = gguf_bytes()
+    at = good.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + struct.calcsize("<IIQ")
+    at += 8 + 1  # past "a"
+    return good[:at] + struct.pack("<Q", n_bytes) + good[at + 8:]
+
+
 # ---- catalog and models dir ------------------------------------------------------------
 
 def test_catalog_loads_and_entries_are_consistent():
@@ -122,9 +130,13 @@ def test_synthetic_gguf_size_is_computed_exactly(tmp_path):
         (lambda p: p.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 2**60)), "truncated"),
         (lambda p: p.write_bytes(gguf_bytes()[:-1]), "truncated: header says at least"),
         (lambda p: p.write_bytes(gguf_bytes()[:100]), "truncated"),
+        (lambda p: p.write_bytes(with_vocab_item_length(2**40)), "truncated.*tokenizer.ggml.tokens"),
+        (lambda p: p.write_bytes(gguf_bytes()[:gguf_bytes().index(b"tokenizer.ggml.tokens") + 45]),
+         "truncated.*tokenizer.ggml.tokens"),
     ],
     ids=["missing", "directory", "fifo", "empty", "text", "zeros", "random", "zip", "magic-only",
-         "bad-version", "absurd-counts", "huge-key", "last-byte-cut", "header-cut"],
+         "bad-version", "absurd-counts", "huge-key", "last-byte-cut", "header-cut", "huge-vocab-item",
+         "vocab-cut"],
 )
 def test_bad_files_are_model_errors_naming_the_file(tmp_path, make, message):
     path = tmp_path / "bad.gguf"
