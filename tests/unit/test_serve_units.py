@@ -138,6 +138,14 @@ def test_timings_from_the_lifecycle_with_kv_handoff():
     assert set(lc.to_dict()) >= set(lc.timings().to_dict())
 
 
+def test_prompt_speed_counts_the_tokens_computed_not_those_reused_from_a_cached_prefix():
+    lc = Lifecycle("turn-3", arrived_s=10.0, n_prompt_tokens=600)
+    lc.n_cached_tokens = 580
+    lc.advance(RequestState.PREFILLING, 10.0)
+    lc.prefill_end_s = 10.25
+    assert lc.timings().prompt_tok_s == pytest.approx(20 / 0.25)  # not 600 / 0.25
+
+
 def test_notifier_sends_to_notify_socket_and_reads_the_watchdog_interval(tmp_path, monkeypatch):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "n.sock"))
