@@ -18,33 +18,28 @@ from collections import deque
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from homepd.advise.live import (AdviceKind, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge,
-                                running_candidate)
-from homepd.core.admission import RequestClass
+from homepd.advise.advisor import Advisor
+from homepd.advise.live import AdviceKind, LiveSettings, Verdict, running_candidate
 from homepd.core.origin import ConfigSource
 from homepd.core.records import to_plain
-from homepd.measure.metrics import SLO, interference
-from homepd.measure.profile import FinishedRequest, TrafficProfile
+from homepd.measure.metrics import interference
+from homepd.measure.profile import FinishedRequest
 
 log = logging.getLogger("homepd.serve")
 EVIDENCE_REFRESH_S = 60.0
 INTERFERENCE_STEPS = 2000
 
 
-class LiveAdvisor:
+class LiveAdvisor(Advisor):
     def __init__(self, service, clock=time.time):
         s = service.settings
-        self.service, self.clock = service, clock
-        self.settings = LiveSettings(window_s=s.advice_windows_s[0], hysteresis_s=s.advice_hysteresis_s,
-                                     min_requests=s.advice_min_requests)
-        self.profile = TrafficProfile(s.advice_windows_s, since_unix_s=clock())
-        self.slo = SLO.from_budgets(service.config.class_budgets)
-        self.evidence: LiveEvidence | None = None
+        super().__init__(service.config.class_budgets,
+                         LiveSettings(window_s=s.advice_windows_s[0], hysteresis_s=s.advice_hysteresis_s,
+                                      min_requests=s.advice_min_requests), s.advice_windows_s, clock)
+        self.service = service
         self.evidence_error: str | None = None
         self._evidence_at_s = -float("inf")
         self.n_restored = 0
-        self.tracker = AdviceTracker(None, s.advice_hysteresis_s)
-        self.verdict: Verdict | None = None
         self.n_events: dict[str, int] = {}
         self.switches: deque[dict] = deque(maxlen=20)
         self.last_switch_unix_s: float | None = None
@@ -86,19 +81,9 @@ class LiveAdvisor:
             self.tracker.reset(self.running())
 
     # the loop's side ----------------------------------------------------------------------------------
-    def arrived(self, request_class: str) -> None:
-        """A request asked to be served (admitted or not): the live rate counts it now, not when it ends."""
-        try:
-            klass = RequestClass(request_class)
-        except ValueError:  # why: advice never refuses a request; the engine names a bad class
-            return
-        self.profile.arrive(self.clock(), klass)
-
     def observe(self, lc) -> bool:
         """Count a finished request; return whether it met its class's SLO."""
-        met = self.slo.is_met_by(lc)
-        self.profile.observe(FinishedRequest.of(lc, met, self.clock(), time.monotonic()))
-        return met
+        return self.count(lc)
 
     def running(self) -> str | None:
         """The candidate the service runs: the applied one, else the evidence's whose values match."""
@@ -108,20 +93,17 @@ class LiveAdvisor:
 
     def evaluate(self) -> Verdict:
         """Judge the traffic now; raise advice through the hysteresis (event, log line, counters)."""
-        now = self.clock()
         engine = self.service.engine
         slowdown = interference(engine.last_steps(INTERFERENCE_STEPS)).slowdown if engine is not None else None
-        live = self.profile.window(self.settings.window_s, now, slowdown)
-        self.verdict = judge(live, self.evidence, self.running(), self.settings)
-        event = self.tracker.update(self.verdict, now)
+        verdict, event = self.judge_now(self.running(), slowdown)
         if event is not None:
             kind = event.verdict.kind.value
             self.n_events[kind] = self.n_events.get(kind, 0) + 1
             log.info("homepd: advice (%s): %s", kind, event.verdict.reason)
             self.service.publish("advice", event.to_dict())
-            if self._may_auto_apply(event.verdict, now):
+            if self._may_auto_apply(event.verdict, event.raised_unix_s):
                 self.service.spawn_switch(event.verdict.candidate, "auto-apply")
-        return self.verdict
+        return verdict
 
     def _may_auto_apply(self, verdict: Verdict, now: float) -> bool:
         interval = self.service.settings.auto_apply_interval_s

@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from homepd.advise.live import AdviceTracker, LiveSettings, judge, running_candidate
-from homepd.measure.metrics import SLO
-from homepd.measure.profile import FinishedRequest, TrafficProfile
+from homepd.advise.advisor import Advisor
+from homepd.advise.live import LiveSettings, running_candidate
 
 BANNER_KINDS = ("switch", "at-capacity", "unmeasured")   # the kinds the dashboard raises a banner for
 
@@ -66,18 +65,15 @@ def advice_view(data: dict | None) -> AdviceView | None:
                       tuple(_row_line(r) for r in data.get("evidence") or ()), live_line, data.get("offer"))
 
 
-class LocalAdvisor:
+class LocalAdvisor(Advisor):
     """Live advice for an engine the app owns (``EmbeddedSource``): ``load`` (blocking: the store), ``observe``
     each tick's finished lifecycles, ``evaluate`` -> the standing advice's view or None."""
 
     def __init__(self, config, db: str | None, settings: LiveSettings = LiveSettings(), clock=time.time,
                  box=None):
-        self.config, self.db, self.settings, self.clock = config, db, settings, clock
+        super().__init__(config.class_budgets, settings, clock=clock)
+        self.config, self.db = config, db
         self.box = box  # homepd.hw.probe.BoxIdentity of this box: evidence measured elsewhere does not hold
-        self.profile = TrafficProfile((settings.window_s,), since_unix_s=clock())
-        self.slo = SLO.from_budgets(config.class_budgets)
-        self.evidence = None
-        self.tracker = AdviceTracker(None, settings.hysteresis_s)
 
     def load(self, config=None) -> None:
         """Read the latest advise run of the model (none: no advice); ``config``: a new one (switched)."""
@@ -95,14 +91,11 @@ class LocalAdvisor:
     def observe(self, lifecycles) -> None:
         now_unix, now_mono = self.clock(), time.monotonic()
         for lc in lifecycles:
-            self.profile.observe(FinishedRequest.of(lc, self.slo.is_met_by(lc), now_unix, now_mono))
+            self.count(lc, now_unix, now_mono)
 
     def evaluate(self) -> AdviceView | None:
         if self.evidence is None:
             return None
-        now = self.clock()
-        verdict = judge(self.profile.window(self.settings.window_s, now), self.evidence,
-                        running_candidate(self.config, self.evidence), self.settings)
-        self.tracker.update(verdict, now)
+        self.judge_now(running_candidate(self.config, self.evidence))
         current = self.tracker.current
         return advice_view(current.to_dict()) if current is not None else None
