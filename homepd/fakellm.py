@@ -13,6 +13,11 @@ TUI) in real worker processes, in milliseconds.  Selected with
   token fed twice, dropped, or into another sequence — changes it.
 * KV state export/import writes the token list (int32) into the caller's
   buffer, so a disaggregated handoff goes through the real shared memory.
+* Sampling is ``homepd.core.sampling.ReferenceSampler`` (the chain's semantics
+  in numpy) over those logits.  Under a grammar the fake writes the grammar's
+  shortest sentence (``homepd.core.gbnf.shortest``), a byte a token, then EOS:
+  its output always follows the grammar.  A lazy grammar (a tool call's
+  trigger) never triggers: the fake writes its usual text.
 """
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ import struct
 import numpy as np
 
 from homepd.core.prefixcache import ReuseMode
+from homepd.core.sampling import Grammar, ReferenceSampler, SamplingParams
 from homepd.core.special import SpecialToken
-from homepd.errors import WorkerError
+from homepd.errors import RequestError, WorkerError
 
 FAKE_MODEL_PATH = "fake://model"
 BOS, EOS, N_VOCAB = 1, 2, 259
@@ -71,7 +77,41 @@ class FakeModel:
         return {BOS: "<s>", EOS: "</s>"}.get(token, "")
 
     def chat_template(self) -> str | None:
-        return _TEMPLATE
+        return os.environ.get("HOMEPD_FAKE_CHAT_TEMPLATE") or _TEMPLATE
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """RequestError unless the grammar parses and derives a sentence (what the fake will write)."""
+        grammar_script(grammar)
+
+
+def grammar_script(grammar: Grammar) -> list[int]:
+    """The tokens the fake writes under ``grammar``: its shortest sentence, a byte a token, then EOS."""
+    from homepd.core.gbnf import GbnfError, shortest
+
+    try:
+        return [b + 3 for b in shortest(grammar.gbnf, grammar.root).encode("utf-8")] + [EOS]
+    except GbnfError as exc:
+        raise RequestError(f"the {grammar.origin} grammar does not parse: {exc}") from None
+
+
+class FakeSampler:
+    """The reference sampler over the fake's logits; under a (non-lazy) grammar, the grammar's script."""
+
+    def __init__(self, ctx: "FakeContext", params: SamplingParams, history: tuple[int, ...] = ()):
+        params.check_vocab(N_VOCAB)
+        self.ctx, self.params = ctx, params
+        self.reference = ReferenceSampler(params, history)
+        grammar = params.grammar
+        self.script = grammar_script(grammar)[len(history):] if grammar is not None and not grammar.is_lazy \
+            else None
+
+    def sample(self, row: int) -> int:
+        logits = self.ctx.logits(row)  # why: a missing row fails here as it would in llama.cpp
+        if self.script is not None:
+            token = self.script.pop(0) if self.script else EOS
+            self.reference.history.append(token)
+            return token
+        return self.reference.sample(logits)
 
 
 def next_token(tokens: list[int]) -> int:
@@ -119,6 +159,9 @@ class FakeContext:
             else:
                 rows.append(None)
         self._rows = rows
+
+    def new_sampler(self, params: SamplingParams, history: tuple[int, ...] = ()) -> FakeSampler:
+        return FakeSampler(self, params, history)
 
     def logits(self, row: int) -> np.ndarray:
         logits = self._rows[row] if 0 <= row < len(self._rows) else None

@@ -11,7 +11,7 @@ from enum import Enum
 from homepd.core.admission import RequestClass
 from homepd.core.modes import Role
 from homepd.core.records import FinishReason
-from homepd.core.sampling import SamplingParams
+from homepd.core.sampling import SamplingParams, TokenLogprob
 from homepd.core.stepmodel import StepEstimate
 
 
@@ -94,6 +94,8 @@ class SubmitRequest:
     stream: object | None = None   # homepd.core.textstream.TextStream
     request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # first token due (monotonic): arrival + the class's TTFT budget
+    # a resumed request's earlier output (the tail of prompt_ids): its new sampler replays them (penalties, grammar)
+    history_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "request_class", RequestClass(self.request_class))
@@ -159,6 +161,7 @@ class TokenOut:
     token_id: int
     text: str
     t_s: float
+    logprob: TokenLogprob | None = None  # when the request asked for log-probabilities
 
 
 @dataclass(frozen=True)
@@ -273,15 +276,14 @@ class KVHandoff:
 
     Prefill worker -> controller when exported; controller -> decode worker to
     import.  Carries everything the decode side needs to continue the request
-    exactly: outputs so far, the sampler (its RNG state) and the text stream
-    (held-back text and partial UTF-8).
+    exactly: outputs so far (the decode side builds the request's sampler again from ``params`` and them:
+    ``homepd.llm.sampler``) and the text stream (held-back text and partial UTF-8).
     """
     request_id: str
     slot: int              # offset of the extent in the arena's data region
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     params: SamplingParams
-    sampler: object        # homepd.core.sampling.TokenSampler
     stream: object         # homepd.core.textstream.TextStream
     n_bytes: int           # llama_state_seq_get_size: the payload
     n_tokens: int

@@ -1,11 +1,11 @@
 """Per-request state inside a worker: prompt, progress, outputs, KV bookkeeping, and the request's
-own sampler and text stream (they travel with it in a KV handoff)."""
+own sampler and text stream (the stream travels with it in a KV handoff; the sampler is rebuilt there)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 from homepd.core.admission import RequestClass
-from homepd.core.sampling import SamplingParams, TokenSampler
+from homepd.core.sampling import SamplingParams
 from homepd.core.textstream import TextStream
 
 
@@ -18,7 +18,7 @@ class Sequence:
     n_prefilled: int = 0             # prompt tokens already in the KV cache
     output_ids: list[int] = field(default_factory=list)
     is_finished: bool = False
-    sampler: TokenSampler | None = field(default=None, repr=False)  # its RNG state is the request's
+    sampler: object | None = field(default=None, repr=False)  # the backend's (ctx.new_sampler): RNG, penalties, grammar
     stream: TextStream | None = field(default=None, repr=False)     # held-back text and partial UTF-8
     request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # when its first token is due (monotonic): arrival + its class's TTFT budget

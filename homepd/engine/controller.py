@@ -297,7 +297,8 @@ class Engine:
             if stream is not None:
                 stream.token_ids.append(tok.token_id)
                 stream.lifecycle.add_token(tok.t_s)
-                stream.queue.put_nowait(Event("token", tok.request_id, tok.t_s, tok.token_id, tok.text))
+                stream.queue.put_nowait(Event("token", tok.request_id, tok.t_s, tok.token_id, tok.text,
+                                              logprob=tok.logprob))
         for done in report.done:
             self._on_done(done)
         for listener in self.step_listeners:

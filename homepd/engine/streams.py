@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.protocol import SubmitRequest
 from homepd.core.records import FinishReason
+from homepd.core.sampling import TokenLogprob
 from homepd.core.textstream import TextStream
 from homepd.engine.recovery import HeldRequest
 
@@ -21,6 +22,7 @@ class Event:
     text: str = ""
     finish_reason: FinishReason | None = None
     error: str | None = None
+    logprob: TokenLogprob | None = None
 
 
 class RequestStream:
@@ -71,4 +73,5 @@ class RequestStream:
         params = replace(self.params, max_tokens=self.params.max_tokens - len(self.token_ids))
         self.lifecycle.n_prefilled = 0
         return SubmitRequest(self.request_id, self.prompt_ids + tuple(self.token_ids), params, stream=text,
-                             request_class=self.lifecycle.request_class, deadline_s=deadline_s)
+                             request_class=self.lifecycle.request_class, deadline_s=deadline_s,
+                             history_ids=tuple(self.token_ids))

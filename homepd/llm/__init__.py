@@ -17,8 +17,10 @@ import numpy as np
 import llama_cpp as C
 
 from homepd.core.prefixcache import ReuseMode
+from homepd.core.sampling import Grammar, SamplingParams
 from homepd.core.special import SpecialToken
 from homepd.errors import ModelError, WorkerError
+from homepd.llm.sampler import CandidateBuffer, LlamaSampler, grammar_sampler
 
 _backend_ready = False
 
@@ -120,6 +122,11 @@ class LlamaModel:
         tmpl = C.llama_model_chat_template(self._model, None)
         return tmpl.decode("utf-8") if tmpl else None
 
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Raise RequestError unless llama.cpp parses ``grammar`` on this vocabulary (the controller checks a
+        request's grammar here, before a worker sees it)."""
+        C.llama_sampler_free(grammar_sampler(self._vocab, grammar))
+
 
 class LlamaContext:
     """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache."""
@@ -155,6 +162,7 @@ class LlamaContext:
         self._seq_ptrs = [self._batch.seq_id[i] for i in range(n_batch)]
         self._nseq[:] = 1
         self._row_type = ctypes.c_float * model.n_vocab
+        self._candidates: CandidateBuffer | None = None
 
     @property
     def n_threads(self) -> tuple[int, int]:
@@ -184,6 +192,16 @@ class LlamaContext:
         if rc != 0:
             raise WorkerError(f"llama_decode returned {rc} for a batch of {n} tokens "
                               f"(1 = no KV slot: context {self.n_ctx} too small for what is running)")
+
+    def new_sampler(self, params: SamplingParams, history: tuple[int, ...] = ()) -> LlamaSampler:
+        """A request's sampler on this context (``history``: the tokens it generated before, elsewhere)."""
+        return LlamaSampler(self, params, history)
+
+    def candidates(self) -> CandidateBuffer:
+        """The context's vocabulary-sized candidate array (grammar sampling), made on first use."""
+        if self._candidates is None:
+            self._candidates = CandidateBuffer(self.model.n_vocab)
+        return self._candidates
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of batch row ``row`` of the last decode (a view; copy to keep)."""

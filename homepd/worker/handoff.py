@@ -12,7 +12,8 @@ normally routes such a prompt to the decode worker before it gets here.
 
 ``DecodeRole``: a ``KVHandoff`` from the controller is imported into a free
 sequence (``llama_state_seq_set_data`` from the extent), the extent freed, and
-the request continues in the decode batch with its sampler and text stream.
+the request continues in the decode batch with its text stream and a sampler built again from its
+parameters and output so far.
 
 Both get only what they use: the context, the controller's ``send``, the
 loop's ``finish`` (a sequence leaves this worker) and, for the decode role,
@@ -145,7 +146,7 @@ class PrefillRole(_ArenaRole):
         self._payload_bytes[offset] = written
         self.send(KVHandoff(
             request_id=seq.request_id, slot=offset, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
-            params=seq.params, sampler=seq.sampler, stream=seq.stream, n_bytes=written,
+            params=seq.params, stream=seq.stream, n_bytes=written,
             n_tokens=seq.n_kv_tokens, slot_wait_s=wait_s, export_start_s=t0, export_end_s=t1, extent_bytes=extent,
             arena_used_bytes=self.allocator.used_bytes, arena_kv_bytes=sum(self._payload_bytes.values()),
             request_class=seq.request_class))
@@ -189,13 +190,14 @@ class DecodeRole(_ArenaRole):
             msg = self.pending[0]
             seq = Sequence(request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params,
                            n_prefilled=len(msg.prompt_ids), output_ids=list(msg.output_ids),
-                           sampler=msg.sampler, stream=msg.stream, request_class=msg.request_class)
+                           stream=msg.stream, request_class=msg.request_class)
             if not self.scheduler.can_admit(seq):
                 return  # back-pressure: the extent stays READY until a sequence frees
             self.pending.popleft()
             self.scheduler.admit(seq)
             try:
                 t0 = time.monotonic()
+                seq.sampler = self.ctx.new_sampler(msg.params, msg.output_ids)
                 header, view = self.arena.open_ready(msg.slot, SlotExpectation(
                     request_id=msg.request_id, model_fingerprint=self.model_fingerprint, n_ctx=self.ctx.n_ctx),
                     msg.extent_bytes)

@@ -19,7 +19,7 @@ from homepd.core.prefixcache import ReuseMode
 from homepd.core.protocol import CacheSource, KVPreempted, PrefixCacheStats, PrefixReused
 from homepd.core.protocol import (AttachStore, WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
-from homepd.core.sampling import TokenSampler
+from homepd.core.sampling import TokenLogprob, top_logprobs
 from homepd.core.scheduler import Scheduler, StepPlan
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import OnlineStepModel
@@ -114,6 +114,7 @@ class WorkerLoop:
         self._inbox = select.poll()
         self._inbox.register(conn.fileno(), select.POLLIN)
         self.n_steps = 0
+        self._logprobs: dict[str, TokenLogprob] = {}  # this step's, by request, until emitted
         self.running = True
         self.controller_gone = False
 
@@ -157,9 +158,13 @@ class WorkerLoop:
 
     def handle(self, msg) -> None:
         if isinstance(msg, SubmitRequest):
+            try:
+                sampler = self.ctx.new_sampler(msg.params, msg.history_ids)
+            except Exception as exc:  # the controller checked it; a refusal here fails this request alone
+                self.conn.send(RequestDone(msg.request_id, "error", time.monotonic(), error=f"sampler: {exc}"))
+                return
             self.scheduler.add(Sequence(
-                request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params,
-                sampler=TokenSampler(msg.params),
+                request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params, sampler=sampler,
                 stream=msg.stream if msg.stream is not None else TextStream(msg.params.stop),
                 request_class=msg.request_class, deadline_s=msg.deadline_s))
         elif isinstance(msg, CancelRequest):
@@ -228,6 +233,7 @@ class WorkerLoop:
                 outs.append(out)
             if fin is not None:
                 done.append(fin)
+        self._logprobs.clear()
         self.conn.send(StepReport(
             step=record, prefill_started=started,
             prefill_ended=tuple(sl.seq.request_id for sl in plan.prefill if sl.completes_prompt),
@@ -265,7 +271,11 @@ class WorkerLoop:
         failed = []
         for seq, row in logit_rows:
             try:
-                sampled[seq.request_id] = seq.sampler.sample(self.ctx.logits(row))
+                # why: log-probabilities are of the model's distribution, so read before the sampler's bias
+                raw = self.ctx.logits(row).copy() if seq.params.n_logprobs is not None else None
+                token = sampled[seq.request_id] = seq.sampler.sample(row)
+                if raw is not None:
+                    self._logprobs[seq.request_id] = self._logprob(raw, token, seq.params.n_logprobs)
             except Exception as exc:
                 failed.append((seq, f"sampling failed: {exc}"))
         if not failed:
@@ -278,14 +288,20 @@ class WorkerLoop:
                                       if not sl.completes_prompt or sl.seq.request_id in sampled),
                         budget=plan.budget, kv_in_use=plan.kv_in_use), sampled
 
+    def _logprob(self, logits, token: int, k: int) -> TokenLogprob:
+        lp, top = top_logprobs(logits, token, k)
+        piece = self.model.token_to_piece
+        return TokenLogprob(token, piece(token), lp, tuple((t, piece(t), v) for t, v in top))
+
     def emit(self, seq: Sequence, t_s: float) -> tuple[TokenOut | None, RequestDone | None]:
         """Turn seq's newest token into an output event; decide whether seq is finished."""
         token = seq.output_ids[-1]
         stream = seq.stream
         if self.model.is_eog(token) and not seq.params.ignore_eos:
+            self._logprobs.pop(seq.request_id, None)
             return None, self._done(seq, "stop", t_s, stream.flush())
         text = stream.feed(self.model.token_to_piece(token))
-        out = TokenOut(seq.request_id, token, text, t_s)
+        out = TokenOut(seq.request_id, token, text, t_s, self._logprobs.pop(seq.request_id, None))
         if stream.stopped:
             return out, self._done(seq, "stop", t_s, "")
         if len(seq.output_ids) >= seq.params.max_tokens:

@@ -17,7 +17,7 @@ from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.core.protocol import KVHandoff, RequestDone
 from homepd.models.resolve import fingerprint
-from homepd.core.sampling import SamplingParams, TokenSampler
+from homepd.core.sampling import SamplingParams
 from homepd.core.textstream import TextStream
 from homepd.core.protocol import WorkerSpec
 from homepd.worker.loop import WorkerLoop
@@ -64,7 +64,7 @@ def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path
         if bad == "checksum":
             arena._buf[4096 + 4096 + 100] ^= 0xFF  # flip a payload byte inside the fully checked head
         params = SamplingParams(max_tokens=4)
-        loop.handle(KVHandoff("r1", slot, tuple(ids), (42,), params, TokenSampler(params), TextStream(), n,
+        loop.handle(KVHandoff("r1", slot, tuple(ids), (42,), params, TextStream(), n,
                               len(ids), 0.0, 0.0, 0.0, extent_bytes=extent))
         loop.role.pump()
         (done,) = outbox.sent

@@ -47,7 +47,7 @@ def test_a_typo_fails_where_the_message_is_made_instead_of_counting_as_nothing()
         RequestDone("r", "stopped", 0.0)
     with pytest.raises(ValueError):
         SubmitRequest("r", (1,), SamplingParams(), request_class="backgroud")
-    handoff = KVHandoff("r", 0, (1,), (), SamplingParams(), None, None, 0, 0, 0.0, 0.0, 0.0,
+    handoff = KVHandoff("r", 0, (1,), (), SamplingParams(), None, 0, 0, 0.0, 0.0, 0.0,
                         request_class="background")
     assert handoff.request_class is RequestClass.BACKGROUND
 

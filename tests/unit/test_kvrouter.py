@@ -37,7 +37,7 @@ def publish(router, rid: str, n_bytes: int = 16, holder_pid: int | None = None) 
     arena.publish(offset, SlotHeader(rid, FP, 64, 4, n_bytes))
     if holder_pid is not None:  # pretend another process touched it last
         set_state(router, offset, SlotState.READY, holder_pid)
-    return KVHandoff(rid, offset, (1, 2, 3, 4), (5,), SamplingParams(), None, None, n_bytes, 4, 0.0, 0.0, 0.0,
+    return KVHandoff(rid, offset, (1, 2, 3, 4), (5,), SamplingParams(), None, n_bytes, 4, 0.0, 0.0, 0.0,
                      extent_bytes=extent, arena_used_bytes=router.ring.used_bytes, arena_kv_bytes=n_bytes)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from homepd.core.protocol import (AttachSlots, CancelRequest, KVHandoff, KVImported, RequestDone, StepReport,
                                   SubmitRequest, WorkerSpec)
-from homepd.core.sampling import SamplingParams, TokenSampler
+from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
 from homepd.core.textstream import TextStream
@@ -142,7 +142,7 @@ def exported(pool: KVArena, request_id: str, text: str, fingerprint: str = FINGE
     role.allocator.head = at
     params = SamplingParams(max_tokens=6)
     seq = Sequence(request_id, ids, params, seq_id=0, n_prefilled=len(ids), output_ids=[40],
-                   sampler=TokenSampler(params), stream=TextStream())
+                   sampler=ctx.new_sampler(params), stream=TextStream())
     role.prompt_done(seq, 0.0)
     role.pump()
     assert finished == [seq]
@@ -159,7 +159,9 @@ def test_decode_role_alone_imports_with_only_a_context_a_scheduler_and_send(pool
     assert role.handle(handoff) and role.has_work
     role.pump()
     (seq,) = scheduler.running
-    assert seq.output_ids == [40] and seq.sampler is handoff.sampler and seq.stream is handoff.stream
+    assert seq.output_ids == [40] and seq.stream is handoff.stream
+    # the sampler is built again on this side, with the output so far as its history
+    assert seq.sampler.params == handoff.params and seq.sampler.reference.history == [40]
     assert ctx._seqs[seq.seq_id] == FakeModel().tokenize("hello")  # the prompt's KV, from the slot
     assert [type(m) for m in sent] == [KVImported] and pool.state(handoff.slot).name == "FREE"
 

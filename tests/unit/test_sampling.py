@@ -4,32 +4,32 @@ import numpy as np
 import pytest
 
 from homepd.errors import RequestError
-from homepd.core.sampling import SamplingParams, TokenSampler
+from homepd.core.sampling import SamplingParams, ReferenceSampler
 from homepd.core.textstream import TextStream
 
 
 def test_greedy_is_argmax():
     logits = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
-    assert TokenSampler(SamplingParams()).sample(logits) == 1
+    assert ReferenceSampler(SamplingParams()).sample(logits) == 1
 
 
 def test_top_k_one_is_argmax_even_when_hot():
     logits = np.random.default_rng(0).normal(size=1000).astype(np.float32)
-    s = TokenSampler(SamplingParams(temperature=5.0, top_k=1, seed=1))
+    s = ReferenceSampler(SamplingParams(temperature=5.0, top_k=1, seed=1))
     assert all(s.sample(logits) == int(np.argmax(logits)) for _ in range(20))
 
 
 def test_top_p_keeps_only_the_nucleus():
     logits = np.log(np.array([0.6, 0.3, 0.05, 0.05]))
-    s = TokenSampler(SamplingParams(temperature=1.0, top_p=0.8, seed=3))
+    s = ReferenceSampler(SamplingParams(temperature=1.0, top_p=0.8, seed=3))
     draws = {s.sample(logits) for _ in range(300)}
     assert draws == {0, 1}
 
 
 def test_seed_makes_sampling_reproducible_and_temperature_spreads():
     logits = np.zeros(50, dtype=np.float32)
-    a = [TokenSampler(SamplingParams(temperature=1.0, seed=42)).sample(logits) for _ in range(1)]
-    s1, s2 = TokenSampler(SamplingParams(temperature=1.0, seed=42)), TokenSampler(SamplingParams(temperature=1.0, seed=42))
+    a = [ReferenceSampler(SamplingParams(temperature=1.0, seed=42)).sample(logits) for _ in range(1)]
+    s1, s2 = ReferenceSampler(SamplingParams(temperature=1.0, seed=42)), ReferenceSampler(SamplingParams(temperature=1.0, seed=42))
     seq1 = [s1.sample(logits) for _ in range(30)]
     seq2 = [s2.sample(logits) for _ in range(30)]
     assert seq1 == seq2 and seq1[0] == a[0]
