@@ -1,11 +1,12 @@
-"""GBNF grammars (llama.cpp's format) without llama.cpp: parse one, derive a shortest string it accepts, recognise strings.
+"""GBNF grammars (llama.cpp's format) in pure Python: parsing, a shortest string a grammar accepts, recognition.
 
 The fake backend (``homepd.fakellm``) answers a request that carries a grammar with ``shortest(grammar)``, and
 tests check such output with ``accepts``. ``parse`` reads what ``llama_grammar_parser::parse`` reads, except token
 references (``<think>``, ``<[1000]>``, ``!<...>``), which need a model's vocabulary and are refused.
 
-A parsed grammar is plain BNF: a group becomes a rule of its own and a repetition a chain of rules, as llama.cpp
-rewrites them, so one derivation-length computation and one Earley recogniser cover all of the syntax.
+A parsed grammar is plain BNF: a group becomes a rule of its own and a repetition a few rules (as llama.cpp
+rewrites them, though left-recursive), so one derivation-length computation and one Earley recogniser cover all of
+the syntax.
 """
 from __future__ import annotations
 
@@ -65,15 +66,15 @@ class Gbnf:
     @cached_property
     def min_lengths(self) -> tuple[int | None, ...]:
         """Each rule's shortest derivation in characters; None where it derives no finite string."""
-        return self._knuth[0]
+        return self._settled[0]
 
     @cached_property
-    def _knuth(self) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
+    def _settled(self) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
         return _min_lengths(self)
 
     @cached_property
     def _choices(self) -> tuple[int | None, ...]:
-        return _choices(self, *self._knuth)
+        return _shortest_alternatives(self, *self._settled)
 
 
 def parse(text: str) -> Gbnf:
@@ -88,7 +89,8 @@ def shortest(text_or_grammar: str | Gbnf, root: str = "root") -> str:
     start = g.rule_id(root)
     if g.min_lengths[start] is None:
         culprits = ", ".join(repr(name) for name in _never_terminating(g, start))
-        raise GbnfError(f"rule {root!r} derives no finite string: rule {culprits} recurses in every alternative")
+        raise GbnfError(f"rule {root!r} derives no finite string: no alternative of rule {culprits} ever ends "
+                        "(each recurses, or needs a character its class excludes)")
     out: list[str] = []
     stack: list[int | CharSet] = [start]
     while stack:  # why: a stack, not recursion, since derivations nest as deep as the grammar recurses
@@ -183,16 +185,18 @@ def _min_lengths(g: Gbnf) -> tuple[tuple[int | None, ...], tuple[int | None, ...
     return tuple(lengths), tuple(via)
 
 
-def _choices(g: Gbnf, lengths: tuple[int | None, ...], via: tuple[int | None, ...]) -> tuple[int | None, ...]:
+def _shortest_alternatives(g: Gbnf, lengths: tuple[int | None, ...],
+                           via: tuple[int | None, ...]) -> tuple[int | None, ...]:
     """The alternative ``shortest`` expands for each rule: the first of least length, unless following those
     choices can loop (only through empty alternatives of equal length), where Knuth's settled one is taken."""
     def length_of(symbols):
         parts = [(None if _matches_nothing(s) else 1) if isinstance(s, CharSet) else lengths[s] for s in symbols]
         return None if None in parts else sum(parts)
 
-    first = [None if lengths[r] is None else next(a for a, symbols in enumerate(alts) if length_of(symbols) == lengths[r])
+    first = [None if lengths[r] is None else next(a for a, alt in enumerate(alts) if length_of(alt) == lengths[r])
              for r, alts in enumerate(g.rules)]
-    children = [() if a is None else [s for s in g.rules[r][a] if not isinstance(s, CharSet)] for r, a in enumerate(first)]
+    children = [() if a is None else [s for s in g.rules[r][a] if not isinstance(s, CharSet)]
+                for r, a in enumerate(first)]
     # why: a rule that can reach a loop switches to its settled alternative, whose rules were settled before it;
     # rules that cannot reach one only lead to rules that cannot either, so no loop is left
     loops = [False] * len(g.rules)
@@ -277,7 +281,7 @@ def _matches_nothing(chars: CharSet) -> bool:
     return _next_allowed(chars, 0) is None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=4096)
 def _literal(cp: int) -> CharSet:
     return CharSet(((cp, cp),))
 
@@ -417,25 +421,28 @@ class _Parser:
         return low, high
 
     def _repeat(self, owner: str, item: list, low: int, high: int | None, n_prev_rules: int, at: int):
-        """``item`` repeated low..high times: ``item`` low times, then R ::= "" | R item when unbounded, or a
-        chain R1 ::= "" | item, Rk ::= "" | Rk-1 item for up to high - low more."""
-        # why: left recursion, so that Earley's completions do not cascade along a long run of repeats
+        """``item`` repeated low..high times (high None: no bound), as symbols and the rules they refer to.
+
+        Unbounded: ``item`` low times, then R ::= "" | R item. Bounded: E1 ::= item, Ek ::= Ek-1 item (exactly k
+        copies), and R ::= E_low | ... | E_high."""
+        # why: both are left-recursive, so an Earley item per start covers every count reached so far; the nested
+        # optional chain llama.cpp builds would record a span per copy at every position (quadratic time)
         total = high if high else (low or 1)
         if n_prev_rules * total > MAX_REPETITION_THRESHOLD:
             self._fail(f"a repetition that creates at most {MAX_REPETITION_THRESHOLD} rules", at)
-        out = item * low
+        if high == low:
+            return item * low, n_prev_rules * total
+        rest = self._new_rule(owner)
         if high is None:
-            rest = self._new_rule(owner)
             self.rules[rest] = [[], [rest, *item]]
-            out.append(rest)
-        elif high > low:
-            rest = self._new_rule(owner)
-            self.rules[rest] = [[], list(item)]
-            for _ in range(high - low - 1):
-                shorter, rest = rest, self._new_rule(owner)
-                self.rules[rest] = [[], [shorter, *item]]
-            out.append(rest)
-        return out, n_prev_rules * total
+            return [*(item * low), rest], n_prev_rules * total
+        exactly: list[list] = [[]]  # exactly[k]: the symbols deriving k copies
+        for _ in range(high):
+            copies = self._new_rule(owner)
+            self.rules[copies] = [[*exactly[-1], *item]]
+            exactly.append([copies])
+        self.rules[rest] = exactly[low:]
+        return [rest], n_prev_rules * total
 
     def _class(self) -> CharSet:
         self.pos += 1
