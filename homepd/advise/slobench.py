@@ -32,12 +32,14 @@ def probe_figures(record: RunRecord, rate_rps: float, seed: int, slo: SLO) -> tu
     p50/p90 over requests of each request's largest gap, failed requests and the first error text."""
     probe = probe_of(record, rate_rps, seed, slo)
     ttfts = [lc.ttft_s * 1e3 for lc in record.requests if lc.ttft_s is not None]
+    ttfas = [lc.ttfa_s * 1e3 for lc in record.requests if lc.ttfa_s is not None]
     max_gaps = [max(lc.itl_s) * 1e3 for lc in record.requests if lc.itl_s]
     errors = [lc.error for lc in record.requests if lc.error]
     return probe, {
         "rate_rps": rate_rps, "n_requests": probe.n_requests, "attainment": probe.attainment,
         "per_class": probe.per_class, "misses": probe.misses, "seed": seed,
         "ttft_p50_ms": percentile(ttfts, 50), "ttft_p90_ms": percentile(ttfts, 90),
+        "ttfa_p50_ms": percentile(ttfas, 50), "ttfa_p90_ms": percentile(ttfas, 90),
         "max_gap_p50_ms": percentile(max_gaps, 50), "max_gap_p90_ms": percentile(max_gaps, 90),
         "n_failed": record.summary.n_failed, "first_error": errors[0] if errors else None}
 
@@ -73,8 +75,8 @@ def render_table(results: list[dict], slo_text: str = "") -> str:
     lines = [f"SLO capacity: the highest rate with >= {share:.0%} of requests within every SLO of their class"
              + (f" ({slo_text})" if slo_text else "") + ", by the client's clock"]
     name_w = max([len("server"), *(len(r["name"]) for r in results)]) + 2
-    head = (f"{'server':<{name_w}}{'capacity':>13}  {'bracket':<19}{'TTFT p50/p90':>14}{'max-gap p50/p90':>17}"
-            f"  decided by")
+    head = (f"{'server':<{name_w}}{'capacity':>13}  {'bracket':<19}{'TTFT p50/p90':>14}{'TTFA p50/p90':>14}"
+            f"{'max-gap p50/p90':>17}  decided by")
     lines += [head, "-" * len(head)]
     for r in results:
         cap, spread = r["capacity_rps"], r["spread_rps"]
@@ -87,6 +89,7 @@ def render_table(results: list[dict], slo_text: str = "") -> str:
         at = r.get("at") or {}
         lines.append(f"{r['name']:<{name_w}}{_rps(cap):>13}  {bracket:<19}"
                      f"{_ms(at.get('ttft_p50_ms')) + '/' + _ms(at.get('ttft_p90_ms')):>14}"
+                     f"{_ms(at.get('ttfa_p50_ms')) + '/' + _ms(at.get('ttfa_p90_ms')):>14}"
                      f"{_ms(at.get('max_gap_p50_ms')) + '/' + _ms(at.get('max_gap_p90_ms')):>17}  {r['decided_by']}")
         curve = "  ".join(f"{p['rate_rps']:.3g}/s {p['attainment']:.0%}" + (f" ({p['n_failed']} failed)"
                                                                             if p["n_failed"] else "")
@@ -95,6 +98,6 @@ def render_table(results: list[dict], slo_text: str = "") -> str:
         errors = next((p["first_error"] for p in r["probes"] if p.get("first_error")), None)
         if errors:
             lines.append(f"{'':<{name_w}}first error: {errors[:120]}")
-    lines.append("(TTFT and max gap in ms, at the capacity's probe, or the lowest rate's when none passed; "
+    lines.append("(TTFT, TTFA (the first answer token, past any reasoning) and max gap in ms, at the capacity's probe, or the lowest rate's when none passed; "
                  f"model: {', '.join(sorted({r['model'] for r in results})) or '-'})")
     return "\n".join(lines)

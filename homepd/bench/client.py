@@ -4,7 +4,8 @@
 request_class)`` returns a stream whose ``collect()`` sends the request (``/v1/chat/completions`` for chat
 messages, ``/v1/completions`` for a raw prompt; ``stream: true``, ``stream_options.include_usage``) and
 fills a ``Lifecycle`` on ``time.monotonic()``: sent (arrived and admitted), every streamed chunk that
-carries text (the first is the TTFT, the rest the gaps), the end.  A chunk counts as one token: servers
+carries text (the first is the TTFT, the rest the gaps; reasoning counts, and the first chunk of the answer
+itself, content or a tool call, is the time to the first answer token), the end.  A chunk counts as one token: servers
 stream one token per chunk (llama-server, vLLM, SGLang, homepd), and a server that batches tokens into
 chunks is judged by the gaps the user sees.  A non-200 answer or a broken stream is a failed request with
 the server's words in ``error``, never an exception out of the replay.
@@ -53,6 +54,7 @@ class HttpTarget:
     timeout_s: float = 600.0
     clock: object | None = None       # the replay's Clock (its now()); None: time.monotonic
     transport: httpx.AsyncBaseTransport | None = None  # None: the network (tests pass an in-process server)
+    sampling: dict = field(default_factory=lambda: {"temperature": 0.0})  # sent with every request
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
     _ids: itertools.count = field(default_factory=itertools.count, repr=False)
 
@@ -93,7 +95,7 @@ class HttpTarget:
         klass = RequestClass(request_class or RequestClass.INTERACTIVE)
         index = next(self._ids)
         tag = f"[{self.unique_tag} request {index}] " if self.unique_tag else ""
-        common = {"model": self.model, "max_tokens": params.max_tokens, "stream": True, "temperature": 0.0,
+        common = {"model": self.model, "max_tokens": params.max_tokens, "stream": True, **self.sampling,
                   "stream_options": {"include_usage": True}}
         if params.ignore_eos:
             common["ignore_eos"] = True  # why: vLLM, SGLang, llama-server and homepd all read this extension
@@ -147,11 +149,16 @@ def _chunk(lc: Lifecycle, chunk: dict, now_s: float) -> None:
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             lc.n_cached_tokens = details["cached_tokens"]
     for choice in chunk.get("choices") or []:
-        text = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
-        if text:
+        delta = choice.get("delta") or {}
+        text = delta.get("content") if "delta" in choice else choice.get("text")
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        calls = delta.get("tool_calls")
+        if text or thought or calls:
             if lc.state is RequestState.PREFILLING:
                 lc.advance(RequestState.DECODING, now_s)
             lc.add_token(now_s)
+            if (text or calls) and lc.first_answer_s is None:  # the answer itself, past the reasoning
+                lc.first_answer_s = now_s
         reason = choice.get("finish_reason")
         if reason in (FinishReason.STOP.value, FinishReason.LENGTH.value):
             lc.finish_reason = FinishReason(reason)

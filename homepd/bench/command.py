@@ -111,6 +111,9 @@ def _register_slo(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (EOS ignored)")
     p.add_argument("--long-tokens", type=int, default=400, help="estimated tokens of a long prompt")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature sent (default 0: greedy; clients send 0.7 and top_p 0.9)")
+    p.add_argument("--top-p", type=float, default=None, help="top_p sent (default: none sent)")
     p.add_argument("--all-interactive", action="store_true",
                    help="send every request as interactive (else as the trace classes them: long documents are "
                         "background in the mixed trace)")
@@ -162,13 +165,15 @@ def _slo_settings(args: argparse.Namespace):
     for flag, value in (("--requests", args.requests), ("--max-tokens", args.max_tokens)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if not 0.0 <= args.temperature <= 2.0 or (args.top_p is not None and not 0.0 < args.top_p <= 1.0):
+        raise ConfigError(f"--temperature takes 0..2 and --top-p (0, 1], got {args.temperature:g} and {args.top_p}")
     if args.start_rate is not None and not args.start_rate > 0:
         raise ConfigError(f"--start-rate must be positive, got {args.start_rate:g}")
     return BenchSettings(slo=slo, mix=args.mix, source=_source(args), rates=rates, search=search,
                          n_requests=args.requests, max_tokens=args.max_tokens, long_tokens=args.long_tokens,
                          seed=args.seed, start_rps=args.start_rate, all_interactive=args.all_interactive,
                          unique_prefix=args.unique_prefix, stop_below=args.stop_below, model_name=args.model_name,
-                         api_key=args.api_key)
+                         api_key=args.api_key, temperature=args.temperature, top_p=args.top_p)
 
 
 def _source(args: argparse.Namespace):

@@ -67,6 +67,13 @@ class BenchSettings:
     stop_below: float = 0.5
     model_name: str | None = None
     api_key: str | None = None
+    temperature: float = 0.0          # what every request is sampled at (0: greedy)
+    top_p: float | None = None
+
+    @property
+    def sampling(self) -> dict:
+        """The sampling fields every request sends."""
+        return {"temperature": self.temperature, **({"top_p": self.top_p} if self.top_p is not None else {})}
 
     @property
     def mix_name(self) -> str:
@@ -91,7 +98,7 @@ class BenchSettings:
                 "rates": list(self.rates) if self.rates else "searched", "search": to_plain(self.search),
                 "n_requests": self.n_requests, "max_tokens": self.max_tokens, "long_tokens": self.long_tokens,
                 "seed": self.seed, "arrival": "poisson", "ignore_eos": True, "all_interactive": self.all_interactive,
-                "unique_prefix": self.unique_prefix, "slo": self.slo.describe()}
+                "unique_prefix": self.unique_prefix, "slo": self.slo.describe(), "sampling": self.sampling}
 
 
 ProbeListener = Callable[[str, dict], None]
@@ -103,7 +110,8 @@ async def bench_server(server: Server, settings: BenchSettings, store=None, run_
     ``clock`` (a replay ``Clock``) and ``transport`` (an httpx transport): tests run a server in process on
     virtual time; by default real time and the network."""
     s, mix = settings, settings.mix_name
-    async with HttpTarget(server.url, api_key=s.api_key, clock=clock, transport=transport) as http:
+    async with HttpTarget(server.url, api_key=s.api_key, clock=clock, transport=transport,
+                          sampling=s.sampling) as http:
         http.model = s.model_name or await http.served_model()
         # why two, then the first: a recorded traffic's arrivals scale only from two requests up
         warm_trace = s.trace(1.0, 2, s.seed - 1)

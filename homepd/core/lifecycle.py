@@ -142,6 +142,9 @@ class Lifecycle:
     routed_to: str | None = None
     route_reason: str | None = None
     route_cached_tokens: int = 0
+    # the first token of the answer itself, past any reasoning (set by the face that parses the reply:
+    # homepd.serve): what a user of a thinking model waits for
+    first_answer_s: float | None = None
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -175,6 +178,11 @@ class Lifecycle:
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.arrived_s
+
+    @property
+    def ttfa_s(self) -> float | None:
+        """Arrival to the first answer token (after any reasoning; None until the reply parser saw one)."""
+        return None if self.first_answer_s is None else self.first_answer_s - self.arrived_s
 
     @property
     def tpot_s(self) -> float | None:

@@ -21,6 +21,7 @@ from typing import Iterable
 
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, Verdict
+from homepd.core.chatformat import ChatFormat, detect as detect_chat_format
 from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.modes import Role
 from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted, RequestDone,
@@ -34,7 +35,7 @@ from homepd.engine.affinity import PrefixAffinity
 from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
 from homepd.engine.handles import WorkerHandle, watch_for_hangs
 from homepd.engine.pool import WorkerPool
-from homepd.engine.prompt import chat_tokens, prompt_tokens
+from homepd.engine.prompt import ChatExtras, chat_tokens, prompt_tokens
 from homepd.engine.streams import Event, RequestStream
 from homepd.engine.topology import Health, topology_for
 from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
@@ -62,6 +63,7 @@ class Engine:
         self.model_path = setup.model_path
         self.model_fingerprint = setup.model_fingerprint
         self.tokenizer = None
+        self.chat_format: ChatFormat | None = None  # the template's tool-call and reasoning format, once started
         self.records: OrderedDict[str, Lifecycle] = OrderedDict()  # finished requests, newest last
         self.streams: dict[str, RequestStream] = {}                # running requests
         self.step_log: deque[StepRecord] = deque(maxlen=step_log_len(self.config.n_seq_max))
@@ -87,6 +89,7 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         model_cls, _ = model_classes(self.config.backend)
         self.tokenizer = await asyncio.to_thread(model_cls, self.model_path, 0, True)
+        self.chat_format = detect_chat_format(self.tokenizer.chat_template())
         if self.topology.uses_kv_arena or self.setup.kv_store_bytes:
             await asyncio.to_thread(cleanup_stale_segments)  # segments of dead controllers
         for name, spec in worker_specs(self.config, self.setup).items():
@@ -151,15 +154,23 @@ class Engine:
         await self.pool.wait_restarts()
 
     # requests ---------------------------------------------------------------------
-    def prepare(self, prompt: str | None = None, messages: list | None = None) -> list[int]:
-        """Render and tokenize a prompt or chat; raise RequestError if it cannot run."""
+    def prepare(self, prompt: str | None = None, messages: list | None = None, params: SamplingParams | None = None,
+                chat: ChatExtras | None = None) -> list[int]:
+        """Render and tokenize a prompt or chat, and check what the sampler will need of this vocabulary (a
+        grammar that llama.cpp parses, logit_bias ids); raise RequestError if it cannot run."""
         if self.tokenizer is None:
             raise EngineError("the engine is not started")
         if (prompt is None) == (messages is None):
             raise RequestError("give exactly one of prompt or messages")
         if messages is None and (not isinstance(prompt, str) or not prompt):
             raise RequestError("prompt must be a non-empty string")
-        ids = chat_tokens(self.tokenizer, messages) if messages is not None else prompt_tokens(self.tokenizer, prompt)
+        if params is not None:
+            params.check_vocab(self.tokenizer.n_vocab)
+            if params.grammar is not None:
+                self.tokenizer.check_grammar(params.grammar)
+        chat = chat or ChatExtras()
+        ids = chat_tokens(self.tokenizer, messages, tools=chat.tools, template_kwargs=chat.template_kwargs) \
+            if messages is not None else prompt_tokens(self.tokenizer, prompt)
         if not ids:
             raise RequestError("prompt is empty after tokenization")
         if len(ids) >= self.config.n_ctx:
@@ -168,7 +179,7 @@ class Engine:
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None,
-                     request_class: str | None = None) -> RequestStream:
+                     request_class: str | None = None, chat: ChatExtras | None = None) -> RequestStream:
         """Admit a request; returns its event stream.  Raises RequestError before any worker sees it.
 
         Its clock starts here, before the chat template and the tokenizer run: TTFT is what a caller sees.
@@ -183,7 +194,8 @@ class Engine:
         # pipes, /health or the watchdog, and concurrent tokenizer calls gain nothing on a shared vocabulary
         if self._stopping:
             raise EngineError("the engine is stopping")
-        ids = await asyncio.get_running_loop().run_in_executor(self._prepare_pool, self.prepare, prompt, messages)
+        ids = await asyncio.get_running_loop().run_in_executor(self._prepare_pool, self.prepare, prompt, messages,
+                                                               params, chat)
         if self._stopping:
             raise EngineError("the engine is stopping")
         failed = self.topology.fatal_failures(self.workers)

@@ -15,8 +15,11 @@ partition.
 """
 from __future__ import annotations
 
+import json
 import re
 import secrets
+import time
+from dataclasses import dataclass
 from functools import lru_cache
 
 import jinja2
@@ -26,6 +29,7 @@ from homepd.core.special import SpecialToken
 from homepd.errors import RequestError
 
 ROLES = ("system", "user", "assistant", "tool")
+EXTRA_KEYS = ("name", "tool_calls", "tool_call_id", "reasoning_content")  # what else of a message a template may read
 
 # why: used when a GGUF carries no template; ChatML is what SmolLM2 and many small models use.
 CHATML_TEMPLATE = (
@@ -34,8 +38,18 @@ CHATML_TEMPLATE = (
 )
 
 
-def validate_messages(messages: object) -> list[dict[str, str]]:
-    """Check an OpenAI-style message list; return it normalised, or raise RequestError."""
+@dataclass(frozen=True)
+class ChatExtras:
+    """What a chat's template is given besides its messages: OpenAI's ``tools`` (for a template that takes
+    them) and ``chat_template_kwargs`` (``enable_thinking``, ``reasoning_effort``, ...)."""
+    tools: list | None = None
+    template_kwargs: dict | None = None
+
+
+def validate_messages(messages: object) -> list[dict]:
+    """Check a message list as the template takes it (role, content text, and the tool-call keys of
+    ``homepd.core.chatformat.template_messages``: ``name``, ``tool_calls``, ``tool_call_id``); return it
+    normalised (content ``""`` where a message has none), or raise RequestError."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects")
     out = []
@@ -45,9 +59,11 @@ def validate_messages(messages: object) -> list[dict[str, str]]:
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+        if content is None and m.get("tool_calls"):
+            content = ""
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string")
-        out.append({"role": role, "content": content})
+        out.append({**{k: v for k, v in m.items() if k in EXTRA_KEYS}, "role": role, "content": content})
     return out
 
 
@@ -55,21 +71,35 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False) -> str:
+    # why: as Hugging Face's transformers renders chat templates; Jinja2's own tojson sorts keys and
+    # HTML-escapes ('"' becomes '&#34;' inside a tool call's arguments)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return time.strftime(fmt)  # why: Llama 3.x templates write today's date with it, as transformers allows
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     return env.from_string(template)
 
 
-def render_chat(template: str | None, messages: list[dict[str, str]], bos_token: str = "",
-                eos_token: str = "", add_generation_prompt: bool = True) -> str:
-    """Render messages with the model's template (ChatML when the model has none)."""
+def render_chat(template: str | None, messages: list[dict], bos_token: str = "",
+                eos_token: str = "", add_generation_prompt: bool = True, tools: list | None = None,
+                template_kwargs: dict | None = None) -> str:
+    """Render messages with the model's template (ChatML when the model has none); ``tools`` (OpenAI's
+    tool list) and ``template_kwargs`` (``chat_template_kwargs``: ``enable_thinking``, ...) reach it too."""
     messages = validate_messages(messages)
     try:
         return _compile(template or CHATML_TEMPLATE).render(
-            messages=messages, bos_token=bos_token, eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt,
+            **(template_kwargs or {}), messages=messages, bos_token=bos_token, eos_token=eos_token,
+            add_generation_prompt=add_generation_prompt, **({"tools": tools} if tools else {}),
         )
     except jinja2.exceptions.TemplateError as exc:
         raise RequestError(f"the model's chat template refused these messages: {exc}") from exc
@@ -156,18 +186,26 @@ def prompt_tokens(tokenizer, prompt: str) -> list[int]:
     return _tokens(tokenizer, split_specials(prompt, specials), specials)
 
 
-def chat_tokens(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-    """A chat's ids through the model's template: markup may hold control tokens, contents never do."""
+def chat_tokens(tokenizer, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
+                template_kwargs: dict | None = None) -> list[int]:
+    """A chat's ids through the model's template: markup may hold control tokens, contents never do (nor
+    do the tools, tool calls and names a client sends, which the template writes into its markup)."""
     messages = validate_messages(messages)
     template = tokenizer.chat_template()
     bos, eos = tokenizer.token_text(tokenizer.bos_id), tokenizer.token_text(tokenizer.eos_id)
-    rendered = render_chat(template, messages, bos, eos, add_generation_prompt)
+    specials = tokenizer.special_tokens()
+    extras = json.dumps([tools, template_kwargs, [{k: m[k] for k in EXTRA_KEYS if k in m} for m in messages]],
+                        ensure_ascii=False)
+    if found := _present(specials, extras):
+        raise RequestError(f"the tools, tool calls, names or chat_template_kwargs contain {found[0].text!r}, a "
+                           "control token of this model; remove it")
+    render = lambda msgs: render_chat(template, msgs, bos, eos, add_generation_prompt, tools,  # noqa: E731
+                                      template_kwargs)
+    rendered = render(messages)
     nonce = secrets.token_hex(8)  # why: content cannot guess it, so no content reads as a placeholder
-    marked = render_chat(template, [{"role": m["role"], "content": f"\x00{nonce}:{i}\x00"}
-                                    for i, m in enumerate(messages)], bos, eos, add_generation_prompt)
+    marked = render([{**m, "content": f"\x00{nonce}:{i}\x00"} for i, m in enumerate(messages)])
     pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)  # markup, index, markup, index, ..., markup
     contents = [messages[int(i)]["content"] for i in pieces[1::2]]
-    specials = tokenizer.special_tokens()
     if "".join(p if k % 2 == 0 else contents[k // 2] for k, p in enumerate(pieces)) != rendered:
         # the template transforms or tests the content (trims it, skips empty ones, ...): the placeholders
         # do not stand for it.  Parse the rendering as a whole, unless a content holds control-token text.

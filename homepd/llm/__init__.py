@@ -16,6 +16,7 @@ import numpy as np
 
 import llama_cpp as C
 
+from homepd.core.chatformat import detect as detect_chat_format
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.sampling import Grammar, SamplingParams
 from homepd.core.special import SpecialToken
@@ -63,6 +64,7 @@ class LlamaModel:
         self.is_recurrent = bool(C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model))
         self._pieces: dict[int, bytes] = {}
         self._special_tokens: tuple[SpecialToken, ...] | None = None
+        self._shown = self._marker_tokens()
 
     def close(self) -> None:
         if self._model:
@@ -83,14 +85,25 @@ class LlamaModel:
             n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
+    def _marker_tokens(self) -> set[int]:
+        """The control tokens whose text the reply parser reads (a tool call's or a reasoning block's markers:
+        ``ChatFormat.control_texts``), which a piece must show although control tokens are otherwise hidden."""
+        shown = set()
+        for text in detect_chat_format(self.chat_template()).control_texts:
+            ids = self.tokenize(text, add_special=False, parse_special=True)
+            if len(ids) == 1 and C.llama_vocab_get_attr(self._vocab, ids[0]) & C.LLAMA_TOKEN_ATTR_CONTROL:
+                shown.add(ids[0])
+        return shown
+
     def token_to_piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
             buf = ctypes.create_string_buffer(64)
-            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            special = token in self._shown
+            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+                n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
             piece = buf.raw[:n]
             self._pieces[token] = piece
         return piece

@@ -1,34 +1,58 @@
 """One OpenAI request through the engine: admission, sampling, the response or its SSE stream.
 
-Chat and text completions differ only in how a choice is shaped (``Shape``).
-The request is admitted before its prompt is tokenized; a client that goes
-away has its request cancelled (streaming: starlette cancels the generator;
-non-streaming: a watcher on the connection), and the place it held is freed
-once the engine has ended it.  Every response carries homepd's timings in the
-``homepd`` field (the final chunk, when streaming).
+Chat and text completions differ in how a choice is shaped (``Shape``) and in
+what the reply holds: a chat's text goes through its ``ReplyParser``
+(``homepd.core.chatformat``) into content, reasoning (``reasoning_content``)
+and tool calls.  The request is admitted before its prompt is tokenized; a
+client that goes away has its request cancelled (streaming: starlette cancels
+the generator; non-streaming: a watcher on the connection), and the place it
+held is freed once the engine has ended it.  Every response carries homepd's
+timings in the ``homepd`` field (the final chunk, when streaming), with the
+fields it ignored.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 
+from homepd.core.chatformat import DeltaKind
 from homepd.core.lifecycle import Lifecycle
-from homepd.core.sampling import SamplingParams
+from homepd.core.sampling import SamplingParams, TokenLogprob
 from homepd.errors import HomepdError
 from homepd.measure.trace.traffic import Route
+from homepd.serve.chat import RequestPlan, arguments_json, plan_request
 from homepd.serve.errors import UNAVAILABLE, APIError, from_homepd_error, unavailable
 from homepd.serve.middleware import cut
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
 
-OPENAI_DEFAULT_TEMPERATURE = 1.0  # what OpenAI samples at when a request does not say
+log = logging.getLogger("homepd.serve")
 MESSAGE_OVERHEAD_BYTES = 16       # counted per message toward --max-prompt-bytes: about ChatML's markup
+
+
+@dataclass(frozen=True)
+class SamplerDefaults:
+    """What a request that says nothing is sampled with: llama-server's defaults (``common_params_sampling``),
+    which small local models are tuned for; stated in ``/v1/models`` and ``/status``."""
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+DEFAULTS = SamplerDefaults()
 
 
 @dataclass(frozen=True)
@@ -39,17 +63,6 @@ class Shape:
     chunk_object: str
     is_chat: bool
 
-    def choice(self, text: str | None, finish_reason: str | None, *, is_chunk: bool) -> dict:
-        out: dict = {"index": 0}
-        if not self.is_chat:
-            out["text"] = text or ""
-        elif is_chunk:
-            out["delta"] = {} if text is None else {"content": text}
-        else:
-            out["message"] = {"role": "assistant", "content": text or ""}
-        out.update(logprobs=None, finish_reason=finish_reason)
-        return out
-
 
 CHAT = Shape("chatcmpl-", "chat.completion", "chat.completion.chunk", True)
 TEXT = Shape("cmpl-", "text_completion", "text_completion", False)
@@ -58,83 +71,203 @@ TEXT = Shape("cmpl-", "text_completion", "text_completion", False)
 async def complete(service, request: Request, body: ChatCompletionRequest | CompletionRequest, request_class: str):
     """Run ``body`` on the service's engine: a JSON response, or an SSE stream when ``body.stream``."""
     shape = CHAT if isinstance(body, ChatCompletionRequest) else TEXT
-    if body.model not in service.served_model_ids:
+    settings = service.settings
+    if settings.strict_model_name and body.model not in service.served_model_ids:
         raise APIError(404, f"model {cut(body.model)!r} is not served here; GET /v1/models lists "
                             f"{', '.join(service.served_model_ids)}", "not_found_error", "model_not_found", "model")
-    params = sampling_params(body, service.settings)
-    prompt, messages = (None, body.chat_messages()) if shape.is_chat else (body.prompt_text(), None)
-    if messages and len(messages) > service.settings.max_messages:
-        raise APIError(413, f"{len(messages)} messages; this service takes at most {service.settings.max_messages} "
-                            "(--max-messages)", code="too_many_messages", param="messages")
-    # why: each message costs its template's markup too, so empty messages are not free
-    n_bytes = sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_BYTES for m in messages) if messages \
-        else len(prompt.encode())
-    if n_bytes > service.settings.max_prompt_bytes:
+    ignored = service.ignored_fields(body.ignored_fields())
+    if messages_count := len(getattr(body, "messages", ())):
+        if messages_count > settings.max_messages:
+            raise APIError(413, f"{messages_count} messages; this service takes at most {settings.max_messages} "
+                                "(--max-messages)", code="too_many_messages", param="messages")
+    n_bytes = _prompt_bytes(body)
+    if n_bytes > settings.max_prompt_bytes:
         raise APIError(413, f"the prompt is {n_bytes} bytes; this service takes at most "
-                            f"{service.settings.max_prompt_bytes} (--max-prompt-bytes)", code="prompt_too_large",
-                       param="messages" if messages else "prompt")
+                            f"{settings.max_prompt_bytes} (--max-prompt-bytes)", code="prompt_too_large",
+                       param="messages" if shape.is_chat else "prompt")
+    plan = await plan_request(body, sampling_params(body, settings, service.config.n_ctx),
+                              service.engine.chat_format, service.served_model_ids[0])
     rid = shape.id_prefix + uuid.uuid4().hex
     await service.until_admitting()  # why: a switch of configuration under way (homepd.serve.switch) holds it
     service.admit(rid, request_class)
     try:
-        stream = await service.engine.submit(prompt, messages=messages, params=params, request_id=rid,
-                                             request_class=request_class)
+        stream = await service.engine.submit(plan.prompt, messages=plan.messages, params=plan.params,
+                                             request_id=rid, request_class=request_class, chat=plan.chat)
     except HomepdError as exc:
         service.finished(rid, None, request_class)
         error = from_homepd_error(exc)
         if error.status < 500:
             service.metrics.rejected.labels(error.code or error.type).inc()
         raise error from None
-    service.note_arrival(stream, Route.CHAT if shape.is_chat else Route.COMPLETIONS, params.max_tokens, prompt,
-                         messages)
-    created = int(time.time())
-    model = body.model
+    service.note_arrival(stream, Route.CHAT if shape.is_chat else Route.COMPLETIONS, plan.params.max_tokens,
+                         plan.prompt, plan.messages)
+    reply = Reply(service, shape, stream, plan, body.model, int(time.time()), ignored)
     if body.stream:
         usage_mode = "continuous" if body.continuous_usage else "final" if body.include_usage else None
-        return EngineEventStream(service, stream, request_class,
-                                 _sse(service, shape, stream, model, created, usage_mode))
-    return await _respond(service, request, shape, stream, model, created, request_class)
+        return EngineEventStream(service, stream, request_class, _sse(reply, usage_mode))
+    return await _respond(reply, request, request_class)
 
 
-def sampling_params(body, settings) -> SamplingParams:
-    """The engine's sampling parameters for ``body`` (OpenAI's defaults where it is silent)."""
+def _prompt_bytes(body) -> int:
+    """The request's text toward --max-prompt-bytes; each message costs its template's markup too, so empty
+    messages are not free, and a tool call's arguments count."""
+    if isinstance(body, CompletionRequest):
+        return len(body.prompt_text().encode())
+    total = 0
+    for m in body.messages:
+        total += len((m.text() or "").encode()) + MESSAGE_OVERHEAD_BYTES
+        for call in m.tool_calls or ():
+            total += len(call.function.arguments.encode()) + len(call.function.name)
+    return total + (len(json.dumps(body.tools).encode()) if body.tools else 0)
+
+
+def sampling_params(body, settings, n_ctx: int) -> SamplingParams:
+    """The engine's sampling parameters for ``body`` (llama-server's defaults where it is silent; the grammar
+    comes with the plan)."""
     max_tokens = body.asked_max_tokens()
     if max_tokens is not None and max_tokens > settings.max_tokens:
         raise APIError(400, f"max_tokens={max_tokens} exceeds this service's limit of {settings.max_tokens} "
                             "(--max-tokens)", code="invalid_value", param="max_tokens")
+    pick = lambda value, default: default if value is None else value  # noqa: E731
+    repeat_last_n = pick(body.repeat_last_n, DEFAULTS.repeat_last_n)
     params = SamplingParams(
         max_tokens=max_tokens or settings.max_tokens,
-        temperature=OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else float(body.temperature),
-        top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else float(body.top_p), seed=body.seed,
-        stop=body.stop_strings(), ignore_eos=body.ignore_eos)
+        temperature=float(pick(body.temperature, DEFAULTS.temperature)),
+        top_k=pick(body.top_k, DEFAULTS.top_k), top_p=float(pick(body.top_p, DEFAULTS.top_p)),
+        min_p=float(pick(body.min_p, DEFAULTS.min_p)), seed=body.seed, stop=body.stop_strings(),
+        ignore_eos=body.ignore_eos, repeat_penalty=float(pick(body.repeat_penalty, DEFAULTS.repeat_penalty)),
+        repeat_last_n=n_ctx if repeat_last_n == -1 else repeat_last_n,
+        presence_penalty=float(body.presence_penalty or 0.0), frequency_penalty=float(body.frequency_penalty or 0.0),
+        logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
+        n_logprobs=body.n_logprobs())
     try:
         return params.validated()
     except HomepdError as exc:
         raise from_homepd_error(exc) from None
 
 
-async def _respond(service, request: Request, shape: Shape, stream, model: str, created: int, request_class: str):
+@dataclass
+class Reply:
+    """One request's reply as it comes: events in, OpenAI pieces out (chat deltas, text, log-probabilities)."""
+    service: object
+    shape: Shape
+    stream: object
+    plan: RequestPlan
+    model: str
+    created: int
+    ignored: list[str]
+    parser: object = None
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, dict] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    final: object = None       # the parser's Reply, once flushed
+
+    def __post_init__(self):
+        self.parser = self.plan.parser()
+
+    def feed(self, text: str, t_s: float) -> list[dict]:
+        """The chat deltas (or completion texts) of ``text``; notes the first answer token's time."""
+        if self.parser is None:
+            if text:
+                self._answered(t_s)
+                self.content.append(text)
+            return [{"content": text}] if text else []
+        return [self._delta(d, t_s) for d in self.parser.feed(text)]
+
+    def flush(self, t_s: float) -> list[dict]:
+        """What the parser still held at the end (a cut call becomes content)."""
+        if self.parser is None:
+            return []
+        deltas = [self._delta(d, t_s) for d in self.parser.flush()]
+        self.final = self.parser.finish()
+        return deltas
+
+    def _delta(self, d, t_s: float) -> dict:
+        if d.kind is DeltaKind.REASONING:
+            self.reasoning.append(d.text)
+            return {"reasoning_content": d.text}
+        self._answered(t_s)
+        if d.kind is DeltaKind.CONTENT:
+            self.content.append(d.text)
+            return {"content": d.text}
+        if d.kind is DeltaKind.TOOL_CALL_START:
+            self.calls[d.index] = {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+            return {"tool_calls": [{"index": d.index, "id": d.id, "type": "function",
+                                    "function": {"name": d.name, "arguments": ""}}]}
+        self.calls[d.index]["function"]["arguments"] += d.text
+        return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
+
+    def _answered(self, t_s: float) -> None:
+        lc = self.stream.lifecycle
+        if lc.first_answer_s is None:
+            lc.first_answer_s = t_s
+
+    @property
+    def tool_calls(self) -> tuple:
+        """The reply's complete tool calls (a call cut short, or malformed, is content instead)."""
+        return self.final.tool_calls if self.final is not None else ()
+
+    def finish_reason(self, reason: str) -> str:
+        return "tool_calls" if self.tool_calls and reason == "stop" else reason
+
+    def message(self) -> dict:
+        """The whole chat message."""
+        if self.final is None:
+            return {"role": "assistant", "content": "".join(self.content)}
+        r = self.final
+        text = r.content or ""
+        out: dict = {"role": "assistant", "content": None if r.tool_calls and not text.strip() else text}
+        if r.reasoning:
+            out["reasoning_content"] = r.reasoning
+        if r.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
+                                 for c in r.tool_calls]
+        return out
+
+    def homepd(self) -> dict:
+        return {**timings(self.stream.lifecycle, self.service.config.mode),
+                **({"ignored_fields": self.ignored} if self.ignored else {})}
+
+
+async def _respond(reply: Reply, request: Request, request_class: str):
     """Collect the whole answer; cancel it if the client goes away first."""
+    service, stream = reply.service, reply.stream
     collecting = asyncio.ensure_future(stream.collect())
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({collecting, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not collecting.done():  # the client is gone: free its sequence now
             service.engine.cancel(stream.request_id)
-        events, text = await collecting
+        events, _ = await collecting
     finally:
         watcher.cancel()
+    try:
+        last = events[-1]
+        if last.kind == "error":
+            raise unavailable(f"the request failed: {last.error}", "worker_failed")
+        if last.finish_reason == "cancelled":
+            raise unavailable("the request was aborted: homepd is shutting down", "aborted")
+        for e in events:
+            reply.feed(e.text, e.t_s)
+            if e.logprob is not None:
+                reply.logprobs.append(e.logprob)
+        reply.flush(last.t_s)
+    finally:
         service.finished(stream.request_id, stream.lifecycle, request_class)
-    last = events[-1]
-    if last.kind == "error":
-        raise unavailable(f"the request failed: {last.error}", "worker_failed")
-    if last.finish_reason == "cancelled":
-        raise unavailable("the request was aborted: homepd is shutting down", "aborted")
-    lc = stream.lifecycle
+    choice: dict = {"index": 0}
+    if reply.shape.is_chat:
+        choice["message"] = reply.message()
+        choice["logprobs"] = chat_logprobs(reply.logprobs) if reply.plan.params.n_logprobs is not None else None
+    else:
+        choice["text"] = "".join(reply.content)
+        choice["logprobs"] = completion_logprobs(reply.logprobs) if reply.plan.params.n_logprobs is not None \
+            else None
+    choice["finish_reason"] = reply.finish_reason(last.finish_reason)
     return JSONResponse({
-        "id": stream.request_id, "object": shape.object, "created": created, "model": model,
-        "choices": [shape.choice(text, last.finish_reason, is_chunk=False)],
-        "usage": usage(lc), "homepd": timings(lc, service.config.mode)})
+        "id": stream.request_id, "object": reply.shape.object, "created": reply.created, "model": reply.model,
+        "choices": [choice], "usage": usage(stream.lifecycle), "homepd": reply.homepd()})
 
 
 async def _disconnected(request: Request) -> None:
@@ -143,37 +276,57 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _sse(service, shape: Shape, stream, model: str, created: int, usage_mode: str | None):
-    """The SSE body: a chunk per piece of text, a final chunk with the finish reason and timings, the usage
-    chunk when asked (``stream_options.include_usage``), then ``data: [DONE]``.  ``usage_mode``: None, "final"
+async def _sse(reply: Reply, usage_mode: str | None):
+    """The SSE body: a chunk per delta, a final chunk with the finish reason and timings, the usage chunk
+    when asked (``stream_options.include_usage``), then ``data: [DONE]``.  ``usage_mode``: None, "final"
     (``usage`` null on every chunk but the last) or "continuous" (the usage so far on every chunk)."""
+    shape, stream = reply.shape, reply.stream
     n_out = 0
+    wants_logprobs = reply.plan.params.n_logprobs is not None
 
     def chunk(choices: list, **extra) -> bytes:
         so_far = usage(stream.lifecycle, n_out)
-        body = {"id": stream.request_id, "object": shape.chunk_object, "created": created, "model": model,
-                "choices": choices, **({"usage": so_far if usage_mode == "continuous" else None} if usage_mode else {}),
-                **extra}
+        body = {"id": stream.request_id, "object": shape.chunk_object, "created": reply.created,
+                "model": reply.model, "choices": choices,
+                **({"usage": so_far if usage_mode == "continuous" else None} if usage_mode else {}), **extra}
         return format_sse_event(data_str=json.dumps(body, ensure_ascii=False))
+
+    def piece(delta: dict | None, finish_reason: str | None = None, logprob: TokenLogprob | None = None) -> dict:
+        out: dict = {"index": 0}
+        if shape.is_chat:
+            out["delta"] = delta or {}
+            out["logprobs"] = chat_logprobs([logprob]) if logprob is not None else None
+        else:
+            out["text"] = (delta or {}).get("content", "")
+            out["logprobs"] = completion_logprobs([logprob]) if logprob is not None else None
+        out["finish_reason"] = finish_reason
+        return out
 
     if shape.is_chat:
         yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])
     async for event in stream:
         n_out += event.kind == "token"
-        if event.text:
-            yield chunk([shape.choice(event.text, None, is_chunk=True)])
+        deltas = reply.feed(event.text, event.t_s)
+        logprob = event.logprob if wants_logprobs else None
         if event.kind == "done" and event.finish_reason != "cancelled":
-            lc = stream.lifecycle
-            yield chunk([shape.choice(None if shape.is_chat else "", event.finish_reason, is_chunk=True)],
-                        homepd=timings(lc, service.config.mode))
+            deltas += reply.flush(event.t_s)
+        for i, delta in enumerate(deltas):
+            yield chunk([piece(delta, logprob=logprob if i == 0 else None)])
+        if logprob is not None and not deltas:
+            yield chunk([piece(None, logprob=logprob)])
+        if event.kind == "done" and event.finish_reason != "cancelled":
+            yield chunk([piece(None, reply.finish_reason(event.finish_reason))], homepd=reply.homepd())
             if usage_mode:
-                yield chunk([], usage=usage(lc))
-        elif event.kind != "token":
+                yield chunk([], usage=usage(stream.lifecycle))
+        elif event.kind not in ("token", "done"):
             why = event.error or "aborted: homepd is shutting down"
             yield format_sse_event(data_str=json.dumps(APIError(
                 503, f"the request failed: {why}", UNAVAILABLE, "worker_failed" if event.error else "aborted"
             ).body()))
+        elif event.kind == "done":
+            yield format_sse_event(data_str=json.dumps(APIError(
+                503, "the request failed: aborted: homepd is shutting down", UNAVAILABLE, "aborted").body()))
     yield format_sse_event(data_str="[DONE]")
 
 
@@ -200,6 +353,29 @@ class EngineEventStream(EventSourceResponse):
                 self.service.finished(self.stream.request_id, self.stream.lifecycle, self.request_class)
 
 
+def _token_entry(piece: bytes, logprob: float) -> dict:
+    return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(piece)}
+
+
+def chat_logprobs(logprobs: list[TokenLogprob]) -> dict:
+    """OpenAI chat's ``choices[].logprobs``: one entry per token, with its ``top_logprobs``."""
+    return {"content": [{**_token_entry(lp.piece, lp.logprob),
+                         "top_logprobs": [_token_entry(p, v) for _, p, v in lp.top]} for lp in logprobs],
+            "refusal": None}
+
+
+def completion_logprobs(logprobs: list[TokenLogprob], offset: int = 0) -> dict:
+    """The legacy completions ``logprobs``: tokens, their logprobs, the top ones as {token: logprob}, offsets."""
+    tokens = [lp.piece.decode("utf-8", errors="replace") for lp in logprobs]
+    offsets, at = [], offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{p.decode("utf-8", errors="replace"): v for _, p, v in lp.top} for lp in logprobs],
+            "text_offset": offsets}
+
+
 def usage(lc: Lifecycle, n_out: int | None = None) -> dict:
     """OpenAI's ``usage``, with ``prompt_tokens_details.cached_tokens``: the prompt tokens served from a reused
     prefix (OpenAI's and llama-server's field; 0 when nothing was reused).  ``n_out``: the completion tokens so
@@ -211,6 +387,6 @@ def usage(lc: Lifecycle, n_out: int | None = None) -> dict:
 
 
 def timings(lc: Lifecycle, mode: str) -> dict:
-    """The ``homepd`` object: the mode that served the request and its ``RequestTimings`` (one shape with
-    ``Lifecycle.to_dict`` and the app)."""
-    return {"mode": mode, **lc.timings().to_dict()}
+    """The ``homepd`` object: the mode that served the request, its ``RequestTimings`` (one shape with
+    ``Lifecycle.to_dict`` and the app) and the time to its first answer token (``ttfa_s``: past any reasoning)."""
+    return {"mode": mode, **lc.timings().to_dict(), "ttfa_s": lc.ttfa_s}

@@ -48,6 +48,12 @@ class ServiceMetrics:
                                 registry=r)
         self.rejected = Counter("homepd_requests_rejected", "Requests refused before the engine, by error code",
                                 ["code"], registry=r)
+        self.ignored_fields = Counter("homepd_ignored_fields", "Request fields homepd does not know, accepted and "
+                                      "ignored, by name (the first 64 names; later ones count as 'other')",
+                                      ["field"], registry=r)
+        self.ttfa_s = Histogram("homepd_time_to_first_answer_seconds", "Arrival to the first token of the answer, "
+                                "past any reasoning (what a user of a thinking model waits for)", registry=r,
+                                buckets=LATENCY_BUCKETS_S)
         self.kv_bytes = Counter("homepd_kv_transfer_bytes", "KV bytes handed prefill -> decode", registry=r)
         self.kv_transfer_s = Counter("homepd_kv_transfer_seconds", "Prompt done -> KV imported", registry=r)
         self.kv_context_full = Counter(
@@ -64,6 +70,8 @@ class ServiceMetrics:
         self.generation_tokens.inc(len(lc.token_times_s))
         if lc.ttft_s is not None:
             self.ttft_s.observe(lc.ttft_s)
+        if lc.ttfa_s is not None:
+            self.ttfa_s.observe(lc.ttfa_s)
         for gap in lc.itl_s:
             self.itl_s.observe(gap)
         if lc.ended_s is not None:

@@ -6,16 +6,17 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 
 from homepd.serve.errors import APIError
-from homepd.serve.generation import complete
+from homepd.serve.generation import DEFAULTS, complete
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
 from homepd.serve.settings import REQUEST_CLASSES
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 CLASS_HEADER = "X-Homepd-Class"
 ERROR_RESPONSES = {code: {"description": why} for code, why in (
-    (400, "malformed JSON, an unknown or unsupported field, a value out of range, a prompt longer than the context "
-          "(exceed_context_size_error)"),
-    (401, "missing or wrong API key"), (404, "model not served here"), (413, "prompt over --max-prompt-bytes"),
+    (400, "malformed JSON, a known field of the wrong type or out of range, an unknown field with "
+          "--strict-fields, a schema or grammar that cannot be enforced, a media part for a text-only model "
+          "(model_not_multimodal), a prompt longer than the context (exceed_context_size_error)"),
+    (401, "missing or wrong API key"), (404, "model not served here (--strict-model-name only)"), (413, "prompt over --max-prompt-bytes"),
     (503, "not ready, draining, queue full, a worker restarting, or rejected early by admission: predicted to "
           "miss its class's TTFT budget (Retry-After)"))}
 
@@ -56,5 +57,6 @@ async def models(request: Request):
     """The one model this service serves (under its catalog name and its file name)."""
     service = request.app.state.service
     return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd"}
+        {"id": name, "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd",
+         "meta": {"sampling_defaults": DEFAULTS.to_dict(), "multimodal": False}}
         for name in service.served_model_ids]}

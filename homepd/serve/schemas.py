@@ -36,6 +36,8 @@ def _unicode_text(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_unicode_text)]
 NonEmpty = Annotated[Text, Field(min_length=1)]
+MAX_STOP_CHARS = 1024  # a stop string is held back as it may be starting: its length bounds every token's cost
+StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class _Lenient(BaseModel):
@@ -95,10 +97,6 @@ class Message(_Lenient):
             raise ValueError("a 'tool' message needs the tool_call_id of the call it answers")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only an assistant message carries tool_calls")
-        if self.role != "assistant" and self.content is None:
-            raise ValueError(f"a '{self.role}' message needs content")
-        if self.role == "assistant" and self.content is None and not self.tool_calls:
-            raise ValueError("an assistant message needs content or tool_calls")
         return self
 
     def text(self) -> str | None:
@@ -146,7 +144,7 @@ class _Sampling(_Lenient):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]; -100 bans")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: Union[NonEmpty, list[NonEmpty], None] = None
+    stop: Union[StopText, list[StopText], None] = None
     n: int | None = Field(None, description="only 1")
     stream: bool = False
     stream_options: StreamOptions | None = None

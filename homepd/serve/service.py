@@ -26,7 +26,8 @@ from homepd.engine.topology import topology_for
 from homepd.measure.stepstream import StepSample, StepSampler, TokenGaps
 from homepd.measure.trace.traffic import Route
 from homepd.launch import config_origin
-from homepd.serve.errors import unavailable
+from homepd.serve.errors import APIError, unavailable
+from homepd.serve.generation import DEFAULTS
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.settings import ServeSettings
 from homepd.serve.systemd import Notifier
@@ -36,6 +37,7 @@ log = logging.getLogger("homepd.serve")
 WATCH_PERIOD_S = 1.0         # how often the engine's health is checked (and the watchdog pinged, at the latest)
 RECENT_REQUESTS = 50         # finished requests kept for /status
 SUBSCRIBER_QUEUE = 1000      # events buffered per /events client; a slower client misses events, and is told
+MAX_IGNORED_NAMES = 64      # unknown field names counted under their own label (a client cannot grow /metrics)
 SWITCH_START_S = 120.0       # a request that waits for a switch waits the drain and this long for the new engine
 
 
@@ -59,7 +61,8 @@ class Service:
         self.failure: str | None = None
         self.exit_code = 0
         self.started_s, self.started_wall_s = time.monotonic(), time.time()
-        self.served_model_ids: tuple[str, ...] = (config.model,)
+        self.served_model_ids: tuple[str, ...] = tuple(dict.fromkeys((config.model, *settings.served_model_names)))
+        self._ignored_seen: set[str] = set()  # field names logged once and counted under their own label
         self.metrics = ServiceMetrics(self)
         self.in_flight: dict[str, str] = {}           # request id -> request class, admitted and not finished
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
@@ -101,7 +104,8 @@ class Service:
             self.notifier.status(f"loading {self.config.model}")
             setup = await asyncio.to_thread(prepare, self.config, pull=False, progress=False)
             model_file = os.path.basename(setup.model_path)
-            self.served_model_ids = tuple(dict.fromkeys((self.config.model, os.path.splitext(model_file)[0])))
+            self.served_model_ids = tuple(dict.fromkeys((self.config.model, os.path.splitext(model_file)[0],
+                                                         *self.settings.served_model_names)))
             if self.sampler is not None:
                 self.sampler.register_process(os.getpid(), "controller")
             self.engine = self.new_engine(self.config, setup)
@@ -202,6 +206,20 @@ class Service:
             raise unavailable(reason[1], reason[0], retry_after_s=retry_s)
         self.in_flight[request_id] = request_class
         self._idle.clear()
+
+    def ignored_fields(self, names: list[str]) -> list[str]:
+        """The unknown fields of a request: a 400 with ``--strict-fields``, else counted, logged once per name,
+        and returned for the response's ``homepd.ignored_fields``."""
+        if names and self.settings.strict_fields:
+            raise APIError(400, f"{', '.join(names[:5])}: unsupported field (homepd does not implement it; remove "
+                                "it, or run without --strict-fields)", code="unsupported_field", param=names[0])
+        for name in names:
+            name = name[:64]
+            if name not in self._ignored_seen and len(self._ignored_seen) < MAX_IGNORED_NAMES:
+                self._ignored_seen.add(name)
+                log.info("homepd: ignoring request field %r (not implemented; listed in homepd.ignored_fields)", name)
+            self.metrics.ignored_fields.labels(name if name in self._ignored_seen else "other").inc()
+        return names
 
     def note_arrival(self, stream, route: Route, max_tokens: int, prompt: str | None, messages: list | None) -> None:
         """A request reached the engine: its shape goes to the traffic recording (when on)."""
@@ -305,6 +323,7 @@ class Service:
         return {
             "state": self.state, "ready": self.is_ready, "failure": self.failure,
             "uptime_s": time.monotonic() - self.started_s, "models": list(self.served_model_ids),
+            "sampling_defaults": DEFAULTS.to_dict(),
             "configuration": self.origin.to_dict(),
             "admission": {"in_flight": len(self.in_flight), "capacity": self.capacity,
                           "max_queue": self.settings.max_queue,

@@ -40,6 +40,17 @@ def parse_durations(text: str) -> tuple[float, ...]:
     return tuple(parse_seconds(part) for part in str(text).split(",") if part.strip())
 
 
+class _AddNames(argparse.Action):
+    """A repeatable flag of comma-separated names: the first use replaces the default (the environment's or
+    the config file's), later ones add to it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = getattr(namespace, f"_{self.dest}_given", False)
+        before = tuple(getattr(namespace, self.dest) or ()) if seen else ()
+        setattr(namespace, self.dest, tuple(dict.fromkeys((*before, *values))))
+        setattr(namespace, f"_{self.dest}_given", True)
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     host: str = field(default="127.0.0.1", metadata=_opt(
@@ -67,6 +78,18 @@ class ServeSettings:
         "allowed-hosts", parse_origins, "comma-separated Host names the service answers to besides loopback "
                                         "ones; without an API key only these and loopback names are answered "
                                         "(a guard against DNS rebinding)"))
+    strict_fields: bool = field(default=False, metadata=_opt(
+        "strict-fields", parse_bool, "refuse a request with a field homepd does not know (400 unsupported_field) "
+                                     "instead of ignoring it and listing it in the response's homepd.ignored_fields",
+        action=argparse.BooleanOptionalAction))
+    strict_model_name: bool = field(default=False, metadata=_opt(
+        "strict-model-name", parse_bool, "answer 404 to a request whose model is not one of /v1/models' ids "
+                                         "(default: this one-model service serves any name, as llama-server does)",
+        action=argparse.BooleanOptionalAction))
+    served_model_names: tuple[str, ...] = field(default=(), metadata=_opt(
+        "served-model-name", parse_origins, "another id for the model in /v1/models (repeatable, or "
+                                            "comma-separated: gpt-4o-mini,llama3 for clients that insist on a name)",
+        action=_AddNames))
     max_messages: int = field(default=2048, metadata=_opt(
         "max-messages", int, "most messages in one chat request; more is 413"))
     header_timeout_s: float = field(default=10.0, metadata=_opt(

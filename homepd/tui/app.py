@@ -24,6 +24,7 @@ from homepd.tui.screens.dashboard import DashboardScreen
 from homepd.tui.screens.help import HelpScreen
 from homepd.tui.screens.history import HistoryScreen
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource
+from homepd.tui.sources.chatrequest import DEMO_TOOL
 from homepd.tui.state import AppState, ChatTurn
 from homepd.tui.widgets.text import num
 
@@ -129,11 +130,21 @@ class HomepdApp(App):
             return
         history = self.state.chat_messages()
         self.state.turns.append(ChatTurn(text))
-        self.jobs.chat(len(self.state.turns) - 1, history + [{"role": "user", "content": text}])
+        self.jobs.chat(len(self.state.turns) - 1, history + [{"role": "user", "content": text}],
+                       offer_tool=self.state.offer_tool)
         self._tell("chat")
 
     def on_chat_delta(self, message: m.ChatDelta) -> None:
-        self.state.turns[message.turn].reply += message.text
+        turn = self.state.turns[message.turn]
+        for delta in message.deltas:
+            turn.add(delta)
+        self._tell("chat")
+
+    def action_toggle_tool(self) -> None:
+        """Offer the demo tool (get_current_time) with the next chat requests, or stop offering it."""
+        self.state.offer_tool = not self.state.offer_tool
+        self.notify(f"chat requests {'offer' if self.state.offer_tool else 'no longer offer'} the "
+                    f"{DEMO_TOOL.name} tool")
         self._tell("chat")
 
     def on_chat_finished(self, message: m.ChatFinished) -> None:

@@ -2,24 +2,39 @@
 
 The app's event loop never waits on the data source: ``Jobs`` starts a worker
 per call and the worker posts the outcome (``homepd.tui.messages``) to the
-app, or to the screen that asked.  Chat text is coalesced (one message every
-``CHAT_FLUSH_S`` at most) and dashboard ticks never overlap (a tick still
-running when the next is due is skipped).
+app, or to the screen that asked.  Chat pieces are coalesced (one message every
+``CHAT_FLUSH_S`` at most, each run of one part joined) and dashboard ticks never
+overlap (a tick still running when the next is due is skipped).
 """
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Callable
 
 from textual.message_pump import MessagePump
 
+from homepd.core.chatformat import Delta, DeltaKind
 from homepd.errors import HomepdError
 from homepd.tui import messages as m
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource
 
 CHAT_FLUSH_S = 0.05
+
+
+def coalesce(deltas: list[Delta]) -> tuple[Delta, ...]:
+    """The pieces in order, each run of the same part (of the same call) joined into one."""
+    out: list[Delta] = []
+    for delta in deltas:
+        last = out[-1] if out else None
+        if last is not None and delta.kind is last.kind and delta.index == last.index \
+                and delta.kind is not DeltaKind.TOOL_CALL_START:
+            out[-1] = replace(last, text=last.text + delta.text)
+        else:
+            out.append(delta)
+    return tuple(out)
 
 
 def error_text(exc: BaseException) -> str:
@@ -72,25 +87,26 @@ class Jobs:
         self._run(self.source.stop, "stop")
 
     # chat ---------------------------------------------------------------------------------------
-    def chat(self, turn: int, messages: list[dict]) -> None:
+    def chat(self, turn: int, messages: list[dict], offer_tool: bool = False) -> None:
         def work() -> None:
-            pending, last = [], [time.monotonic()]
+            pending: list[Delta] = []
+            last = [time.monotonic()]
 
-            def on_text(text: str) -> None:
-                pending.append(text)
+            def on_delta(delta: Delta) -> None:
+                pending.append(delta)
                 now = time.monotonic()
                 if now - last[0] >= CHAT_FLUSH_S:
                     last[0] = now
-                    self._post(m.ChatDelta(turn, "".join(pending)))
+                    self._post(m.ChatDelta(turn, coalesce(pending)))
                     pending.clear()
             try:
-                stats = self.source.chat(messages, on_text, max_tokens=self.chat_max_tokens)
+                stats = self.source.chat(messages, on_delta, max_tokens=self.chat_max_tokens, offer_tool=offer_tool)
             except Exception as exc:
                 stats, error = None, error_text(exc)
             else:
                 error = None
             if pending:
-                self._post(m.ChatDelta(turn, "".join(pending)))
+                self._post(m.ChatDelta(turn, coalesce(pending)))
             self._post(m.ChatFinished(turn, stats) if stats else m.ChatFinished(turn, None, error))
         self._run(work, "chat")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
+from homepd.core.chatformat import Delta
 from homepd.tui.liveadvice import AdviceView
 from homepd.tui.records import AdviseStep, AdviseView, ChatStats, Tick
 
@@ -44,11 +45,12 @@ class TickArrived(Message):
 
 
 class ChatDelta(Message):
-    """Reply text streamed since the previous delta (coalesced: at most one every ~50 ms)."""
+    """The pieces of a reply streamed since the previous message (at most one every ~50 ms), in order, each
+    saying which part it belongs to (``Delta.kind``: content, reasoning, a tool call's start or arguments)."""
 
-    def __init__(self, turn: int, text: str) -> None:
+    def __init__(self, turn: int, deltas: tuple[Delta, ...]) -> None:
         super().__init__()
-        self.turn, self.text = turn, text
+        self.turn, self.deltas = turn, deltas
 
 
 class ChatFinished(Message):

@@ -7,25 +7,55 @@ Textual.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from homepd.core.chatformat import Delta, DeltaKind, ToolCall
 from homepd.tui.liveadvice import AdviceView
 from homepd.tui.records import AdviseStep, AdviseView, ChartPoint, ChatStats, RequestRow, Tick
 
 CHART_POINTS = 600      # 5 minutes at two ticks a second
 RECENT_REQUESTS = 50
+# what a later turn tells the model of a call it made: the tester shows calls, it does not run them
+NOT_RUN = '{"error": "not run: the chat tester shows tool calls without running them"}'
 
 
 @dataclass
 class ChatTurn:
+    """One question and its reply, kept in its three parts: the reasoning (a thinking model's), the content
+    (``reply``) and the tool calls, by their index in the stream."""
     user: str
     reply: str = ""
     stats: ChatStats | None = None
     error: str | None = None
+    reasoning: str = ""
+    tool_calls: dict[int, ToolCall] = field(default_factory=dict)
 
     @property
     def is_done(self) -> bool:
         return self.stats is not None or self.error is not None
+
+    def add(self, delta: Delta) -> None:
+        """Take one streamed piece of the reply (arguments for a call not started are dropped)."""
+        if delta.kind is DeltaKind.CONTENT:
+            self.reply += delta.text
+        elif delta.kind is DeltaKind.REASONING:
+            self.reasoning += delta.text
+        elif delta.kind is DeltaKind.TOOL_CALL_START:
+            self.tool_calls[delta.index] = ToolCall(delta.id or f"call_{delta.index}", delta.name or "?", "")
+        elif delta.index in self.tool_calls:
+            call = self.tool_calls[delta.index]
+            self.tool_calls[delta.index] = replace(call, arguments=call.arguments + delta.text)
+
+    def messages(self) -> list[dict]:
+        """The turn as chat history: the question, the answer (its calls with it, each followed by a tool
+        message saying it was not run; the reasoning is not sent back)."""
+        answer: dict = {"role": "assistant", "content": self.reply}
+        calls = list(self.tool_calls.values())
+        if calls:
+            answer["tool_calls"] = [{"id": c.id, "type": "function",
+                                     "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        return [{"role": "user", "content": self.user}, answer,
+                *({"role": "tool", "tool_call_id": c.id, "content": NOT_RUN} for c in calls)]
 
 
 @dataclass
@@ -40,6 +70,7 @@ class AppState:
     points: deque[ChartPoint] = field(default_factory=lambda: deque(maxlen=CHART_POINTS))
     requests: deque[RequestRow] = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
     turns: list[ChatTurn] = field(default_factory=list)
+    offer_tool: bool = False                                  # chat requests offer the demo tool (ctrl+o)
     n_background: int = 0                                     # background prompts in flight
     last_background: ChatStats | None = None
     advise_running: bool = False
@@ -68,8 +99,4 @@ class AppState:
 
     def chat_messages(self) -> list[dict]:
         """The conversation so far as chat messages (turns that failed are left out)."""
-        out = []
-        for turn in self.turns:
-            if turn.error is None and turn.is_done:
-                out += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.reply}]
-        return out
+        return [m for turn in self.turns if turn.error is None and turn.is_done for m in turn.messages()]

@@ -104,7 +104,7 @@ def test_the_remote_source_follows_a_running_service(default_model_path, tmp_pat
         assert source.wait_live(30)
         pieces: list[str] = []
         stats = source.chat([{"role": "user", "content": "Say hello."}], pieces.append, max_tokens=6)
-        assert "".join(pieces) and stats.ttft_ms > 0 and stats.n_output_tokens >= 1
+        assert "".join(p.text for p in pieces) and stats.ttft_ms > 0 and stats.n_output_tokens >= 1
         assert stats.mode == "colocated" and stats.finish_reason in ("stop", "length")
         tick = source.tick()
         assert tick.architecture.mode == "colocated" and tick.architecture.workers[0].alive

@@ -8,6 +8,7 @@ import pytest
 from textual.widgets import DataTable, Input, ProgressBar, Static
 
 from homepd.config import EngineConfig
+from homepd.core.chatformat import ToolCall
 from homepd.errors import HomepdError
 from homepd.tui.app import HomepdApp
 from homepd.tui.messages import PullProgress
@@ -74,7 +75,7 @@ async def test_chat_streams_replies_keeps_the_conversation_and_shows_the_figures
     source = FakeSource()
     seen: list[list[dict]] = []
     chat = source.chat
-    source.chat = lambda messages, on_text, **kw: (seen.append(messages), chat(messages, on_text, **kw))[1]
+    source.chat = lambda messages, on_delta, **kw: (seen.append(messages), chat(messages, on_delta, **kw))[1]
     app = HomepdApp(source, tick_interval_s=None)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(app, pilot)
@@ -93,6 +94,36 @@ async def test_chat_streams_replies_keeps_the_conversation_and_shows_the_figures
         assert seen[1] == [{"role": "user", "content": "hello"},
                            {"role": "assistant", "content": "You said: hello. This is turn 1."},
                            {"role": "user", "content": "again"}]
+
+
+async def test_a_reply_keeps_its_reasoning_answer_and_tool_call_apart_and_shows_each():
+    source = FakeSource(thinking=True)
+    seen: list[list[dict]] = []
+    chat = source.chat
+    source.chat = lambda messages, on_delta, **kw: (seen.append(messages), chat(messages, on_delta, **kw))[1]
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("c", "ctrl+o")                 # offer the demo tool (the text field keeps focus)
+        assert app.state.offer_tool and app.screen.query_one(Input).has_focus
+        assert "offering the get_current_time tool" in text_of(app.screen.query_one("#chat-status", Static))
+        await pilot.press(*"what time is it?", "enter")
+        await settle(app, pilot)
+        turn = app.state.turns[0]
+        assert turn.reasoning == "The user wrote: what time is it?\nI repeat it back."
+        assert turn.reply == "You said: what time is it?. This is turn 1."
+        assert list(turn.tool_calls.values()) == [ToolCall("call_fake0", "get_current_time", '{"timezone": "UTC"}')]
+        shown = text_of(app.screen.query("#chat-log Static").first())
+        assert shown.index("thinking") < shown.index("I repeat it back.") < shown.index("You said") \
+            < shown.index('→ get_current_time({"timezone": "UTC"})') < shown.index("TTFT 120 ms")
+        await pilot.press("ctrl+o")                      # off again: the next request offers nothing
+        await pilot.press(*"thanks", "enter")
+        await settle(app, pilot)
+        assert source.offered_tool == [True, False] and app.state.turns[1].tool_calls == {}
+        # the call goes back with the history, with a tool message saying it was not run
+        assert [m["role"] for m in seen[1]] == ["user", "assistant", "tool", "user"]
+        assert seen[1][1]["tool_calls"][0]["function"]["name"] == "get_current_time"
+        assert "thinking" not in str(seen[1])            # the reasoning is not sent back
 
 
 async def test_keys_are_handled_while_a_long_prompt_is_in_flight():

@@ -11,10 +11,13 @@ import pytest
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import PrefixCacheStats, StepRecord
-from homepd.core.records import EngineSnapshot, WorkerSnapshot
+from homepd.core.chatformat import Delta, DeltaKind, ToolCall
+from homepd.core.records import EngineSnapshot, RecordShapeError, WorkerSnapshot
 from homepd.errors import HomepdError
 from homepd.measure.stepstream import StepSample, TokenGaps
+from homepd.tui.sources.chatrequest import chunk_deltas
 from homepd.tui.sources.remote import RemoteSource, find_service, iter_sse, service_address
+from homepd.tui.state import ChatTurn
 
 pytestmark = pytest.mark.timeout(30)
 KEY = "secret-key-123"
@@ -47,6 +50,7 @@ def finished(request_id: str, ttft_s: float, n_tokens: int, n_cached: int = 0) -
 
 RENAME: dict = {}   # a test sets {"old": "new"} for a field of the engine snapshot the service sends
 EVENTS: list = []   # a test sets the (name, data) events /events sends before its snapshot
+CHAT_BODIES: list = []  # the chat requests the service received
 ADVICE: dict | None = None  # a test sets the standing advice GET /advice returns (None: 404, as --no-advice)
 
 
@@ -84,13 +88,23 @@ def service(request: httpx.Request) -> httpx.Response:
                               headers={"content-type": "text/event-stream"})
     if request.url.path == "/v1/chat/completions":
         body = json.loads(request.content)
+        CHAT_BODIES.append(body)
         assert body["stream"] and body["model"] == "smollm2-135m-instruct-q4_1"
         chunk = lambda choice, **kw: json.dumps({"choices": [choice], **kw})  # noqa: E731
+        delta = lambda **d: (None, chunk({"delta": d, "finish_reason": None}))  # noqa: E731
+        if body.get("tools"):  # a thinking model that calls the tool, as homepd serve streams it
+            call = {"index": 0, "id": "call_abc", "type": "function",
+                    "function": {"name": "get_current_time", "arguments": ""}}
+            pieces = [delta(role="assistant", content=""), delta(reasoning_content="The user wants "),
+                      delta(reasoning_content="the time."), delta(content="Checking."), delta(tool_calls=[call]),
+                      delta(tool_calls=[{"index": 0, "function": {"arguments": '{"timezone":'}}]),
+                      delta(tool_calls=[{"index": 0, "function": {"arguments": '"UTC"}'}}])]
+            finish = "tool_calls"
+        else:
+            pieces, finish = [delta(role="assistant", content=""), delta(content="Hel"), delta(content="lo")], "stop"
         return httpx.Response(200, content=sse(
-            (None, chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})),
-            (None, chunk({"delta": {"content": "Hel"}, "finish_reason": None})),
-            (None, chunk({"delta": {"content": "lo"}, "finish_reason": None})),
-            (None, chunk({"delta": {}, "finish_reason": "stop"},  # homepd serve's homepd object
+            *pieces,
+            (None, chunk({"delta": {}, "finish_reason": finish},  # homepd serve's homepd object
                          homepd={"mode": "colocated", **finished("chatcmpl-2", 0.12, 2, n_cached=6).timings().to_dict()})),
             (None, "[DONE]")), headers={"content-type": "text/event-stream"})
     return httpx.Response(404)
@@ -184,15 +198,44 @@ def test_a_chat_turn_streams_and_carries_the_service_timings():
     source = make()
     try:
         source.start(lambda message: None)
-        pieces: list[str] = []
+        pieces: list[Delta] = []
         stats = source.chat([{"role": "user", "content": "hi"}], pieces.append, max_tokens=8)
-        assert "".join(pieces) == "Hello" and pieces == ["Hel", "lo"]
+        assert pieces == [Delta(DeltaKind.CONTENT, "Hel"), Delta(DeltaKind.CONTENT, "lo")]
+        assert "tools" not in CHAT_BODIES[-1]
         assert (stats.ttft_ms, round(stats.tpot_ms), stats.mode, stats.finish_reason) == \
             (pytest.approx(120.0), 50, "colocated", "stop")
         assert (stats.n_prompt_tokens, stats.n_output_tokens, stats.kv_bytes) == (9, 2, None)
         assert stats.n_cached_tokens == 6  # from the reply's homepd object
     finally:
         source.stop()
+
+
+def test_a_reply_s_reasoning_content_and_tool_call_fragments_come_apart():
+    source = make()
+    try:
+        source.start(lambda message: None)
+        turn = ChatTurn("what time is it?")
+        stats = source.chat([{"role": "user", "content": "what time is it?"}], turn.add, offer_tool=True)
+        body = CHAT_BODIES[-1]
+        assert [t["function"]["name"] for t in body["tools"]] == ["get_current_time"]
+        assert body["tool_choice"] == "auto"
+        assert body["tools"][0]["function"]["parameters"]["required"] == ["timezone"]
+        assert (turn.reasoning, turn.reply) == ("The user wants the time.", "Checking.")
+        assert turn.tool_calls == {0: ToolCall("call_abc", "get_current_time", '{"timezone":"UTC"}')}
+        assert stats.finish_reason == "tool_calls"
+    finally:
+        source.stop()
+
+
+def test_a_tool_call_fragment_starts_its_call_once_and_streams_its_arguments():
+    started: set[int] = set()
+    first = chunk_deltas({"tool_calls": [{"index": 1, "function": {"name": "f", "arguments": "{"}}]}, started)
+    assert first == [Delta(DeltaKind.TOOL_CALL_START, index=1, id="call_1", name="f"),
+                     Delta(DeltaKind.TOOL_CALL_ARGS, "{", index=1)]
+    assert chunk_deltas({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]}, started) == \
+        [Delta(DeltaKind.TOOL_CALL_ARGS, "}", index=1)]
+    with pytest.raises(RecordShapeError, match="no index"):
+        chunk_deltas({"tool_calls": [{"function": {"name": "f"}}]}, started)
 
 
 def test_a_renamed_snapshot_field_is_an_error_naming_it_not_a_dashboard_of_zeros(monkeypatch):

@@ -1,7 +1,7 @@
 """SVG snapshots of every screen at 80x24 and 120x40, drawn from the fake source's deterministic data.
 
-Update after an intended change with ``uv run pytest tests/unit/test_tui_snapshots.py --snapshot-update``
-and look at the SVGs (tests/unit/__snapshots__/test_tui_snapshots/) before committing them.
+Update after an intended change with ``uv run pytest tests/tui/test_tui_snapshots.py --snapshot-update``
+and look at the SVGs (tests/tui/__snapshots__/test_tui_snapshots/) before committing them.
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ async def quiet(app, pilot) -> None:
     await pilot.pause()
 
 
-def make_app(mode: str = "colocated") -> HomepdApp:
-    return HomepdApp(FakeSource(EngineConfig(backend="fake", mode=mode)), tick_interval_s=None)
+def make_app(mode: str = "colocated", **fake) -> HomepdApp:
+    return HomepdApp(FakeSource(EngineConfig(backend="fake", mode=mode), **fake), tick_interval_s=None)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -80,6 +80,16 @@ def test_chat_after_two_turns(snap_compare, size):
         await settle(pilot.app, pilot)
         await quiet(pilot.app, pilot)
     assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_chat_reply_with_reasoning_and_a_tool_call(snap_compare, size):
+    async def before(pilot):
+        await ready(pilot.app, pilot)
+        await pilot.press("c", "ctrl+o", *"what time is it?", "enter")
+        await settle(pilot.app, pilot)
+        await quiet(pilot.app, pilot)
+    assert snap_compare(make_app(thinking=True), terminal_size=size, run_before=before)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -1,6 +1,9 @@
-"""The chat tester: a conversation streamed from the engine, each reply with its TTFT, TPOT, architecture and
-KV handoff; ctrl+b fires a long background prompt, ctrl+t switches colocated / disaggregated."""
+"""The chat tester: a conversation streamed from the engine, each reply in its parts (reasoning, answer, tool
+calls) with its TTFT, TPOT, architecture and KV handoff; ctrl+b fires a long background prompt, ctrl+t switches
+colocated / disaggregated, ctrl+o offers a demo tool (get_current_time) with the requests."""
 from __future__ import annotations
+
+import json
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -8,10 +11,15 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
+from homepd.core.chatformat import ToolCall
 from homepd.tui.records import ChatStats
 from homepd.tui.screens.base import StateScreen
+from homepd.tui.sources.chatrequest import DEMO_TOOL
 from homepd.tui.state import AppState, ChatTurn
 from homepd.tui.widgets.text import num, size
+
+INDENT = " " * 5          # under the text after "you  " / "llm  "
+REASONING_LINES = 6       # a longer reasoning shows its last lines
 
 
 def stats_text(stats: ChatStats) -> Text:
@@ -30,14 +38,44 @@ def stats_text(stats: ChatStats) -> Text:
     return text
 
 
+def call_text(call: ToolCall) -> str:
+    """A tool call as one line: its name and its arguments (spaced out once they are complete JSON)."""
+    try:
+        arguments = json.dumps(json.loads(call.arguments), ensure_ascii=False)
+    except ValueError:
+        arguments = call.arguments  # still streaming, or not JSON: as the model wrote it
+    return f"→ {call.name}({arguments})"
+
+
 def turn_text(turn: ChatTurn) -> Text:
-    text = Text.assemble(("you  ", "bold"), turn.user, "\n", ("llm  ", "bold green"),
-                         turn.reply or ("…" if not turn.is_done else ""))
+    """A question and its reply: the reasoning under a "thinking" label (its last lines), the answer, each tool
+    call, then the figures."""
+    text = Text.assemble(("you  ", "bold"), turn.user, "\n", ("llm  ", "bold green"))
+    parts = 0
+    if turn.reasoning:
+        lines = turn.reasoning.splitlines()
+        text.append("thinking", style="dim bold")
+        if len(lines) > REASONING_LINES:
+            text.append(f" (last {REASONING_LINES} of {len(lines)} lines)", style="dim")
+        for line in lines[-REASONING_LINES:]:
+            text.append(f"\n{INDENT}")
+            text.append(line, style="dim italic")
+        parts += 1
+    if turn.reply:
+        text.append(f"\n{INDENT}" if parts else "")
+        text.append(turn.reply)
+        parts += 1
+    for call in turn.tool_calls.values():
+        text.append(f"\n{INDENT}" if parts else "")
+        text.append(call_text(call), style="bold yellow")
+        parts += 1
+    if not parts and not turn.is_done:
+        text.append("…")
     if turn.stats is not None:
-        text.append("\n     ")
+        text.append(f"\n{INDENT}")
         text.append_text(stats_text(turn.stats))
     if turn.error:
-        text.append(f"\n     error: {turn.error}", style="red")
+        text.append(f"\n{INDENT}error: {turn.error}", style="red")
     return text
 
 
@@ -45,6 +83,7 @@ class ChatScreen(StateScreen):
     BINDINGS = [
         Binding("ctrl+b", "app.background", "long prompt", priority=True),
         Binding("ctrl+t", "app.switch_mode", "switch arch", priority=True),
+        Binding("ctrl+o", "app.toggle_tool", "offer tool", priority=True),
         Binding("escape", "leave_input", "keys", show=False),
     ]
 
@@ -91,4 +130,6 @@ class ChatScreen(StateScreen):
             parts.append(f"last background: TTFT {num(b.ttft_ms)} ms, {b.n_prompt_tokens or '?'} prompt tok")
         if not state.can_switch_mode:
             parts.append("attached: the service's architecture is fixed")
+        if state.offer_tool:
+            parts.append(f"offering the {DEMO_TOOL.name} tool")
         return Text(" · ".join(parts), style="dim")

@@ -29,6 +29,7 @@ HELP = """\
   enter send   esc leave the text field
   ctrl+b a long background prompt: watch TTFT, ITL, interference
   ctrl+t switch colocated / disaggregated (the app's own engine)
+  ctrl+o offer a demo tool (get_current_time) on/off: see its calls
 [b]history[/b]
   enter open a run   r reload   esc back
 

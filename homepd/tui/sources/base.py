@@ -21,11 +21,12 @@ import threading
 from typing import Callable
 
 from homepd.config import EngineConfig
+from homepd.core.chatformat import Delta
 from homepd.errors import HomepdError
 from homepd.tui.records import AdviseView, ChatStats, RunListRow, Tick
 
 Emit = Callable[[object], object]
-OnText = Callable[[str], object]
+OnDelta = Callable[[Delta], object]   # a piece of a reply: content, reasoning or a tool call's
 CHAT_MAX_TOKENS = 256
 BACKGROUND_MAX_TOKENS = 48
 BACKGROUND_PROMPT_TOKENS = 1200   # capped at half the context
@@ -71,14 +72,17 @@ class DataSource(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
-        """Run one chat turn, calling ``on_text`` with each piece of the reply; return its figures."""
+    def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
+             offer_tool: bool = False) -> ChatStats:
+        """Run one chat turn, calling ``on_delta`` with each piece of the reply (``homepd.core.chatformat.Delta``:
+        content, reasoning, a tool call's start and its arguments); return its figures.  ``offer_tool``: the
+        request offers the demo tool (``chatrequest.DEMO_TOOL``), tool choice auto."""
 
     def background_prompt(self) -> ChatStats:
         """A long prompt that prefills while the chat runs (to feel and see the interference)."""
         self._n_background += 1
         n_tokens = min(BACKGROUND_PROMPT_TOKENS, self.config.n_ctx // 2)
-        return self.chat(self.fit_prompt(n_tokens, self._n_background), lambda text: None,
+        return self.chat(self.fit_prompt(n_tokens, self._n_background), lambda delta: None,
                          max_tokens=BACKGROUND_MAX_TOKENS)
 
     def fit_prompt(self, n_tokens: int, seed: int) -> list[dict]:

@@ -4,7 +4,10 @@ The engine runs on a loop thread of its own (``LoopThread``); the sampler on
 its thread.  ``tick`` copies what changed on the engine loop (a snapshot, the
 requests finished and the steps run since the previous tick) and derives the
 figures on the calling worker thread.  A missing catalog model is pulled at
-start, its progress read from the partial file's size.
+start, its progress read from the partial file's size.  A chat turn is built as
+``homepd serve`` builds one (``chatrequest.engine_chat``: the template's
+messages, the demo tool and its grammar when offered) and its text is split by
+the model's chat format into reasoning, content and tool calls as it streams.
 """
 from __future__ import annotations
 
@@ -18,13 +21,15 @@ from pathlib import Path
 
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
+from homepd.core.chatformat import Delta, DeltaKind
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
 from homepd.errors import EngineError
 from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui import derive
 from homepd.tui.records import ChatStats, Tick
-from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
+from homepd.tui.sources.chatrequest import EngineChat, engine_chat
 from homepd.tui.sources.loop import LoopThread
 from homepd.tui.stepwindow import StepWindow
 
@@ -176,24 +181,33 @@ class EmbeddedSource(DataSource):
         return self._advisor.evaluate() if self._advisor is not None else None
 
     # chat -------------------------------------------------------------------------------------
-    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
+    def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
+             offer_tool: bool = False) -> ChatStats:
         if self._loop is None:
             raise EngineError("the engine is not running")
-        return self._loop.call(self._chat(messages, on_text, max_tokens))
+        # why here, on the worker thread: the template's messages and the grammar are built off the engine loop
+        request = engine_chat(getattr(self.engine, "chat_format", None), messages, offer_tool)
+        return self._loop.call(self._chat(request, on_delta, max_tokens))
 
-    async def _chat(self, messages: list[dict], on_text: OnText, max_tokens: int) -> ChatStats:
+    async def _chat(self, request: EngineChat, on_delta: OnDelta, max_tokens: int) -> ChatStats:
         engine = self.engine
         if engine is None:
             raise EngineError("the engine is restarting; try again in a moment")
-        stream = await engine.submit(messages=messages, params=SamplingParams(max_tokens=max_tokens))
+        params = SamplingParams(max_tokens=max_tokens, grammar=request.grammar)
+        extras = {} if request.extras is None else {"chat": request.extras}  # why: an engine without chat formats
+        stream = await engine.submit(messages=request.messages, params=params, **extras)
+        parser = request.parser()
         finish = error = None
         async for event in stream:
             if event.text:
-                on_text(event.text)
+                for delta in parser.feed(event.text) if parser else (Delta(DeltaKind.CONTENT, event.text),):
+                    on_delta(delta)
             if event.kind == "done":
                 finish = event.finish_reason
             elif event.kind == "error":
                 error = event.error
+        for delta in parser.flush() if parser else ():
+            on_delta(delta)
         return derive.chat_stats(stream.lifecycle.timings(), engine.config.mode, finish, error)
 
     def fit_prompt(self, n_tokens: int, seed: int) -> list[dict]:

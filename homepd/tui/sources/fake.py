@@ -1,8 +1,10 @@
 """A deterministic data source for the app's tests and snapshots: no engine, no hardware, no store.
 
 Every figure is a pure function of a counter, so two runs draw the same
-screens.  ``hold()`` keeps chat, background prompts or advise runs in flight
-until ``release()``, to prove that the app stays responsive meanwhile.
+screens.  A chat reply echoes the question; with ``thinking`` it starts with
+reasoning, and when the demo tool is offered it ends with a call to it.
+``hold()`` keeps chat, background prompts or advise runs in flight until
+``release()``, to prove that the app stays responsive meanwhile.
 """
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import threading
 from homepd.advise.pictures import CapacityCurve, Latencies, Pictures
 from homepd.advise.twobox import HandoffSample, project
 from homepd.config import EngineConfig
+from homepd.core.chatformat import Delta, DeltaKind
 from homepd.core.modes import Mode, Role
 from homepd.tui.evidence import recommendation_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
                                 EvidenceRow, HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
-from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
 
 MIB = 2 ** 20
 GIB = 2 ** 30
@@ -69,8 +72,12 @@ def fake_pictures(title: str = "advise run 7") -> Pictures:
 class FakeSource(DataSource):
     can_switch_mode = True
 
-    def __init__(self, config: EngineConfig | None = None, *, gpus: bool = False, pictures: bool = False):
+    def __init__(self, config: EngineConfig | None = None, *, gpus: bool = False, pictures: bool = False,
+                 thinking: bool = False):
+        """``thinking``: each reply starts with reasoning, as a thinking model's does."""
         super().__init__(config or EngineConfig(backend="fake"))
+        self.thinking = thinking
+        self.offered_tool: list[bool] = []                # chat's offer_tool argument, per turn
         self.pictures = pictures  # advise views carry fake_pictures()
         self.mode = Mode(self.config.mode)
         self.n_ticks = 0
@@ -147,12 +154,21 @@ class FakeSource(DataSource):
                            tok_s=20.0 + 2 * wave, interference=1.0 + wave / 4)
         return Tick(hw, arch, rows, point, self.description)
 
-    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
+    def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
+             offer_tool: bool = False) -> ChatStats:
         self._wait("chat")
+        self.offered_tool.append(offer_tool)
         question = messages[-1]["content"]
+        if self.thinking:  # why two lines: the chat screen shows reasoning line by line
+            for k, word in enumerate(f"The user wrote: {question}\nI repeat it back.".split(" ")):
+                on_delta(Delta(DeltaKind.REASONING, word if k == 0 else " " + word))
         words = f"You said: {question}. This is turn {len(messages) // 2 + 1}.".split(" ")
         for k, word in enumerate(words):
-            on_text(word if k == 0 else " " + word)
+            on_delta(Delta(DeltaKind.CONTENT, word if k == 0 else " " + word))
+        if offer_tool:  # the model calls the demo tool, its arguments in two fragments
+            on_delta(Delta(DeltaKind.TOOL_CALL_START, index=0, id="call_fake0", name="get_current_time"))
+            for fragment in ('{"timezone": ', '"UTC"}'):
+                on_delta(Delta(DeltaKind.TOOL_CALL_ARGS, fragment, index=0))
         kv = {} if self.mode is Mode.COLOCATED else {"kv_bytes": 3_200_000, "kv_transfer_ms": 4.1}
         # why: a later turn resends the history; the fake reuses the previous turn's prompt as its prefix
         cached = 0 if len(messages) < 3 else 20 + 10 * (len(messages) - 2)

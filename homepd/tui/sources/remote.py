@@ -5,7 +5,8 @@ engine ``snapshot`` every half second, each finished ``request`` with its
 token gaps, and the ``steps`` of each half second, sampled and bounded) read
 on a thread of its own, which keeps the newest snapshot and buffers the rest
 for the next ``tick``; chat through ``POST /v1/chat/completions`` with
-``stream: true`` (the last chunk carries homepd's timings).  The API key, when
+``stream: true`` (each chunk's delta split into reasoning, content and tool-call
+fragments; the last chunk carries homepd's timings).  The API key, when
 set, goes in ``Authorization: Bearer``.  This is the app's HTTP edge: each
 body is decoded here, once, into typed records (``ServiceStatus`` with its
 ``EngineSnapshot``, ``RequestTimings``); a body of another shape is an error
@@ -36,7 +37,8 @@ from homepd.errors import HomepdError
 from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui import derive
 from homepd.tui.records import ChatStats, Tick
-from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnText
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
+from homepd.tui.sources.chatrequest import chunk_deltas, openai_tool_fields
 from homepd.tui.stepwindow import StepWindow
 
 # why not imported: the app must not import homepd.serve; this is homepd.serve.settings.DEFAULT_PORT
@@ -291,11 +293,13 @@ class RemoteSource(DataSource):
         return Tick(hardware, arch, rows, point, self.description)
 
     # chat -------------------------------------------------------------------------------------
-    def chat(self, messages: list[dict], on_text: OnText, *, max_tokens: int = CHAT_MAX_TOKENS) -> ChatStats:
+    def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
+             offer_tool: bool = False) -> ChatStats:
         body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": max_tokens,
-                "temperature": 0}
+                "temperature": 0, **(openai_tool_fields() if offer_tool else {})}
         served: tuple[str, RequestTimings] | None = None
         finish = error = None
+        started: set[int] = set()
         with self._client.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
                 raise HomepdError(f"the service refused the request: {_error_text(response)}")
@@ -307,9 +311,8 @@ class RemoteSource(DataSource):
                     error = chunk["error"].get("message", "failed")
                     continue
                 for choice in chunk.get("choices") or ():
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        on_text(text)
+                    for delta in chunk_deltas(choice.get("delta") or {}, started):
+                        on_delta(delta)
                     finish = choice.get("finish_reason") or finish
                 if "homepd" in chunk:
                     served = served_timings(chunk["homepd"])
