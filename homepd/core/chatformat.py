@@ -224,7 +224,8 @@ def template_messages(fmt: ChatFormat, messages: list[dict], tools: tuple[ToolSp
     tool_calls carry their arguments as objects (under ``function`` and at the top level, for both kinds of
     template) and a tool message keeps role "tool" with its call's ``name``.  Otherwise (GENERIC): the tools are
     described in the first system message, calls become the envelope's JSON text and a tool message a user
-    message ``{"tool_response": {...}}``.  RequestError names the message that is wrong."""
+    message ``{"tool_response": {...}}``; with no tools offered (tool_choice none), both are plain words ("I
+    called the tool ...", "The tool ... returned: ...").  RequestError names the message that is wrong."""
     native = _is_native(fmt)
     out: list[dict] = []
     call_names: dict[str, str] = {}
@@ -240,7 +241,7 @@ def template_messages(fmt: ChatFormat, messages: list[dict], tools: tuple[ToolSp
             if content is None and not calls:
                 raise RequestError(f"{where} is an assistant message with neither content nor tool_calls")
             call_names.update((call_id, name) for call_id, name, _ in calls)
-            out.append(_assistant(fmt, native, content, calls, message.get("reasoning_content")))
+            out.append(_assistant(fmt, native, content, calls, message.get("reasoning_content"), plain=not tools))
         elif role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or call_id not in call_names:
@@ -249,6 +250,8 @@ def template_messages(fmt: ChatFormat, messages: list[dict], tools: tuple[ToolSp
             if native:
                 out.append({"role": "tool", "tool_call_id": _template_call_id(fmt, call_id),
                             "name": call_names[call_id], "content": content or ""})
+            elif not tools:  # why: with no tools offered, plain words; a small model answers them, not echoes JSON
+                out.append({"role": "user", "content": f"The tool {call_names[call_id]} returned: {content or ''}"})
             else:  # why: small templates know only system/user/assistant
                 response = {"tool_call_id": call_id, "name": call_names[call_id], "content": content or ""}
                 out.append({"role": "user", "content": json.dumps({"tool_response": response}, ensure_ascii=False)})
@@ -308,9 +311,13 @@ def _history_calls(tool_calls: object, where: str) -> list[tuple[str, str, dict]
 
 
 def _assistant(fmt: ChatFormat, native: bool, content: str | None, calls: list[tuple[str, str, dict]],
-               reasoning: object) -> dict:
+               reasoning: object, plain: bool = False) -> dict:
     if not calls:
         message = {"role": "assistant", "content": content}
+    elif plain and not native:
+        said = "; ".join(f"I called the tool {name} with {json.dumps(arguments, ensure_ascii=False)}."
+                         for _, name, arguments in calls)
+        message = {"role": "assistant", "content": f"{content}\n{said}" if content and content.strip() else said}
     elif native:
         # why: HF templates read either tool_call.function.{name,arguments} or tool_call.{name,arguments},
         # and render the arguments with tojson, so they get an object, not OpenAI's JSON string

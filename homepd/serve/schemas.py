@@ -221,7 +221,8 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(None, description="more than one call in a reply (default false, as "
+                                                                   "llama-server: small models repeat a call)")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template "
                                                                           "(e.g. enable_thinking)")
     reasoning_effort: Annotated[Text, Field(max_length=32)] | None = Field(

@@ -15,6 +15,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+import client_libraries
 from test_serve_harness import ServeProcess
 
 MODEL = "smollm2-135m-instruct-q4_1"
@@ -27,7 +28,7 @@ HA_TEST_TOOL = {"type": "function", "function": {"name": "test_function", "descr
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc = ServeProcess(tmp_path_factory.mktemp("clients"), "--backend", "fake", "--n-ctx", "1024",
+    proc = ServeProcess(tmp_path_factory.mktemp("clients"), "--backend", "fake", "--n-ctx", "8192",
                         "--max-tokens", "256")
     yield proc.wait_ready()
     assert proc.terminate() == 0, proc.log()
@@ -259,3 +260,25 @@ def test_models_states_the_sampling_defaults(http):
     model = http.get("/v1/models").json()["data"][0]
     assert model["meta"]["sampling_defaults"]["top_k"] == 40 and model["meta"]["sampling_defaults"]["min_p"] == 0.05
     assert http.get("/status").json()["sampling_defaults"] == model["meta"]["sampling_defaults"]
+
+
+# the client libraries, unmodified ----------------------------------------------------------------------------------
+def test_openai_agents_runs_a_tool_to_its_final_answer(server):
+    cities, answer = client_libraries.openai_agents_tool_run(server.url + "/v1", server.api_key, 256)
+    assert len(cities) == 1 and answer == f"sunny in {cities[0]}"
+
+
+def test_pydantic_ai_gets_a_structured_result_through_its_output_tool(server):
+    assert isinstance(client_libraries.pydantic_ai_structured(server.url + "/v1", server.api_key, 256),
+                      client_libraries.Person)
+
+
+def test_instructor_nested_response_model(server):
+    person = client_libraries.instructor_nested(server.url + "/v1", server.api_key, 256)
+    assert isinstance(person, client_libraries.Person) and isinstance(person.address, client_libraries.Address)
+
+
+def test_langchain_bind_tools_and_with_structured_output(server):
+    calls, person = client_libraries.langchain_flows(server.url + "/v1", server.api_key, 256)
+    assert [c["name"] for c in calls] == ["get_time"] and set(calls[0]["args"]) == {"timezone"}
+    assert isinstance(person, client_libraries.Person)
