@@ -921,12 +921,26 @@ class _EnvelopeBody(_Body):
         key, rest = json.loads(f'"{match[1]}"'), head[match.end():]
         if key == "response" and rest[0] == '"':
             self.buf, self.state = rest[1:], "response"
+        elif key == "response" and rest[0] in "{[":   # a structured answer (response_format with tools)
+            self.buf, self.state, self.value = rest, "response_value", _ValueScanner()
         elif key in ("tool_calls", "tool_call") and rest[0] == ("[" if key == "tool_calls" else "{"):
             self.is_single = key == "tool_call"
             self.buf, self.state = rest[1:] if key == "tool_calls" else rest, "element"
         else:
             return self._unexpected()
         return True
+
+    def _response_value(self, final: bool) -> bool:
+        """A JSON object or array answer: its raw text is the content, as it arrives."""
+        taken = self.value.feed(self.buf)
+        if taken:
+            self.is_started = True
+            self.out.content(self.buf[:taken])
+        self.buf = self.buf[taken:]
+        if self.value.done:
+            self.state = "after"
+            return True
+        return False
 
     def _response(self, final: bool) -> bool:
         buf, parts, i = self.buf, [], 0
@@ -997,6 +1011,35 @@ class _EnvelopeBody(_Body):
             self.out.content(self.buf)
         self.buf = ""
         return False
+
+
+class _ValueScanner:
+    """Follows one JSON object or array as it arrives, to its closing bracket (strings and nesting only)."""
+
+    def __init__(self):
+        self.depth = 0
+        self.in_string = self.escaped = self.done = False
+
+    def feed(self, text: str) -> int:
+        """Take text up to the value's end; return how much was taken."""
+        for i, c in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.done = True
+                    return i + 1
+        return len(text)
 
 
 def _unescape(buf: str, i: int) -> tuple[str, int]:

@@ -53,13 +53,16 @@ def json_object_grammar(fmt: ChatFormat | None = None) -> Grammar:
     return _finish(conv, body, fmt, "json_object")
 
 
-def tool_grammar(fmt: ChatFormat, tools: tuple[ToolSpec, ...], choice: ToolChoice, parallel: bool) -> Grammar | None:
+def tool_grammar(fmt: ChatFormat, tools: tuple[ToolSpec, ...], choice: ToolChoice, parallel: bool,
+                 response_schema: object | None = None) -> Grammar | None:
     """The grammar of the tool calls ``choice`` allows, in ``fmt``'s syntax, each call's arguments following its
     tool's parameter schema; ``parallel``: one or more calls, else exactly one.
 
     None for choice none.  For auto in a format with call markers, a lazy grammar: free text until a call's
     opener (``Grammar.trigger_patterns``), then calls only.  For required or a named function, and for GENERIC
-    (whose reply is the JSON envelope), a grammar that applies from the first token."""
+    (whose reply is the JSON envelope), a grammar that applies from the first token.  ``response_schema`` (a
+    ``response_format`` beside the tools): with auto, an answer that is not a call follows it (GENERIC: the
+    envelope's ``response`` is that value; otherwise the reply is a call or that value, from the first token)."""
     if choice.mode is ToolChoiceMode.NONE or not tools:
         return None
     conv, budget = _Converter(), Budget()
@@ -77,8 +80,9 @@ def tool_grammar(fmt: ChatFormat, tools: tuple[ToolSpec, ...], choice: ToolChoic
         listed = f'{one} ( "," space {one} )*' if parallel else one
         tool_calls = f'{_lit(json.dumps("tool_calls"))} space ":" space "[" space {listed} "]" space'
         if choice.mode is ToolChoiceMode.AUTO:
-            string = conv._add_primitive("string", PRIMITIVE_RULES["string"])
-            tool_calls = f'( {tool_calls} | {_lit(json.dumps("response"))} space ":" space {string} )'
+            answer = conv._add_primitive("string", PRIMITIVE_RULES["string"]) if response_schema is None else \
+                conv.visit_document(response_schema, RESPONSE_SCHEMA_PATH, "response", budget, namespace="response")
+            tool_calls = f'( {tool_calls} | {_lit(json.dumps("response"))} space ":" space {answer} )'
         return _finish(conv, conv.add_rule("envelope", f'"{{" space {tool_calls} "}}" space'), fmt, "tools")
     if fmt.tools is ToolFormat.HERMES:
         item = conv.add_rule("hermes-call", f'{_lit(fmt.tools.opener)} "\\n"? space {one} "\\n"? '
@@ -90,6 +94,9 @@ def tool_grammar(fmt: ChatFormat, tools: tuple[ToolSpec, ...], choice: ToolChoic
     else:  # LLAMA3: one call at a time (Llama 3.1/3.2 write no parallel calls)
         body = f'{_lit(fmt.tools.opener)}? {one}'
     body = conv.add_rule("tool-calls", body)
+    if choice.mode is ToolChoiceMode.AUTO and response_schema is not None:
+        answer = conv.visit_document(response_schema, RESPONSE_SCHEMA_PATH, "response", budget, namespace="response")
+        return _finish(conv, conv.add_rule("call-or-answer", f"{body} | {answer}"), fmt, "tools")
     if choice.mode is ToolChoiceMode.AUTO:
         return _finish(conv, body, None, "tools", trigger_patterns(fmt))
     return _finish(conv, body, fmt, "tools")

@@ -86,7 +86,7 @@ async def plan_request(body: ChatCompletionRequest | CompletionRequest, params: 
         extras = ChatExtras(tools=template_tools(chat_format, offered), template_kwargs=kwargs or None)
         if tools_active:
             grammar = await run_in_threadpool(grammars.tool_grammar, chat_format, tools, choice,
-                                              body.parallel_tool_calls is True)
+                                              body.parallel_tool_calls is True, _response_schema(body))
         else:
             grammar = await _output_grammar(body, chat_format)
         envelope = tools_active and chat_format.tools is ToolFormat.GENERIC

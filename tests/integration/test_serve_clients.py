@@ -282,3 +282,45 @@ def test_langchain_bind_tools_and_with_structured_output(server):
     calls, person = client_libraries.langchain_flows(server.url + "/v1", server.api_key, 256)
     assert [c["name"] for c in calls] == ["get_time"] and set(calls[0]["args"]) == {"timezone"}
     assert isinstance(person, client_libraries.Person)
+
+
+def test_tools_beside_a_response_format_give_a_call_or_an_answer_in_its_schema(http):
+    """openai-agents sends both for an agent with tools and an output_type."""
+    schema = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"],
+              "additionalProperties": False}
+    reply = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": user("weather?"), "tools": [WEATHER], "max_tokens": 128,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}).json()
+    message = reply["choices"][0]["message"]
+    if message.get("tool_calls"):
+        assert message["tool_calls"][0]["function"]["name"] == "get_weather"
+    else:
+        assert set(json.loads(message["content"])) == {"summary"}, message
+
+
+# as DeepSeek-R1's: an earlier answer's reasoning is cut off, and the generation prompt opens the block
+THINKING_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'].split('</think>')[-1] }}\n"
+                     "{% endfor %}"
+                     "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
+
+
+def test_reasoning_comes_apart_from_the_answer_with_its_own_first_token_time(tmp_path):
+    """A template whose generation prompt opens a <think> block: the reply starts inside the reasoning.  The
+    fake writes exactly what a grammar allows, so the reply here is 'weighing it</think>yes'."""
+    proc = ServeProcess(tmp_path, "--backend", "fake", env={"HOMEPD_FAKE_CHAT_TEMPLATE": THINKING_TEMPLATE})
+    try:
+        proc.wait_ready()
+        body = {"model": MODEL, "messages": user(), "grammar": 'root ::= "weighing it</think>yes"', "max_tokens": 64}
+        with proc.client() as c:
+            reply = c.post("/v1/chat/completions", json=body).json()
+            message = reply["choices"][0]["message"]
+            assert message["reasoning_content"] == "weighing it" and message["content"] == "yes", message
+            assert reply["homepd"]["ttfa_s"] > reply["homepd"]["ttft_s"]
+            with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+                deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.iter_lines()
+                          if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+            assert "".join(d.get("reasoning_content", "") for d in deltas) == "weighing it"
+            assert "".join(d.get("content") or "" for d in deltas) == "yes"
+            assert "homepd_time_to_first_answer_seconds_count" in c.get("/metrics").text
+    finally:
+        assert proc.terminate() == 0, proc.log()

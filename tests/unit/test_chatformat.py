@@ -530,8 +530,12 @@ def test_generic_merges_the_tools_into_an_existing_system_message():
 def test_an_assistant_message_with_content_and_calls_keeps_both():
     history = [dict(HISTORY[1], content="Let me look.")]
     assert template_messages(HERMES, history)[0]["content"] == "Let me look."
-    content = template_messages(GENERIC, history)[0]["content"]
+    content = template_messages(GENERIC, history, TOOLS)[1]["content"]  # after the tools system message
     assert content.startswith("Let me look.\n{\"tool_calls\"")
+    # no tools offered (tool_choice none): plain words, which a small model answers instead of echoing JSON
+    plain = template_messages(GENERIC, history + [HISTORY[2]])
+    assert plain[0]["content"].startswith("Let me look.\nI called the tool get_weather with {")
+    assert plain[1] == {"role": "user", "content": f"The tool get_weather returned: {HISTORY[2]['content']}"}
 
 
 @pytest.mark.parametrize("messages,message", [
@@ -724,3 +728,14 @@ def test_a_plain_reply_is_one_delta_per_piece():
 def test_any_tool_name_makes_a_call_when_names_are_not_given():
     reply, _ = parse(HERMES, '<tool_call>{"name": "anything", "arguments": {}}</tool_call>', names=None)
     assert shape(reply) == (None, None, (("anything", "{}"),))
+
+
+def test_an_envelope_answer_that_is_a_json_value_streams_as_its_text():
+    """response_format beside tools: the envelope's response is the structured answer itself."""
+    text = '{"response": {"city": "Paris", "tags": ["a", "}"]}}'
+    whole = ReplyParser(detect(None), tools_active=True, envelope=True).finish()
+    parser = ReplyParser(detect(None), tools_active=True, envelope=True)
+    streamed = [d.text for ch in text for d in parser.feed(ch)] + [d.text for d in parser.flush()]
+    assert json.loads("".join(streamed)) == {"city": "Paris", "tags": ["a", "}"]}
+    assert parser.finish().content == '{"city": "Paris", "tags": ["a", "}"]}' and not parser.finish().tool_calls
+    assert whole.content is None

@@ -503,3 +503,22 @@ def test_no_trigger_fires_inside_reasoning():
         if name == "qwen3":
             reasoning = "<think>\n" + reasoning
         assert not any(re.search(p, reasoning) for p in trigger_patterns(FORMATS[name]))
+
+
+@pytest.mark.parametrize("template", [None, "hermes"])
+def test_tools_beside_a_response_schema_answer_in_that_schema(template):
+    """With auto, a reply that is not a call is the structured answer: the envelope's response (generic) or,
+    in a format with call markers, the reply itself from the first token (no lazy trigger)."""
+    from homepd.core.chatformat import detect
+    from homepd.core.gbnf import accepts
+    fmt = detect(None) if template is None else ChatFormat(ToolFormat.HERMES, True, None, False)
+    tools = ToolSpec.parse_all([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}])
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    g = tool_grammar(fmt, tools, ToolChoice.parse("auto", tools), False, schema)
+    assert not g.is_lazy
+    answer = '{"response": {"answer": "hi"}}' if template is None else '{"answer": "hi"}'
+    call = '{"tool_calls": [{"name": "f", "arguments": {"x": 1}}]}' if template is None else \
+        '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    assert accepts(g.gbnf, answer) and accepts(g.gbnf, call)
+    assert not accepts(g.gbnf, answer.replace('"answer"', '"other"'))
