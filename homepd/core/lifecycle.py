@@ -83,6 +83,8 @@ class RequestTimings:
     n_kv_preemptions: int = 0            # times the full KV context preempted it (recomputed: nothing lost)
     ended_by_kv_full: bool = False       # ended with 'length' because the KV context was full (kvpolicy)
     n_cached_tokens: int = 0             # prompt tokens not computed: a cached prefix was reused
+    ttfa_s: float | None = None          # arrival -> first answer token, past any reasoning (set by the face
+                                         # that parses the reply; None where none did)
 
     def to_dict(self) -> dict:
         return to_plain(self)
@@ -216,7 +218,7 @@ class Lifecycle:
             kv_bytes=self.kv_bytes, kv_transfer_s=self.transfer_s,
             kv_export_s=self.kv_export_s, kv_import_s=self.kv_import_s, kv_slot_wait_s=self.kv_slot_wait_s,
             n_kv_preemptions=self.n_kv_preemptions, ended_by_kv_full=self.ended_by_kv_full,
-            n_cached_tokens=self.n_cached_tokens)
+            n_cached_tokens=self.n_cached_tokens, ttfa_s=self.ttfa_s)
 
     def to_dict(self) -> dict:
         """``timings()`` as a dict plus the transition times and what admission and recovery did."""

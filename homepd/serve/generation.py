@@ -387,6 +387,6 @@ def usage(lc: Lifecycle, n_out: int | None = None) -> dict:
 
 
 def timings(lc: Lifecycle, mode: str) -> dict:
-    """The ``homepd`` object: the mode that served the request, its ``RequestTimings`` (one shape with
-    ``Lifecycle.to_dict`` and the app) and the time to its first answer token (``ttfa_s``: past any reasoning)."""
-    return {"mode": mode, **lc.timings().to_dict(), "ttfa_s": lc.ttfa_s}
+    """The ``homepd`` object: the mode that served the request and its ``RequestTimings`` (one shape with
+    ``Lifecycle.to_dict`` and the app; ``ttfa_s``: the time to its first answer token, past any reasoning)."""
+    return {"mode": mode, **lc.timings().to_dict()}
