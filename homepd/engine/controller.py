@@ -149,6 +149,10 @@ class Engine:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
+    def restart_eta_s(self) -> float | None:
+        """Seconds until the workers restarting now should be back (0: none restarts; None: not known)."""
+        return self.pool.restart_eta_s(time.monotonic())
+
     async def wait_restarts(self) -> None:
         """Return once every worker restart in progress has ended (the worker is back, or marked failed)."""
         await self.pool.wait_restarts()

@@ -55,6 +55,8 @@ class WorkerHandle:
         self.conn = None
         self.generation = 0
         self.ready: WorkerReady | None = None
+        self.last_load_s: float | None = None   # spawn -> ready of its latest start (what a restart should take)
+        self._started_s = time.monotonic()
         self._ready_future: asyncio.Future | None = None
         self._send_lock = threading.Lock()
         self.in_flight: set[str] = set()
@@ -81,6 +83,7 @@ class WorkerHandle:
         self.restarts += 1
         self.ready = None
         self._ready_future = self.loop.create_future()
+        self._started_s = time.monotonic()
         process, parent_conn = await asyncio.to_thread(spawn_worker, self.spec)
         self.process, self.conn = process, parent_conn
         if self.stopping:  # stopped while it was being spawned: do not leave it behind
@@ -126,6 +129,7 @@ class WorkerHandle:
             return
         if isinstance(msg, WorkerReady):
             self.ready = msg
+            self.last_load_s = time.monotonic() - self._started_s
             while self.backlog:
                 _, queued = self.backlog.popleft()
                 self.send(queued)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 from homepd.core.records import MemoryBreakdown
 from homepd.engine.handles import WorkerHandle
 
 log = logging.getLogger("homepd.engine.pool")
+# a restart is late (its end no longer predictable) past twice its last start's time plus a second: a loaded
+# box starts a worker slower than the idle one did
+RESTART_LATE_FACTOR, RESTART_LATE_S = 2.0, 1.0
 
 
 class WorkerPool:
@@ -20,6 +24,7 @@ class WorkerPool:
         self.handles: dict[str, WorkerHandle] = {}    # worker name -> its handle (the controller's ``workers``)
         self.tasks: set[asyncio.Task] = set()
         self.restarting: dict[str, asyncio.Task] = {}  # worker name -> its restart in progress
+        self.restart_started_s: dict[str, float] = {}   # worker name -> when its latest restart began
 
     async def start(self) -> None:
         """Start every handle and wait until each has loaded its model."""
@@ -58,6 +63,24 @@ class WorkerPool:
 
     def spawn_restart(self, name: str, coro) -> None:
         self.restarting[name] = self.spawn(coro)
+        self.restart_started_s[name] = time.monotonic()
+
+    def restart_eta_s(self, now_s: float) -> float | None:
+        """Seconds until every restart in progress should be back: each worker's last load time from when its
+        restart began (0 when none restarts; None when it is not known: a restarting worker never reported a
+        load time, or its restart is already later than that)."""
+        left = [0.0]
+        for name, task in self.restarting.items():
+            load_s = getattr(self.handles.get(name), "last_load_s", None)
+            if task.done():
+                continue
+            if load_s is None:
+                return None
+            started_s = self.restart_started_s.get(name, now_s)
+            if now_s > started_s + RESTART_LATE_FACTOR * load_s + RESTART_LATE_S:
+                return None  # why: this late, something is wrong with it (a file it cannot load, a retry backoff)
+            left.append(started_s + load_s - now_s)
+        return max(0.0, *left)
 
     async def wait_restarts(self) -> None:
         """Return once every restart in progress has ended (the worker is back, or marked failed)."""

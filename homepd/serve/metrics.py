@@ -48,6 +48,9 @@ class ServiceMetrics:
                                 registry=r)
         self.rejected = Counter("homepd_requests_rejected", "Requests refused before the engine, by error code",
                                 ["code"], registry=r)
+        self.restart_arrivals = Counter("homepd_restart_arrivals", "Requests that arrived while a worker restarted: "
+                                        "'waited' for it (within their TTFT budget) or 'refused' (503)",
+                                        ["outcome"], registry=r)
         self.ignored_fields = Counter("homepd_ignored_fields", "Request fields homepd does not know, accepted and "
                                       "ignored, by name (the first 64 names; later ones count as 'other')",
                                       ["field"], registry=r)

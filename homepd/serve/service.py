@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -37,6 +38,9 @@ log = logging.getLogger("homepd.serve")
 WATCH_PERIOD_S = 1.0         # how often the engine's health is checked (and the watchdog pinged, at the latest)
 RECENT_REQUESTS = 50         # finished requests kept for /status
 SUBSCRIBER_QUEUE = 1000      # events buffered per /events client; a slower client misses events, and is told
+# a request arriving during a restart waits when the restart should be back within this share of its TTFT
+# budget (the rest is for its own prefill)
+RESTART_WAIT_SHARE = 0.5
 MAX_IGNORED_NAMES = 64      # unknown field names counted under their own label (a client cannot grow /metrics)
 SWITCH_START_S = 120.0       # a request that waits for a switch waits the drain and this long for the new engine
 
@@ -197,15 +201,33 @@ class Service:
         if self.advisor is not None:  # why before the checks: a request refused for a full queue is demand too
             self.advisor.arrived(request_class)
         reason = self.unavailable_reason()
+        retry_s = None
+        if reason is not None and reason[0] == "worker_restarting":
+            reason, retry_s = self._through_restart(request_class)
         if reason is None and len(self.in_flight) >= self.capacity:
             reason = ("queue_full", f"{len(self.in_flight)} requests are running or waiting (the most is "
                                     f"{self.capacity}); retry later")
         if reason is not None:
             self.metrics.rejected.labels(reason[0]).inc()
-            retry_s = {"not_ready": 5, "draining": 30, "engine_failed": 30}.get(reason[0], 1)
+            retry_s = retry_s or {"not_ready": 5, "draining": 30, "engine_failed": 30}.get(reason[0], 1)
             raise unavailable(reason[1], reason[0], retry_after_s=retry_s)
         self.in_flight[request_id] = request_class
         self._idle.clear()
+
+    def _through_restart(self, request_class: str) -> tuple[tuple[str, str] | None, int | None]:
+        """A request arriving while a worker restarts waits for it (the engine holds it in that worker's
+        backlog) when the restart is expected back within its share of the class's TTFT budget; otherwise it is
+        refused with the expected wait as Retry-After.  Both are counted (``homepd_restart_arrivals_total``)."""
+        budget_s = self.config.class_budgets[RequestClass.parse(request_class)].ttft_ms / 1e3
+        eta_s = self.engine.restart_eta_s()
+        if eta_s is not None and eta_s <= RESTART_WAIT_SHARE * budget_s:
+            self.metrics.restart_arrivals.labels("waited").inc()
+            return None, None
+        self.metrics.restart_arrivals.labels("refused").inc()
+        why = "not known" if eta_s is None else f"{eta_s:.1f} s"
+        return ("worker_restarting", f"a worker died and is being restarted (expected back in {why}, past this "
+                                     f"{request_class} request's {budget_s:g} s TTFT budget); retry then"), \
+            max(1, math.ceil(eta_s)) if eta_s is not None else 1
 
     def ignored_fields(self, names: list[str]) -> list[str]:
         """The unknown fields of a request: a 400 with ``--strict-fields``, else counted, logged once per name,
@@ -326,6 +348,8 @@ class Service:
             "sampling_defaults": DEFAULTS.to_dict(),
             "configuration": self.origin.to_dict(),
             "admission": {"in_flight": len(self.in_flight), "capacity": self.capacity,
+                          "restart_eta_s": engine.restart_eta_s() if engine is not None and
+                          engine.tokenizer is not None else 0.0,
                           "max_queue": self.settings.max_queue,
                           "by_class": {c: list(self.in_flight.values()).count(c) for c in set(self.in_flight.values())}},
             "engine": engine.snapshot().to_dict() if engine is not None and engine.tokenizer is not None else None,

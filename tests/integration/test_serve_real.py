@@ -69,6 +69,9 @@ def test_dead_worker_gives_503_while_it_restarts_then_serves_again(server, model
         with server.client() as client:
             server.wait_until(lambda s: not s["ready"], what="the worker's death noticed")
             assert client.get("/ready").json()["status"] == "worker_restarting"
+            # a request would wait while the restart is expected back in time; this one cannot load, so it is
+            # late, and a request is refused
+            server.wait_until(lambda s: s["admission"]["restart_eta_s"] is None, what="the restart overdue")
             refused = client.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2})
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["code"] == "worker_restarting"

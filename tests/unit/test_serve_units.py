@@ -46,7 +46,8 @@ def _service(mode="colocated", workers=(), **settings) -> Service:
     service.state = "ready"
     by_name = {w.role: w for w in workers}  # the engine's read API over these workers, by its topology's rule
     service.engine = types.SimpleNamespace(workers=by_name, tokenizer=None,
-                                           health=lambda: topology_for(mode).health(by_name))
+                                           health=lambda: topology_for(mode).health(by_name),
+                                           restart_eta_s=lambda: None)
     return service
 
 
@@ -79,6 +80,18 @@ def test_503_reasons_starting_restarting_failed_draining():
     service = _service(workers=[_Worker()])
     service.state = "draining"
     assert _refusal(service).code == "draining"
+
+
+def test_a_request_during_a_restart_waits_when_it_is_due_back_within_its_budget_else_503():
+    service = _service(workers=[_Worker()])  # the interactive TTFT budget: 4 s, so 2 s may go to the restart
+    service.engine.workers["colocated"].ready = None
+    service.engine.restart_eta_s = lambda: 1.5
+    service.admit("r", "interactive")                     # the engine holds it in the worker's backlog
+    service.engine.restart_eta_s = lambda: 2.5
+    refused = _refusal(service, "s")
+    assert refused.code == "worker_restarting" and refused.headers["Retry-After"] == "3"
+    service.admit("b", "background")                      # 120 s: a background request can wait that long
+    assert "homepd_restart_arrivals_total{outcome=\"waited\"} 2.0" in service.metrics.exposition().decode()
 
 
 def test_replicas_keep_serving_while_one_restarts():
