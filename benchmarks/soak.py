@@ -41,9 +41,14 @@ RSS_PERIOD_S = 10.0
 KINDS = {  # kind -> weight
     "chat": 20, "chat_stream": 20, "completion": 8, "stream_dropped": 10, "abandoned": 6, "malformed_json": 4,
     "wrong_type": 4, "surrogate": 3, "unknown_field": 3, "too_many_messages": 2, "oversized": 1, "health": 8,
-    "metrics": 3, "status": 3,
+    "metrics": 3, "status": 3, "tool_call": 4, "structured": 4, "sampled": 6,
 }
-EXPECTED = {"malformed_json": {400}, "wrong_type": {400}, "surrogate": {400}, "unknown_field": {400},
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40},
+                                           "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["answer", "score"]}
+EXPECTED = {"malformed_json": {400}, "wrong_type": {400}, "surrogate": {400}, "unknown_field": {200},
             "too_many_messages": {413}, "oversized": {413}, "health": {200}, "metrics": {200}, "status": {200}}
 # why: a body over the bound is answered 413 before it is read, and the connection closed: a client still
 # sending may see the reset instead of the answer
@@ -144,6 +149,15 @@ class Soak:
         if kind == "surrogate":
             body = '{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}' % MODEL
             return self.outcome(await client.post(chat, content=body.encode(), headers=raw))
+        if kind == "tool_call":  # a grammar sampler per request: none may leak
+            return self.outcome(await client.post(chat, json=self.chat_body(
+                tools=[WEATHER], tool_choice="required", max_tokens=48)))
+        if kind == "structured":
+            return self.outcome(await client.post(chat, json=self.chat_body(max_tokens=64, temperature=1.0,
+                response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}})))
+        if kind == "sampled":  # what clients send: the sampler chain, penalties, logprobs
+            return self.outcome(await client.post(chat, json=self.chat_body(
+                temperature=0.7, top_p=0.9, presence_penalty=0.3, logprobs=True, top_logprobs=3)))
         if kind == "unknown_field":
             return self.outcome(await client.post(chat, json=self.chat_body(frobnicate=1)))
         if kind == "too_many_messages":

@@ -40,7 +40,9 @@ from homepd.engine.streams import Event, RequestStream
 from homepd.engine.topology import Health, topology_for
 from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
 
-MAX_RECORDS = 10_000       # finished request records kept for metrics
+# finished request records kept for finished_since (the app's embedded source reads them every tick; the
+# service's consumers are told at the end); each holds its token times: 10,000 grew the controller by ~20 MB
+MAX_RECORDS = 1_000
 # the step log keeps the newest steps within ~32 MiB: a StepRecord measures ~450 B plus ~8 B per decode id and
 # ~100 B per prefill entry (tracemalloc), so this many at worst (every sequence in both lists) fit
 STEP_LOG_BYTES = 32 << 20
