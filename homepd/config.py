@@ -12,14 +12,10 @@ import dataclasses
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+import tomllib
 
 from homepd.core.admission import ClassBudget, RequestClass
 from homepd.core.modes import Mode
