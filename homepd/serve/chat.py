@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 
 from starlette.concurrency import run_in_threadpool
 
-from homepd.core.chatformat import (ChatFormat, ReplyParser, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec,
-                                    template_messages, template_tools)
+from homepd.core.chatformat import (ChatFormat, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec, template_messages,
+                                    template_tools)
+from homepd.core.replyparser import ReplyParser
 from homepd.core.sampling import Grammar, SamplingParams
 from homepd.engine.prompt import ChatExtras
 from homepd.errors import RequestError

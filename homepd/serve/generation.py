@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 
-from homepd.core.chatformat import DeltaKind
+from homepd.core.reply import DeltaKind
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.sampling import SamplingParams, TokenLogprob
 from homepd.errors import HomepdError

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from homepd.config import EngineConfig
-from homepd.core.chatformat import Delta, DeltaKind, ToolCall, ToolFormat, detect
+from homepd.core.chatformat import ToolFormat, detect
+from homepd.core.reply import Delta, DeltaKind, ToolCall
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
 from homepd.engine.streams import Event

@@ -11,7 +11,7 @@ import pytest
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import PrefixCacheStats, StepRecord
-from homepd.core.chatformat import Delta, DeltaKind, ToolCall
+from homepd.core.reply import Delta, DeltaKind, ToolCall
 from homepd.core.records import EngineSnapshot, RecordShapeError, WorkerSnapshot
 from homepd.errors import HomepdError
 from homepd.measure.stepstream import StepSample, TokenGaps

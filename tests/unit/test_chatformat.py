@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import random
 
-import jinja2
 import pytest
 from homepd.engine.prompt import render_chat
 
-from homepd.core.chatformat import (PLAIN, ChatFormat, Delta, DeltaKind, Reply, ReplyParser, ThinkMarkers, ToolChoice,
-                                    ToolChoiceMode, ToolFormat, ToolSpec, detect, template_messages, template_tools)
+from homepd.core.chatformat import (PLAIN, ChatFormat, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec,
+                                    detect, template_messages, template_tools)
+from homepd.core.reply import Delta, DeltaKind, Reply
+from homepd.core.replyparser import ReplyParser
 from homepd.errors import RequestError
 
 # ---- real templates (as the GGUFs carry them) ------------------------------------------------------------

@@ -14,8 +14,8 @@ from typing import Annotated, Literal, Optional, Union
 import llama_cpp as C
 import pytest
 
-from homepd.core.chatformat import ChatFormat, ReplyParser, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, \
-    ToolSpec
+from homepd.core.chatformat import ChatFormat, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec
+from homepd.core.replyparser import ReplyParser
 from homepd.core.sampling import Grammar
 from homepd.errors import RequestError
 from homepd.llm import LlamaModel

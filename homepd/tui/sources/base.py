@@ -21,7 +21,7 @@ import threading
 from typing import Callable
 
 from homepd.config import EngineConfig
-from homepd.core.chatformat import Delta
+from homepd.core.reply import Delta
 from homepd.errors import HomepdError
 from homepd.tui.records import AdviseView, ChatStats, RunListRow, Tick
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from homepd.core.chatformat import (ChatFormat, Delta, DeltaKind, ReplyParser, ToolChoice, ToolChoiceMode,
-                                    ToolFormat, ToolSpec, template_messages, template_tools)
+from homepd.core.chatformat import (ChatFormat, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec, template_messages,
+                                    template_tools)
+from homepd.core.reply import Delta, DeltaKind
+from homepd.core.replyparser import ReplyParser
 from homepd.core.records import RecordShapeError
 from homepd.core.sampling import Grammar
 from homepd.engine.prompt import ChatExtras

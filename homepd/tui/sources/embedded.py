@@ -21,7 +21,7 @@ from pathlib import Path
 
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
-from homepd.core.chatformat import Delta, DeltaKind
+from homepd.core.reply import Delta, DeltaKind
 from homepd.core.sampling import SamplingParams
 from homepd.engine.topology import topology_for
 from homepd.errors import EngineError

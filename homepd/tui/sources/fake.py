@@ -14,7 +14,7 @@ import threading
 from homepd.advise.pictures import CapacityCurve, Latencies, Pictures
 from homepd.advise.twobox import HandoffSample, project
 from homepd.config import EngineConfig
-from homepd.core.chatformat import Delta, DeltaKind
+from homepd.core.reply import Delta, DeltaKind
 from homepd.core.modes import Mode, Role
 from homepd.tui.evidence import recommendation_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
