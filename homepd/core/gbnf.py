@@ -533,3 +533,9 @@ class _Parser:
         line, column = self._where(pos)
         found = repr(self.text[pos]) if pos < len(self.text) else "the end of the grammar"
         raise GbnfError(f"GBNF syntax error at line {line}, column {column}: expected {expected}, found {found}")
+
+
+def class_char(c: str) -> str:
+    """``c`` inside a GBNF character class (hex-escaped, so no character is special)."""
+    n = ord(c)
+    return f"\\x{n:02X}" if n < 0x100 else f"\\u{n:04X}" if n < 0x10000 else f"\\U{n:08X}"

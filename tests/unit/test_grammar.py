@@ -19,7 +19,8 @@ from homepd.core.replyparser import ReplyParser
 from homepd.core.sampling import Grammar
 from homepd.errors import RequestError
 from homepd.llm import LlamaModel
-from homepd.llm.grammar import (MAX_SCHEMA_PROPERTIES, check_schema, int_range_gbnf, json_object_grammar,
+from homepd.core.schemalimits import MAX_SCHEMA_PROPERTIES
+from homepd.llm.grammar import (check_schema, int_range_gbnf, json_object_grammar,
                                 json_schema_grammar, tool_grammar, trigger_patterns)
 
 THINK = ThinkMarkers("<think>", "</think>")
