@@ -272,25 +272,15 @@ class CompletionRequest(_Sampling):
             raise ValueError("homepd takes one prompt per request (a string, or a list of exactly one)")
         return v
 
-    @field_validator("echo")
+    @field_validator("echo", "suffix", "best_of")
     @classmethod
-    def _echo(cls, v):
-        if v:
-            raise ValueError("echo=true is not supported by homepd (the prompt is not returned)")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _suffix(cls, v):
-        if v:
-            raise ValueError("suffix (fill-in-the-middle) is not supported by homepd")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        if v not in (None, 1):
+    def _not_implemented(cls, v, info):
+        """Legacy fields homepd accepts only where they change nothing (never silently ignored otherwise)."""
+        if info.field_name == "best_of" and v not in (None, 1):
             raise ValueError("best_of: homepd returns one choice per request (only 1)")
+        if info.field_name != "best_of" and v:
+            raise ValueError({"echo": "echo=true is not supported by homepd (the prompt is not returned)",
+                              "suffix": "suffix (fill-in-the-middle) is not supported by homepd"}[info.field_name])
         return v
 
     def prompt_text(self) -> str:
