@@ -1,10 +1,12 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, never a bare 500.
 
 ``APIError`` is what routes raise; ``install_error_handlers`` maps pydantic's
-validation errors (malformed JSON, a bad or unsupported field: 400 naming it),
-homepd's own errors (a prompt longer than the context: 400
-``exceed_context_size_error`` with ``n_prompt_tokens`` and ``n_ctx``) and
-anything unexpected onto it.
+validation errors (malformed JSON, a bad or unsupported field: 400 naming it;
+a body that is not sent as JSON: 400 ``invalid_content_type``), the
+framework's (a body it cannot parse, JSON nested too deeply among them: 400
+``invalid_json``; an unknown route), homepd's own errors (a prompt longer
+than the context: 400 ``exceed_context_size_error`` with ``n_prompt_tokens``
+and ``n_ctx``) and anything unexpected onto it.
 """
 from __future__ import annotations
 
@@ -98,6 +100,38 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str
     return "; ".join(parts), first, code
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    """True for what FastAPI parses as JSON: ``application/json`` or ``application/*+json``, with parameters."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def content_type_error(content_type: str | None, errors: list[dict]) -> APIError | None:
+    """The error for a body the framework did not read as JSON because of its Content-Type (pydantic then
+    finds no object at ``body``), or None."""
+    if is_json_media_type(content_type) or not any(tuple(err.get("loc", ())) == ("body",) for err in errors):
+        return None
+    # why: a JSON route takes no text/plain or form body, as a browser may send one cross-site without asking
+    sent = f"Content-Type {content_type[:64]!r}" if content_type else "no Content-Type"
+    return APIError(400, f"the request body must be a JSON object sent with 'Content-Type: application/json' "
+                         f"(this request had {sent})", INVALID_REQUEST, "invalid_content_type", "Content-Type")
+
+
+def from_http_exception(exc: StarletteHTTPException) -> APIError:
+    """The framework's HTTP errors, each with a code: a body it could not parse (``raise ... from`` the parser's
+    error) is 400 ``invalid_json``."""
+    cause, status = exc.__cause__, exc.status_code
+    if status == 400 and isinstance(cause, RecursionError):
+        return APIError(400, "the request body is JSON nested too deeply to parse; nest it less",
+                        INVALID_REQUEST, "invalid_json")
+    if status == 400 and cause is not None:
+        return APIError(400, f"the request body could not be parsed as JSON ({type(cause).__name__}: {cause})",
+                        INVALID_REQUEST, "invalid_json")
+    kind = {401: AUTHENTICATION, 404: NOT_FOUND}.get(status, INVALID_REQUEST)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request")
+    return APIError(status, str(exc.detail), kind, code, headers=getattr(exc, "headers", None))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -105,16 +139,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        message, param, code = describe_validation_errors(exc.errors())
+        error = content_type_error(request.headers.get("content-type"), exc.errors())
+        if error is None:
+            message, param, code = describe_validation_errors(exc.errors())
+            error = APIError(400, message, INVALID_REQUEST, code, param)
         service = getattr(request.app.state, "service", None)
         if service is not None:
-            service.metrics.rejected.labels(code).inc()
-        return APIError(400, message, INVALID_REQUEST, code, param).response()
+            service.metrics.rejected.labels(error.code).inc()
+        return error.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        kind = {401: AUTHENTICATION, 404: NOT_FOUND, 405: INVALID_REQUEST}.get(exc.status_code, INVALID_REQUEST)
-        return APIError(exc.status_code, str(exc.detail), kind, headers=getattr(exc, "headers", None)).response()
+        return from_http_exception(exc).response()
 
     @app.exception_handler(HomepdError)
     async def homepd_error(request: Request, exc: HomepdError):

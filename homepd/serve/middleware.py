@@ -1,4 +1,4 @@
-"""ASGI middleware: the Host check, the API key (every route but /health) and the request body bound.
+"""ASGI middleware: the Host check, the API key (every route but /health) and the request bound.
 
 The key is compared in constant time (``secrets.compare_digest``) so its
 content cannot be guessed from response times.  Without a key, only loopback
@@ -7,7 +7,11 @@ reach the loopback service through DNS rebinding.  The body bound reads the
 whole body before the app sees it: over ``max_body_bytes`` (declared, or
 chunked and counted) it is 413, and so is a JSON body with more values than
 ``max_json_values`` — counted off the loop before JSON is parsed on it, since
-parsing holds the event loop for about a second per million values.
+parsing holds the event loop for about a second per million values.  The
+request bound also folds a header sent more than once into one
+comma-separated value (RFC 9110 5.3), so that a route, which reads one value,
+sees them all and can refuse two that differ.  (How long the body may take
+to arrive is the connection's deadline: ``homepd.serve.connections``.)
 """
 from __future__ import annotations
 
@@ -92,6 +96,18 @@ def count_json_values(body: bytes, stop_above: int) -> int:
     return n
 
 
+def fold_repeated_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` with the lines of a repeated name joined into one, comma-separated, where its first was;
+    the same list when no name repeats."""
+    names = {name for name, _ in headers}
+    if len(names) == len(headers):
+        return headers
+    values: dict[bytes, list[bytes]] = {}
+    for name, value in headers:
+        values.setdefault(name, []).append(value)
+    return [(name, b", ".join(vs)) for name, vs in values.items()]
+
+
 class BodyLimitMiddleware:
     def __init__(self, app, max_body_bytes: int, max_json_values: int):
         self.app, self.max_body_bytes, self.max_json_values = app, max_body_bytes, max_json_values
@@ -99,6 +115,9 @@ class BodyLimitMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        headers = fold_repeated_headers(scope["headers"])
+        if headers is not scope["headers"]:
+            scope = {**scope, "headers": headers}
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._refuse(scope, receive, send, f"request body over {self.max_body_bytes} bytes")

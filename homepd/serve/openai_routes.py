@@ -22,9 +22,16 @@ ERROR_RESPONSES = {code: {"description": why} for code, why in (
 
 
 def request_class(body_class: str | None, header_class: str | None, default: str = "interactive") -> str:
-    """The request's class from the body field or the header (they must agree); else the route's default."""
+    """The request's class from the body field or the header (they must agree); else the route's default.
+
+    A header sent twice arrives as one comma-separated value (``homepd.serve.middleware`` folds repeated
+    headers): its values must agree too."""
     if header_class is not None:
-        header_class = header_class.strip().lower()
+        values = sorted({v.strip().lower() for v in header_class.split(",")} - {""}) or [""]
+        if len(values) > 1:
+            raise APIError(400, f"header {CLASS_HEADER} has more than one value ({', '.join(values)}): send it "
+                                "once", code="invalid_value", param=CLASS_HEADER)
+        header_class = values[0]
         if header_class not in REQUEST_CLASSES:
             raise APIError(400, f"header {CLASS_HEADER}: {header_class!r} is not one of {', '.join(REQUEST_CLASSES)}",
                            code="invalid_value", param=CLASS_HEADER)

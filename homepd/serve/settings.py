@@ -95,9 +95,14 @@ class ServeSettings:
     header_timeout_s: float = field(default=10.0, metadata=_opt(
         "header-timeout", float, "seconds a connection may take to send a request's headers (from opening, "
                                  "or from its last response); then it is closed"))
+    body_timeout_s: float = field(default=30.0, metadata=_opt(
+        "body-timeout", float, "seconds a request may take to send its body once its headers are in; then it is "
+                               "answered 408 and its connection closed"))
     max_connections: int = field(default=1000, metadata=_opt(
-        "max-connections", int, "connections open at once (kept 128 below the file-descriptor limit); more are "
-                                "closed at once"))
+        "max-connections", int, "connections open at once (kept 128 below the file-descriptor limit, which is "
+                                "re-read while serving); at the cap the connection that has been sending its "
+                                "request the longest is closed to make room, and a new one is refused only when "
+                                "every open connection is being served"))
     record_traffic: bool = field(default=True, metadata=_opt(
         "record-traffic", parse_bool, "record the shape of the traffic served (arrival, token counts, class, "
                                       "finish reason, prefix seen before; no text) in the store, for "
@@ -148,8 +153,9 @@ class ServeSettings:
                               f"got {self.advice_period_s}, {self.advice_hysteresis_s}, {self.advice_min_requests}")
         if self.auto_apply_interval_s is not None and not self.auto_apply_interval_s > 0:
             raise ConfigError(f"--auto-apply needs a minimum interval > 0 (e.g. 1h), got {self.auto_apply_interval_s}")
-        if not self.header_timeout_s > 0:
-            raise ConfigError(f"header_timeout_s must be > 0, got {self.header_timeout_s}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_queue < 0 or self.drain_timeout_s < 0:
             raise ConfigError("max_queue and drain_timeout_s must be >= 0")
         for name in ("chat_class", "completions_class"):
