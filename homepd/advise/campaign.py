@@ -42,7 +42,7 @@ from homepd.core.records import WorkerEventKind, to_plain
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
-from homepd.core.steppolicy import prompt_budget
+from homepd.core.steppolicy import StepPolicy
 from homepd.engine.controller import Engine
 from homepd.errors import ConfigError
 from homepd.engine.topology import topology_for
@@ -472,8 +472,10 @@ def predicted_chunk(estimate: StepEstimate | None, steps: list[StepRecord], itl_
     decoding = [st for st in steps if st.n_decode_tokens]
     n_decode = _median([st.n_decode_tokens for st in decoding]) if decoding else 1
     kv_in_use = _median([st.kv_in_use for st in decoding]) if decoding else 0
-    chunk = prompt_budget(estimate, n_decode, n_decode, itl_target_ms, kv_in_use=kv_in_use,
-                          min_chunk=MIN_PREDICTED_CHUNK, max_chunk=MAX_PREDICTED_CHUNK)
+    # why a policy of its own: the chunk tried is a fixed chunk, so no idle cap, and its range is advise's
+    policy = StepPolicy(None, MAX_PREDICTED_CHUNK + n_decode, itl_target_ms, estimate=lambda: estimate,
+                        min_chunk=MIN_PREDICTED_CHUNK)
+    chunk = max(MIN_PREDICTED_CHUNK, policy.budget_for(n_decode, n_decode, kv_in_use))
     return 1 << (chunk.bit_length() - 1)
 
 

@@ -123,20 +123,30 @@ class StepPolicy:
         self.estimate, self.min_chunk = estimate, min(min_chunk, n_batch)
         self.between_steps_ms = 0.0  # time spent outside steps before the next one (set by the worker loop)
 
+    @classmethod
+    def of_spec(cls, spec, estimate: Callable[[], StepEstimate | None] = lambda: None) -> "StepPolicy":
+        """The policy a worker started with ``spec`` (a ``WorkerSpec``) steps with: the worker builds its own
+        with this, and the admission gate and advise ask the same one what a step would carry."""
+        return cls(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=estimate, idle_step_ms=spec.idle_step_ms)
+
     @property
     def adaptive(self) -> bool:
         return self.itl_budget_ms is not None
 
     def budget(self, decode: Seq[Sequence], kv_in_use: int = 0) -> int:
         """Prompt tokens for the next step, given the sequences it decodes and the KV cells in use."""
-        room = self.n_batch - len(decode)
-        if not self.adaptive:
-            return min(self.n_batch if self.chunk is None else self.chunk, self.n_batch) - len(decode)
         interactive = sum(1 for s in decode if s.request_class != RequestClass.BACKGROUND)
+        return self.budget_for(len(decode), interactive, kv_in_use)
+
+    def budget_for(self, n_decode: int, n_interactive_decode: int, kv_in_use: int = 0) -> int:
+        """``budget`` from counts: a step beside ``n_decode`` decodes (``n_interactive_decode`` of them
+        interactive) with ``kv_in_use`` cells in use.  The one rule for the worker, the gate and advise."""
+        if not self.adaptive:
+            return min(self.n_batch if self.chunk is None else self.chunk, self.n_batch) - n_decode
         itl = max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
-        return min(room, prompt_budget(self.estimate(), len(decode), interactive, itl, kv_in_use,
-                                       min_chunk=self.min_chunk, max_chunk=self.n_batch,
-                                       idle_step_ms=self.idle_step_ms))
+        return min(self.n_batch - n_decode,
+                   prompt_budget(self.estimate(), n_decode, n_interactive_decode, itl, kv_in_use,
+                                 min_chunk=self.min_chunk, max_chunk=self.n_batch, idle_step_ms=self.idle_step_ms))
 
     def after_first_token(self, kv_in_use: int = 0) -> int | None:
         """The prompt tokens a step may still carry after an interactive prompt completes in it: what one ITL

@@ -23,7 +23,7 @@ from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.routing import RouteReason
 from homepd.core.stats import percentile
 from homepd.core.stepmodel import StepEstimate
-from homepd.core.steppolicy import prompt_budget
+from homepd.core.steppolicy import StepPolicy
 
 MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
 MAX_ERRORS = 2000
@@ -36,6 +36,7 @@ class WorkerLoad:
     queued_requests: dict[RequestClass, int]
     n_decode: int
     n_interactive_decode: int
+    kv_in_use: int = 0   # KV cells its running requests hold (what each step's tokens attend over)
 
 
 def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
@@ -43,16 +44,18 @@ def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
     waiting for a first token, per class, and the decoding streams."""
     tokens: Counter = Counter()
     queued: Counter = Counter()
-    n_decode = n_interactive = 0
+    n_decode = n_interactive = kv_in_use = 0
     for lc in lifecycles:
         klass = RequestClass(lc.request_class)
         if lc.first_token_s is None:
             tokens[klass] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
             queued[klass] += 1
+            kv_in_use += lc.n_prefilled
         else:
             n_decode += 1
             n_interactive += klass is RequestClass.INTERACTIVE
-    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive)
+            kv_in_use += lc.n_prompt_tokens + len(lc.token_times_s) - 1
+    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive, kv_in_use)
 
 
 class AdmissionGate:
@@ -89,16 +92,15 @@ class AdmissionGate:
         to price them."""
         return self.estimates.get(worker)
 
-    def prefill_rate(self, worker: str, spec: WorkerSpec, n_decode: int, n_interactive_decode: int
-                     ) -> tuple[float, float] | None:
+    def prefill_rate(self, worker: str, spec: WorkerSpec, n_decode: int, n_interactive_decode: int,
+                     kv_in_use: int = 0) -> tuple[float, float] | None:
         """(prompt tokens/s, ms of the rest of a step) on ``worker`` beside ``n_decode`` decodes, at the
-        budget its policy would give (the ITL-safe one when interactive streams decode and the chunk adapts)."""
+        budget its own step policy would give (``StepPolicy.of_spec``: the ITL-safe one when interactive streams
+        decode and the chunk adapts)."""
         est = self.estimate(worker)
         if est is None:
             return None
-        per_step = prompt_budget(est, n_decode, n_interactive_decode, spec.step_itl_budget_ms, max_chunk=spec.n_batch,
-                                 idle_step_ms=spec.idle_step_ms)
-        per_step = max(1, min(per_step, spec.n_batch - n_decode))
+        per_step = max(1, StepPolicy.of_spec(spec, lambda: est).budget_for(n_decode, n_interactive_decode, kv_in_use))
         return est.prefill_tok_s(n_decode, per_step), est.predict_ms(0, n_decode)
 
     def finished(self, lc: Lifecycle) -> None:
@@ -122,7 +124,7 @@ class AdmissionGate:
                ) -> Decision | None:
         """Admission's verdict for a new request entering ``worker``; None while the worker's speed is unmeasured
         (then it is admitted: there is nothing to predict from)."""
-        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode)
+        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode, load.kv_in_use)
         if rate is None:
             self.counts[klass]["admitted"] += 1
             return None
@@ -142,7 +144,7 @@ class AdmissionGate:
                           load: WorkerLoad) -> float | None:
         """``decide``'s TTFT prediction for ``n_uncached`` prompt tokens to compute on ``worker``, without a
         verdict or a count (routing compares workers with it); None while the worker's speed is unmeasured."""
-        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode)
+        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode, load.kv_in_use)
         if rate is None:
             return None
         q = QueueState(queued_interactive_tokens=load.queued_tokens.get(RequestClass.INTERACTIVE, 0),
@@ -166,7 +168,8 @@ class AdmissionGate:
         if remote is None:
             self.routed["remote"] += 1
             return False
-        local = self.prefill_rate(Role.DECODE, decode, decode_load.n_decode, decode_load.n_interactive_decode)
+        local = self.prefill_rate(Role.DECODE, decode, decode_load.n_decode, decode_load.n_interactive_decode,
+                                  decode_load.kv_in_use)
         local_tok_s = local[0] if local is not None else remote[0] * decode.n_threads / max(prefill.n_threads, 1) \
             * 0.5  # why: beside its decodes it gets about half its time for prompts until measured
         decision = route(n_prompt, RouteState(
@@ -183,9 +186,10 @@ class AdmissionGate:
         beside its running decodes within their ITL budget (``prompt_budget``: the whole batch when no
         interactive stream decodes; the smallest chunk while its speed is unmeasured).  A longer prompt there
         would hold those streams for several steps: the interference disaggregation exists to remove."""
-        budget = prompt_budget(self.estimate(Role.DECODE), decode_load.n_decode, decode_load.n_interactive_decode,
-                               decode.step_itl_budget_ms, max_chunk=decode.n_batch)
-        return max(0, min(budget, decode.n_batch - decode_load.n_decode))
+        est = self.estimate(Role.DECODE)
+        budget = StepPolicy.of_spec(decode, lambda: est).budget_for(
+            decode_load.n_decode, decode_load.n_interactive_decode, decode_load.kv_in_use)
+        return max(0, budget)
 
     # what it did ------------------------------------------------------------------
     def snapshot(self, load: WorkerLoad, running_by_class: dict[str, int]) -> AdmissionSnapshot:

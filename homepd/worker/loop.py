@@ -97,8 +97,7 @@ class WorkerLoop:
         # the worker's own step-time model, fitted online from its steps: the adaptive budget and the
         # deadline order read it every step
         self.step_model = OnlineStepModel()
-        policy = StepPolicy(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=self.step_model.estimate,
-                            idle_step_ms=spec.idle_step_ms)
+        policy = StepPolicy.of_spec(spec, self.step_model.estimate)
         # the KV store tier: its segment comes with the controller's AttachStore (none: no store)
         self.store = ContextStore(ctx, conn.send, spec.model_fingerprint, self.step_model.estimate,
                                   fault=spec.fault)

@@ -119,3 +119,40 @@ def test_advise_predicts_nothing_without_an_estimate_and_at_least_its_smallest_c
     assert predicted_chunk(None, decoding_steps(2, 0), 100.0) is None
     slow = StepEstimate(**{**EST.__dict__, "base_ms": 200.0})  # even an empty step misses the target
     assert predicted_chunk(slow, decoding_steps(2, 0), 100.0) == MIN_PREDICTED_CHUNK
+
+
+def test_the_gate_predicts_the_chunk_the_worker_will_run_for_the_same_state():
+    """One budget rule (StepPolicy.of_spec): the admission gate's prompt-per-step for a worker equals the one
+    that worker's loop gives the same decodes, KV in use, ITL budget and idle cap."""
+    from homepd.config import EngineConfig
+    from homepd.core.lifecycle import Lifecycle
+    from homepd.core.protocol import WorkerSpec
+    from homepd.core.sampling import SamplingParams
+    from homepd.core.sequence import Sequence
+    from homepd.core.steppolicy import StepPolicy
+    from homepd.core.stepmodel import StepEstimate
+    from homepd.engine.gate import AdmissionGate, load_of
+
+    est = StepEstimate(base_ms=12.0, ms_per_prompt_token=1.5, ms_per_decode_token=4.0, ms_per_kv_ktoken=0.02,
+                       n_steps=40, error_ms=1.0, n_prompt_steps=30)
+    spec = WorkerSpec(role="colocated", model_path="fake://model", n_ctx=4096, n_seq_max=8, chunk=256, n_threads=1,
+                      itl_budget_ms=100.0, idle_step_ms=500.0)
+    gate = AdmissionGate(EngineConfig(backend="fake"))
+    gate.estimates["colocated"] = est
+    for n_interactive, n_background in ((0, 0), (2, 0), (0, 3), (3, 2)):
+        decoding = [Sequence(f"i{k}", list(range(300)), SamplingParams(max_tokens=64), output_ids=[5] * 10,
+                             n_prefilled=300, request_class="interactive") for k in range(n_interactive)]
+        decoding += [Sequence(f"b{k}", list(range(300)), SamplingParams(max_tokens=64), output_ids=[5] * 10,
+                              n_prefilled=300, request_class="background") for k in range(n_background)]
+        kv_in_use = sum(s.n_kv_tokens for s in decoding)
+        worker = StepPolicy.of_spec(spec, lambda: est).budget(decoding, kv_in_use)
+        lifecycles = []
+        for s in decoding:
+            lc = Lifecycle(s.request_id, 0.0, n_prompt_tokens=300, request_class=s.request_class)
+            for t in range(10):
+                lc.add_token(float(t))
+            lifecycles.append(lc)
+        load = load_of(lifecycles)
+        assert load.kv_in_use == kv_in_use
+        rate, rest_ms = gate.prefill_rate("colocated", spec, load.n_decode, load.n_interactive_decode, load.kv_in_use)
+        assert rate == pytest.approx(est.prefill_tok_s(len(decoding), worker)), (n_interactive, n_background)

@@ -57,20 +57,22 @@ def test_the_decode_worker_keeps_the_itl_budget_at_a_fixed_chunk_and_the_others_
 def test_a_prompt_the_decode_worker_prefills_beside_interactive_streams_comes_in_itl_safe_steps():
     _, specs = disaggregated_specs()
     decode = specs[Role.DECODE]
-    policy = StepPolicy(decode.chunk, decode.n_batch, decode.step_itl_budget_ms, estimate=lambda: EST)
+    policy = StepPolicy.of_spec(decode, lambda: EST)   # the decode worker's own
     streams = [Sequence(f"d{i}", [1, 2], SamplingParams(), request_class=I) for i in range(3)]
     budget = policy.budget(streams)
     # 85 ms of the 100 ms budget, 10 + 3*5 of it fixed: (85 - 25) / 2 = 30 prompt tokens, not 253
     assert budget == 30
     assert EST.predict_ms(budget, 3) <= decode.step_itl_budget_ms * STEP_SHARE_OF_ITL
     background = [Sequence(f"b{i}", [1, 2], SamplingParams(), request_class=B) for i in range(3)]
-    assert policy.budget(background) == decode.n_batch - 3  # nobody waits on a token: the whole batch
+    # nobody waits on a token: as much as the idle cap holds (an eighth of the TTFT budget: 500 ms), far more
+    idle = policy.budget(background)
+    assert 200 < idle < decode.n_batch - 3 and EST.predict_ms(idle, 3) <= decode.idle_step_ms
 
 
 @pytest.mark.parametrize("n_interactive, n_prompt, local", [
     (3, 20, True),     # short: one ITL-safe step beside the streams, and sooner than the busy prefill worker
     (3, 200, False),   # would hold three interactive streams for 7 steps: handed off (at n_ctx it stayed local)
-    (0, 200, True),    # nobody waits on a token on the decode worker: a whole batch may be prefilled there
+    (0, 200, True),    # nobody waits on a token on the decode worker: what its idle cap holds (237) goes there
 ])
 def test_the_gate_sends_the_decode_worker_only_what_one_itl_safe_step_carries(n_interactive, n_prompt, local):
     config, specs = disaggregated_specs()
@@ -78,7 +80,10 @@ def test_the_gate_sends_the_decode_worker_only_what_one_itl_safe_step_carries(n_
     busy_prefill = load({I: 2000})  # a long document is being prefilled there
     decode_load = load(n_decode=3, n_interactive=n_interactive)
     limit = gate.local_prefill_limit(specs[Role.DECODE], decode_load)
-    assert limit == (30 if n_interactive else specs[Role.DECODE].n_batch - 3)
+    # one rule: the decode worker's own step policy, asked with the same state
+    worker = StepPolicy.of_spec(specs[Role.DECODE], lambda: EST)
+    assert limit == worker.budget_for(3, n_interactive, decode_load.kv_in_use) == (30 if n_interactive else
+                                                                                    worker.budget_for(3, 0))
     assert gate.route(n_prompt, specs[Role.PREFILL], busy_prefill, specs[Role.DECODE], decode_load) is local
     assert gate.routed["local" if local else "remote"] == 1
 
