@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import functools
 import json
 import os
@@ -176,17 +177,25 @@ def test_the_scan_finds_the_owners_imports():
     assert imported_libraries("from . import x\nfrom .y import z\n") == set()  # relative: inside homepd
 
 
-# ---- the faces read the engine through its read API ------------------------------------
+# ---- the faces use the engine through its public API only ----------------------------------
 
-ENGINE_TABLES = ("streams", "workers", "records", "step_log", "kv")
+# what serve, the app, advise, measure and the CLI may touch on an ``Engine``: its lifecycle, requests, read API
+ENGINE_API = frozenset({
+    "start", "stop", "submit", "cancel", "prepare", "config", "tokenizer", "chat_format",    # running, requests
+    "health", "is_running", "restart_eta_s", "wait_restarts", "snapshot", "finished_since",  # read API
+    "steps_since", "last_steps", "step_listeners", "step_estimate", "worker_events", "worker_pid", "n_streaming",
+    "kv_peak", "measure_memory", "cache_stats",
+})
+# ``engine`` names that are not an Engine: an export recipe's engine enum, the app's remote engine snapshot
+NOT_AN_ENGINE = {("homepd.advise.exportdoc", "value"), ("homepd.tui.sources.remote", "mode")}
 
 
-def engine_table_reads(source: str) -> list[tuple[int, str]]:
-    """(line, attribute) of every ``<...>engine.<table>`` in ``source``: an engine's internal table read
-    through a name or attribute called ``engine`` (``engine.kv``, ``self.engine.workers``...)."""
+def engine_uses(source: str) -> list[tuple[int, str]]:
+    """(line, attribute) of every ``<...>engine.<attribute>`` in ``source`` (``engine.submit``,
+    ``self.engine.health``...): what a module touches on an object it calls ``engine``."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr in ENGINE_TABLES:
+        if isinstance(node, ast.Attribute):
             owner = node.value
             name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else None
             if name == "engine":
@@ -194,18 +203,31 @@ def engine_table_reads(source: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def test_no_module_outside_the_engine_reads_its_tables():
-    """serve, the app, advise and measure use ``Engine``'s read API (health, is_running, finished_since,
-    steps_since, snapshot...), so the controller may change its tables freely."""
+def test_outside_the_engine_only_its_public_api_is_used():
+    """The controller may change its tables (streams, workers, records, the step log, the KV router) freely:
+    no module outside ``homepd.engine`` reaches anything of an Engine but ``ENGINE_API``."""
     outside = [p for p in sorted(PACKAGE.rglob("*.py")) if not p.is_relative_to(PACKAGE / "engine")]
     assert len(outside) > 50
-    reads = {module_name(p): r for p in outside if (r := engine_table_reads(p.read_text(encoding="utf-8")))}
-    assert reads == {}
+    used = {(module_name(p), attr): line for p in outside
+            for line, attr in engine_uses(p.read_text(encoding="utf-8"))}
+    assert {key for key in used if key[1] not in ENGINE_API} == NOT_AN_ENGINE
 
 
-def test_the_engine_table_scan_sees_a_read():
+def test_every_name_of_the_engine_api_is_the_engines():
+    from homepd.engine.controller import Engine
+
+    public = {n for n in dir(Engine) if not n.startswith("_")}
+    # set in Engine.__init__ (the read API's attributes): checked against its source
+    instance_attributes = {"config", "tokenizer", "chat_format", "step_listeners", "worker_events"}
+    init = inspect.getsource(Engine.__init__) + inspect.getsource(Engine.start)
+    assert all(f"self.{name}" in init for name in instance_attributes)
+    assert ENGINE_API <= public | instance_attributes, ENGINE_API - public - instance_attributes
+
+
+def test_the_engine_use_scan_sees_a_use_outside_the_api():
     source = ("def f(engine, service):\n"
               "    a = engine.streams\n"
               "    b = service.engine.workers['x'].pid\n"
-              "    c = engine.snapshot().workers, engine.worker_events, plan.workers\n")
-    assert engine_table_reads(source) == [(2, "streams"), (3, "workers")]
+              "    c = engine.snapshot().workers, plan.workers\n")
+    assert [(line, attr) for line, attr in engine_uses(source) if attr not in ENGINE_API] == [(2, "streams"),
+                                                                                            (3, "workers")]
