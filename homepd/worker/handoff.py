@@ -28,6 +28,7 @@ from typing import Callable
 
 from homepd.core.protocol import AttachSlots, KVHandoff, KVImported, RequestDone, SlotFreed
 from homepd.core.scheduler import Scheduler
+from homepd.core.records import FinishReason
 from homepd.core.sequence import Sequence
 from homepd.errors import HomepdError
 from homepd.kv.header import SlotExpectation, SlotHeader, SlotState
@@ -65,7 +66,7 @@ class _ArenaRole:
             self.arena = None
 
     def _fail(self, request_id: str, error: str) -> None:
-        self.send(RequestDone(request_id, "error", time.monotonic(), error=error))
+        self.send(RequestDone(request_id, FinishReason.ERROR, time.monotonic(), error=error))
 
 
 class PrefillRole(_ArenaRole):
@@ -182,7 +183,7 @@ class DecodeRole(_ArenaRole):
                 self.pending.remove(msg)
                 if self.arena is not None and self.arena.request_in(msg.slot) == request_id:
                     self.arena.reset_stale(msg.slot)
-                self.send(RequestDone(request_id, "cancelled", time.monotonic()))
+                self.send(RequestDone(request_id, FinishReason.CANCELLED, time.monotonic()))
 
     def pump(self) -> None:
         """Import pending handoffs while sequences and context are free (in arrival order)."""

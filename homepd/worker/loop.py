@@ -21,6 +21,7 @@ from homepd.core.protocol import (AttachStore, WorkerSpec, CancelRequest, Heartb
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
 from homepd.core.sampling import TokenLogprob, top_logprobs
 from homepd.core.scheduler import Scheduler, StepPlan
+from homepd.core.records import FinishReason
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import OnlineStepModel
 from homepd.core.steppolicy import StepPolicy
@@ -160,7 +161,7 @@ class WorkerLoop:
             try:
                 sampler = self.ctx.new_sampler(msg.params, msg.history_ids)
             except Exception as exc:  # the controller checked it; a refusal here fails this request alone
-                self.conn.send(RequestDone(msg.request_id, "error", time.monotonic(), error=f"sampler: {exc}"))
+                self.conn.send(RequestDone(msg.request_id, FinishReason.ERROR, time.monotonic(), error=f"sampler: {exc}"))
                 return
             self.scheduler.add(Sequence(
                 request_id=msg.request_id, prompt_ids=list(msg.prompt_ids), params=msg.params, sampler=sampler,
@@ -171,7 +172,7 @@ class WorkerLoop:
             if seq is not None:
                 self.role.forget(seq)
                 self.finish(seq, keep_prefix=True)
-                self.conn.send(RequestDone(msg.request_id, "cancelled", time.monotonic()))
+                self.conn.send(RequestDone(msg.request_id, FinishReason.CANCELLED, time.monotonic()))
             else:
                 self.role.cancel(msg.request_id)
         elif isinstance(msg, Shutdown):
@@ -191,7 +192,7 @@ class WorkerLoop:
                 self.conn.send(KVPreempted(ev.seq.request_id, now, ev.seq.n_prompt))
             else:
                 self.role.forget(ev.seq)
-                self.conn.send(RequestDone(ev.seq.request_id, "length", now, text=ev.seq.stream.flush(), kv_full=True))
+                self.conn.send(RequestDone(ev.seq.request_id, FinishReason.LENGTH, now, text=ev.seq.stream.flush(), kv_full=True))
 
     # one step -----------------------------------------------------------------
     def step(self, plan: StepPlan) -> None:
@@ -212,7 +213,7 @@ class WorkerLoop:
         except Exception as exc:  # e.g. no KV slot: fail the step's requests, keep the worker
             for seq in [*plan.decode, *(sl.seq for sl in plan.prefill)]:
                 self.finish(seq)
-                self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=str(exc)))
+                self.conn.send(RequestDone(seq.request_id, FinishReason.ERROR, time.monotonic(), error=str(exc)))
             return
         shape = (plan.n_prompt_tokens, plan.n_decode_tokens, plan.kv_in_use)
         plan, sampled = self._sample(plan, logit_rows)
@@ -281,7 +282,7 @@ class WorkerLoop:
             return plan, sampled
         for seq, error in failed:
             self.finish(seq)
-            self.conn.send(RequestDone(seq.request_id, "error", time.monotonic(), error=error))
+            self.conn.send(RequestDone(seq.request_id, FinishReason.ERROR, time.monotonic(), error=error))
         return StepPlan(decode=tuple(q for q in plan.decode if q.request_id in sampled),
                         prefill=tuple(sl for sl in plan.prefill
                                       if not sl.completes_prompt or sl.seq.request_id in sampled),
@@ -298,18 +299,18 @@ class WorkerLoop:
         stream = seq.stream
         if self.model.is_eog(token) and not seq.params.ignore_eos:
             self._logprobs.pop(seq.request_id, None)
-            return None, self._done(seq, "stop", t_s, stream.flush())
+            return None, self._done(seq, FinishReason.STOP, t_s, stream.flush())
         text = stream.feed(self.model.token_to_piece(token))
         out = TokenOut(seq.request_id, token, text, t_s, self._logprobs.pop(seq.request_id, None))
         if stream.stopped:
-            return out, self._done(seq, "stop", t_s, "")
+            return out, self._done(seq, FinishReason.STOP, t_s, "")
         if len(seq.output_ids) >= seq.params.max_tokens:
-            return out, self._done(seq, "length", t_s, stream.flush())
+            return out, self._done(seq, FinishReason.LENGTH, t_s, stream.flush())
         if len(seq.output_ids) == 1:
             self.role.prompt_done(seq, t_s)
         return out, None
 
-    def _done(self, seq: Sequence, reason: str, t_s: float, text: str) -> RequestDone:
+    def _done(self, seq: Sequence, reason: FinishReason, t_s: float, text: str) -> RequestDone:
         self.finish(seq, keep_prefix=True)
         return RequestDone(seq.request_id, reason, t_s, text=text)
 
