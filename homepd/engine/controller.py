@@ -24,9 +24,9 @@ from homepd.core.admission import RequestClass, Verdict
 from homepd.core.chatformat import ChatFormat, detect as detect_chat_format
 from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.modes import Role
-from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted, RequestDone,
+from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVPreempted, RequestDone,
                                   PrefixCacheStats, PrefixReused, StoreDropped, StoreSaved,
-                                  SlotFreed, StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
+                                  StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
@@ -38,6 +38,7 @@ from homepd.engine.pool import WorkerPool
 from homepd.engine.prompt import ChatExtras, chat_tokens, prompt_tokens
 from homepd.engine.streams import Event, RequestStream
 from homepd.engine.topology import Health, topology_for
+from homepd.engine.topology.handoff import NoHandoff
 from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
 
 # finished request records kept for finished_since (the app's embedded source reads them every tick; the
@@ -72,7 +73,7 @@ class Engine:
         self.step_listeners: list = []  # called with each StepRecord once its tokens and ends are applied
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = self.pool.handles
-        self.kv = None  # KVRouter (a topology with a KV arena)
+        self.handoff = NoHandoff()  # the mode's KV handoff between workers (disaggregated: the arena's)
         self.kv_store = None  # homepd.kv.store.StoreBook: the KV store tier's segments and what they hold
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
@@ -99,10 +100,9 @@ class Engine:
         try:
             self._open_store()
             await self.pool.start()
-            self.kv = self.topology.make_kv(self.config, self.setup, self.workers)
-            if self.kv is not None:
-                for handle in self.workers.values():
-                    handle.send(self.kv.attach_message())
+            self.handoff = self.topology.make_handoff(self.config, self.setup, self.workers)
+            for handle in self.workers.values():
+                self.handoff.attach(handle)
             await asyncio.to_thread(self.measure_memory)
             if self.config.hang_timeout_s:
                 self.pool.spawn(watch_for_hangs(self.workers, self.config.hang_timeout_s, lambda: self._stopping))
@@ -114,10 +114,9 @@ class Engine:
         self._stopping = True
         await self.pool.stop()
         for rid in list(self.streams):
-            self._end(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
-        if self.kv is not None:
-            self.kv.close()
-            self.kv = None
+            self.end_request(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
+        self.handoff.close()
+        self.handoff = NoHandoff()
         if self.kv_store is not None:
             self.kv_store.close()
             self.kv_store = None
@@ -214,7 +213,7 @@ class Engine:
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
         if rid in self.streams:
             raise RequestError(f"request id {rid!r} is already running")
-        routed = self.topology.route_new(self.config, self.workers, self.kv, self.gate,
+        routed = self.topology.route_new(self.config, self.workers, self.handoff.router, self.gate,
                                          lambda h: self._load(h.in_flight), len(ids),
                                          cached=lambda h: self.affinity.cached(h, ids), request_class=klass)
         worker = routed.worker
@@ -250,7 +249,7 @@ class Engine:
         for handle in list(self.workers.values()):
             if request_id in handle.in_flight:
                 if handle.drop_backlog(request_id):
-                    self._end(request_id, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
+                    self.end_request(request_id, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
                 else:
                     handle.send(CancelRequest(request_id))
         return True
@@ -261,34 +260,29 @@ class Engine:
         return stream.lifecycle if stream is not None else self.records.get(request_id)
 
     def _entry_worker(self, avoid: WorkerHandle | None = None, n_tokens: int = 0) -> WorkerHandle:
-        return self.topology.entry_worker(self.workers, self.kv, n_tokens, avoid)
+        return self.topology.entry_worker(self.workers, self.handoff.router, n_tokens, avoid)
 
     # messages from workers (on the loop thread) -------------------------------------
     def _on_message(self, handle: WorkerHandle, msg) -> None:
-        if isinstance(msg, StepReport):
-            self._on_step(handle, msg)
-        elif isinstance(msg, RequestDone):
-            self._on_done(msg)
-        elif isinstance(msg, KVHandoff):
-            self._on_handoff(msg)
-        elif isinstance(msg, KVImported):
-            self._on_imported(msg)
-        elif isinstance(msg, KVPreempted):  # the full KV context re-queued it on its worker
-            if msg.request_id in self.streams:
-                lc = self.streams[msg.request_id].lifecycle
-                lc.n_kv_preemptions += 1
-                lc.n_prefilled = 0  # its prompt (and output so far) is prefilled again
-        elif isinstance(msg, PrefixReused):  # its prompt starts from a cached prefix, not recomputed
-            if msg.request_id in self.streams:
-                self.streams[msg.request_id].lifecycle.n_cached_tokens = msg.n_tokens
-        elif isinstance(msg, StoreSaved):
-            self.kv_store.saved(handle.role, msg)
-        elif isinstance(msg, StoreDropped):
-            self.kv_store.dropped(handle.role, msg)
-        elif isinstance(msg, (WorkerReady, Heartbeat)):
-            pass  # the handle keeps the first; the second only proves it alive
-        elif isinstance(msg, WorkerFatal):
-            handle.last_error = msg.error.splitlines()[0] if msg.error else "unknown error"
+        if self.handoff.handles(msg):  # KVHandoff, KVImported: the mode's own flow
+            self.handoff.on_message(self, msg)
+        else:
+            self._HANDLERS[type(msg)](self, handle, msg)
+
+    def _on_preempted(self, handle: WorkerHandle, msg: KVPreempted) -> None:
+        """The full KV context re-queued it on its worker: its prompt (and output so far) is prefilled again."""
+        if msg.request_id in self.streams:
+            lc = self.streams[msg.request_id].lifecycle
+            lc.n_kv_preemptions += 1
+            lc.n_prefilled = 0
+
+    def _on_reused(self, handle: WorkerHandle, msg: PrefixReused) -> None:
+        """Its prompt starts from a cached prefix, not recomputed."""
+        if msg.request_id in self.streams:
+            self.streams[msg.request_id].lifecycle.n_cached_tokens = msg.n_tokens
+
+    def _on_fatal(self, handle: WorkerHandle, msg: WorkerFatal) -> None:
+        handle.last_error = msg.error.splitlines()[0] if msg.error else "unknown error"
 
     def _on_step(self, handle: WorkerHandle, report: StepReport) -> None:
         step = report.step
@@ -322,49 +316,31 @@ class Engine:
         for listener in self.step_listeners:
             listener(step)
 
-    def _on_handoff(self, msg: KVHandoff) -> None:
-        """Prefill worker exported a request's KV into a slot: route it to the decode worker."""
-        rid = msg.request_id
-        self.workers[Role.PREFILL].in_flight.discard(rid)
-        if rid not in self.streams or rid in self.cancelling:
-            self.kv.discard_export(msg)  # nobody wants it any more
-            self.workers[Role.PREFILL].send(SlotFreed(msg.slot))
-            self._end(rid, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
-            return
-        lc = self.streams[rid].lifecycle
-        lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
-        lc.kv_export_s = msg.export_end_s - msg.export_start_s
-        self.kv.handed_off(msg)
-        decode = self.workers[Role.DECODE]
-        if decode.failed:
-            self._end(rid, RequestState.FAILED, time.monotonic(), error=f"decode worker is down ({decode.failed})")
-        else:
-            decode.send_request(rid, msg)
-            self.affinity.holds(decode, self.streams[rid].prompt_ids)  # its next turn is not prefilled anew
-
-    def _on_imported(self, msg: KVImported) -> None:
-        self.kv.imported(msg.request_id)
-        self.workers[Role.PREFILL].send(SlotFreed(msg.slot))
-        stream = self.streams.get(msg.request_id)
-        if stream is not None:
-            lc = stream.lifecycle
-            lc.kv_import_s = msg.import_end_s - msg.import_start_s
-            lc.transfer_end_s = msg.import_end_s
-            lc.advance(RequestState.DECODING, msg.import_end_s)
-
     def _on_done(self, done: RequestDone) -> None:
         if done.kv_full and done.request_id in self.streams:
             self.streams[done.request_id].lifecycle.ended_by_kv_full = True
-        self._end(done.request_id, end_state(done.reason), done.t_s, reason=done.reason, text=done.text,
+        self.end_request(done.request_id, end_state(done.reason), done.t_s, reason=done.reason, text=done.text,
                   error=done.error)
 
-    def _end(self, rid: str, state: RequestState, t_s: float, reason: FinishReason | None = None, text: str = "",
+    # the dispatch of worker messages (the mode's handoff messages go to its handoff first)
+    _HANDLERS = {
+        StepReport: lambda self, handle, msg: self._on_step(handle, msg),
+        RequestDone: lambda self, handle, msg: self._on_done(msg),
+        KVPreempted: _on_preempted,
+        PrefixReused: _on_reused,
+        StoreSaved: lambda self, handle, msg: self.kv_store.saved(handle.role, msg),
+        StoreDropped: lambda self, handle, msg: self.kv_store.dropped(handle.role, msg),
+        WorkerReady: lambda self, handle, msg: None,  # the handle keeps it
+        Heartbeat: lambda self, handle, msg: None,    # it only proves the worker alive
+        WorkerFatal: _on_fatal,
+    }
+
+    def end_request(self, rid: str, state: RequestState, t_s: float, reason: FinishReason | None = None, text: str = "",
              error: str | None = None) -> None:
         """The one place a request ends: its stream gets its last event, its resources are freed."""
         stream = self.streams.pop(rid, None)
         self.cancelling.discard(rid)
-        if self.kv is not None and self.kv.drop(rid):
-            self.workers[Role.PREFILL].send(SlotFreed(-1))  # a slot may be free again
+        self.handoff.ended(rid)
         if stream is None:
             return
         holder = next((h for h in self.workers.values() if rid in h.in_flight), None)
@@ -402,11 +378,7 @@ class Engine:
         handle.backlog.clear()
         self._attach_store(handle)  # its replacement finds the conversations this one saved
         wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
-        intact: set[str] = set()
-        if self.kv is not None:
-            resumable = wanted if self.config.resume and not crash_loop else set()
-            intact = set(self.kv.recover(handle.spec.role, pid, resumable))
-            self.workers[Role.PREFILL].send(SlotFreed(-1))  # recovery may have freed slots
+        intact = self.handoff.recover(handle.spec.role, pid, wanted if self.config.resume and not crash_loop else set())
         plan = recovery.plan_recovery(recovery.WorkerDeath(
             role=handle.role, pid=pid, cause=cause, is_crash_loop=crash_loop, resume=self.config.resume,
             n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker(avoid=handle).failed),
@@ -417,9 +389,9 @@ class Engine:
             failed_requests=tuple(rid for rid, _ in plan.fail), resumed_from_slot=plan.from_slot,
             recomputed_requests=plan.recompute))
         for rid in plan.cancel:  # the cancel died with the worker: honour it
-            self._end(rid, RequestState.CANCELLED, now, reason=FinishReason.CANCELLED)
+            self.end_request(rid, RequestState.CANCELLED, now, reason=FinishReason.CANCELLED)
         for rid, error in plan.fail:
-            self._end(rid, RequestState.FAILED, now, error=error)
+            self.end_request(rid, RequestState.FAILED, now, error=error)
         handle.last_error = None
         self.pool.unregister(pid)
         if not plan.restart:
@@ -429,12 +401,11 @@ class Engine:
             return
         for rid in plan.from_slot:  # KV intact in its slot: the restarted decode worker imports it
             self.streams[rid].note_resume("slot")
-            handle.send_request(rid, self.kv.in_arena[rid])
+            self.handoff.resume(rid, handle)
         for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
             stream = self.streams[rid]
             stream.note_resume("recompute")
-            if self.kv is not None:
-                self.kv.drop(rid)  # a stale slot entry must not be imported later
+            self.handoff.forget(rid)
             request = stream.resubmission(self.tokenizer.token_to_piece, self.gate.deadline_s(stream.lifecycle))
             entry = self._entry_worker(avoid=handle, n_tokens=len(request.prompt_ids))
             entry.send_request(rid, request)
@@ -448,14 +419,11 @@ class Engine:
             self.worker_events.append(WorkerEvent(WorkerEventKind.FAILED, handle.role, None, time.monotonic(),
                                                   cause=f"could not be restarted: {error}"))
             for rid in sorted(handle.in_flight):
-                self._end(rid, RequestState.FAILED, time.monotonic(),
+                self.end_request(rid, RequestState.FAILED, time.monotonic(),
                           error=f"{handle.role} worker could not be restarted: {error}")
             return
         self.pool.register(handle)
-        if self.kv is not None:
-            handle.send(self.kv.attach_message())
-            if handle.spec.role is Role.PREFILL:
-                handle.send(SlotFreed(-1))  # wake it: slots may have freed while it was down
+        self.handoff.attach(handle, restarted=True)
         now = time.monotonic()
         self.worker_events.append(WorkerEvent(WorkerEventKind.RESTARTED, handle.role, handle.pid, now,
                                               recovery_s=now - died_s))
@@ -488,7 +456,7 @@ class Engine:
 
     def kv_peak(self, t0_s: float, t1_s: float) -> tuple[int, int]:
         """(peak arena bytes in use, KV bytes in transit then) between two monotonic times; (0, 0): no arena."""
-        return self.kv.peak_usage(t0_s, t1_s) if self.kv is not None else (0, 0)
+        return self.handoff.peak_usage(t0_s, t1_s)
 
     def cache_stats(self) -> dict[str, PrefixCacheStats]:
         """Worker name -> its prefix cache's latest stats (workers without a cache are left out)."""
@@ -510,7 +478,7 @@ class Engine:
         return EngineSnapshot(
             mode=self.config.mode, model=self.model_path, n_ctx=self.config.n_ctx, chunk=self.config.chunk,
             workers=tuple(h.snapshot() for h in self.workers.values()),
-            kv_arena=self.kv.snapshot() if self.kv is not None else None,
+            kv_arena=self.handoff.snapshot(),
             requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
             requests_by_class=by_class, worker_events=tuple(self.worker_events), t_s=time.monotonic(),
             memory=self.memory, admission=self.gate.snapshot(self._load(self.streams), by_class),

@@ -38,7 +38,7 @@ async def assert_arena_settled(engine) -> None:
     assert snap.in_arena == () and sum(snap.occupancy.values()) == 0
     streams, ends = await generate(engine, ["one more"], max_tokens=4)
     assert ends[0][-1].kind == "done" and streams[0].lifecycle.kv_bytes
-    used, kv = engine.kv.usage[-1][1:]
+    used, kv = engine.handoff.router.usage[-1][1:]
     assert used == extent_bytes_for(kv), (used, kv)
 
 
@@ -48,7 +48,7 @@ def test_an_arena_smaller_than_one_prompts_kv_routes_it_to_decode_and_the_others
 
     async def scenario():
         async with make_engine(cfg) as engine:
-            assert not engine.kv.fits_prefill_worker(2241) and engine.kv.fits_prefill_worker(20)
+            assert not engine.handoff.router.fits_prefill_worker(2241) and engine.handoff.router.fits_prefill_worker(20)
             streams, ends = await generate(engine, [LONG, *SHORT])
             return streams, ends, list(engine.step_log), engine.snapshot()
 
@@ -71,7 +71,7 @@ def test_an_arena_smaller_than_one_prompts_kv_routes_it_to_decode_and_the_others
 def test_a_prompt_longer_than_the_prefill_context_is_prefilled_on_the_decode_worker():
     async def scenario():
         async with make_engine(fake(prefill_n_ctx=512)) as engine:  # the arena (default) would hold it
-            assert not engine.kv.fits_prefill_worker(2241)
+            assert not engine.handoff.router.fits_prefill_worker(2241)
             return await generate(engine, [LONG, SHORT[0]])
 
     streams, ends = run(scenario())
@@ -113,9 +113,9 @@ def test_kill_9_of_either_worker_mid_handoff_leaves_the_arena_consistent_and_req
                        for p, n in zip([*SHORT, "last one"], lengths)]
             async for event in streams[0]:  # request 0 decodes while two handoffs wait in the arena
                 assert event.kind == "token", "request 0 ended before two handoffs were in the arena"
-                if len(engine.kv.in_arena) == 2:
+                if len(engine.handoff.router.in_arena) == 2:
                     break
-            in_transit = set(engine.kv.in_arena)
+            in_transit = set(engine.handoff.router.in_arena)
             os.kill(pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
             await engine.wait_restarts()

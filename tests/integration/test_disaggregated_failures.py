@@ -171,7 +171,7 @@ async def main():
     await engine.start()
     s = await engine.submit("Count to one hundred:", params=SamplingParams(max_tokens=10000, ignore_eos=True))
     await s.__anext__()
-    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.kv.arena.names, flush=True)
+    print(engine.workers["prefill"].pid, engine.workers["decode"].pid, *engine.handoff.router.arena.names, flush=True)
     await asyncio.sleep(3600)   # stands for a controller busy forever; the test kills it
 asyncio.run(main())
 """

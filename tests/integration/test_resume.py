@@ -110,7 +110,7 @@ def test_prefill_death_resumes_a_request_waiting_for_a_slot():
             streams = [await engine.submit(p, params=SamplingParams(max_tokens=n, ignore_eos=True))
                        for p, n in zip(PROMPTS[:3], lengths)]
             await streams[2].__anext__()  # its first token: now it waits for the only slot
-            assert streams[2].lifecycle.state.value == "transferring" and len(engine.kv.in_arena) == 1
+            assert streams[2].lifecycle.state.value == "transferring" and len(engine.handoff.router.in_arena) == 1
             os.kill(engine.workers["prefill"].pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
             return streams, ends

@@ -33,7 +33,7 @@ def test_a_live_disaggregated_snapshot_comes_back_from_json_unchanged():
                        for p, n in (("first prompt", 200), ("second one", 8), ("third one", 8))]
             async for event in streams[0]:
                 assert event.kind == "token", "the first request ended before two handoffs were in the arena"
-                if len(engine.kv.in_arena) == 2:
+                if len(engine.handoff.router.in_arena) == 2:
                     break
             engine.measure_memory()
             in_transit = engine.snapshot()

@@ -61,9 +61,11 @@ class Topology:
         """This mode's part of a ``PlacementPlan`` (its ``feasible`` and ``reason``)."""
         raise NotImplementedError
 
-    def make_kv(self, config: EngineConfig, setup: EngineSetup, workers: Mapping):
-        """The controller's ``KVRouter`` once the workers are ready, or None."""
-        return None
+    def make_handoff(self, config: EngineConfig, setup: EngineSetup, workers: Mapping):
+        """The mode's KV handoff once the workers are ready (``homepd.engine.topology.handoff``)."""
+        from homepd.engine.topology.handoff import NoHandoff
+
+        return NoHandoff()
 
     # requests -----------------------------------------------------------------------------------
     def entry_worker(self, workers: Mapping, kv, n_tokens: int = 0, avoid=None):

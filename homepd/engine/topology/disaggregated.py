@@ -53,11 +53,13 @@ class Disaggregated(Topology):
     def plan_part(self, plan):
         return plan.disaggregated
 
-    def make_kv(self, config, setup, workers):
+    def make_handoff(self, config, setup, workers):
+        from homepd.engine.topology.handoff import ArenaHandoff
         from homepd.kv.router import KVRouter
 
         # the placement plan's arena (else sized from the prefill worker's measured KV state bytes)
-        return KVRouter(setup.kv_arena_bytes, workers[Role.PREFILL].ready, max_extents=config.n_slots)
+        return ArenaHandoff(KVRouter(setup.kv_arena_bytes, workers[Role.PREFILL].ready, max_extents=config.n_slots),
+                            workers)
 
     def entry_worker(self, workers, kv, n_tokens=0, avoid=None):
         """The prefill worker, unless the prompt's KV fits its context or the arena not: then the decode

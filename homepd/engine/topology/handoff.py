@@ -1,0 +1,140 @@
+"""A mode's KV handoff: what happens to a request between the worker that prefills it and the one that decodes it.
+
+The topology supplies one (``Topology.make_handoff``), and the controller only tells it what happened:
+``NoHandoff`` (colocated, replicas: a request never leaves its worker) does nothing; ``ArenaHandoff``
+(disaggregated) owns the KV router over the shared-memory arena, relays ``KVHandoff`` from the prefill worker
+to the decode worker and ``KVImported`` back, frees extents as requests end, and says which requests' KV is
+still intact in the arena when a worker dies.  The requests themselves (streams, lifecycles, recovery's plan)
+stay the controller's; the handoff reaches them through the engine it is given.
+"""
+from __future__ import annotations
+
+import time
+
+from homepd.core.lifecycle import RequestState
+from homepd.core.modes import Role
+from homepd.core.protocol import KVHandoff, KVImported, SlotFreed
+from homepd.core.records import FinishReason
+
+WAKE = SlotFreed(-1)  # tells the prefill worker that extents may be free again
+
+
+class NoHandoff:
+    """A mode whose requests never move: nothing to relay, free or recover."""
+    router = None
+
+    def attach(self, handle, restarted: bool = False) -> None:
+        pass
+
+    def handles(self, msg) -> bool:
+        return False
+
+    def on_message(self, engine, msg) -> None:
+        raise AssertionError(f"{type(msg).__name__} in a mode without a KV handoff")
+
+    def ended(self, request_id: str) -> None:
+        pass
+
+    def recover(self, role: Role, pid: int | None, resumable: set[str]) -> set[str]:
+        return set()
+
+    def resume(self, request_id: str, handle) -> None:
+        raise AssertionError("no KV is kept in an arena in this mode")
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+    def snapshot(self):
+        return None
+
+    def peak_usage(self, t0_s: float, t1_s: float) -> tuple[int, int]:
+        return 0, 0
+
+    def close(self) -> None:
+        pass
+
+
+class ArenaHandoff(NoHandoff):
+    """Disaggregation: prompts prefilled on the prefill worker reach the decode worker through the KV arena."""
+
+    def __init__(self, router, workers):
+        self.router = router      # homepd.kv.router.KVRouter: the extents in transit, the arena's accounting
+        self.workers = workers
+
+    def _prefill(self):
+        return self.workers[Role.PREFILL]
+
+    def attach(self, handle, restarted: bool = False) -> None:
+        """A worker started: it attaches the arena; a restarted prefill worker is woken (extents may have freed
+        while it was down)."""
+        handle.send(self.router.attach_message())
+        if restarted and handle.spec.role is Role.PREFILL:
+            handle.send(WAKE)
+
+    def handles(self, msg) -> bool:
+        return isinstance(msg, (KVHandoff, KVImported))
+
+    def on_message(self, engine, msg) -> None:
+        if isinstance(msg, KVHandoff):
+            self._handed_off(engine, msg)
+        else:
+            self._imported(engine, msg)
+
+    def _handed_off(self, engine, msg: KVHandoff) -> None:
+        """The prefill worker exported a request's KV into an extent: send it on to the decode worker."""
+        rid = msg.request_id
+        self._prefill().in_flight.discard(rid)
+        if rid not in engine.streams or rid in engine.cancelling:
+            self.router.discard_export(msg)  # nobody wants it any more
+            self._prefill().send(SlotFreed(msg.slot))
+            engine.end_request(rid, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
+            return
+        lc = engine.streams[rid].lifecycle
+        lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
+        lc.kv_export_s = msg.export_end_s - msg.export_start_s
+        self.router.handed_off(msg)
+        decode = self.workers[Role.DECODE]
+        if decode.failed:
+            engine.end_request(rid, RequestState.FAILED, time.monotonic(),
+                               error=f"decode worker is down ({decode.failed})")
+        else:
+            decode.send_request(rid, msg)
+            engine.affinity.holds(decode, engine.streams[rid].prompt_ids)  # its next turn is not prefilled anew
+
+    def _imported(self, engine, msg: KVImported) -> None:
+        self.router.imported(msg.request_id)
+        self._prefill().send(SlotFreed(msg.slot))
+        stream = engine.streams.get(msg.request_id)
+        if stream is not None:
+            lc = stream.lifecycle
+            lc.kv_import_s = msg.import_end_s - msg.import_start_s
+            lc.transfer_end_s = msg.import_end_s
+            lc.advance(RequestState.DECODING, msg.import_end_s)
+
+    def ended(self, request_id: str) -> None:
+        """A request ended: its extent, if it held one, is free again."""
+        if self.router.drop(request_id):
+            self._prefill().send(WAKE)
+
+    def recover(self, role: Role, pid: int | None, resumable: set[str]) -> set[str]:
+        """A worker died: the requests of ``resumable`` whose KV is intact in the arena (resumed from there)."""
+        intact = set(self.router.recover(role, pid, resumable))
+        self._prefill().send(WAKE)  # recovery may have freed extents
+        return intact
+
+    def resume(self, request_id: str, handle) -> None:
+        """Send a request whose KV is intact in the arena to the (restarted) decode worker to import."""
+        handle.send_request(request_id, self.router.in_arena[request_id])
+
+    def forget(self, request_id: str) -> None:
+        """A request is recomputed: a stale extent entry must not be imported later."""
+        self.router.drop(request_id)
+
+    def snapshot(self):
+        return self.router.snapshot()
+
+    def peak_usage(self, t0_s: float, t1_s: float) -> tuple[int, int]:
+        return self.router.peak_usage(t0_s, t1_s)
+
+    def close(self) -> None:
+        self.router.close()
