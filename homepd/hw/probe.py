@@ -27,7 +27,7 @@ SCHEMA_VERSION = 1
 POWERCAP_ROOT = Path("/sys/class/powercap")
 CPU_SYSFS_ROOT = Path("/sys/devices/system/cpu")
 NVIDIA_PROC_DIR = Path("/proc/driver/nvidia/gpus")
-# quoted by the README ("GPU build")
+# quoted by the README ("With a GPU")
 CUDA_REBUILD_COMMAND = (
     "uv sync --reinstall-package llama-cpp-python "
     "--config-settings-package llama-cpp-python:cmake.define.GGML_CUDA=ON"

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
                               description="Run the engine behind an OpenAI-compatible HTTP API.  Every flag is "
                                           "also a HOMEPD_* variable and a config-file key.  Live advice "
                                           "(--advice-*) compares the traffic with the stored advise evidence: "
-                                          "GET /advice, POST /advice/apply (see README, Live advice).")
+                                          "GET /advice, POST /advice/apply (see docs/serve.md, Live advice).")
     add_config_flags(p)
     add_option_flags(p, ServeSettings, section="serve")
     p.set_defaults(func=serve)

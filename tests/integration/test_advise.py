@@ -1,6 +1,6 @@
 """``homepd advise`` end to end on the fake backend (real worker processes, real store, real CLI), the
 kill -9 of an advise process mid-run, and ``advise apply``.  The campaign's figures with the real model are
-a benchmark (README), not a test."""
+a benchmark (docs/advise.md), not a test."""
 from __future__ import annotations
 
 import json

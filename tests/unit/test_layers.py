@@ -1,4 +1,4 @@
-"""The dependency rule (README "How it is built"), enforced.
+"""The dependency rule (docs/architecture.md "Layers and their import rules"), enforced.
 
 - the import-linter contracts in pyproject.toml are kept (and do catch a violation);
 - the engine core and the measurement layer load no face library, and the pure core
