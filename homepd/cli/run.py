@@ -17,6 +17,7 @@ from homepd.measure.replay import run_trace
 from homepd.measure.report import add_slo_flags, fmt, render_run, slo_from_args
 from homepd.core.sampling import SamplingParams
 from homepd.measure.trace import PRESETS, make_trace, read_trace
+from homepd.engine.streams import EventKind
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -72,7 +73,7 @@ async def _one_prompt(engine, args) -> int:
     async for event in stream:
         sys.stdout.write(event.text)
         sys.stdout.flush()
-        if event.kind == "error":
+        if event.kind is EventKind.ERROR:
             print(f"\nhomepd: error: {event.error}", file=sys.stderr)
             return 1
     lc = stream.lifecycle

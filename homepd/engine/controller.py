@@ -36,7 +36,7 @@ from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
 from homepd.engine.handles import WorkerHandle, watch_for_hangs
 from homepd.engine.pool import WorkerPool
 from homepd.engine.prompt import ChatExtras, chat_tokens, prompt_tokens
-from homepd.engine.streams import Event, RequestStream
+from homepd.engine.streams import Event, EventKind, RequestStream
 from homepd.engine.topology import Health, topology_for
 from homepd.engine.topology.handoff import NoHandoff
 from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
@@ -309,7 +309,7 @@ class Engine:
             if stream is not None:
                 stream.token_ids.append(tok.token_id)
                 stream.lifecycle.add_token(tok.t_s)
-                stream.queue.put_nowait(Event("token", tok.request_id, tok.t_s, tok.token_id, tok.text,
+                stream.queue.put_nowait(Event(EventKind.TOKEN, tok.request_id, tok.t_s, tok.token_id, tok.text,
                                               logprob=tok.logprob))
         for done in report.done:
             self._on_done(done)
@@ -359,9 +359,9 @@ class Engine:
         while len(self.records) > MAX_RECORDS:
             self.records.popitem(last=False)
         if state is RequestState.FAILED:
-            stream.queue.put_nowait(Event("error", rid, t_s, text=text, error=error or "failed"))
+            stream.queue.put_nowait(Event(EventKind.ERROR, rid, t_s, text=text, error=error or "failed"))
         else:
-            stream.queue.put_nowait(Event("done", rid, t_s, text=text, finish_reason=reason))
+            stream.queue.put_nowait(Event(EventKind.DONE, rid, t_s, text=text, finish_reason=reason))
 
     # when a worker dies (decided by homepd.engine.recovery, applied here) -----------------
     def _on_exit(self, handle: WorkerHandle, exitcode: int | None) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.protocol import SubmitRequest
@@ -12,10 +13,16 @@ from homepd.core.textstream import TextStream
 from homepd.engine.recovery import HeldRequest
 
 
+class EventKind(str, Enum):
+    TOKEN = "token"
+    DONE = "done"      # the request ended (its finish_reason says how)
+    ERROR = "error"    # it failed (always the last event)
+
+
 @dataclass(frozen=True)
 class Event:
     """One streamed event: a token, the end of the request, or an error (always last)."""
-    kind: str  # "token" | "done" | "error"
+    kind: EventKind
     request_id: str
     t_s: float
     token_id: int | None = None
@@ -45,7 +52,7 @@ class RequestStream:
         if self._ended:
             raise StopAsyncIteration
         event = await self.queue.get()
-        self._ended = event.kind != "token"
+        self._ended = event.kind is not EventKind.TOKEN
         return event
 
     async def collect(self) -> tuple[list[Event], str]:

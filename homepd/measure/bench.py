@@ -23,6 +23,7 @@ from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 from homepd.hw.threads import ThreadUse, read_tasks, thread_use
 from homepd.measure.refproc import ReferenceProcess
+from homepd.engine.streams import EventKind
 
 FILLER = ("The history of computing is a story of people, ideas and machines. Early mechanical "
           "calculators gave way to electronic computers, and those to the personal machines of today. ")
@@ -69,7 +70,7 @@ async def _generate(engine, prompt_text: str, n_gen: int) -> tuple[int, float, l
     """One request through the engine: (prompt tokens, submit time, arrival time of each token)."""
     t_submit = time.monotonic()
     stream = await engine.submit(prompt_text, params=SamplingParams(max_tokens=n_gen, ignore_eos=True))
-    received = [time.monotonic() async for event in stream if event.kind == "token"]
+    received = [time.monotonic() async for event in stream if event.kind is EventKind.TOKEN]
     if stream.lifecycle.n_cached_tokens:  # the loop computes every prompt token: so must the engine here
         raise RuntimeError(f"the measured request reused {stream.lifecycle.n_cached_tokens} cached prompt tokens")
     return stream.lifecycle.n_prompt_tokens, t_submit, received

@@ -25,7 +25,9 @@ from fastapi.sse import EventSourceResponse, format_sse_event
 
 from homepd.core.reply import DeltaKind
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams, TokenLogprob
+from homepd.engine.streams import EventKind
 from homepd.errors import HomepdError
 from homepd.measure.trace.traffic import Route
 from homepd.serve.chat import RequestPlan, arguments_json, plan_request
@@ -245,9 +247,9 @@ async def _respond(reply: Reply, request: Request, request_class: str):
         watcher.cancel()
     try:
         last = events[-1]
-        if last.kind == "error":
+        if last.kind is EventKind.ERROR:
             raise unavailable(f"the request failed: {last.error}", "worker_failed")
-        if last.finish_reason == "cancelled":
+        if last.finish_reason is FinishReason.CANCELLED:
             raise unavailable("the request was aborted: homepd is shutting down", "aborted")
         for e in events:
             reply.feed(e.text, e.t_s)
@@ -306,25 +308,25 @@ async def _sse(reply: Reply, usage_mode: str | None):
         yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])
     async for event in stream:
-        n_out += event.kind == "token"
+        n_out += event.kind is EventKind.TOKEN
         deltas = reply.feed(event.text, event.t_s)
         logprob = event.logprob if wants_logprobs else None
-        if event.kind == "done" and event.finish_reason != "cancelled":
+        if event.kind is EventKind.DONE and event.finish_reason is not FinishReason.CANCELLED:
             deltas += reply.flush(event.t_s)
         for i, delta in enumerate(deltas):
             yield chunk([piece(delta, logprob=logprob if i == 0 else None)])
         if logprob is not None and not deltas:
             yield chunk([piece(None, logprob=logprob)])
-        if event.kind == "done" and event.finish_reason != "cancelled":
+        if event.kind is EventKind.DONE and event.finish_reason is not FinishReason.CANCELLED:
             yield chunk([piece(None, reply.finish_reason(event.finish_reason))], homepd=reply.homepd())
             if usage_mode:
                 yield chunk([], usage=usage(stream.lifecycle))
-        elif event.kind not in ("token", "done"):
+        elif event.kind is EventKind.ERROR:
             why = event.error or "aborted: homepd is shutting down"
             yield format_sse_event(data_str=json.dumps(APIError(
                 503, f"the request failed: {why}", UNAVAILABLE, "worker_failed" if event.error else "aborted"
             ).body()))
-        elif event.kind == "done":
+        elif event.kind is EventKind.DONE:
             yield format_sse_event(data_str=json.dumps(APIError(
                 503, "the request failed: aborted: homepd is shutting down", UNAVAILABLE, "aborted").body()))
     yield format_sse_event(data_str="[DONE]")

@@ -32,6 +32,7 @@ from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
 from homepd.tui.sources.chatrequest import EngineChat, engine_chat
 from homepd.tui.sources.loop import LoopThread
 from homepd.tui.stepwindow import StepWindow
+from homepd.engine.streams import EventKind
 
 PULL_POLL_S = 0.25
 
@@ -202,9 +203,9 @@ class EmbeddedSource(DataSource):
             if event.text:
                 for delta in parser.feed(event.text) if parser else (Delta(DeltaKind.CONTENT, event.text),):
                     on_delta(delta)
-            if event.kind == "done":
+            if event.kind is EventKind.DONE:
                 finish = event.finish_reason
-            elif event.kind == "error":
+            elif event.kind is EventKind.ERROR:
                 error = event.error
         for delta in parser.flush() if parser else ():
             on_delta(delta)
