@@ -424,7 +424,9 @@ class Engine:
             return
         self.pool.register(handle)
         self.handoff.attach(handle, restarted=True)
-        now = time.monotonic()
+        # why its ready time, not now: its backlog was sent at once, and this task may resume only after the
+        # replacement has already finished a resumed request (seen on a loaded box)
+        now = handle.ready_s if handle.ready_s is not None else time.monotonic()
         self.worker_events.append(WorkerEvent(WorkerEventKind.RESTARTED, handle.role, handle.pid, now,
                                               recovery_s=now - died_s))
 

@@ -57,6 +57,7 @@ class WorkerHandle:
         self.ready: WorkerReady | None = None
         self.last_load_s: float | None = None   # spawn -> ready of its latest start (what a restart should take)
         self._started_s = time.monotonic()
+        self.ready_s: float | None = None      # when its latest WorkerReady arrived (a restart's true end)
         self._ready_future: asyncio.Future | None = None
         self._send_lock = threading.Lock()
         self.in_flight: set[str] = set()
@@ -129,7 +130,8 @@ class WorkerHandle:
             return
         if isinstance(msg, WorkerReady):
             self.ready = msg
-            self.last_load_s = time.monotonic() - self._started_s
+            self.ready_s = time.monotonic()
+            self.last_load_s = self.ready_s - self._started_s
             while self.backlog:
                 _, queued = self.backlog.popleft()
                 self.send(queued)

@@ -33,7 +33,11 @@ async def kill_mid_stream(cfg: EngineConfig, victim: str, n_out: int, late_promp
         params = SamplingParams(max_tokens=n_out, ignore_eos=True, stop=(NEVER,))
         streams = [await engine.submit(p, params=params) for p in PROMPTS[:3]]
         texts = {s.request_id: "" for s in streams}
-        for s in streams:  # two tokens each: in disaggregated mode the second comes from the decode worker
+        # two tokens each: in disaggregated mode the second comes from the decode worker.  Replicas: only the
+        # victim's requests are waited for (a request alone on a replica ends all its tokens in well under a
+        # second, while the other replica still prefills two prompts: waiting for those first, it was gone)
+        held = [s for s in streams if cfg.mode != "replicas" or s.lifecycle.routed_to == victim]
+        for s in held:
             texts[s.request_id] += (await s.__anext__()).text + (await s.__anext__()).text
         if victim == "prefill":  # give the prefill worker something to lose
             streams.append(await engine.submit(late_prompt, params=params))
