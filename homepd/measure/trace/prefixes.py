@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 BLOCK_TOKENS = 16        # the engine's KV block: a prefix is matched in whole blocks
-MAX_PREFIXES = 65_536    # block prefixes kept: ~1M prompt tokens of history, ~7 MB
+MAX_PREFIXES = 65_536    # block prefixes kept: ~1M prompt tokens of history, ~13 MB (measured: ~200 B each)
 _DIGEST_BYTES = 16
 
 
