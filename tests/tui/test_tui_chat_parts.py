@@ -9,7 +9,7 @@ from homepd.core.chatformat import ToolFormat, detect
 from homepd.core.reply import Delta, DeltaKind, ToolCall
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
-from homepd.engine.streams import Event
+from homepd.engine.streams import Event, EventKind
 from homepd.tui.jobs import coalesce
 from homepd.tui.records import ChatStats
 from homepd.tui.screens.chat import REASONING_LINES, turn_text
@@ -41,8 +41,8 @@ class StubStream:
 
     def __init__(self, texts: list[str]):
         self.lifecycle = Lifecycle("req-1", 0.0)
-        self._events = [Event("token", "req-1", 0.0, token_id=k, text=t) for k, t in enumerate(texts)]
-        self._events.append(Event("done", "req-1", 0.0, finish_reason=FinishReason.STOP))
+        self._events = [Event(EventKind.TOKEN, "req-1", 0.0, token_id=k, text=t) for k, t in enumerate(texts)]
+        self._events.append(Event(EventKind.DONE, "req-1", 0.0, finish_reason=FinishReason.STOP))
 
     def __aiter__(self):
         return self
