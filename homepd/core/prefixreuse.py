@@ -29,7 +29,7 @@ from homepd.core.stepmodel import StepEstimate
 
 from homepd.core.allocator import KVAllocator
 from homepd.core.prefixcache import PrefixIndex, ReuseMode
-from homepd.core.protocol import PrefixCacheStats
+from homepd.core.records import PrefixCacheStats
 from homepd.core.sequence import Sequence
 
 
@@ -238,7 +238,7 @@ class PrefixReuse:
         return PrefixCacheStats(
             n_lookups=self.n_lookups, n_hits=self.n_hits, n_lookup_tokens=self.n_lookup_tokens,
             n_hit_tokens=self.n_hit_tokens, n_evictions=self.n_evictions, n_cached_entries=len(self.index),
-            n_cached_cells=n_cells, cached_bytes=n_cells * bytes_per_cell, mode=self.mode.value,
+            n_cached_cells=n_cells, cached_bytes=n_cells * bytes_per_cell, mode=self.mode,
             n_store_entries=self.store.n_entries if self.store is not None else 0,
             store_bytes=self.store.used_bytes if self.store is not None else 0,
             n_store_hits=self.n_store_hits, n_store_hit_tokens=self.n_store_hit_tokens,

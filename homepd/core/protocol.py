@@ -10,7 +10,8 @@ from enum import Enum
 
 from homepd.core.admission import RequestClass
 from homepd.core.modes import Role
-from homepd.core.records import FinishReason
+from homepd.core.prefixcache import ReuseMode
+from homepd.core.records import FinishReason, PrefixCacheStats
 from homepd.core.sampling import SamplingParams, TokenLogprob
 from homepd.core.stepmodel import StepEstimate
 
@@ -127,7 +128,7 @@ class WorkerReady:
     # cache): homepd.hw.smaps, measured by the controller
     memory_regions: tuple[tuple[str, int, int], ...] = ()
     kv_cache_bytes: int = 0
-    prefix_cache_mode: str = "off"  # what its prefix cache reuses (PrefixCacheStats.mode): off, prefix, exact
+    prefix_cache_mode: ReuseMode = ReuseMode.OFF  # what its prefix cache reuses (PrefixCacheStats.mode)
 
 
 @dataclass(frozen=True)
@@ -203,30 +204,6 @@ class PrefixReused:
 
     def __post_init__(self):
         object.__setattr__(self, "source", CacheSource(self.source))
-
-
-@dataclass(frozen=True)
-class PrefixCacheStats:
-    """One worker's prefix cache: cumulative counters since the worker started, and its current size."""
-    n_lookups: int = 0            # prompts looked up
-    n_hits: int = 0               # lookups that reused at least one token
-    n_lookup_tokens: int = 0      # prompt tokens looked up
-    n_hit_tokens: int = 0         # of those, tokens reused (not computed)
-    n_evictions: int = 0          # cached prefixes dropped to make room
-    n_cached_entries: int = 0     # cached prefixes held now
-    n_cached_cells: int = 0       # KV cells they hold now (not counting cells shared with running requests)
-    cached_bytes: int = 0         # those cells in bytes
-    n_store_entries: int = 0      # KV store tier (host memory), when there is one: entries held now
-    store_bytes: int = 0          # bytes their extents take in the store (headers included)
-    n_store_hits: int = 0         # of the hits, prompts restored from the store
-    n_store_hit_tokens: int = 0   # tokens they restored
-    n_store_no_room: int = 0      # saves refused because /dev/shm had no room for their pages
-    mode: str = "off"             # what llama.cpp allows for this cache type: "off", "prefix" (any prefix), "exact"
-
-    @property
-    def hit_ratio(self) -> float | None:
-        """Share of looked-up prompt tokens that were reused (None before any lookup)."""
-        return self.n_hit_tokens / self.n_lookup_tokens if self.n_lookup_tokens else None
 
 
 @dataclass(frozen=True)

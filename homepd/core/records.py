@@ -14,10 +14,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from homepd.core.prefixcache import ReuseMode
 from homepd.errors import HomepdError
-
-if typing.TYPE_CHECKING:
-    from homepd.core.protocol import PrefixCacheStats
 
 
 class FinishReason(str, enum.Enum):
@@ -58,6 +56,30 @@ class WorkerEvent:
 
     def to_dict(self) -> dict:
         return to_plain(self)
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """One worker's prefix cache: cumulative counters since the worker started, and its current size."""
+    n_lookups: int = 0            # prompts looked up
+    n_hits: int = 0               # lookups that reused at least one token
+    n_lookup_tokens: int = 0      # prompt tokens looked up
+    n_hit_tokens: int = 0         # of those, tokens reused (not computed)
+    n_evictions: int = 0          # cached prefixes dropped to make room
+    n_cached_entries: int = 0     # cached prefixes held now
+    n_cached_cells: int = 0       # KV cells they hold now (not counting cells shared with running requests)
+    cached_bytes: int = 0         # those cells in bytes
+    n_store_entries: int = 0      # KV store tier (host memory), when there is one: entries held now
+    store_bytes: int = 0          # bytes their extents take in the store (headers included)
+    n_store_hits: int = 0         # of the hits, prompts restored from the store
+    n_store_hit_tokens: int = 0   # tokens they restored
+    n_store_no_room: int = 0      # saves refused because /dev/shm had no room for their pages
+    mode: ReuseMode = ReuseMode.OFF  # what llama.cpp allows for this cache type (off, any prefix, exact)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Share of looked-up prompt tokens that were reused (None before any lookup)."""
+        return self.n_hit_tokens / self.n_lookup_tokens if self.n_lookup_tokens else None
 
 
 @dataclass(frozen=True)
@@ -283,9 +305,7 @@ def _decode(tp, value, path: str):
 
 @functools.cache
 def _field_types(cls: type) -> dict:
-    from homepd.core.protocol import PrefixCacheStats  # why here: protocol imports this module
-
-    return typing.get_type_hints(cls, localns={"PrefixCacheStats": PrefixCacheStats})
+    return typing.get_type_hints(cls)
 
 
 def _expect(value, kind, path: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from homepd.core.lifecycle import Lifecycle
+from homepd.core.prefixcache import ReuseMode
 from homepd.core.routeindex import RouteIndex
 from homepd.core.routing import MIN_PREFIX_GAIN_TOKENS
 
@@ -38,7 +39,7 @@ class PrefixAffinity:
     def cached(self, handle, ids: Sequence[int]) -> int:
         """Prompt tokens of ``ids`` that ``handle``'s worker probably holds."""
         stats = handle.cache_stats
-        if stats is not None and stats.mode == "off":
+        if stats is not None and stats.mode is ReuseMode.OFF:
             return 0
         index = self.indexes.get(handle.role)
         # why at most all but one: a worker computes a prompt's last token whatever it holds (its logits)
@@ -58,7 +59,7 @@ class PrefixAffinity:
         # why only a worker that reports a prefix cache: before it does, no reuse is reported and a miss
         # says nothing of what it holds; why not a few tokens: that is the worker's reuse granularity, not aging
         if routed is not None and missed >= MIN_PREFIX_GAIN_TOKENS and routed.cache_stats is not None \
-                and routed.cache_stats.mode != "off" and routed.role in self.indexes:
+                and routed.cache_stats.mode is not ReuseMode.OFF and routed.role in self.indexes:
             index = self.indexes[routed.role]
             before = len(index)
             index.evict_tokens(missed, keep=ids)

@@ -240,7 +240,7 @@ def prefix_cache_metrics(stats_by_worker: dict):
                              "off, prefix (any prefix reused) or exact (only whole cached sequences)",
                              labels=["worker", "mode"])
     for worker, stats in workers:
-        mode.add_metric([worker, stats.mode], 1.0)
+        mode.add_metric([worker, stats.mode.value], 1.0)
     yield mode
 
 

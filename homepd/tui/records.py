@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from homepd.advise.pictures import Pictures
+from homepd.core.prefixcache import ReuseMode
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class CacheView:
     cached_bytes: int              # KV the cached prefixes hold in the worker's context
     store_bytes: int = 0           # ... and in the host-memory KV store
     n_store_entries: int = 0
-    mode: str = "prefix"           # what llama.cpp allows for this cache type: off, prefix, exact
+    mode: ReuseMode = ReuseMode.PREFIX  # what llama.cpp allows for this cache type
 
 
 @dataclass(frozen=True)

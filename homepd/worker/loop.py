@@ -16,7 +16,8 @@ import traceback
 from homepd.core import modes
 from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixcache import ReuseMode
-from homepd.core.protocol import CacheSource, KVPreempted, PrefixCacheStats, PrefixReused
+from homepd.core.protocol import CacheSource, KVPreempted, PrefixReused
+from homepd.core.records import PrefixCacheStats
 from homepd.core.protocol import (AttachStore, WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
                              SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
 from homepd.core.sampling import TokenLogprob, top_logprobs
@@ -61,7 +62,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                               n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0,
                               state_bytes_per_token=per_token, state_overhead_bytes=overhead,
                               memory_regions=regions, kv_cache_bytes=kv_cache_bytes,
-                              prefix_cache_mode=(prefixes.mode if prefixes else ReuseMode.OFF).value))
+                              prefix_cache_mode=prefixes.mode if prefixes else ReuseMode.OFF))
         try:
             loop.run()
         except (EOFError, BrokenPipeError):
@@ -334,7 +335,7 @@ class WorkerLoop:
                 n = (n[0] + 1, n[1] + sl.seq.n_prompt, n[2] + hit)
         self._claimed = n
         return PrefixCacheStats(n_lookups=n[0], n_hits=n[0], n_lookup_tokens=n[1], n_hit_tokens=n[2],
-                                n_cached_entries=1, n_cached_cells=16, cached_bytes=16 << 10, mode="prefix")
+                                n_cached_entries=1, n_cached_cells=16, cached_bytes=16 << 10, mode=ReuseMode.PREFIX)
 
     def _decode_token(self, plan: StepPlan, i: int) -> int:
         seq = plan.decode[i]

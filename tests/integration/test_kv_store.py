@@ -15,6 +15,7 @@ from homepd.core.sampling import SamplingParams
 from homepd.kv.segment import STORE_PREFIX
 from homepd.llm import LlamaModel
 from homepd.measure.reference import teacher_forced_deficits
+from homepd.core.prefixcache import ReuseMode
 
 from engine_helpers import PROMPTS, coloc, fake_coloc, fake_text, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS
@@ -130,9 +131,9 @@ def test_real_model_conversation_restored_from_the_store_agrees_with_a_fresh_pre
     kept = t1[0] + t1[1][:-1]  # what the first exchange's KV holds
     assert stats.n_store_hits == 1
     if which == "gemma3":
-        assert stats.mode == "exact" and t2[2] == (len(kept) if t2[0][:len(kept)] == kept else 0) > 0
+        assert stats.mode is ReuseMode.EXACT and t2[2] == (len(kept) if t2[0][:len(kept)] == kept else 0) > 0
     else:
-        assert stats.mode == "prefix" and t2[2] == min(common_prefix(t2[0], kept), len(t2[0]) - 1) > len(t1[0])
+        assert stats.mode is ReuseMode.PREFIX and t2[2] == min(common_prefix(t2[0], kept), len(t2[0]) - 1) > len(t1[0])
     model = LlamaModel(path)
     try:
         checks = [t2] if t3 is None else [t2, t3]

@@ -9,6 +9,7 @@ import pytest
 from homepd.core.sampling import SamplingParams
 from homepd.llm import LlamaModel
 from homepd.measure.reference import teacher_forced_deficits
+from homepd.core.prefixcache import ReuseMode
 
 from engine_helpers import N_THREADS, PROMPTS, coloc, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS
@@ -107,7 +108,7 @@ def test_gemma_sliding_window_cache_reuses_only_a_whole_kept_sequence(gemma_mode
 
     results, stats = run(scenario())
     (p0, g0, _, _), (_, _, c1, _), (p2, g2, c2, _) = results
-    assert stats["colocated"].mode == "exact"
+    assert stats["colocated"].mode is ReuseMode.EXACT
     assert c1 == 0  # the second question shares the document only: not a whole kept sequence
     kept = p0 + g0[:-1]
     assert c2 == (len(kept) if p2[:len(kept)] == kept else 0)

@@ -13,8 +13,9 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from homepd.core.protocol import PrefixCacheStats
+from homepd.core.records import PrefixCacheStats
 from homepd.core.records import EngineSnapshot
+from homepd.core.prefixcache import ReuseMode
 from test_serve_harness import ServeProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,5 +94,5 @@ def test_status_carries_typed_cache_stats(client):
     client.post("/v1/completions", json={"model": MODEL, "prompt": "hello there", "max_tokens": 1})
     engine = EngineSnapshot.from_dict(client.get("/status").json()["engine"])
     stats = engine.cache["colocated"]
-    assert isinstance(stats, PrefixCacheStats) and stats.mode == "prefix"
+    assert isinstance(stats, PrefixCacheStats) and stats.mode is ReuseMode.PREFIX
     assert stats.n_lookups >= 2 and 0 < stats.n_hit_tokens < stats.n_lookup_tokens

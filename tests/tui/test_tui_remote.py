@@ -10,7 +10,8 @@ import pytest
 
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
-from homepd.core.protocol import PrefixCacheStats, StepRecord
+from homepd.core.protocol import StepRecord
+from homepd.core.records import PrefixCacheStats
 from homepd.core.reply import Delta, DeltaKind, ToolCall
 from homepd.core.records import EngineSnapshot, RecordShapeError, WorkerSnapshot
 from homepd.errors import HomepdError
@@ -18,6 +19,7 @@ from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui.sources.chatrequest import chunk_deltas
 from homepd.tui.sources.remote import RemoteSource, find_service, iter_sse, service_address
 from homepd.tui.state import ChatTurn
+from homepd.core.prefixcache import ReuseMode
 
 pytestmark = pytest.mark.timeout(30)
 KEY = "secret-key-123"
@@ -26,7 +28,7 @@ KEY = "secret-key-123"
 def engine_json() -> dict:
     w = WorkerSnapshot("colocated", 42, True, True, 0, 2, (0, 1), "", 0, ("r1",), 0)
     cache = PrefixCacheStats(n_lookups=3, n_hits=2, n_lookup_tokens=90, n_hit_tokens=60, cached_bytes=3 << 20,
-                             mode="prefix")
+                             mode=ReuseMode.PREFIX)
     return EngineSnapshot("colocated", "/m/smollm2.gguf", 4096, 256, (w,), None, {"decoding": ("r1",)}, 5,
                           (), cache={"colocated": cache}).to_dict()
 

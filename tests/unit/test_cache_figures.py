@@ -6,7 +6,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from homepd.core.lifecycle import Lifecycle, RequestState
-from homepd.core.protocol import PrefixCacheStats
+from homepd.core.prefixcache import ReuseMode
+from homepd.core.records import PrefixCacheStats
 from homepd.measure.metrics import summarize
 from homepd.measure.replay import RunRecord
 from homepd.measure.report import render_run
@@ -64,8 +65,8 @@ def test_prefix_cache_series_per_worker_and_the_hit_ratio_only_after_a_lookup():
     stats = {"replica-1": PrefixCacheStats(n_lookups=4, n_hits=3, n_lookup_tokens=1000, n_hit_tokens=750,
                                            n_evictions=2, n_cached_entries=5, n_cached_cells=640,
                                            cached_bytes=7 << 20, n_store_entries=9, store_bytes=30 << 20,
-                                           mode="prefix"),
-             "replica-0": PrefixCacheStats(mode="exact")}
+                                           mode=ReuseMode.PREFIX),
+             "replica-0": PrefixCacheStats(mode=ReuseMode.EXACT)}
     families = exposition(stats)
     values = {(f.name, s.labels["worker"]): s.value for f in families.values() for s in f.samples
               if f.name != "homepd_prefix_cache_mode"}

@@ -9,7 +9,9 @@ from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, RouteState, route
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.modes import Mode, Role
-from homepd.core.protocol import PrefixCacheStats, StepRecord, WorkerSpec
+from homepd.core.protocol import StepRecord, WorkerSpec
+from homepd.core.prefixcache import ReuseMode
+from homepd.core.records import PrefixCacheStats
 from homepd.core.records import AdmissionSnapshot, from_plain, to_plain
 from homepd.core.routing import MIN_PREFIX_GAIN_TOKENS, ReplicaView, RouteReason, choose_replica
 from homepd.core.stepmodel import StepEstimate
@@ -109,12 +111,12 @@ def test_a_conversations_next_turn_goes_to_the_replica_that_served_it_until_its_
 
 
 def test_a_replica_whose_cache_is_off_is_never_credited_with_a_prefix():
-    a, b = Handle("replica-0", in_flight={"x"}, cache_stats=PrefixCacheStats(mode="off")), Handle("replica-1")
+    a, b = Handle("replica-0", in_flight={"x"}, cache_stats=PrefixCacheStats(mode=ReuseMode.OFF)), Handle("replica-1")
     affinity = PrefixAffinity()
     affinity.holds(a, conversation(1000))
     routed = replicas_route(affinity, [a, b], {}, conversation(1030), gate_with())
     assert (routed.worker, routed.reason) == (b, RouteReason.LEAST_LOADED)
-    a.cache_stats = PrefixCacheStats(mode="prefix")  # the same replica with a prefix cache pulls it
+    a.cache_stats = PrefixCacheStats(mode=ReuseMode.PREFIX)  # the same replica with a prefix cache pulls it
     routed = replicas_route(affinity, [a, b], {}, conversation(1030), gate_with())
     assert (routed.worker, routed.reason) == (a, RouteReason.PREFIX_HIT)
 
@@ -169,7 +171,7 @@ def lifecycle(routed_to, expected, reused):
 
 
 def test_a_worker_that_reused_less_than_expected_ages_out_that_many_old_tokens():
-    a = Handle("replica-0", cache_stats=PrefixCacheStats(mode="prefix"))
+    a = Handle("replica-0", cache_stats=PrefixCacheStats(mode=ReuseMode.PREFIX))
     affinity = PrefixAffinity()
     old, conv = conversation(300, start=10_000), conversation(500)
     affinity.holds(a, old)
@@ -210,7 +212,7 @@ def test_the_snapshot_counts_routing_decisions_by_reason_and_scores_the_predicti
 
 
 def test_a_few_tokens_short_is_the_workers_granularity_not_aging_and_the_last_token_is_never_credited():
-    a = Handle("replica-0", cache_stats=PrefixCacheStats(mode="prefix"))
+    a = Handle("replica-0", cache_stats=PrefixCacheStats(mode=ReuseMode.PREFIX))
     affinity = PrefixAffinity()
     old, conv = conversation(300, start=10_000), conversation(500)
     affinity.holds(a, old)

@@ -16,6 +16,7 @@ from homepd.advise.twobox import HandoffSample, project
 from homepd.config import EngineConfig
 from homepd.core.reply import Delta, DeltaKind
 from homepd.core.modes import Mode, Role
+from homepd.core.prefixcache import ReuseMode
 from homepd.tui.evidence import recommendation_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
                                 EvidenceRow, HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
@@ -143,7 +144,7 @@ class FakeSource(DataSource):
             # why this shape: the arena as the engine reports it, one segment with two extents in transit
             kv = dict(kv_arena=ArenaView(91 * MIB, 2 * 3 * MIB, {"WRITING": 1, "READY": 1, "READING": 0},
                                          self.config.n_slots), kv_mb_s=3.2,
-                      caches=(CacheView(Role.DECODE, 0.4, 480, 1200, 2 * MIB, mode="exact"),))
+                      caches=(CacheView(Role.DECODE, 0.4, 480, 1200, 2 * MIB, mode=ReuseMode.EXACT),))
         arch = ArchitectureView(self.mode, "fake.gguf", 256 if colocated else None, 4096, workers,
                                 {"waiting": 1, "prefilling": 1, "decoding": 2}, **kv,
                                 events=("decode worker restarted after 1.2 s",) if "kv_arena" in kv else ())

@@ -5,6 +5,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from homepd.core.modes import Mode, Role
+from homepd.core.prefixcache import ReuseMode
 from homepd.tui.records import ArchitectureView, CacheView, WorkerView
 from homepd.tui.widgets.text import num, size
 
@@ -62,14 +63,14 @@ def _colocated(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
 def _cache_line(c: CacheView) -> Text:
     """'cache colocated: hit 62% (740/1200 tok) · 3.5 MiB cached · store 12 MiB/4' (what the cache type allows
     when it is not any prefix)."""
-    if c.mode == "off":
+    if c.mode is ReuseMode.OFF:
         return Text(f"cache {c.worker}: off (this model's KV cache cannot share a prefix)", style="dim")
     hit = f"hit {num(c.hit_ratio and c.hit_ratio * 100, '.0f')}% ({c.n_hit_tokens}/{c.n_lookup_tokens} tok)"
     parts = [hit, f"{size(c.cached_bytes)} cached"]
     if c.store_bytes or c.n_store_entries:
         parts.append(f"store {size(c.store_bytes)}/{c.n_store_entries}")
-    if c.mode != "prefix":
-        parts.append(f"{c.mode} prefixes only")
+    if c.mode is not ReuseMode.PREFIX:
+        parts.append(f"{c.mode.value} prefixes only")
     return Text.assemble((f"cache {c.worker}: ", "green"), " · ".join(parts))
 
 
