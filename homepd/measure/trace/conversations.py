@@ -17,9 +17,10 @@ questions about one document share its passage as a prefix.  Questions arrive
 open-loop on the arrival process, the documents' questions interleaved.
 
 Prompts, output lengths, think times and arrivals draw from separate streams
-of one seed, as in ``generate``.  ``check_conversations`` is what a trace file
-with conversations must satisfy; ``conversations`` groups a trace into the
-units the replay sends (a conversation's turns, or one request).
+of one seed, as in ``generate``.  What a trace file with conversations must
+satisfy is the trace's own check (``model.check_conversations``);
+``conversations`` groups a trace into the units the replay sends (a
+conversation's turns, or one request).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import random
 from homepd.errors import ConfigError
 from homepd.measure.trace import corpus
 from homepd.measure.trace.arrivals import arrival_offsets
-from homepd.measure.trace.model import CHARS_PER_TOKEN, CLASS_OF_KIND, TraceError, TraceRequest
+from homepd.measure.trace.model import CHARS_PER_TOKEN, CLASS_OF_KIND, TraceRequest
 
 CHAT_TURNS = 4                  # turns per conversation
 # why 2 s: short enough for a benchmark of a few conversations (advise's chat mix); people take longer
@@ -111,27 +112,6 @@ def make_rag(n_requests: int, rate_per_s: float, *, documents: int = RAG_DOCUMEN
             max_tokens=max_tokens or outputs.randint(*output_tokens), kind="rag",
             request_class=CLASS_OF_KIND["rag"], ignore_eos=ignore_eos))
     return requests
-
-
-def check_conversations(requests: tuple[TraceRequest, ...]) -> None:
-    """Every conversation's turns come in order 0, 1, ... and each resends the previous turn's messages, then
-    that turn's answer (an assistant message) and at least one new message; raises ``TraceError`` naming it."""
-    last: dict[int, TraceRequest] = {}
-    for r in requests:
-        if r.conversation is None:
-            continue
-        prev = last.get(r.conversation)
-        expected = 0 if prev is None else prev.turn + 1
-        if r.turn != expected:
-            raise TraceError(f"conversation {r.conversation}: turn {r.turn} where turn {expected} was due "
-                             "(a conversation's turns are listed in order)", field="turn")
-        if prev is not None:
-            n = len(prev.messages)
-            if r.messages[:n] != prev.messages or len(r.messages) < n + 2 or r.messages[n]["role"] != "assistant":
-                raise TraceError(f"conversation {r.conversation}: turn {r.turn} does not resend turn {prev.turn}'s "
-                                 "messages followed by its answer (an assistant message) and a new message",
-                                 field="messages")
-        last[r.conversation] = r
 
 
 def conversations(requests) -> list[list[int]]:

@@ -167,6 +167,27 @@ def _check_messages(messages) -> None:
                              field="messages")
 
 
+def check_conversations(requests: tuple[TraceRequest, ...]) -> None:
+    """Every conversation's turns come in order 0, 1, ... and each resends the previous turn's messages, then
+    that turn's answer (an assistant message) and at least one new message; raises ``TraceError`` naming it."""
+    last: dict[int, TraceRequest] = {}
+    for r in requests:
+        if r.conversation is None:
+            continue
+        prev = last.get(r.conversation)
+        expected = 0 if prev is None else prev.turn + 1
+        if r.turn != expected:
+            raise TraceError(f"conversation {r.conversation}: turn {r.turn} where turn {expected} was due "
+                             "(a conversation's turns are listed in order)", field="turn")
+        if prev is not None:
+            n = len(prev.messages)
+            if r.messages[:n] != prev.messages or len(r.messages) < n + 2 or r.messages[n]["role"] != "assistant":
+                raise TraceError(f"conversation {r.conversation}: turn {r.turn} does not resend turn {prev.turn}'s "
+                                 "messages followed by its answer (an assistant message) and a new message",
+                                 field="messages")
+        last[r.conversation] = r
+
+
 def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -192,8 +213,6 @@ class Trace:
 
     def __post_init__(self):
         object.__setattr__(self, "requests", tuple(self.requests))
-        from homepd.measure.trace.conversations import check_conversations  # why here: it imports this module
-
         check_conversations(self.requests)
         if self.concurrency is not None and (not isinstance(self.concurrency, int)
                                              or isinstance(self.concurrency, bool) or self.concurrency < 1):
