@@ -181,6 +181,11 @@ class EngineConfig:
         "itl-budget", float, "interactive requests: budget (ms) between two tokens"))
     ttft_budget_ms: float = field(default=4000.0, metadata=_opt(
         "ttft-budget", float, "interactive requests: budget (ms) to the first token"))
+    # why 3: a stream that hiccups once by 300 ms reads on; a document's first answer 19 s late is a request lost
+    gap_ceiling: float = field(default=3.0, metadata=_opt(
+        "gap-ceiling", float, "adaptive chunk: when the ITL budget would make an interactive prompt miss its TTFT "
+                              "budget, a step may run longer (so streams see one longer gap) if that keeps more "
+                              "requests within both budgets, up to this many ITL budgets (0: never)"))
     background_ttft_ms: float = field(default=120_000.0, metadata=_opt(
         "background-ttft-budget", float, "background requests: budget (ms) to the first token"))
     local_prefill: bool = field(default=True, metadata=_opt(
@@ -255,6 +260,8 @@ class EngineConfig:
         if self.prefill_n_ctx is not None and (not isinstance(self.prefill_n_ctx, int)
                                                or not 16 <= self.prefill_n_ctx <= self.n_ctx):
             raise ConfigError(f"prefill_n_ctx must be between 16 and n_ctx ({self.n_ctx}), got {self.prefill_n_ctx!r}")
+        if not isinstance(self.gap_ceiling, (int, float)) or not (self.gap_ceiling == 0 or self.gap_ceiling >= 1):
+            raise ConfigError(f"gap_ceiling must be 0 (never) or at least 1 (ITL budgets), got {self.gap_ceiling!r}")
         for name in ("itl_budget_ms", "ttft_budget_ms", "background_ttft_ms"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:

@@ -36,6 +36,8 @@ class WorkerSpec:
     itl_budget_ms: float | None = None
     # adaptive chunk: the longest step when no interactive stream decodes (steppolicy.IDLE_STEP_SHARE_OF_TTFT)
     idle_step_ms: float | None = None
+    # adaptive chunk: the longest gap a step granted to a TTFT deadline may make (None: never granted)
+    gap_ceiling_ms: float | None = None
     # prefix reuse (homepd.core.prefixreuse): finished sequences' KV kept up to this many cells (0: off)
     max_cached_cells: int = 0
 
@@ -54,6 +56,11 @@ class WorkerSpec:
     def step_itl_budget_ms(self) -> float | None:
         """The ITL budget its step policy keeps for the streams it decodes (None: fixed chunk, or no decodes)."""
         return self.itl_budget_ms if self.decodes else None
+
+    @property
+    def step_gap_ceiling_ms(self) -> float | None:
+        """The gap ceiling its step policy may grant to a TTFT deadline (None: none, as without an ITL budget)."""
+        return self.gap_ceiling_ms if self.step_itl_budget_ms is not None else None
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,7 @@ class StepRecord:
     prefill: tuple[tuple[str, int], ...]  # (request_id, prompt tokens in this step)
     budget: int = 0                       # the prompt-token budget the step policy gave this step
     kv_in_use: int = 0                    # KV cells of every running sequence (its tokens attend over them)
+    granted_to: str | None = None         # a step past the ITL budget: the prompt whose TTFT deadline needed it
 
     @property
     def n_decode_tokens(self) -> int:

@@ -195,6 +195,8 @@ class AdmissionSnapshot:
     routed_by_reason: dict[str, int] = field(default_factory=dict)  # new requests by RouteReason value
     route_predicted_cached_tokens: int = 0     # ended requests: prompt tokens routing expected their worker held
     route_reused_tokens: int = 0               # ... and the tokens those workers reported reusing
+    # steps granted past the ITL budget so that a prompt kept its TTFT deadline (a gap granted to a deadline)
+    deadline_grants_by_worker: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.prefixreuse import KVOps, PrefixReuse, StoreOps
 from homepd.core.sequence import Sequence
-from homepd.core.steppolicy import StepPolicy
+from homepd.core.steppolicy import DeadlineGrant, StepPolicy
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class StepPlan:
     kv_in_use: int = 0  # KV cells held by every running sequence once this step's prompt tokens are in
     evicted: tuple[Eviction, ...] = ()  # applied by the worker before the step (also when it is empty)
     reused: tuple[Sequence, ...] = ()  # admitted this step from a cached prefix (``Sequence.n_reused`` tokens)
+    grant: DeadlineGrant | None = None  # the step is past the ITL budget for this prompt's TTFT deadline
 
     @property
     def n_decode_tokens(self) -> int:
@@ -170,10 +171,14 @@ class Scheduler:
         if prefilling or self.waiting:
             # why: a prompt always advances, even when decodes fill the chunk
             budget = max(budget, 1)
+        ordered = self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget)
+        grant = self.policy.grant(ordered, decode, now_s, budget, kv_in_use) if ordered and self.decodes else None
+        if grant is not None:
+            budget = grant.budget
         planned = budget
         slices: list[PrefillSlice] = []
         reused: list[Sequence] = []
-        for seq in self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget):
+        for seq in ordered:
             if budget <= 0:
                 break
             if seq.seq_id is None:  # waiting: admit it if its KV fits, else it (and all after it) wait
@@ -191,8 +196,9 @@ class Scheduler:
                 budget = budget if tail is None else min(budget, tail)
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
                         kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices) + sum(s.n_reused for s in reused),
-                        evicted=evicted,
-                        reused=tuple(reused))
+                        evicted=evicted, reused=tuple(reused),
+                        grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
+                        else None)
 
     def _reserve_decode_cells(self) -> tuple[Eviction, ...]:
         """Grow the reservation of every decode whose next token needs a cell, oldest first; when the
@@ -233,8 +239,9 @@ class Scheduler:
         stop = min(seq.n_prompt, seq.n_prefilled + budget)
         return PrefillSlice(seq=seq, start=seq.n_prefilled, stop=stop)
 
-    def postprocess(self, plan: StepPlan, sampled: dict[str, int]) -> list[Sequence]:
-        """Apply a finished step: advance prompts, append sampled tokens (keyed by request id).
+    def postprocess(self, plan: StepPlan, sampled: dict[str, int], t_s: float | None = None) -> list[Sequence]:
+        """Apply a finished step: advance prompts, append sampled tokens (keyed by request id); ``t_s``: when
+        the step ended, which marks a stream whose gap went over the ITL budget (``Sequence.gap_broken``).
 
         Returns the sequences that received a new token this step.
         """
@@ -247,4 +254,10 @@ class Scheduler:
             if sl.completes_prompt:
                 sl.seq.output_ids.append(sampled[sl.seq.request_id])
                 got_token.append(sl.seq)
+        if t_s is not None:
+            itl_s = None if self.policy.itl_budget_ms is None else self.policy.itl_budget_ms / 1e3
+            for seq in got_token:
+                if itl_s is not None and seq.last_token_s is not None and t_s - seq.last_token_s > itl_s:
+                    seq.gap_broken = True
+                seq.last_token_s = t_s
         return got_token

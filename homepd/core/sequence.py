@@ -29,6 +29,8 @@ class Sequence:
     # while waiting: the prompt tokens it is expected to take from a cached prefix when admitted (what the
     # deadline order counts as done; homepd.core.prefixreuse.PrefixReuse.expected_reuse, set on arrival)
     n_expected_reuse: int = 0
+    last_token_s: float | None = None  # when its newest token was sampled (the worker's clock)
+    gap_broken: bool = False         # a gap between two of its tokens went over its ITL budget here
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)

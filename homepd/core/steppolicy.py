@@ -12,9 +12,14 @@ Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
   are set aside — Moore–Hodgson: when the deadlines ahead cannot all be kept, the prompt with the most
   remaining work goes last, so that one long prompt does not make several short ones late.  Set-aside
   prompts still run, after the others.  Without a model (or deadlines), arrival order.
+* ``deadline_grant``: when the ITL budget would make the first interactive prompt miss its TTFT deadline,
+  a larger step — bounded by the gap ceiling — if that keeps more requests within both budgets than it
+  puts out of them (docs/scheduling.md, "Deadlines against gaps").
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
 from homepd.core.admission import RequestClass
@@ -111,15 +116,90 @@ def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callab
     return kept + sorted(late, key=deadline_s)
 
 
+@dataclass(frozen=True)
+class DeadlineGrant:
+    """A step larger than the ITL budget holds, granted so that ``request_id``'s prompt keeps its TTFT deadline:
+    ``budget`` prompt tokens, a predicted ``step_ms`` within the gap ceiling, and ``n_gaps_broken`` streams
+    that were within their gap budget so far and this step puts over it (fewer than the prompts it keeps)."""
+    request_id: str
+    budget: int
+    step_ms: float
+    n_gaps_broken: int
+
+
+def prompt_work_tokens(seq: Sequence) -> int:
+    """The prompt tokens ``seq`` still has to compute (a waiting prompt's expected cached prefix is not work)."""
+    done = seq.n_prefilled if seq.seq_id is not None else max(seq.n_prefilled, seq.n_expected_reuse)
+    return max(0, seq.n_prompt - done)
+
+
+def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence], now_s: float,
+                   itl_budget_ms: float, gap_ceiling_ms: float, budget: int, max_budget: int,
+                   kv_in_use: int = 0) -> DeadlineGrant | None:
+    """A larger step for the first interactive prompt of ``prompts`` (in serving order), or None.
+
+    ``budget``: the prompt budget the ITL budget gives this step.  Granted only when all of these hold:
+
+    * interactive streams decode (else the step is not bound by their gaps) and the prompt has a deadline;
+    * at ``budget`` tokens a step the prompt would miss its deadline (a far deadline gets nothing);
+    * a step within ``gap_ceiling_ms`` keeps it (one that cannot be saved within the ceiling gets nothing);
+    * its deadline needs the larger step now: after one more step at ``budget`` the ceiling could no longer
+      keep it (until then decode-only-sized steps run, and streams that finish meanwhile are spared);
+    * it keeps more requests within both budgets than it takes out: the prompt kept (1) against the
+      interactive streams still within their gap budget (``Sequence.gap_broken`` false) that the step puts
+      over it.  A stream that already missed a gap has nothing left to lose.
+
+    The step granted is the smallest that keeps the deadline, with the model's recent error twice over as
+    margin on every step (as the ITL budget's steps have).  Every decode still takes its token in it."""
+    interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
+    head = next((s for s in prompts if s.request_class != RequestClass.BACKGROUND), None)
+    if not interactive or head is None or head.deadline_s is None or budget >= max_budget:
+        return None
+    left = prompt_work_tokens(head)
+    if left <= budget:
+        return None  # this step completes it anyway
+    n_decode, margin_ms = len(decode), 2.0 * est.error_ms
+    kv_mid = kv_in_use + left // 2  # why: the prompt's own cells join the context as it goes
+
+    def step_ms(b: int) -> float:
+        return est.predict_ms(b, n_decode, kv_mid) + margin_ms
+
+    def done_s(start_s: float, n_left: int, b: int) -> float:
+        return start_s + math.ceil(n_left / b) * step_ms(b) / 1e3
+
+    if done_s(now_s, left, budget) <= head.deadline_s:
+        return None  # the ITL budget keeps it: the deadline is far enough
+    ceiling = min(max_budget, int((gap_ceiling_ms - step_ms(0)) // max(step_ms(1) - step_ms(0), 1e-6)))
+    if ceiling <= budget or done_s(now_s, left, ceiling) > head.deadline_s:
+        return None  # not even the ceiling keeps it: no gap is broken for a prompt that is late anyway
+    if done_s(now_s + step_ms(budget) / 1e3, left - budget, ceiling) <= head.deadline_s:
+        return None  # one more ITL-sized step and the ceiling still keeps it: not yet
+    # the smallest budget that keeps it: the fewest tokens a step over the most steps that still fit
+    chosen = ceiling
+    for n_steps in range(math.ceil(left / budget), 0, -1):
+        b = math.ceil(left / n_steps)
+        if budget < b <= ceiling and done_s(now_s, left, b) <= head.deadline_s:
+            chosen = b
+            break
+    predicted = step_ms(chosen)
+    over = predicted > itl_budget_ms * STEP_SHARE_OF_ITL  # as the ITL budget's own steps aim
+    n_broken = sum(1 for s in interactive if not s.gap_broken) if over else 0
+    n_kept = 1
+    if n_kept <= n_broken:
+        return None  # the streams it would put over their budget outweigh the prompt it keeps
+    return DeadlineGrant(head.request_id, chosen, predicted, n_broken)
+
+
 class StepPolicy:
     """A worker's step policy: the prompt budget of each step (fixed ``chunk``, or adaptive from the ITL
     budget) and the order of prompts.  ``estimate``: the worker's online step-time model, read per step."""
 
     def __init__(self, chunk: int | None, n_batch: int, itl_budget_ms: float | None = None,
                  estimate: Callable[[], StepEstimate | None] = lambda: None, min_chunk: int = 4,
-                 idle_step_ms: float | None = None):
+                 idle_step_ms: float | None = None, gap_ceiling_ms: float | None = None):
         self.chunk, self.n_batch, self.itl_budget_ms = chunk, n_batch, itl_budget_ms
         self.idle_step_ms = idle_step_ms
+        self.gap_ceiling_ms = gap_ceiling_ms  # None: no step is ever granted past the ITL budget
         self.estimate, self.min_chunk = estimate, min(min_chunk, n_batch)
         self.between_steps_ms = 0.0  # time spent outside steps before the next one (set by the worker loop)
 
@@ -127,7 +207,8 @@ class StepPolicy:
     def of_spec(cls, spec, estimate: Callable[[], StepEstimate | None] = lambda: None) -> "StepPolicy":
         """The policy a worker started with ``spec`` (a ``WorkerSpec``) steps with: the worker builds its own
         with this, and the admission gate and advise ask the same one what a step would carry."""
-        return cls(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=estimate, idle_step_ms=spec.idle_step_ms)
+        return cls(spec.chunk, spec.n_batch, spec.step_itl_budget_ms, estimate=estimate, idle_step_ms=spec.idle_step_ms,
+                   gap_ceiling_ms=spec.step_gap_ceiling_ms)
 
     @property
     def adaptive(self) -> bool:
@@ -147,6 +228,18 @@ class StepPolicy:
         return min(self.n_batch - n_decode,
                    prompt_budget(self.estimate(), n_decode, n_interactive_decode, itl, kv_in_use,
                                  min_chunk=self.min_chunk, max_chunk=self.n_batch, idle_step_ms=self.idle_step_ms))
+
+    def grant(self, prompts: Seq[Sequence], decode: Seq[Sequence], now_s: float, budget: int,
+              kv_in_use: int = 0) -> DeadlineGrant | None:
+        """``deadline_grant`` for this worker: a step past the ITL budget for the first interactive prompt of
+        ``prompts`` (in serving order), when its deadline needs it and that keeps more requests within both
+        budgets; None without a gap ceiling, an ITL budget or a fitted model."""
+        est = self.estimate() if self.adaptive and self.gap_ceiling_ms else None
+        if est is None:
+            return None
+        itl = max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
+        return deadline_grant(est, prompts, decode, now_s, itl, self.gap_ceiling_ms - self.between_steps_ms,
+                              budget, self.n_batch - len(decode), kv_in_use)
 
     def after_first_token(self, kv_in_use: int = 0) -> int | None:
         """The prompt tokens a step may still carry after an interactive prompt completes in it: what one ITL

@@ -20,7 +20,7 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             n_gpu_layers=999 if place.n_gpu_layers < 0 else place.n_gpu_layers, fault=config.fault,
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
-            idle_step_ms=idle_step_ms(config, role),
+            idle_step_ms=idle_step_ms(config, role), gap_ceiling_ms=gap_ceiling_ms(config, role),
             max_cached_cells=max_cached_cells(config, place.n_ctx or config.n_ctx))
     return specs
 
@@ -31,6 +31,13 @@ def itl_budget_ms(config: EngineConfig, role: Role) -> float | None:
     prefill worker) must not stall the streams it exists to keep smooth (at a fixed chunk 256 they stalled
     them by 1.9 s in an advise campaign); the chunk is then its largest prompt budget."""
     return config.itl_budget_ms if config.adaptive_chunk or role is Role.DECODE else None
+
+
+def gap_ceiling_ms(config: EngineConfig, role: Role) -> float | None:
+    """The longest gap a step granted to a TTFT deadline may make (``--gap-ceiling`` ITL budgets; None: no
+    ITL budget, or 0: never granted)."""
+    itl = itl_budget_ms(config, role)
+    return None if itl is None or not config.gap_ceiling else itl * config.gap_ceiling
 
 
 def idle_step_ms(config: EngineConfig, role: Role) -> float | None:

@@ -6,7 +6,9 @@ before it is ``(token_times_s[i-1], token_times_s[i]]``.  Every step of the
 request's own worker that ran in the gap and carried prompt tokens holds it
 (colocated: a chunk computed in the same ``llama_decode``).  In disaggregated
 mode the decode worker's steps carry no prompt tokens; the prefill worker's
-steps that overlap the gap are named instead, as concurrent contenders.
+steps that overlap the gap are named instead, as concurrent contenders.  A
+step the policy granted past the ITL budget to a prompt's TTFT deadline
+(``StepRecord.granted_to``) says so: that gap was chosen, not suffered.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Culprit:
     n_prompt_tokens: int     # of its tokens computed during the gap
     held_ms: float           # time of the steps (in the gap) that carried them
     same_step: bool          # True: computed in the stalled stream's own steps; False: a concurrent worker
+    deadline_grant: bool = False  # a step of them ran past the ITL budget so that this prompt kept its TTFT
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ def attribute_gaps(gaps_by_request: list[tuple[str, list[Gap]]], steps: list[Ste
 def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culprit]:
     own = _role_of(by_role, ends, request_id, t1)
     held: dict[tuple[str, bool], list] = {}
+    granted: set[str] = set()
     for role, ss in by_role.items():
         same_step = role == own
         if not same_step and role != Role.PREFILL:
@@ -93,13 +97,15 @@ def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culpri
             overlap_ms = (min(s.t_end_s, t1) - max(s.t_start_s, t0)) * 1e3
             if overlap_ms <= 0:
                 continue
+            if s.granted_to is not None and s.granted_to != request_id:
+                granted.add(s.granted_to)
             for rid, n in s.prefill:
                 if rid == request_id:
                     continue  # its own prompt (a resume by recompute): not someone else's stall
                 acc = held.setdefault((rid, same_step), [0, 0.0])
                 acc[0] += n
                 acc[1] += overlap_ms
-    return sorted((Culprit(rid, int(n), ms, same) for (rid, same), (n, ms) in held.items()),
+    return sorted((Culprit(rid, int(n), ms, same, rid in granted) for (rid, same), (n, ms) in held.items()),
                   key=lambda c: -c.held_ms)
 
 

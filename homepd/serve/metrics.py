@@ -184,6 +184,12 @@ def _admission_metrics(adm):
     for role, n in sorted(adm.chunk_by_worker.items()):
         chunk.add_metric([role], n)
     yield chunk
+    grants = CounterMetricFamily("homepd_deadline_grants", "Steps run past the ITL budget (within --gap-ceiling) "
+                                 "so that an interactive prompt kept its TTFT budget: a gap granted to a deadline",
+                                 labels=["role"])
+    for role, n in sorted(adm.deadline_grants_by_worker.items()):
+        grants.add_metric([role], n)
+    yield grants
     if adm.ttft_error_mean_ms is not None:
         yield _gauge("homepd_ttft_prediction_error_mean_seconds", "Mean |predicted - actual| TTFT of finished "
                      "requests", adm.ttft_error_mean_ms / 1e3)

@@ -114,6 +114,8 @@ def admission_lines(adm: AdmissionSnapshot | None) -> dict:
     text = ("chunk " + ", ".join(parts) + (" (adaptive)" if adm.adaptive_chunk else "")) if parts else ""
     if adm.ttft_error_mean_ms is not None:
         text += f" · TTFT predicted ±{adm.ttft_error_mean_ms:.0f} ms (p90 {adm.ttft_error_p90_ms:.0f})"
+    if n_grants := sum(adm.deadline_grants_by_worker.values()):
+        text += f" · {n_grants} gap{'s' if n_grants > 1 else ''} granted to a deadline"
     if adm.routed_local or adm.routed_remote:
         text += f" · routed local {adm.routed_local} / remote {adm.routed_remote}"
     return {"classes": tuple(classes), "budgets": text.lstrip(" ·")}
@@ -130,13 +132,16 @@ def _event_text(e: WorkerEvent) -> str:
 
 def stall_text(stall: Stall | None) -> str:
     """'412 ms ← req-7 (256 tok, same step)': the longest gap and the prompt whose prefill held it most
-    ('beside': on the prefill worker, concurrently); '' when the request never stalled."""
+    ('beside': on the prefill worker, concurrently; 'granted to its deadline': a step the policy ran past the
+    ITL budget so that req-7 kept its TTFT budget); '' when the request never stalled."""
     if stall is None:
         return ""
     worst = stall.worst
     if worst is None:
         return f"{stall.gap_ms:.0f} ms gap (no prompt in it)"
     where = "same step" if worst.same_step else "beside"
+    if worst.deadline_grant:
+        where += ", granted to its deadline"
     more = f" +{len(stall.culprits) - 1}" if len(stall.culprits) > 1 else ""
     return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}"
 

@@ -220,13 +220,13 @@ class WorkerLoop:
         plan, sampled = self._sample(plan, logit_rows)
         t_end = time.monotonic()
         self.step_model.observe(*shape, (t_end - t_start) * 1e3)  # what a decoding stream waits: decode + sampling
-        got_token = self.scheduler.postprocess(plan, sampled)
+        got_token = self.scheduler.postprocess(plan, sampled, t_end)
         self.n_steps += 1
         record = StepRecord(
             worker_role=self.spec.role, index=self.n_steps, t_start_s=t_start, t_end_s=t_end,
             decode_request_ids=tuple(s.request_id for s in plan.decode),
             prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill), budget=plan.budget,
-            kv_in_use=plan.kv_in_use)
+            kv_in_use=plan.kv_in_use, granted_to=plan.grant.request_id if plan.grant is not None else None)
         outs, done = [], []
         for seq in got_token:
             out, fin = self.emit(seq, t_end)
@@ -287,7 +287,7 @@ class WorkerLoop:
         return StepPlan(decode=tuple(q for q in plan.decode if q.request_id in sampled),
                         prefill=tuple(sl for sl in plan.prefill
                                       if not sl.completes_prompt or sl.seq.request_id in sampled),
-                        budget=plan.budget, kv_in_use=plan.kv_in_use), sampled
+                        budget=plan.budget, kv_in_use=plan.kv_in_use, grant=plan.grant), sampled
 
     def _logprob(self, logits, token: int, k: int) -> TokenLogprob:
         lp, top = top_logprobs(logits, token, k)

@@ -1,0 +1,187 @@
+"""The deadline rule (homepd.core.steppolicy.deadline_grant): a step past the ITL budget is granted to a prompt's
+TTFT deadline exactly when that keeps more requests within both budgets, never above the gap ceiling, and never
+while the deadline is far.  Pure: constructed step models and queues, no model, no clock."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from homepd.core.protocol import StepRecord
+from homepd.core.sampling import SamplingParams
+from homepd.core.scheduler import Scheduler
+from homepd.core.sequence import Sequence
+from homepd.core.stepmodel import StepEstimate
+from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy, deadline_grant
+
+# a 2-core CPU's step: 12 ms, 4.5 ms a prompt token, 2 ms a decode (no KV term: the arithmetic stays readable)
+EST = StepEstimate(base_ms=12.0, ms_per_prompt_token=4.5, ms_per_decode_token=2.0, ms_per_kv_ktoken=0.0,
+                   n_steps=100, error_ms=0.0, n_prompt_steps=50)
+ITL_MS, CEILING_MS = 100.0, 300.0
+ITL_CHUNK = EST.chunk_for_itl(ITL_MS * STEP_SHARE_OF_ITL, 3)  # 14 tokens beside 3 decodes: 81 ms steps
+
+
+def prompt(rid="doc", n=300, deadline=None, klass="interactive"):
+    return Sequence(request_id=rid, prompt_ids=list(range(100, 100 + n)), params=SamplingParams(max_tokens=8),
+                    request_class=klass, deadline_s=deadline)
+
+
+def streams(n=3, broken=True, klass="interactive"):
+    out = []
+    for i in range(n):
+        s = Sequence(request_id=f"chat-{i}", prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=32),
+                     request_class=klass, seq_id=i, n_prefilled=3, output_ids=[7], gap_broken=broken)
+        out.append(s)
+    return out
+
+
+def done_s(b: int, n_left: int = 300, n_decode: int = 3) -> float:
+    """When a prompt of n_left tokens completes at b tokens a step, from t=0."""
+    return math.ceil(n_left / b) * EST.predict_ms(b, n_decode) / 1e3
+
+
+def grant(deadline_s, decode=None, head=None, budget=ITL_CHUNK, ceiling_ms=CEILING_MS):
+    head = head or prompt(deadline=deadline_s)
+    return deadline_grant(EST, [head], streams() if decode is None else decode, 0.0, ITL_MS, ceiling_ms,
+                          budget, 512)
+
+
+def test_the_itl_budget_s_steps_would_miss_the_deadline_that_a_ceiling_step_keeps():
+    # the scene the rule is for (the numbers the tests below stand on)
+    assert ITL_CHUNK == 14 and done_s(ITL_CHUNK) == pytest.approx(1.782)
+    assert EST.predict_ms(62, 3) <= CEILING_MS < EST.predict_ms(63, 3) and done_s(62) == pytest.approx(1.485)
+
+
+def test_a_deadline_that_needs_it_now_gets_the_smallest_step_that_keeps_it():
+    g = grant(1.5)
+    assert g is not None and g.request_id == "doc" and g.n_gaps_broken == 0
+    assert ITL_CHUNK < g.budget <= 62 and g.step_ms == pytest.approx(EST.predict_ms(g.budget, 3))
+    assert done_s(g.budget) <= 1.5          # it keeps the deadline ...
+    assert done_s(g.budget - 1) > 1.5       # ... and one token less a step would not
+    assert g.step_ms <= CEILING_MS
+
+
+def test_never_while_the_itl_budget_still_keeps_the_deadline():
+    assert grant(1.8) is None and grant(60.0) is None
+
+
+def test_not_yet_when_one_more_itl_sized_step_leaves_the_ceiling_enough():
+    # 1.6 s: missed at 14 a step, kept at the ceiling even after one more 81 ms step: decode-sized steps go on
+    assert done_s(ITL_CHUNK) > 1.6 and 0.081 + done_s(62, 300 - ITL_CHUNK) <= 1.6
+    assert grant(1.6) is None
+    # the same prompt one step later, its deadline now 1.52 s away, 286 tokens left: granted
+    later = prompt(deadline=1.52)
+    later.seq_id, later.n_prefilled = 9, ITL_CHUNK
+    assert grant(1.52, head=later) is not None
+
+
+def test_never_for_a_prompt_that_not_even_the_ceiling_can_keep():
+    assert done_s(62) > 1.4 and grant(1.4) is None
+    assert grant(1.5, ceiling_ms=ITL_MS) is None  # a ceiling of one ITL budget grants nothing
+
+
+def test_streams_still_within_their_gaps_outweigh_the_one_prompt_kept():
+    assert grant(1.5, decode=streams(3, broken=False)) is None
+    one_clean = streams(3, broken=True)
+    one_clean[0].gap_broken = False
+    assert grant(1.5, decode=one_clean) is None  # one kept for one lost: no gain
+    assert grant(1.5, decode=streams(3, broken=True)) is not None
+
+
+def test_only_interactive_streams_and_prompts_count():
+    assert grant(1.5, decode=streams(3, broken=False, klass="background")) is None  # the step is not ITL-bound
+    assert grant(1.5, head=prompt(deadline=1.5, klass="background")) is None
+    assert grant(1.5, head=prompt(deadline=None)) is None
+
+
+def test_a_waiting_prompt_s_expected_cached_prefix_is_not_work():
+    cached = prompt(deadline=1.5)
+    cached.n_expected_reuse = 290  # a follow-up turn: 10 tokens to compute, this step does them
+    assert grant(1.5, head=cached) is None
+
+
+def test_any_grant_is_above_the_itl_budget_within_the_ceiling_and_keeps_the_deadline():
+    rng = random.Random(7)
+    n_granted = 0
+    for _ in range(2000):
+        n_decode, n_prompt = rng.randint(1, 6), rng.randint(20, 900)
+        ceiling = rng.choice([150.0, 200.0, 300.0, 500.0])
+        budget = EST.chunk_for_itl(ITL_MS * STEP_SHARE_OF_ITL, n_decode, lo=4)
+        deadline = rng.uniform(0.3, 1.2) * done_s(budget, n_prompt, n_decode)  # about when it would be done
+        g = deadline_grant(EST, [prompt(n=n_prompt, deadline=deadline)], streams(n_decode), 0.0, ITL_MS, ceiling,
+                           budget, 512)
+        if g is None:
+            continue
+        n_granted += 1
+        assert budget < g.budget and g.step_ms <= ceiling
+        assert done_s(budget, n_prompt, n_decode) > deadline >= done_s(g.budget, n_prompt, n_decode)
+    assert n_granted > 50
+
+
+def scheduler(gap_ceiling_ms):
+    policy = StepPolicy(chunk=512, n_batch=512, itl_budget_ms=ITL_MS, estimate=lambda: EST,
+                        gap_ceiling_ms=gap_ceiling_ms)
+    sched = Scheduler(n_seq_max=8, n_ctx=4096, n_batch=512, chunk=512, policy=policy)
+    return sched
+
+
+def run_streams(sched, n=3):
+    for s in streams(n, broken=False):
+        fresh = Sequence(request_id=s.request_id, prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=64))
+        sched.add(fresh)
+    plan = sched.schedule(0.0)
+    sched.postprocess(plan, {s.seq.request_id: 7 for s in plan.prefill}, t_s=0.0)
+    return plan
+
+
+def test_the_scheduler_steps_with_the_grant_and_every_stream_still_takes_its_token():
+    sched = scheduler(CEILING_MS)
+    run_streams(sched)
+    # one gap over the budget each (a slow step the streams already saw): nothing left to lose
+    plan = sched.schedule(0.2)
+    sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=0.2)
+    assert all(s.gap_broken for s in sched.running)
+    sched.add(prompt(deadline=0.2 + 1.5))
+    plan = sched.schedule(0.2)
+    assert plan.grant is not None and plan.grant.request_id == "doc"
+    assert len(plan.decode) == 3 and plan.prefill[0].n_tokens == plan.grant.budget == plan.budget > ITL_CHUNK
+
+
+def test_the_scheduler_grants_nothing_without_a_ceiling_or_while_streams_keep_their_gaps():
+    for ceiling, gap_s in ((None, 0.2), (CEILING_MS, 0.05)):
+        sched = scheduler(ceiling)
+        run_streams(sched)
+        plan = sched.schedule(gap_s)
+        sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=gap_s)
+        assert all(s.gap_broken is (gap_s > ITL_MS / 1e3) for s in sched.running)
+        sched.add(prompt(deadline=gap_s + 1.5))
+        plan = sched.schedule(gap_s)
+        assert plan.grant is None and plan.prefill[0].n_tokens == plan.budget == ITL_CHUNK
+
+
+# its decisions are visible: the gate counts them for /status and /metrics, and the stall attribution names them
+def test_a_gap_granted_to_a_deadline_is_counted_and_named_in_the_stall_it_made():
+    from homepd.config import EngineConfig
+    from homepd.engine.gate import AdmissionGate, WorkerLoad
+    from homepd.measure.stalls import attribute_gaps, gaps_over
+    from homepd.serve.metrics import _admission_metrics
+    from homepd.tui.derive import stall_text
+
+    steps = [StepRecord("colocated", 1, 0.00, 0.08, ("chat-0",), (("doc", 14),), budget=14),
+             StepRecord("colocated", 2, 0.08, 0.30, ("chat-0",), (("doc", 43),), budget=43, granted_to="doc"),
+             StepRecord("colocated", 3, 0.30, 0.38, ("chat-0",), (("other", 14),), budget=14)]
+    gate = AdmissionGate(EngineConfig(backend="fake"))
+    for s in steps:
+        gate.observe("colocated", s, None)
+    snap = gate.snapshot(WorkerLoad({}, {}, 0, 0), {})
+    assert snap.deadline_grants_by_worker == {"colocated": 1}
+    family = next(f for f in _admission_metrics(snap) if f.name == "homepd_deadline_grants")
+    assert [(s.labels["role"], s.value) for s in family.samples if s.name.endswith("_total")] == [("colocated", 1)]
+
+    stalls = attribute_gaps([("chat-0", gaps_over([0.0, 0.08, 0.30, 0.38], 100.0))], steps)
+    assert len(stalls) == 1 and stalls[0].worst.request_id == "doc" and stalls[0].worst.deadline_grant
+    assert stall_text(stalls[0]) == "220 ms ← doc (43 tok, same step, granted to its deadline)"
+    # a gap that no grant made says nothing of one
+    plain = attribute_gaps([("chat-0", gaps_over([0.0, 0.08, 0.30, 0.38], 50.0))], steps)
+    assert [s.worst.deadline_grant for s in plain] == [True, False, False]
