@@ -38,6 +38,7 @@ MODEL = "smollm2-135m-instruct-q4_1"
 READY_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 60.0
 RSS_PERIOD_S = 10.0
+RSS_REPORT_PERIOD_S = 300.0  # the report's controller RSS: one sample every 5 minutes
 KINDS = {  # kind -> weight
     "chat": 20, "chat_stream": 20, "completion": 8, "stream_dropped": 10, "abandoned": 6, "malformed_json": 4,
     "wrong_type": 4, "surrogate": 3, "unknown_field": 3, "too_many_messages": 2, "oversized": 1, "health": 8,
@@ -303,10 +304,23 @@ def print_report(r: dict) -> None:
         print(f"  {e['role']:<10} {pid:>7} {e['start_bytes'] / 1e6:7.1f} {e['end_bytes'] / 1e6:7.1f}")
     series = r["controller_rss"]
     if series:
-        picks = [series[min(len(series) - 1, len(series) * k // 6)] for k in range(6)] + [series[-1]]
-        print("controller RSS (MB) over the soak: " + ", ".join(f"{t:.0f} s {b / 1e6:.0f}" for t, b in picks))
+        print("controller RSS (MB) every 5 minutes: " + ", ".join(
+            f"{t / 60:.0f} min {b / 1e6:.1f}" for t, b in every(series, RSS_REPORT_PERIOD_S)))
     print(f"exit status: {r['exit_status']}; /dev/shm segments left: {len(r['shm_segments_left'])} "
           f"{r['shm_segments_left'] or ''}")
+
+
+def every(series: list[tuple[float, int]], period_s: float) -> list[tuple[float, int]]:
+    """The first sample of ``series`` ((seconds, bytes), in time order) at or after each multiple of
+    ``period_s``, and the last one."""
+    picks, next_s = [], 0.0
+    for t, b in series:
+        if t >= next_s:
+            picks.append((t, b))
+            next_s = (t // period_s + 1) * period_s
+    if series and picks[-1] != series[-1]:
+        picks.append(series[-1])
+    return picks
 
 
 def main(argv: list[str] | None = None) -> int:
