@@ -185,3 +185,30 @@ def test_a_gap_granted_to_a_deadline_is_counted_and_named_in_the_stall_it_made()
     # a gap that no grant made says nothing of one
     plain = attribute_gaps([("chat-0", gaps_over([0.0, 0.08, 0.30, 0.38], 50.0))], steps)
     assert [s.worst.deadline_grant for s in plain] == [True, False, False]
+
+
+def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
+    from homepd.core.protocol import StepReport, SubmitRequest, WorkerSpec
+    from homepd.fakellm import FakeContext, FakeModel
+    from homepd.worker.loop import WorkerLoop
+    from worker_fakes import Outbox
+
+    spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=4096, n_seq_max=4, chunk=512, n_threads=1,
+                      backend="fake", itl_budget_ms=ITL_MS, gap_ceiling_ms=CEILING_MS)
+    model, out = FakeModel(), Outbox()
+    loop = WorkerLoop(spec, model, FakeContext(model, n_ctx=4096, n_batch=spec.n_batch, n_seq_max=4, n_threads=1),
+                      out)
+    loop.scheduler.policy.estimate = lambda: EST  # why: the fake's steps take microseconds; price them as a CPU's
+    for i in range(3):
+        loop.handle(SubmitRequest(f"chat-{i}", tuple(model.tokenize("hi")), SamplingParams(max_tokens=64)))
+    loop.step(loop.scheduler.schedule(0.0))
+    assert len(loop.scheduler.running) == 3 and not any(s.is_prefilling for s in loop.scheduler.running)
+    for s in loop.scheduler.running:
+        s.gap_broken = True  # each already missed a gap (a slow step before)
+    loop.handle(SubmitRequest("doc", tuple(model.tokenize("x" * 300)), SamplingParams(max_tokens=4),
+                              deadline_s=1.5))
+    loop.step(loop.scheduler.schedule(0.0))
+    step = out.of_type(StepReport)[-1].step
+    assert step.granted_to == "doc" and set(step.decode_request_ids) == {"chat-0", "chat-1", "chat-2"}
+    assert dict(step.prefill)["doc"] == step.budget > ITL_CHUNK
+    out.close()
