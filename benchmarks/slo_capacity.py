@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from homepd.advise.slobench import render_table
+from homepd.advise.report.slobench import render_table
 from homepd.bench.slo import BenchSettings, Server as BenchServer, bench_server
 from homepd.config import DEFAULT_MODEL_NAME
 from homepd.measure.metrics import SLO
@@ -173,7 +173,7 @@ def merge(paths: list[Path]) -> None:
 async def run_all(configs, args, log_dir: Path) -> list[dict]:
     if args.db is None:
         return [r for cfg in configs for r in await bench_config(cfg, args, log_dir)]
-    from homepd.advise.slobench import KIND, headline
+    from homepd.advise.report.slobench import KIND, headline
     from homepd.store import Store
 
     with Store.open(args.db) as store, store.recording(KIND, {"configs": [c.name for c in configs]},
@@ -188,8 +188,8 @@ def recipe_config(run: str, db: str | None) -> ServerConfig:
     """llama-server with the flags ``homepd advise export RUN --engine llama-server`` writes (one replica)."""
     import dataclasses
 
-    from homepd.advise.export import plan_from_run
-    from homepd.advise.recipes import llama_server_args
+    from homepd.advise.export.plan import plan_from_run
+    from homepd.advise.export.recipes import llama_server_args
     from homepd.store import Store
 
     with Store.open(db, create=False) as store:

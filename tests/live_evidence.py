@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import types
 
-from homepd.advise.capacity import CapacityCurve, Probe
+from homepd.advise.campaign.capacity import CapacityCurve, Probe
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
 from homepd.core.lifecycle import Lifecycle, RequestState

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from homepd.advise.apply import advice_values, choose
-from homepd.advise.campaign import AdviseSettings, Campaign, Progress
+from homepd.advise.campaign.run import AdviseSettings, Campaign, Progress
+from homepd.advise.export.apply import advice_values, choose
+from homepd.advise.report.result import result_dict
 from homepd.config import add_config_flags, config_from_args, write_config_file
-from homepd.core.records import to_plain
 from homepd.errors import ConfigError
 from homepd.measure.report import add_slo_flags, slo_from_args
 
@@ -102,8 +102,8 @@ def _progress_printer(stream=sys.stderr):
 
 
 def _advise(args) -> int:
-    from homepd.advise.render import render_result
-    from homepd.advise.traffic import given_sources
+    from homepd.advise.report.render import render_result
+    from homepd.advise.campaign.traffic import given_sources
     from homepd.hw.monitor import Sampler
     from homepd.launch import prepare
     from homepd.store import Store
@@ -136,24 +136,6 @@ def _advise(args) -> int:
     return 0
 
 
-def result_dict(result) -> dict:
-    """The whole advise result as JSON-ready data (the result file's content)."""
-    from homepd.advise.images import projections_plain
-    from homepd.advise.render import evidence_rows
-
-    return {
-        "run_id": result.run_id, "wall_s": result.wall_s, "settings": to_plain(result.settings),
-        "hardware": result.box, "candidates": to_plain(result.candidates),
-        "predicted_chunk": result.predicted_chunk, "evidence": evidence_rows(result),
-        "calibration": {"prefill_tok_s": result.speeds[0], "decode_step_ms": result.speeds[1]},
-        "recommendation": to_plain(result.recommendation),
-        "runs": [{"candidate": c, "mix": m, "repeat": r, "at_capacity": True, "record": rec.to_dict()}
-                 for (c, m, r), rec in result.records.items()],
-        "recovery": {mode: rec.to_dict() for mode, rec in result.recovery.items()},
-        "projected_two_box": projections_plain(result),
-    }
-
-
 def _write_result_file(result, db: str | None) -> Path:
     from homepd.store import results_dir
 
@@ -168,7 +150,7 @@ def _write_result_file(result, db: str | None) -> Path:
 
 def _write_images(result, json_path: Path) -> list[Path]:
     """The pictures next to the result file; a drawing failure is reported, the JSON result stays."""
-    from homepd.advise.images import write_result_images
+    from homepd.advise.report.images import write_result_images
 
     try:
         return write_result_images(result, json_path)
@@ -178,8 +160,8 @@ def _write_images(result, json_path: Path) -> list[Path]:
 
 
 def _export(args) -> int:
-    from homepd.advise.export import plan_from_run
-    from homepd.advise.exportdoc import export_files, write_export
+    from homepd.advise.export.plan import plan_from_run
+    from homepd.advise.export.documents import export_files, write_export
     from homepd.store import Store
 
     with Store.open(args.db, create=False) as store:

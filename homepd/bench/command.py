@@ -177,7 +177,7 @@ def _slo_settings(args: argparse.Namespace):
 
 
 def _source(args: argparse.Namespace):
-    from homepd.advise.traffic import file_source, traffic_source
+    from homepd.advise.campaign.traffic import file_source, traffic_source
 
     if args.traffic is not None:
         return traffic_source(args.traffic, args.db)  # why no tokenizer: the server's model is not known here
@@ -189,7 +189,7 @@ def _source(args: argparse.Namespace):
 def _run_slo(args: argparse.Namespace) -> int:
     import asyncio
 
-    from homepd.advise.slobench import render_table
+    from homepd.advise.report.slobench import render_table
     from homepd.bench.slo import Server, bench_servers
     from homepd.store import Store
 

@@ -1,5 +1,5 @@
 """``homepd bench slo``'s runner: each server in turn (never two at once), warmed with one request, then its
-capacity searched (``homepd.advise.capacity.CapacitySearch``) or a sweep of fixed rates, every probe an
+capacity searched (``homepd.advise.campaign.capacity.CapacitySearch``) or a sweep of fixed rates, every probe an
 open-loop replay (``homepd.measure.replay.replay``) of a seeded homepd trace through ``HttpTarget``, stored
 like advise's probes (one result per probe, its rate in the mix) and summed up as one table."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from homepd.advise.capacity import CapacitySearch, SearchSettings, curve_at_rates, probe_requests, start_rate_rps
-from homepd.advise.slobench import KIND, client_record, headline, probe_figures, target_result
+from homepd.advise.campaign.capacity import CapacitySearch, SearchSettings, curve_at_rates, probe_requests, start_rate_rps
+from homepd.advise.report.slobench import KIND, client_record, headline, probe_figures, target_result
 from homepd.bench.client import HttpTarget
 from homepd.core.admission import RequestClass
 from homepd.core.records import to_plain

@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from homepd.advise.slobench import KIND as BENCH_SLO_KIND
+from homepd.advise.report.slobench import KIND as BENCH_SLO_KIND
 from homepd.errors import HomepdError
 from homepd.hw.probe import fmt_bytes
 
@@ -96,7 +96,7 @@ def show_command(args: argparse.Namespace) -> int:
 def write_pictures(run: dict, out: str | None, db: str | None = None) -> list[Path]:
     """Draw a stored run to ``out`` (a suffix .svg or .png is dropped) or next to the advise result files of
     the database ``db``."""
-    from homepd.advise.images import write_run_images
+    from homepd.advise.report.images import write_run_images
     from homepd.store import results_dir
 
     if out is None:
@@ -246,7 +246,7 @@ def render_run(run: dict) -> str:
         rec = run["recommendations"][-1]
         data = rec["data"] if isinstance(rec["data"], dict) else {}
         if run["kind"] == BENCH_SLO_KIND and isinstance(data.get("servers"), list):
-            from homepd.advise.slobench import render_table  # a bench-slo run: its capacity table and curves
+            from homepd.advise.report.slobench import render_table  # a bench-slo run: its capacity table and curves
             return "\n".join([*lines, render_table(data["servers"], data.get("slo") or "")])
         lines.append(f"recommendation: {rec['headline'] or '(no headline)'}")
         scalars = {k: v for k, v in data.items() if k != "headline" and isinstance(v, (str, int, float, bool))}

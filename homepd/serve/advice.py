@@ -5,7 +5,7 @@ dictionary updates on the loop: nothing blocks).  At start the profile is rebuil
 table (the last window's worth, with each request's SLO verdict), so a restart keeps it, and the evidence is
 the latest advise run of the served model (``load_live_evidence``, re-read every ``EVIDENCE_REFRESH_S``), both
 read off the loop.  Every ``advice_period_s`` (or on ``POST /advice/evaluate``) the verdict is judged
-(``homepd.advise.live.judge``) and, through the hysteresis, raised as advice: an ``advice`` event on
+(``homepd.advise.live.advice.judge``) and, through the hysteresis, raised as advice: an ``advice`` event on
 ``/events``, a log line, ``/metrics`` and ``GET /advice``.  With ``--auto-apply INTERVAL`` a raised switch is
 applied (``homepd.serve.switch``) at most once per interval.
 """
@@ -18,8 +18,8 @@ from collections import deque
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from homepd.advise.advisor import Advisor
-from homepd.advise.live import AdviceKind, LiveSettings, Verdict, running_candidate
+from homepd.advise.live.advisor import Advisor
+from homepd.advise.live.advice import AdviceKind, LiveSettings, Verdict, running_candidate
 from homepd.core.origin import ConfigSource
 from homepd.core.records import to_plain
 from homepd.measure.metrics import interference
@@ -56,7 +56,7 @@ class LiveAdvisor(Advisor):
 
     def load(self, restore: bool = True) -> None:
         """Read the evidence (and, at start, the recorded traffic of the longest window).  Blocking."""
-        from homepd.advise.liveevidence import load_live_evidence
+        from homepd.advise.live.evidence import load_live_evidence
         from homepd.store import Store, StoreError
         from homepd.store.traffic import traffic_since
 

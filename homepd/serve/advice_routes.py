@@ -43,7 +43,7 @@ async def evaluate(request: Request):
 async def apply(request: Request, body: ApplyRequest):
     """Drain, restart the workers in the advised (or the named) candidate's configuration and resume; returns
     the switch's record.  Requests that arrive meanwhile wait and are served by the new configuration."""
-    from homepd.advise.live import AdviceKind
+    from homepd.advise.live.advice import AdviceKind
     from homepd.serve.switch import SwitchError, switch_to
 
     advisor = _advisor(request)

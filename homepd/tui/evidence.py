@@ -1,7 +1,7 @@
 """Advise evidence for the app: a live ``AdviseResult`` or a stored run -> one ``AdviseView``.
 
 The advise screen and the history screen show the same view, so both shapes
-(``homepd.advise.render.evidence_rows`` for a live result, the store's result
+(``homepd.advise.report.render.evidence_rows`` for a live result, the store's result
 rows for a past run) end up as ``EvidenceRow``s: one per candidate and prompt
 mix.  Pure: no Textual, no I/O.
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import statistics
 
-from homepd.advise.images import result_budgets_ms, result_pictures, run_budgets_ms, run_pictures
-from homepd.advise.render import campaign_shape
+from homepd.advise.report.images import result_pictures, run_pictures
+from homepd.advise.report.pictures import result_budgets_ms, run_budgets_ms
+from homepd.advise.report.render import campaign_shape
 from homepd.core.records import to_plain
 from homepd.tui.records import AdviseStep, AdviseView, EvidenceRow, RecommendationView
 
@@ -18,7 +19,7 @@ MIB = 2 ** 20
 
 
 def step_from_progress(p) -> AdviseStep:
-    """``homepd.advise.campaign.Progress`` -> ``AdviseStep``; the candidate is the text before ' on the '
+    """``homepd.advise.campaign.run.Progress`` -> ``AdviseStep``; the candidate is the text before ' on the '
     (or after 'recovery: '), as the campaign words its steps."""
     current = p.current
     candidate = None
@@ -44,8 +45,8 @@ def recommendation_view(data: dict | None) -> RecommendationView | None:
 
 
 def from_result(result) -> AdviseView:
-    """The view of a finished ``homepd.advise.campaign.AdviseResult``."""
-    from homepd.advise.render import evidence_rows
+    """The view of a finished ``homepd.advise.campaign.run.AdviseResult``."""
+    from homepd.advise.report.render import evidence_rows
 
     rows = []
     for r in evidence_rows(result):

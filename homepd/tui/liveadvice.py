@@ -2,7 +2,7 @@
 
 ``advice_view`` reads the standing advice as ``GET /advice`` (its ``advice``) and the ``advice`` event carry
 it; ``LocalAdvisor`` computes the same for the embedded engine (the service's profile, rule and hysteresis,
-``homepd.advise.live``), fed with the requests each tick finished.  No Textual here: the source's worker
+``homepd.advise.live.advice``), fed with the requests each tick finished.  No Textual here: the source's worker
 thread calls it.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from homepd.advise.advisor import Advisor
-from homepd.advise.live import LiveSettings, running_candidate
+from homepd.advise.live.advisor import Advisor
+from homepd.advise.live.advice import LiveSettings, running_candidate
 
 BANNER_KINDS = ("switch", "at-capacity", "unmeasured")   # the kinds the dashboard raises a banner for
 
@@ -77,7 +77,7 @@ class LocalAdvisor(Advisor):
 
     def load(self, config=None) -> None:
         """Read the latest advise run of the model (none: no advice); ``config``: a new one (switched)."""
-        from homepd.advise.liveevidence import load_live_evidence
+        from homepd.advise.live.evidence import load_live_evidence
         from homepd.store import Store
 
         self.config = config or self.config

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from homepd.advise.pictures import Pictures
+from homepd.advise.report.pictures import Pictures
 from homepd.core.prefixcache import ReuseMode
 
 
@@ -169,7 +169,7 @@ class ChatStats:
 
 @dataclass(frozen=True)
 class AdviseStep:
-    """Where an advise campaign is (``homepd.advise.campaign.Progress``, plus the candidate it measures)."""
+    """Where an advise campaign is (``homepd.advise.campaign.run.Progress``, plus the candidate it measures)."""
     done: int
     total: int
     current: str

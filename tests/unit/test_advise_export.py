@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from homepd.advise.export import ExportEngine, plan_from_run, route_threshold
-from homepd.advise.recipes import recipe
-from homepd.advise.exportdoc import bench_commands, export_files, two_box_answer
-from homepd.advise.twobox import LinkProjection, TwoBoxProjection
+from homepd.advise.export.plan import ExportEngine, plan_from_run, route_threshold
+from homepd.advise.export.recipes import recipe
+from homepd.advise.export.documents import bench_commands, export_files, two_box_answer
+from homepd.advise.report.twobox import LinkProjection, TwoBoxProjection
 from homepd.core.modes import Mode
 from homepd.errors import ConfigError
 from homepd.main import main

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from homepd.advise import pictures as pics
+from homepd.advise.report import pictures as pics
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Candidate, Mode
 
@@ -109,7 +109,7 @@ def test_cdf_is_thinned_with_both_ends_kept():
 
 
 def test_the_image_files_are_a_valid_svg_and_png_naming_every_series(tmp_path):
-    from homepd.advise.figure import write
+    from homepd.advise.report.figure import write
 
     data = {"evidence": [{"capacity": curve("colocated-chunk-16", "mixed", 0.4)},
                          {"capacity": curve("disaggregated", "mixed", 0.2)}]}
@@ -133,7 +133,7 @@ def test_the_image_files_are_a_valid_svg_and_png_naming_every_series(tmp_path):
 
 
 def test_a_run_without_capacity_or_latencies_still_draws(tmp_path):
-    from homepd.advise.figure import write
+    from homepd.advise.report.figure import write
 
     (svg,) = write(pics.Pictures("old run", (), (), ()), tmp_path / "old", png=False)
     texts = " ".join(t.text or "" for t in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}text"))

@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
-from homepd.advise.capacity import Probe
-from homepd.advise.capacity import curve_at_rates
-from homepd.advise.slobench import render_table
+from homepd.advise.campaign.capacity import Probe
+from homepd.advise.campaign.capacity import curve_at_rates
+from homepd.advise.report.slobench import render_table
 from homepd.bench.client import HttpTarget
 from homepd.bench.slo import BenchSettings, Server, bench_server, bench_servers
 from homepd.cli.history import render_run
@@ -229,7 +229,7 @@ def test_bad_bench_slo_flags_are_refused_naming_the_flag(argv, words, capsys):
 
 
 def test_a_trace_file_is_replayed_at_the_probe_s_rate_with_the_server_s_own_prompts(tmp_path):
-    from homepd.advise.traffic import file_source
+    from homepd.advise.campaign.traffic import file_source
     from homepd.measure.trace import make_trace, write_trace
 
     write_trace(make_trace("rag", 3, 1.0, max_tokens=4, seed=3), tmp_path / "t.jsonl")

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from homepd.advise.campaign import (FULL_SEARCH, PROBE_SHARE, AdviseSettings, Campaign, candidate_list)
-from homepd.advise.capacity import CapacityCurve, Probe
-from homepd.advise.probes import KEPT_UP, drain_allowance_s, probe_of
-from homepd.advise.recommend import Evidence
+from homepd.advise.campaign.run import (FULL_SEARCH, PROBE_SHARE, AdviseSettings, Campaign, candidate_list)
+from homepd.advise.campaign.capacity import CapacityCurve, Probe
+from homepd.advise.campaign.probes import KEPT_UP, drain_allowance_s, probe_of
+from homepd.advise.campaign.recommend import Evidence
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Mode
@@ -118,8 +118,8 @@ def test_budget_durations_are_read_with_units_and_bad_ones_named():
 def test_a_refined_search_keeps_the_screens_records_and_reports_the_record_at_its_capacity():
     import asyncio
 
-    from homepd.advise.campaign import SCREEN_SEARCH
-    from homepd.advise.probes import search_capacity
+    from homepd.advise.campaign.run import SCREEN_SEARCH
+    from homepd.advise.campaign.probes import search_capacity
 
     edge = 0.8  # every request meets the SLO up to 0.8 req/s, one in five misses its TTFT above
     ran: list[float] = []
@@ -150,7 +150,7 @@ def test_a_refined_search_keeps_the_screens_records_and_reports_the_record_at_it
 
 
 def test_a_probe_is_stopped_once_more_requests_missed_than_the_target_allows_and_the_unsent_count_as_misses():
-    from homepd.advise.probes import decided_failing
+    from homepd.advise.campaign.probes import decided_failing
 
     slo = SLO()
     stop = decided_failing(10, slo, 0.9)           # 9 of 10 must meet: one miss is allowed

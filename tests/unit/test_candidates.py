@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import types
 
-from homepd.advise.exercised import PrefillSplit, not_exercised, prefill_split
-from homepd.advise.recommend import Candidate, Evidence, Measurement, recommend
-from homepd.advise.render import render_table
+from homepd.advise.campaign.exercised import PrefillSplit, not_exercised, prefill_split
+from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, recommend
+from homepd.advise.report.render import render_table
 from homepd.core.lifecycle import Lifecycle, RequestState
 
 CO = Candidate("colocated-adaptive", "colocated", chunk=256, adaptive_chunk=True)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from homepd.advise.capacity import (CapacitySearch, Probe, SearchSettings, answer_interval, combine, grid_rate,
+from homepd.advise.campaign.capacity import (CapacitySearch, Probe, SearchSettings, answer_interval, combine, grid_rate,
                                     probe_requests, start_rate_rps, within_spread)
 from homepd.core.records import to_plain
 
@@ -168,7 +168,7 @@ def test_a_refinement_bisects_on_from_the_coarse_bracket_and_stays_inside_its_in
 
 
 def test_the_probe_span_lets_one_grid_step_over_the_capacity_build_a_ttft_of_backlog():
-    from homepd.advise.capacity import probe_span_s
+    from homepd.advise.campaign.capacity import probe_span_s
 
     for n, ttft in [(2, 4.0), (4, 4.0), (4, 10.0), (8, 4.0)]:
         span = probe_span_s(ttft, n)

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from homepd.advise.apply import advice_values, choose, stored_candidates
+from homepd.advise.export.apply import advice_values, choose, stored_candidates
 from homepd.config import EngineConfig, add_config_flags, config_from_args, read_config_file, write_config_file
 from homepd.core.modes import Mode
 from homepd.core.origin import ConfigOrigin, ConfigSource

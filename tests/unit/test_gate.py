@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homepd.advise.campaign import MIN_PREDICTED_CHUNK, predicted_chunk
+from homepd.advise.campaign.run import MIN_PREDICTED_CHUNK, predicted_chunk
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, Verdict
 from homepd.core.protocol import StepRecord, StepReport, SubmitRequest, WorkerSpec

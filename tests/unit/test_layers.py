@@ -44,7 +44,7 @@ OWNERS = {
     "httpx": ("homepd.tui.sources.remote", "homepd.bench.client"),
     "textual_plotext": "homepd.tui",
     "plotext": "homepd.tui",
-    "matplotlib": "homepd.advise.figure",
+    "matplotlib": "homepd.advise.report.figure",
 }
 FACE_LIBRARIES = ("textual", "fastapi", "starlette", "uvicorn", "sqlite_utils", "prometheus_client")
 CORE_FORBIDDEN = ("llama_cpp", "pynvml", "psutil", "jinja2") + FACE_LIBRARIES
@@ -187,7 +187,7 @@ ENGINE_API = frozenset({
     "kv_peak", "measure_memory", "cache_stats",
 })
 # ``engine`` names that are not an Engine: an export recipe's engine enum, the app's remote engine snapshot
-NOT_AN_ENGINE = {("homepd.advise.exportdoc", "value"), ("homepd.tui.sources.remote", "mode")}
+NOT_AN_ENGINE = {("homepd.advise.export.documents", "value"), ("homepd.tui.sources.remote", "mode")}
 
 
 def engine_uses(source: str) -> list[tuple[int, str]]:

@@ -1,11 +1,11 @@
-"""Live advice (``homepd.advise.live``) on constructed profiles and evidence: it flips when the traffic crosses
+"""Live advice (``homepd.advise.live.advice``) on constructed profiles and evidence: it flips when the traffic crosses
 into a mix where another candidate measured better, not on noise within the spread nor within the hysteresis
 window, says "unmeasured" outside the evidence and warns at capacity."""
 from __future__ import annotations
 
 import pytest
 
-from homepd.advise.live import (AdviceKind, AdviceTracker, EvidenceRow, LiveEvidence, LiveSettings, MixShape,
+from homepd.advise.live.advice import (AdviceKind, AdviceTracker, EvidenceRow, LiveEvidence, LiveSettings, MixShape,
                                 judge)
 from homepd.core.admission import RequestClass
 from homepd.measure.profile import FinishedRequest, TrafficProfile

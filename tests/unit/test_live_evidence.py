@@ -1,9 +1,9 @@
-"""The evidence live advice reads from the store (``homepd.advise.liveevidence``): the latest advise run of the
+"""The evidence live advice reads from the store (``homepd.advise.live.evidence``): the latest advise run of the
 served model, its curves as rows, the candidates' configurations and each mix's request shape measured from
 its probes; and the traffic table keeping each request's SLO verdict for a restarted profile."""
 from __future__ import annotations
 
-from homepd.advise.liveevidence import load_live_evidence
+from homepd.advise.live.evidence import load_live_evidence
 from homepd.hw.probe import BoxIdentity
 from homepd.core.admission import RequestClass
 from homepd.core.modes import Mode

@@ -1,5 +1,5 @@
 """The recommendation rule on constructed evidence (pure: no engine, no model)."""
-from homepd.advise.recommend import Candidate, Evidence, Measurement, recommend
+from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, recommend
 
 CO64 = Candidate("colocated-chunk-64", "colocated", chunk=64)
 CO_NONE = Candidate("colocated-unchunked", "colocated", chunk=None)
@@ -114,7 +114,7 @@ def test_interference_is_read_from_a_run_with_enough_samples_not_a_single_outlie
 
 
 def curve(name, capacity, spread, mix="mixed"):
-    from homepd.advise.capacity import CapacityCurve, Probe
+    from homepd.advise.campaign.capacity import CapacityCurve, Probe
     probes = (Probe(capacity, 10, 1.0, capacity, 0, 10 / capacity, {"interactive": 1.0}),)
     if spread is not None:  # None: nothing failed above it (a lower bound)
         probes += (Probe(capacity + spread, 10, 0.5, None, 0, 10, {"interactive": 0.5}, {"every gap <= 100 ms": 5}),)

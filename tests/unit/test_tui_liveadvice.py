@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from homepd.advise.live import LiveSettings
+from homepd.advise.live.advice import LiveSettings
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
 from homepd.tui.liveadvice import LocalAdvisor, advice_view

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from homepd.advise.twobox import (PAYLOAD_EFFICIENCY, PER_HANDOFF_LATENCY_S, HandoffSample, kv_bytes_per_token,
+from homepd.advise.report.twobox import (PAYLOAD_EFFICIENCY, PER_HANDOFF_LATENCY_S, HandoffSample, kv_bytes_per_token,
                                   project, render_projection, wire_s)
 
 MB = 1_000_000

@@ -102,7 +102,7 @@ class DataSource(abc.ABC):
     def run_advise(self, quick: bool, emit: Emit, traffic: str | None = None) -> AdviseView:
         """Run an advise campaign here (it starts its own engines), storing its evidence; emit progress.
         ``traffic``: ``service[:SINCE]`` replays the service's recorded traffic instead of the built-in mixes."""
-        from homepd.advise.campaign import AdviseSettings, Campaign
+        from homepd.advise.campaign.run import AdviseSettings, Campaign
         from homepd.hw.monitor import Sampler
         from homepd.store import Store
         from homepd.tui.evidence import from_result, step_from_progress
@@ -111,7 +111,7 @@ class DataSource(abc.ABC):
         settings = AdviseSettings.quick_settings() if quick else AdviseSettings()
         base = self.config
         if traffic is not None:
-            from homepd.advise.traffic import given_sources
+            from homepd.advise.campaign.traffic import given_sources
             from homepd.launch import prepare
 
             sources = given_sources(self.db, base.backend, prepare(base, pull=False, progress=False).model_path,

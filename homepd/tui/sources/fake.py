@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from homepd.advise.pictures import CapacityCurve, Latencies, Pictures
-from homepd.advise.twobox import HandoffSample, project
+from homepd.advise.report.pictures import CapacityCurve, Latencies, Pictures
+from homepd.advise.report.twobox import HandoffSample, project
 from homepd.config import EngineConfig
 from homepd.core.reply import Delta, DeltaKind
 from homepd.core.modes import Mode, Role

@@ -8,8 +8,8 @@ from rich.text import Text
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from homepd.advise.pictures import Pictures, cdf
-from homepd.advise.twobox import PROJECTED_NOTE
+from homepd.advise.report.pictures import Pictures, cdf
+from homepd.advise.report.twobox import PROJECTED_NOTE
 from homepd.tui.widgets.text import short_label
 
 # why: plotext's named colours are the same in every theme, so a candidate keeps its colour across plots

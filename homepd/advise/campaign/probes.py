@@ -1,4 +1,4 @@
-"""One capacity search on a running engine: the probes of ``homepd.advise.capacity.CapacitySearch``, each a
+"""One capacity search on a running engine: the probes of ``homepd.advise.campaign.capacity.CapacitySearch``, each a
 seeded trace replayed at its rate, and what each probe's run record says to the search."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from homepd.advise.capacity import CapacityCurve, CapacitySearch, Probe, SearchSettings, probe_requests
+from homepd.advise.campaign.capacity import CapacityCurve, CapacitySearch, Probe, SearchSettings, probe_requests
 from homepd.core.lifecycle import RequestState
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord

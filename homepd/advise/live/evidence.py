@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import statistics
 
-from homepd.advise.apply import stored_candidates
-from homepd.advise.live import EvidenceRow, LiveEvidence, MixShape
+from homepd.advise.export.apply import stored_candidates
+from homepd.advise.live.advice import EvidenceRow, LiveEvidence, MixShape
 from homepd.measure.trace.model import LONG_PROMPT_TOKENS
 from homepd.hw.probe import BoxIdentity
 from homepd.store.evidence import advise_runs, request_shapes

@@ -8,7 +8,7 @@ meets both the TTFT and the per-token targets, AND it beats the best colocated
 (chunked or replicated) capacity by a clear margin.  Otherwise recommend the
 colocated chunk (or replica count) with the best capacity: the highest arrival
 rate at which the target share of requests meets every SLO of their class
-(``homepd.advise.capacity``).  Candidates whose capacities lie within each
+(``homepd.advise.campaign.capacity``).  Candidates whose capacities lie within each
 other's measurement spread are a tie, and the answer says so.  Evidence
 without capacity curves (one rate per run) is ranked by goodput instead.  This
 is decided per prompt mix; the overall answer is the one for the ``mixed``
@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from homepd.advise.capacity import CapacityCurve, within_spread
+from homepd.advise.campaign.capacity import CapacityCurve, within_spread
 from homepd.core.modes import Candidate, Mode
 
 # interference counts as measured when decode steps disturbed by prefill are this much slower, matched on

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from homepd.advise.live import AdviceEvent, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge
+from homepd.advise.live.advice import AdviceEvent, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge
 from homepd.core.admission import RequestClass
 from homepd.measure.metrics import SLO
 from homepd.measure.profile import FinishedRequest, TrafficProfile

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import statistics
 
-from homepd.advise.campaign import AdviseResult
-from homepd.advise.exercised import not_exercised_reason, splits_by_run
-from homepd.advise.recommend import Recommendation
+from homepd.advise.campaign.run import AdviseResult
+from homepd.advise.campaign.exercised import not_exercised_reason, splits_by_run
+from homepd.advise.campaign.recommend import Recommendation
+from homepd.advise.report.pictures import result_projections
 from homepd.core.records import to_plain
 from homepd.measure.memory import CATEGORIES, breakdown_mib
 from homepd.measure.replay import RunRecord
@@ -228,8 +229,7 @@ def campaign_shape(s) -> str:
 
 
 def _two_boxes(result: AdviseResult) -> list[str]:
-    from homepd.advise.images import result_projections
-    from homepd.advise.twobox import render_projection
+    from homepd.advise.report.twobox import render_projection
 
     text = render_projection(list(result_projections(result)))
     return [text] if text else []

@@ -5,7 +5,7 @@ probe -> placement plan -> candidates (colocated unchunked and chunked, the chun
 step-time model gives for the ITL target, as its step policy would budget it, the adaptive chunk, disaggregated
 with every prompt handed off and with learned routing, replicas; infeasible ones with their reason) -> a
 calibration burst on the first candidate (the box's prefill and decode speeds: where every search starts) -> for each candidate, one engine, and per mix (and repeat) a capacity
-search (``homepd.advise.capacity``: probes at rates on one grid, each a seeded trace, the same trace for every
+search (``homepd.advise.campaign.capacity``: probes at rates on one grid, each a seeded trace, the same trace for every
 candidate at the same rate) -> which runs did not exercise their architecture (not ranked) -> a recovery
 scenario per architecture (a worker killed mid-run) -> ``recommend``
 -> store.  Never changes the serving configuration: ``homepd advise apply`` is a separate step.
@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from homepd.advise.capacity import CapacityCurve, SearchSettings, combine, probe_span_s, start_rate_rps
-from homepd.advise.probes import decided_failing, search_capacity
-from homepd.advise.exercised import not_exercised
-from homepd.advise.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
+from homepd.advise.campaign.capacity import CapacityCurve, SearchSettings, combine, probe_span_s, start_rate_rps
+from homepd.advise.campaign.probes import decided_failing, search_capacity
+from homepd.advise.campaign.exercised import not_exercised
+from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
 from homepd.core.records import WorkerEventKind, to_plain

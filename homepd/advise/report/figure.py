@@ -15,8 +15,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, PercentFormatter, ScalarFormatter
 
-from homepd.advise.pictures import Pictures, cdf
-from homepd.advise.twobox import render_projection
+from homepd.advise.report.pictures import Pictures, cdf
+from homepd.advise.report.twobox import render_projection
 
 # why: text stays text in the SVG (searchable, smaller, and the tests can find the series names)
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "homepd"}

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from homepd.advise.twobox import HandoffSample, TwoBoxProjection, project
+from homepd.advise.report.twobox import HandoffSample, TwoBoxProjection, project
+from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
+from homepd.core.records import to_plain
 from homepd.core.modes import Mode
 from homepd.core.stats import percentile
 
@@ -111,7 +113,7 @@ def find_curves(obj) -> tuple[CapacityCurve, ...]:
 
 
 def runs_from_result(result) -> list[RunData]:
-    """The measured runs of a live ``homepd.advise.campaign.AdviseResult``."""
+    """The measured runs of a live ``homepd.advise.campaign.run.AdviseResult``."""
     modes = {c.name: c.mode for c in result.candidates}
     return [RunData(cand, modes.get(cand), mix, tuple({**lc.to_dict(), "token_times_s": list(lc.token_times_s)}
                                                       for lc in record.requests))
@@ -230,4 +232,41 @@ def _mode(value) -> Mode | None:
 
 
 def _float_or_none(value) -> float | None:
+    return None if value is None else float(value)
+
+
+_DEFAULT = EngineConfig().class_budgets[RequestClass.INTERACTIVE]
+
+
+def result_budgets_ms(result) -> tuple[float, float | None]:
+    """(TTFT, ITL) budget of the interactive class as the live ``result``'s SLO holds them."""
+    slo = result.settings.slo
+    return float(slo.ttft_ms), _itl(slo)
+
+
+def run_budgets_ms(run: dict) -> tuple[float, float | None]:
+    """(TTFT, ITL) budget of the interactive class of a stored advise run (its SLO, else its engine config,
+    else today's defaults)."""
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    slo = ((config.get("settings") or {}).get("slo") or {}) if isinstance(config.get("settings"), dict) else {}
+    base = config.get("base") if isinstance(config.get("base"), dict) else {}
+    ttft = slo.get("ttft_ms") or base.get("ttft_budget_ms") or _DEFAULT.ttft_ms
+    itl = slo.get("itl_ms") or slo.get("tpot_ms") or base.get("itl_budget_ms") or _DEFAULT.itl_ms
+    return float(ttft), None if itl is None else float(itl)
+
+
+def result_projections(result) -> tuple[TwoBoxProjection, ...]:
+    """The two-box rows of ``result``'s disaggregated runs (projected, not measured)."""
+    ttft_ms, _ = result_budgets_ms(result)
+    return projections(runs_from_result(result), ttft_budget_ms=ttft_ms)
+
+
+def projections_plain(result) -> list[dict]:
+    """``result_projections`` as JSON-ready data (each row says ``"note": "projected, not measured"``)."""
+    return to_plain(list(result_projections(result)))
+
+
+def _itl(slo) -> float | None:
+    # why getattr: the SLO's per-token field is ``itl_ms`` (every gap) or, in older settings, ``tpot_ms``
+    value = getattr(slo, "itl_ms", None) or getattr(slo, "tpot_ms", None)
     return None if value is None else float(value)

@@ -1,12 +1,12 @@
-"""``homepd advise export``'s recipes: an ``ExportPlan`` (``homepd.advise.export``) as each engine's launch
-commands or config file.  Pure text; the mapping of every setting is in ``homepd.advise.export``'s docstring."""
+"""``homepd advise export``'s recipes: an ``ExportPlan`` (``homepd.advise.export.plan``) as each engine's launch
+commands or config file.  Pure text; the mapping of every setting is in ``homepd.advise.export.plan``'s docstring."""
 from __future__ import annotations
 
 import json
 import shlex
 from dataclasses import dataclass
 
-from homepd.advise.export import ExportEngine, ExportPlan
+from homepd.advise.export.plan import ExportEngine, ExportPlan
 from homepd.core.modes import Mode
 
 # why 256: llama-server's --cache-reuse is the smallest chunk it shifts to reuse; below a few hundred tokens

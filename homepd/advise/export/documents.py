@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from homepd.advise.export import ExportEngine, ExportPlan
-from homepd.advise.recipes import Recipe, llama_server_args, recipe
-from homepd.advise.pictures import projections, runs_from_stored
-from homepd.advise.twobox import TwoBoxProjection
+from homepd.advise.export.plan import ExportEngine, ExportPlan
+from homepd.advise.export.recipes import Recipe, llama_server_args, recipe
+from homepd.advise.report.pictures import projections, runs_from_stored
+from homepd.advise.report.twobox import TwoBoxProjection
 from homepd.core.modes import Mode
 from homepd.measure.trace import export_lines, make_trace
 
@@ -122,7 +122,7 @@ def readme(plan: ExportPlan, rec: Recipe, rows: list[TwoBoxProjection]) -> str:
 def export_files(run: dict, plan: ExportPlan, engine: ExportEngine | str) -> dict[str, str]:
     """Every file of the export directory (name -> text) for ``engine``."""
     rec = recipe(plan, engine)
-    from homepd.advise.images import run_budgets_ms
+    from homepd.advise.report.pictures import run_budgets_ms
 
     rows = list(projections(runs_from_stored(run), ttft_budget_ms=run_budgets_ms(run)[0]))
     files = dict(rec.files)

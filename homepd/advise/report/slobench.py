@@ -8,8 +8,8 @@ candidate.  Everything stored is plain data (``target_result``), so the history 
 """
 from __future__ import annotations
 
-from homepd.advise.capacity import CapacityCurve, Probe
-from homepd.advise.probes import probe_of
+from homepd.advise.campaign.capacity import CapacityCurve, Probe
+from homepd.advise.campaign.probes import probe_of
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.stats import percentile
 from homepd.measure.metrics import SLO, summarize

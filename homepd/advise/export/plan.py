@@ -1,6 +1,6 @@
 """``homepd advise export``: a stored recommendation as launch recipes for other engines.  Pure: a stored
-advise run (``Store.get_run``) in, an ``ExportPlan`` (what the evidence says) out; ``homepd.advise.recipes``
-turns it into each engine's commands and config files, ``homepd.advise.exportdoc`` writes them with their
+advise run (``Store.get_run``) in, an ``ExportPlan`` (what the evidence says) out; ``homepd.advise.export.recipes``
+turns it into each engine's commands and config files, ``homepd.advise.export.documents`` writes them with their
 README.
 
 The mapping, setting by setting (where each value comes from is in ``ExportPlan``'s fields):
@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from homepd.advise.apply import stored_candidates
+from homepd.advise.export.apply import stored_candidates
 from homepd.core.modes import Mode
 from homepd.errors import ConfigError
 

@@ -1,0 +1,1 @@
+"""Campaign: the candidates and mixes a run measures, the capacity search and its probes, and the recommendation."""

@@ -1,0 +1,1 @@
+"""Live advice: today's traffic against the stored evidence, judged while the service runs."""
