@@ -178,7 +178,9 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     chosen = ceiling
     for n_steps in range(math.ceil(left / budget), 0, -1):
         b = math.ceil(left / n_steps)
-        if budget < b <= ceiling and done_s(now_s, left, b) <= head.deadline_s:
+        if b > ceiling:
+            break  # fewer steps only need larger ones
+        if b > budget and done_s(now_s, left, b) <= head.deadline_s:
             chosen = b
             break
     predicted = step_ms(chosen)
