@@ -226,10 +226,14 @@ class StepPolicy:
         interactive) with ``kv_in_use`` cells in use.  The one rule for the worker, the gate and advise."""
         if not self.adaptive:
             return min(self.n_batch if self.chunk is None else self.chunk, self.n_batch) - n_decode
-        itl = max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
+        itl = self._step_itl_ms()
         return min(self.n_batch - n_decode,
                    prompt_budget(self.estimate(), n_decode, n_interactive_decode, itl, kv_in_use,
                                  min_chunk=self.min_chunk, max_chunk=self.n_batch, idle_step_ms=self.idle_step_ms))
+
+    def _step_itl_ms(self) -> float:
+        """The ITL budget a step may use: the budget less the time spent between steps (at the step's share)."""
+        return max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
 
     def grant(self, prompts: Seq[Sequence], decode: Seq[Sequence], now_s: float, budget: int,
               kv_in_use: int = 0) -> DeadlineGrant | None:
@@ -239,7 +243,7 @@ class StepPolicy:
         est = self.estimate() if self.adaptive and self.gap_ceiling_ms else None
         if est is None:
             return None
-        itl = max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
+        itl = self._step_itl_ms()
         return deadline_grant(est, prompts, decode, now_s, itl, self.gap_ceiling_ms - self.between_steps_ms,
                               budget, self.n_batch - len(decode), kv_in_use)
 
