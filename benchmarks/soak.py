@@ -62,14 +62,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rss_bytes(pid: int) -> int | None:
+def rss_bytes(pid: int) -> tuple[int, int] | None:
+    """(own, shared) resident bytes of ``pid``: its own pages (VmRSS less RssShmem), and the shared-memory
+    pages it has touched (RssShmem: the KV store's and the arena's segments, which fill up to their bound by
+    design and are one copy in /dev/shm however many processes map them)."""
+    fields = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssShmem"):
+                fields[key] = int(value.split()[0]) * 1024
     except OSError:
         return None
-    return None
+    if "VmRSS" not in fields:
+        return None
+    shared = fields.get("RssShmem", 0)
+    return fields["VmRSS"] - shared, shared
 
 
 def shm_segments() -> set[str]:
@@ -86,8 +94,9 @@ class Soak:
         self.unexpected: Counter[str] = Counter()     # "kind -> status" that the kind does not expect
         self.n_sent = self.n_completed = 0
         self.kills: list[dict] = []
-        self.rss: dict[int, dict] = {}                # pid -> {role, start_bytes, end_bytes}
+        self.rss: dict[int, dict] = {}                # pid -> {role, start_bytes, end_bytes, shared_end_bytes}
         self.controller_rss: list[tuple[float, int]] = []  # (seconds into the soak, bytes): flat after warm-up?
+        self.worker_rss: dict[int, list[tuple[float, int]]] = {}  # pid -> (seconds into the soak, bytes)
         self.deadline = 0.0
 
     # the server ------------------------------------------------------------------------------
@@ -119,16 +128,20 @@ class Soak:
 
     def sample_rss(self, pids: dict[int, str]) -> None:
         for pid, role in pids.items():
-            if (rss := rss_bytes(pid)) is None:
+            if (sample := rss_bytes(pid)) is None:
                 continue
+            rss, shared = sample
             entry = self.rss.setdefault(pid, {"role": role, "start_bytes": rss, "end_bytes": rss})
-            entry["end_bytes"] = rss
-            if role == "controller" and self.deadline:
-                self.controller_rss.append((round(time.monotonic() - self.started_s, 1), rss))
+            entry["end_bytes"], entry["shared_end_bytes"] = rss, shared
+            if self.deadline:
+                at_s = round(time.monotonic() - self.started_s, 1)
+                series = self.controller_rss if role == "controller" else self.worker_rss.setdefault(pid, [])
+                series.append((at_s, rss))
 
     # traffic ---------------------------------------------------------------------------------
     def draw(self) -> str:
-        return self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+        kinds = self.args.kinds
+        return self.rng.choices(kinds, weights=[KINDS[k] for k in kinds])[0]
 
     def chat_body(self, **extra) -> dict:
         words = " ".join(self.rng.choice(["cats", "rain", "soup", "maps", "jazz", "tea"]) for _ in range(
@@ -217,6 +230,8 @@ class Soak:
                 self.unexpected[f"{kind} -> {result}"] += 1
 
     async def killer(self, client: httpx.AsyncClient, server: subprocess.Popen) -> None:
+        if self.args.kill_every_min <= 0:
+            return
         period_s = self.args.kill_every_min * 60
         next_s = time.monotonic() + period_s
         while next_s < self.deadline:
@@ -288,6 +303,7 @@ class Soak:
             "unexpected": dict(self.unexpected), "kills": self.kills,
             "in_flight_at_end": status["admission"]["in_flight"],
             "rss": {str(pid): e for pid, e in self.rss.items()}, "controller_rss": self.controller_rss,
+            "worker_rss": {str(pid): series for pid, series in self.worker_rss.items()}, "kinds": self.args.kinds,
             "exit_status": exit_status, "shm_segments_left": left,
         }
 
@@ -299,13 +315,17 @@ def print_report(r: dict) -> None:
         print(f"  {outcome:<34} {n}")
     print(f"unexpected answers: {r['unexpected'] or 'none'}")
     print(f"kills: {len(r['kills'])}; in flight at the end: {r['in_flight_at_end']}")
-    print("RSS (MB)            start    end")
+    print("RSS (MB, own pages)  start    end   (+ shared memory touched at the end)")
     for pid, e in r["rss"].items():
-        print(f"  {e['role']:<10} {pid:>7} {e['start_bytes'] / 1e6:7.1f} {e['end_bytes'] / 1e6:7.1f}")
+        print(f"  {e['role']:<10} {pid:>7} {e['start_bytes'] / 1e6:7.1f} {e['end_bytes'] / 1e6:7.1f}   "
+              f"(+ {e['shared_end_bytes'] / 1e6:.0f})")
     series = r["controller_rss"]
     if series:
         print("controller RSS (MB) every 5 minutes: " + ", ".join(
             f"{t / 60:.0f} min {b / 1e6:.1f}" for t, b in every(series, RSS_REPORT_PERIOD_S)))
+    for pid, series in r["worker_rss"].items():
+        print(f"worker {pid} RSS (MB) every minute: " + ", ".join(
+            f"{t / 60:.0f} min {b / 1e6:.0f}" for t, b in every(series, 60.0)))
     print(f"exit status: {r['exit_status']}; /dev/shm segments left: {len(r['shm_segments_left'])} "
           f"{r['shm_segments_left'] or ''}")
 
@@ -329,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30.0)
-    p.add_argument("--kill-every-min", type=float, default=5.0, help="a worker kill -9 this often")
+    p.add_argument("--kill-every-min", type=float, default=5.0, help="a worker kill -9 this often (0: never)")
+    p.add_argument("--kinds", type=lambda s: s.split(","), default=list(KINDS),
+                   help=f"a comma-separated subset of the request kinds to draw, at their weights ({', '.join(KINDS)})")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients")
     p.add_argument("--max-requests", type=int, default=200_000, help="stop after this many requests")
     p.add_argument("--seed", type=int, default=17)
@@ -337,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--out", help="write the report here (JSON)")
     args = p.parse_args(argv)
     args.serve_args = serve_args
+    if unknown := set(args.kinds) - set(KINDS):
+        p.error(f"--kinds: unknown kind(s) {', '.join(sorted(unknown))}; known: {', '.join(KINDS)}")
     report = asyncio.run(Soak(args).run())
     print_report(report)
     if args.out:
