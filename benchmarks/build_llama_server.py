@@ -1,13 +1,14 @@
-"""Build llama-server from the llama.cpp that the installed llama-cpp-python vendors.
+"""Build llama-server and llama-bench from the llama.cpp that the installed llama-cpp-python vendors.
 
-The SLO-capacity benchmark (``homepd bench slo``) compares homepd with llama-server on the same box, so
-the server must run the same llama.cpp with the same CPU flags as homepd's own build (pyproject.toml:
-native, AMX compiled out).  This downloads that version's sdist from PyPI with pip, and builds only the
-``llama-server`` target.
+The SLO-capacity and chat benchmarks (``homepd bench slo``, ``benchmarks/chat_bench.py``) compare homepd
+with llama-server on the same box, and ``homepd bench engine`` reads llama.cpp's own C++ loop
+(``llama-bench``) as its reference row, so both must run the same llama.cpp with the same CPU flags as
+homepd's own build (pyproject.toml: native, AMX compiled out).  This downloads that version's sdist through
+pip's configured indexes, and builds only the ``llama-server`` and ``llama-bench`` targets.
 
     uv run python benchmarks/build_llama_server.py [--dest .cache/llama-server] [--jobs 2]
 
-Prints the binary's path.  A second run with the binary present does nothing.
+Prints llama-server's path, then llama-bench's.  A second run with both binaries present does nothing.
 """
 from __future__ import annotations
 
@@ -105,10 +106,14 @@ def fetch_sdist(v: str, into: Path) -> Path:
     raise SystemExit(f"{name} is on none of pip's configured indexes ({', '.join(tried)})")
 
 
+TARGETS = ("llama-server", "llama-bench")
+
+
 def build(dest: Path, jobs: int) -> Path:
-    binary = dest / "build" / "bin" / "llama-server"
-    if binary.exists():
-        return binary
+    """Build the targets into ``dest``/build/bin; return llama-server's path (llama-bench is beside it)."""
+    binaries = [dest / "build" / "bin" / t for t in TARGETS]
+    if all(b.exists() for b in binaries):
+        return binaries[0]
     dest.mkdir(parents=True, exist_ok=True)
     v = version("llama-cpp-python")
     sdist_dir = dest / "sdist"
@@ -123,9 +128,9 @@ def build(dest: Path, jobs: int) -> Path:
         shutil.move(str(top / "vendor" / "llama.cpp"), src)
         shutil.rmtree(dest / "extract")
     subprocess.run(["cmake", "-S", str(src), "-B", str(dest / "build"), *CMAKE_FLAGS], check=True)
-    subprocess.run(["cmake", "--build", str(dest / "build"), "--target", "llama-server", "-j", str(jobs)],
+    subprocess.run(["cmake", "--build", str(dest / "build"), "--target", *TARGETS, "-j", str(jobs)],
                    check=True, env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs)})
-    return binary
+    return binaries[0]
 
 
 def main() -> None:
@@ -133,7 +138,9 @@ def main() -> None:
     ap.add_argument("--dest", type=Path, default=Path(".cache/llama-server"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
-    print(build(args.dest.resolve(), args.jobs))
+    server = build(args.dest.resolve(), args.jobs)
+    print(server)
+    print(server.with_name("llama-bench"))
 
 
 if __name__ == "__main__":

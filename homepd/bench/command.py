@@ -9,12 +9,14 @@ import sys
 
 from homepd.config import DEFAULT_MODEL_NAME, parse_chunk
 from homepd.measure.bench import BUSY_BOX_WAIT_SHARE, ENGINE_FLOOR, bench_engine
+from homepd.measure.llamabench import BUILD_HINT
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that print figures")
     sub = p.add_subparsers(dest="bench_command", metavar="BENCH")
-    e = sub.add_parser("engine", help="engine vs bare llama.cpp loop: prompt and decode tok/s")
+    e = sub.add_parser("engine", help="engine vs llama.cpp's own loop (llama-bench) and a bare Python loop: "
+                                      "prompt and decode tok/s")
     e.add_argument("--model", default=DEFAULT_MODEL_NAME, help="catalog name or GGUF path")
     e.add_argument("--threads", type=int, default=None, help="n_threads (default: all usable cores)")
     e.add_argument("--prompt-tokens", type=int, default=256)
@@ -25,6 +27,9 @@ def register(subparsers) -> None:
                    help="prompt length for the KV handoff figures (0 = skip them)")
     e.add_argument("--arena-requests", type=int, default=8,
                    help="requests of the mixed trace replayed disaggregated for the KV arena's peak use (0 = skip)")
+    e.add_argument("--llama-bench", metavar="PATH", default=None,
+                   help="llama-bench binary, the reference row (default: the one benchmarks/build_llama_server.py "
+                        "builds into .cache/llama-server)")
     e.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     e.set_defaults(func=_run_engine)
     _register_slo(sub)
@@ -33,23 +38,34 @@ def register(subparsers) -> None:
 
 def _run_engine(args: argparse.Namespace) -> int:
     out = bench_engine(args.model, args.threads, args.prompt_tokens, args.gen_tokens, args.chunk, args.repeat,
-                       kv_tokens=args.kv_tokens, arena_requests=args.arena_requests)
+                       kv_tokens=args.kv_tokens, arena_requests=args.arena_requests, llama_bench=args.llama_bench)
     print(f"model {out['model']}  n_threads={out['n_threads']}  chunk={out['chunk']}  "
-          f"prompt={out['n_prompt_tokens']} tok  gen={out['n_gen_tokens']} tok  "
+          f"prompt={out['n_prompt_tokens']} tok  gen={out['n_gen_tokens']} tok, decoded after the prompt "
           f"(median [min-max] of {out['repeat']} interleaved rounds, each run alone)")
+
+    def row(name: str, prefix: str, phase: str) -> str:
+        k = f"{prefix}_{phase}_tok_s"
+        return f"{name} {out[k]:7.1f} [{out[k + '_min']:.1f}-{out[k + '_max']:.1f}]"
+
     for phase in ("prompt", "decode"):
-        e, r = f"engine_{phase}_tok_s", f"raw_{phase}_tok_s"
-        print(f"  {phase}  engine {out[e]:7.1f} [{out[e + '_min']:.1f}-{out[e + '_max']:.1f}] tok/s   "
-              f"reference {out[r]:7.1f} [{out[r + '_min']:.1f}-{out[r + '_max']:.1f}] tok/s   "
-              f"ratio {out[phase + '_ratio']:.3f}  {out[phase + '_guard']} (>= {ENGINE_FLOOR})")
-    print(f"  reference: own process (pid {out['raw_pid']}), llama.cpp n_threads/n_threads_batch "
+        lb = "llama-bench: none" if out[phase + "_ratio"] is None else (
+            f"{row('llama-bench', 'llama_bench', phase)}   engine/llama-bench {out[phase + '_ratio']:.3f}")
+        print(f"  {phase:<6} {row('engine', 'engine', phase)}   {lb}  {out[phase + '_guard']} (>= {ENGINE_FLOOR})")
+        print(f"  {'':<6} {row('python loop', 'raw', phase)}   engine/loop {out[phase + '_loop_ratio']:.3f} "
+              "(a second row: no limit)")
+    if out["llama_bench"] is None:
+        print(f"  no llama-bench, so the verdicts are unchecked: {BUILD_HINT}")
+    else:
+        print(f"  llama-bench {out['llama_bench']}: n_threads {out['llama_bench_n_threads']} on cores "
+              f"{out['llama_bench_cpu_affinity']}: {'checked' if out['llama_bench_checked'] else 'NOT as asked'}")
+    print(f"  python loop: own process (pid {out['raw_pid']}), llama.cpp n_threads/n_threads_batch "
           f"{'/'.join(map(str, out['raw_llama_n_threads']))}, busy threads {out['raw_busy_threads']} "
           f"on cores {out['raw_cpu_affinity']}, {out['raw_idle_cpu_s']:.2f} s CPU while the engine ran: "
-          f"{'checked' if out['raw_checked'] else 'NOT as asked, so the guard is unchecked'}")
+          f"{'checked' if out['raw_checked'] else 'NOT as asked'}")
     print(f"  engine worker: busy threads {out['engine_busy_threads']} on cores {out['engine_cpu_affinity']}; "
           f"waiting for a CPU up to {out['engine_wait_share_max']:.0%} (engine) and "
-          f"{out['raw_wait_share_max']:.0%} (reference) of a run: the box's other load, the figures' noise")
-    print(f"  CPU per measured run: engine {out['engine_cpu_s']:.2f} s (worker + controller), reference "
+          f"{out['raw_wait_share_max']:.0%} (python loop) of a run: the box's other load, the figures' noise")
+    print(f"  CPU per measured run: engine {out['engine_cpu_s']:.2f} s (worker + controller), python loop "
           f"{out['raw_cpu_s']:.2f} s: on a busy box each gets a share of a CPU, so the costlier one is slower")
     if out["box_busy"]:
         print(f"  the box was busy (runs waited over {BUSY_BOX_WAIT_SHARE:.0%} of their time for a CPU): "

@@ -1,14 +1,17 @@
-"""Engine overhead against a bare llama.cpp loop, and the KV arena.
+"""Engine overhead against llama.cpp's own loop, and the KV arena.
 
 A benchmark, not a test: it prints figures.  On one model and thread count it
 measures single-stream prompt tok/s and decode tok/s through the engine
-(separate worker process, pipes, controller) and through the reference, a bare
-loop over the same llama.cpp calls with the same schedule, in a process of its
-own placed and built from the engine worker's spec (``homepd.measure.refproc``),
-run while no engine is alive and checked to burn the asked thread count; the
-guard is engine / reference >= ``ENGINE_FLOOR`` for each phase.  Also the KV
-handoff through the arena against a memcpy, and the arena's peak use on the
-default mixed trace, disaggregated.
+(separate worker process, pipes, controller), through llama.cpp's own C++ loop
+(``llama-bench`` from the same vendored llama.cpp, ``homepd.measure.llamabench``:
+the prompt at depth 0 in the engine's chunk, the decode after the prompt, on the
+worker's cores and threads), and through a bare Python loop over the same
+llama.cpp calls with the same schedule, in a process of its own placed and built
+from the engine worker's spec (``homepd.measure.refproc``), run while no engine
+is alive.  The guard is engine / llama-bench >= ``ENGINE_FLOOR`` for each phase
+(the Python loop swings both ways around the engine on a noisy box, so it is no
+limit: a second row).  Also the KV handoff through the arena against a memcpy,
+and the arena's peak use on the default mixed trace, disaggregated.
 """
 from __future__ import annotations
 
@@ -18,10 +21,13 @@ import statistics
 import time
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 from homepd.hw.threads import ThreadUse, read_tasks, thread_use
+from homepd.measure.llamabench import LlamaBenchRun, find_llama_bench
+from homepd.measure.llamabench import run_round as run_llama_bench
 from homepd.measure.refproc import ReferenceProcess
 from homepd.engine.streams import EventKind
 
@@ -100,32 +106,39 @@ def _reference_round(ref: ReferenceProcess, prompt_ids: list[int], n_gen: int) -
                        result.use, ref.ready.cpu_affinity)
 
 
-def _interleaved_runs(config: EngineConfig, prompt_ids: list[int], prompt_text: str, n_gen: int,
-                      repeat: int) -> tuple[list[MeasuredRun], list[MeasuredRun], ReferenceProcess, float]:
-    """``repeat`` rounds of one engine run and one reference run, each alone on the box.
+def _interleaved_runs(config: EngineConfig, prompt_ids: list[int], prompt_text: str, n_gen: int, repeat: int,
+                      llama_bench: Path | None) -> tuple[list[MeasuredRun], list[MeasuredRun], list[LlamaBenchRun],
+                                                         ReferenceProcess, float]:
+    """``repeat`` rounds of one engine run, one Python-loop run and one llama-bench round, each alone on the
+    box.
 
-    The reference process (placed and built from the engine worker's spec) lives through every round,
-    blocked on its pipe while the engine runs; the engine is started and stopped within its round, so
-    no worker is alive while the reference runs.  Each run follows a warm-up request of its own, and
-    the order alternates (engine first, then reference first) so a drift on the box hits both alike.
-    Also returns the CPU seconds the idle reference process burned during the engine runs (~0).
+    The loop's process (placed and built from the engine worker's spec) lives through every round,
+    blocked on its pipe while the others run; the engine is started and stopped within its round, so
+    no worker is alive while the loop or llama-bench runs.  Each run follows a warm-up of its own, and
+    the order rotates from round to round so a drift on the box hits all alike.
+    Also returns the CPU seconds the idle loop process burned during the engine runs (~0).
     """
     from homepd.engine.specs import worker_specs
     from homepd.launch import prepare
 
     setup = prepare(config, pull=False)
     spec = worker_specs(config, setup)["colocated"]
-    engine_runs, raw_runs, idle_cpu_s = [], [], 0.0
+    engine_runs, raw_runs, lb_runs, idle_cpu_s = [], [], [], 0.0
+    sides = ["engine", "raw"] + (["llama-bench"] if llama_bench is not None else [])
     with ReferenceProcess(spec) as ref:
         for i in range(repeat):
-            for side in (("engine", "raw") if i % 2 == 0 else ("raw", "engine")):
+            for side in sides[i % len(sides):] + sides[:i % len(sides)]:
                 if side == "raw":
                     raw_runs.append(_reference_round(ref, prompt_ids, n_gen))
+                    continue
+                if side == "llama-bench":
+                    lb_runs.append(run_llama_bench(llama_bench, spec.model_path, spec.n_threads, len(prompt_ids),
+                                                   n_gen, config.chunk, 0, spec.cpu_cores))
                     continue
                 before, t0 = read_tasks(ref.pid), time.monotonic()
                 engine_runs.append(asyncio.run(_engine_round(config, setup, prompt_text, n_gen)))
                 idle_cpu_s += thread_use(before, read_tasks(ref.pid), time.monotonic() - t0).cpu_s
-    return engine_runs, raw_runs, ref, idle_cpu_s
+    return engine_runs, raw_runs, lb_runs, ref, idle_cpu_s
 
 
 def _figures(runs: list[MeasuredRun], prefix: str) -> dict:
@@ -238,9 +251,12 @@ def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed:
 
 
 def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, chunk: int | None,
-                 repeat: int, n_ctx: int = 2048, kv_tokens: int = 0, arena_requests: int = 0) -> dict:
-    """Run the engine-vs-reference benchmark; return a flat dict of figures (medians over ``repeat``,
-    with their min and max), the checks on the reference, and the guard's verdicts."""
+                 repeat: int, n_ctx: int = 2048, kv_tokens: int = 0, arena_requests: int = 0,
+                 llama_bench: str | None = None) -> dict:
+    """Run the engine against llama.cpp's own loop (``llama-bench``: ``llama_bench``, else the build cache's)
+    and the Python loop; return a flat dict of figures (medians over ``repeat``, with their min and max),
+    the checks on the references, and the guard's verdicts (engine / llama-bench; UNCHECKED without it)."""
+    lb_binary = find_llama_bench(llama_bench)
     from homepd.llm import LlamaModel
     from homepd.models.resolve import resolve_model
 
@@ -257,7 +273,8 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
     try:
         prompt_ids = make_prompt(llm, n_prompt)
         prompt_text = llm.detokenize(prompt_ids[1:] if llm.add_bos else prompt_ids)
-        engine, raw, ref, idle_cpu_s = _interleaved_runs(config, prompt_ids, prompt_text, n_gen, repeat)
+        engine, raw, lb, ref, idle_cpu_s = _interleaved_runs(config, prompt_ids, prompt_text, n_gen, repeat,
+                                                             lb_binary)
         handoff = bench_handoff(llm, kv_tokens, config.effective_n_threads, repeat) if kv_tokens else {}
     finally:
         llm.close()
@@ -268,14 +285,28 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
            "raw_idle_cpu_s": idle_cpu_s}
     out.update(_figures(engine, "engine"))
     out.update(_figures(raw, "raw"))
-    # the reference is a limit only if it ran with the threads asked, on the worker's cores, alone
+    # the loop is checked as a run of the asked threads, on the worker's cores, alone; it is a second row
     out["raw_checked"] = (ref.ready.n_threads == (asked, asked) and out["raw_busy_threads"] == [asked]
                           and out["raw_cpu_affinity"] == out["engine_cpu_affinity"] and idle_cpu_s < 0.05 * repeat)
     out["box_busy"] = max(out["engine_wait_share_max"], out["raw_wait_share_max"]) > BUSY_BOX_WAIT_SHARE
+    out["llama_bench"] = str(lb_binary) if lb_binary is not None else None
+    out["llama_bench_n_threads"], out["llama_bench_cpu_affinity"] = [], []
+    if lb:
+        for key in ("prompt_tok_s", "decode_tok_s"):
+            values = [getattr(r, key) for r in lb]
+            out.update({f"llama_bench_{key}": statistics.median(values), f"llama_bench_{key}_min": min(values),
+                        f"llama_bench_{key}_max": max(values)})
+        out["llama_bench_n_threads"] = sorted({r.n_threads for r in lb})
+        out["llama_bench_cpu_affinity"] = sorted({c for r in lb for c in r.cpu_affinity})
+    # llama.cpp's own loop is the limit: it ran the asked threads on the worker's cores
+    out["llama_bench_checked"] = bool(lb) and out["llama_bench_n_threads"] == [asked] and (
+        out["llama_bench_cpu_affinity"] == out["engine_cpu_affinity"])
     for phase in ("prompt", "decode"):
-        ratio = out[f"engine_{phase}_tok_s"] / out[f"raw_{phase}_tok_s"]
-        out[f"{phase}_ratio"] = ratio
-        out[f"{phase}_guard"] = engine_guard(ratio, out["raw_checked"]).value
+        engine_tok_s = out[f"engine_{phase}_tok_s"]
+        out[f"{phase}_loop_ratio"] = engine_tok_s / out[f"raw_{phase}_tok_s"]
+        out[f"{phase}_ratio"] = engine_tok_s / out[f"llama_bench_{phase}_tok_s"] if lb else None
+        out[f"{phase}_guard"] = (engine_guard(out[f"{phase}_ratio"], out["llama_bench_checked"]) if lb
+                                 else GuardVerdict.UNCHECKED).value
     out.update(handoff)
     if arena_requests:
         out.update(bench_arena_trace(path, arena_requests))
