@@ -1,4 +1,5 @@
-"""Which token prefixes a worker's context still holds: a trie over token ids of finished sequences.
+"""Which token prefixes a worker's context still holds: a radix tree over token ids of finished sequences
+(``homepd.core.radix.TokenTrie``, the one routing's ``RouteIndex`` stands on too).
 
 Pure bookkeeping (no llama_cpp, no clock).  When a sequence finishes, its KV stays in the context under
 its own llama.cpp sequence id, and its tokens (prompt + outputs that entered the KV) become an *entry*
@@ -20,14 +21,16 @@ sliding-window or recurrent cache cannot drop its tail: the cells before the win
 # is ever shared by two sequences, so the allocator's counts stay physical, and it works on every KV
 # layout (per-sequence streams copy whole streams) and on sliding-window caches.
 
-A controller-side router can keep one ``PrefixIndex`` per worker, fed with what the worker caches and
-evicts, and ask ``match_length(prompt)``: how many tokens of that prompt the worker holds.
+The KV store indexes its saved prefixes with a ``PrefixIndex`` too (``homepd.kv.storeindex``).
 """
 from __future__ import annotations
 
 import enum
+import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from homepd.core.radix import TokenTrie, TrieNode
 
 
 class ReuseMode(str, enum.Enum):
@@ -49,13 +52,6 @@ class PrefixEntry:
         return len(self.tokens)
 
 
-@dataclass
-class _Node:
-    children: dict[int, "_Node"] = field(default_factory=dict)
-    n_entries_below: int = 0                  # entries whose tokens pass through (or end at) this node
-    ends: list[PrefixEntry] = field(default_factory=list)  # entries whose tokens end here
-
-
 @dataclass(frozen=True)
 class PrefixMatch:
     entry: PrefixEntry
@@ -66,7 +62,7 @@ class PrefixIndex:
     """Cached entries by token ids; each sequence id is at most one entry."""
 
     def __init__(self) -> None:
-        self._root = _Node()
+        self._trie = TokenTrie()
         self._by_seq_id: dict[int, PrefixEntry] = {}
         self._clock = itertools.count(1)
 
@@ -78,6 +74,11 @@ class PrefixIndex:
         """Cells held by every entry (no cell is shared: each entry has its own sequence id)."""
         return sum(e.n_cells for e in self._by_seq_id.values())
 
+    @property
+    def n_tokens(self) -> int:
+        """Distinct tokens the tree holds (a prefix shared by entries counts once)."""
+        return self._trie.n_tokens
+
     def entry_of(self, seq_id: int) -> PrefixEntry | None:
         return self._by_seq_id.get(seq_id)
 
@@ -85,12 +86,10 @@ class PrefixIndex:
         """Index ``tokens`` held under ``seq_id`` (not already an entry), most recently used."""
         assert seq_id not in self._by_seq_id and tokens, (seq_id, len(tokens))
         entry = PrefixEntry(seq_id, tuple(tokens), next(self._clock))
-        node = self._root
-        node.n_entries_below += 1
-        for token in entry.tokens:
-            node = node.children.setdefault(token, _Node())
-            node.n_entries_below += 1
-        node.ends.append(entry)
+        path = self._trie.insert(entry.tokens)
+        for node in path:
+            node.n_below += 1
+        path[-1].ends.append(entry)
         self._by_seq_id[seq_id] = entry
         return entry
 
@@ -98,21 +97,23 @@ class PrefixIndex:
         """Forget ``entry`` (taken by a request or evicted); prunes the nodes only it used."""
         assert self._by_seq_id.get(entry.seq_id) is entry
         del self._by_seq_id[entry.seq_id]
-        node = self._root
-        node.n_entries_below -= 1
-        for token in entry.tokens:
-            child = node.children[token]
-            child.n_entries_below -= 1
-            if child.n_entries_below == 0:
-                del node.children[token]  # the rest of the path was only this entry's
+        depth, last, whole = self._trie.walk(entry.tokens)
+        assert depth == len(entry.tokens) and whole and whole[-1][1] is last, "an entry's path ends at a node"
+        self._trie.root.n_below -= 1
+        for _, node in whole:
+            node.n_below -= 1
+            if node.n_below == 0:
+                self._trie.remove(node)  # the rest of the path was only this entry's
                 return
-            node = child
-        node.ends.remove(entry)
+        last.ends.remove(entry)
 
     def duplicate_of(self, tokens: list[int] | tuple[int, ...]) -> PrefixEntry | None:
         """An entry holding exactly ``tokens``, if any (a second copy would only waste cells)."""
-        node = self._walk(tokens)
-        return node.ends[0] if node is not None and node.ends else None
+        depth, _, whole = self._trie.walk(tokens)
+        if depth != len(tokens) or not whole or whole[-1][0] != depth:
+            return None
+        ends = whole[-1][1].ends
+        return ends[0] if ends else None
 
     def longest_match(self, prompt_ids: list[int] | tuple[int, ...], mode: ReuseMode = ReuseMode.PREFIX,
                       max_tokens: int | None = None) -> PrefixMatch | None:
@@ -121,21 +122,17 @@ class PrefixIndex:
         recently used.  ``EXACT``: only entries wholly within that bound.  None when nothing matches."""
         if mode is ReuseMode.OFF:
             return None
-        limit = len(prompt_ids) if max_tokens is None else min(max_tokens, len(prompt_ids))
-        node, depth = self._root, 0
-        best_exact: PrefixMatch | None = None
-        while depth < limit:
-            child = node.children.get(prompt_ids[depth])
-            if child is None:
-                break
-            node, depth = child, depth + 1
-            if node.ends:  # an entry wholly inside the prompt ends here: the deepest one is the best exact match
-                best_exact = PrefixMatch(max(node.ends, key=lambda e: e.last_used), depth)
+        depth, node, whole = self._trie.walk(prompt_ids, max_tokens)
+        # an entry wholly inside the prompt ends at a node passed whole: the deepest one is the best exact match
+        best_exact = next((PrefixMatch(max(n.ends, key=lambda e: e.last_used), d)
+                           for d, n in reversed(whole) if n.ends), None)
         if mode is ReuseMode.EXACT or depth == 0:
             return best_exact
         if best_exact is not None and best_exact.n_tokens == depth:
             return best_exact
-        return PrefixMatch(self._least_beyond(node), depth)
+        # ``node``'s edge may be matched only in part: the entries at or below it hold the match and more
+        edge_start = whole[-1][0] - (len(node.edge) if whole[-1][1] is node else 0) if whole else 0
+        return PrefixMatch(_least_beyond(node, edge_start + len(node.edge) - depth), depth)
 
     def match_length(self, prompt_ids: list[int] | tuple[int, ...], mode: ReuseMode = ReuseMode.PREFIX) -> int:
         """How many leading tokens of ``prompt_ids`` some entry holds (0: none)."""
@@ -150,21 +147,22 @@ class PrefixIndex:
         """Every entry, least recently used first: the eviction order."""
         return sorted(self._by_seq_id.values(), key=lambda e: e.last_used)
 
-    def _walk(self, tokens) -> _Node | None:
-        node = self._root
-        for token in tokens:
-            node = node.children.get(token)
-            if node is None:
-                return None
-        return node
 
-    @staticmethod
-    def _least_beyond(node: _Node) -> PrefixEntry:
-        """The entry below ``node`` that ends closest to it (breadth first), most recently used among those."""
-        level = [node]
-        while level:
-            ends = [e for n in level for e in n.ends]
-            if ends:
-                return max(ends, key=lambda e: e.last_used)
-            level = [c for n in level for c in n.children.values()]
+def _least_beyond(node: TrieNode, beyond: int) -> PrefixEntry:
+    """The entry at or below ``node`` that ends fewest tokens past the match (``beyond``: how far past it
+    ``node``'s own edge ends), the most recently used among those."""
+    heap, tie = [(beyond, 0, node)], itertools.count(1)
+    best: list[PrefixEntry] = []
+    best_at = None
+    while heap:
+        at, _, cur = heapq.heappop(heap)
+        if best_at is not None and at > best_at:
+            break
+        if cur.ends:
+            best.extend(cur.ends)
+            best_at = at
+        for child in cur.children.values():
+            heapq.heappush(heap, (at + len(child.edge), next(tie), child))
+    if not best:
         raise AssertionError("a trie node with no entry below it")
+    return max(best, key=lambda e: e.last_used)

@@ -67,3 +67,68 @@ def test_duplicate_of_finds_an_entry_with_exactly_those_tokens():
     index = _index((0, [1, 2, 3]))
     assert index.duplicate_of([1, 2, 3]).seq_id == 0
     assert index.duplicate_of([1, 2]) is None and index.duplicate_of([1, 2, 3, 4]) is None
+
+
+def _reference_match(entries: dict, prompt: list[int], mode: ReuseMode, max_tokens: int | None):
+    """What longest_match must answer, by brute force over the entries: (n_tokens, the candidates' seq ids)."""
+    limit = len(prompt) if max_tokens is None else min(max_tokens, len(prompt))
+
+    def common(tokens):
+        n = 0
+        while n < min(len(tokens), limit) and tokens[n] == prompt[n]:
+            n += 1
+        return n
+    exact = {s: len(t) for s, t in entries.items() if common(t) == len(t)}
+    if mode is ReuseMode.EXACT or not entries or max(common(t) for t in entries.values()) == 0:
+        if not exact:
+            return None
+        best = max(exact.values())
+        return best, {s for s, n in exact.items() if n == best}
+    best = max(common(t) for t in entries.values())
+    beyond = {s: len(t) - best for s, t in entries.items() if common(t) == best}
+    least = min(beyond.values())
+    return best, {s for s, b in beyond.items() if b == least}
+
+
+def test_random_inserts_removes_and_matches_agree_with_brute_force():
+    import random
+    rng = random.Random(7)
+    index, entries, next_id = PrefixIndex(), {}, 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.35 or not entries:
+            base = list(rng.choice(list(entries.values()))) if entries and rng.random() < 0.7 else []
+            tokens = base[:rng.randint(0, len(base))] + [rng.randint(0, 3) for _ in range(rng.randint(1, 6))]
+            if index.duplicate_of(tokens) is None:
+                index.insert(next_id, tokens)
+                entries[next_id] = tuple(tokens)
+                next_id += 1
+            else:
+                assert tuple(tokens) in entries.values()
+        elif op < 0.55:
+            seq_id = rng.choice(list(entries))
+            index.remove(index.entry_of(seq_id))
+            del entries[seq_id]
+        else:
+            prompt = [rng.randint(0, 3) for _ in range(rng.randint(1, 12))]
+            mode = rng.choice([ReuseMode.PREFIX, ReuseMode.EXACT])
+            max_tokens = rng.choice([None, rng.randint(1, 12)])
+            got, want = index.longest_match(prompt, mode, max_tokens), _reference_match(entries, prompt, mode,
+                                                                                        max_tokens)
+            if want is None:
+                assert got is None
+            else:
+                # among the candidates, the most recently used: the highest last_used
+                assert got is not None and got.n_tokens == want[0] and got.entry.seq_id in want[1]
+                assert got.entry.last_used == max(index.entry_of(s).last_used for s in want[1])
+        assert len(index) == len(entries) and index.n_cells == sum(map(len, entries.values()))
+        # every prefix is held once: the tree never holds more tokens than the entries' distinct prefixes
+        assert index.n_tokens == len({t[:i] for t in entries.values() for i in range(1, len(t) + 1)})
+
+
+def test_a_long_prompt_is_one_node_until_another_parts_from_it():
+    index = _index((0, list(range(4000))))
+    assert index.n_tokens == 4000 and len(index._trie.root.children) == 1
+    index.insert(1, list(range(2000)) + [9999])
+    (top,) = index._trie.root.children.values()
+    assert len(top.edge) == 2000 and len(top.children) == 2 and index.n_tokens == 4001
