@@ -65,6 +65,7 @@ def server_configs(threads: int, parallel: int, n_ctx: int) -> list[ServerConfig
     hp = ("--threads", str(threads), "--n-ctx", str(n_ctx), "--n-seq-max", str(parallel))
     return [
         ServerConfig("llama-server-default", "llama-server", ls),
+        ServerConfig("homepd", "homepd", hp),  # homepd serve's defaults
         *(ServerConfig(f"llama-server-b{b}", "llama-server", (*ls, "-b", str(b), "-ub", str(b))) for b in (4, 8, 16, 32, 64)),
         ServerConfig("homepd-chunk16", "homepd", (*hp, "--chunk", "16")),
         ServerConfig("homepd-chunk32", "homepd", (*hp, "--chunk", "32")),
@@ -134,7 +135,7 @@ def settings_of(args, repeat: int) -> BenchSettings:
     return BenchSettings(slo=SLO(ttft_ms=TTFT_S * 1e3, itl_ms=ITL_S * 1e3), mix="mixed", rates=tuple(args.rates),
                          n_requests=args.requests, max_tokens=args.max_tokens, long_tokens=args.long_tokens,
                          seed=args.seed + repeat, all_interactive=not args.classes, unique_prefix=True,
-                         stop_below=args.stop_below)
+                         stop_below=args.stop_below, temperature=args.temperature, top_p=args.top_p)
 
 
 def show_probe(name: str, fig: dict) -> None:
@@ -213,6 +214,9 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=4, help="llama-server -np and homepd --n-seq-max")
     ap.add_argument("--n-ctx", type=int, default=16384)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (0: greedy; "
+                                                                   "clients send 0.7)")
+    ap.add_argument("--top-p", type=float, default=None, help="every request's top_p (clients send 0.9)")
     ap.add_argument("--stop-below", type=float, default=0.5,
                     help="skip a config's higher rates once a rate has fewer good requests than this fraction")
     ap.add_argument("--only", default=None, help="comma-separated config names (default: all)")
