@@ -112,12 +112,13 @@ class NotExercised:
 class RunAdvice:
     """An advise recommendation (``recommendations.data_json``: ``to_plain(Recommendation)`` plus the campaign's
     capacity curves, every candidate and what did not exercise its architecture).  A recommendation stored
-    before candidates were lists only the recommended one in ``candidates``; one stored before curves, none."""
-    candidate: Candidate | None
-    config: dict                        # the EngineConfig values the recommendation applies
-    rule: str
-    reason: str
-    confidence: str
+    before candidates were lists only the recommended one in ``candidates``; one stored before curves, none;
+    the oldest hold only the ``config`` they applied (no rule: ``rule`` empty)."""
+    candidate: Candidate | None = None
+    config: dict = dataclasses.field(default_factory=dict)   # the EngineConfig values it applies
+    rule: str = ""
+    reason: str = ""
+    confidence: str = ""
     confidence_why: str = ""
     per_mix: tuple[MixPick, ...] = ()
     capacity: tuple[CapacityCurve, ...] = ()
@@ -166,6 +167,7 @@ class Run:
     probes: tuple[RunProbe, ...]
     advice: RunAdvice | None            # the latest advise recommendation (None: none, or another kind's)
     headline: str | None = None         # the latest recommendation's one-liner
+    n_recommendations: int = 0
     started_at: str | None = None
     ended_at: str | None = None
     error: str | None = None
@@ -194,7 +196,7 @@ def decode_run(data: dict) -> Run:
         ended_at=columns.ended_at, error=columns.error, config=decode_config(data.get("config"), f"{path}.config"),
         probes=tuple(decode_probe(r, f"{path}.results[{i}]") for i, r in enumerate(data.get("results") or ())),
         advice=decode_advice(advice_rows[-1]["data"], f"{path}.recommendation") if advice_rows else None,
-        headline=recs[-1].get("headline") if recs else None,
+        headline=recs[-1].get("headline") if recs else None, n_recommendations=len(recs),
         hardware=hardware if isinstance(hardware, dict) else None,
         n_physical_cores=cores if isinstance(cores, int) else None)
 

@@ -39,7 +39,7 @@ from homepd.advise.campaign.exercised import not_exercised
 from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
-from homepd.core.records import WorkerEventKind, to_plain
+from homepd.core.records import to_plain
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
