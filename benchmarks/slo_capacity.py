@@ -194,7 +194,7 @@ def recipe_config(run: str, db: str | None) -> ServerConfig:
     from homepd.store import Store
 
     with Store.open(db, create=False) as store:
-        plan = plan_from_run(store.get_run(store.resolve_run(run), timelines=True))
+        plan = plan_from_run(store.load_run(store.resolve_run(run), timelines=True))
     return ServerConfig("llama-server-recipe", "llama-server",
                         tuple(llama_server_args(dataclasses.replace(plan, n_replicas=None))))
 

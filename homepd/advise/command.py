@@ -3,7 +3,6 @@
 candidate's, for ``homepd serve`` and the app)."""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from homepd.advise.campaign.run import AdviseSettings, Campaign, Progress
 from homepd.advise.export.apply import advice_values, choose
+from homepd.advise.report.images import image_stem, write_run_images
 from homepd.advise.report.result import result_dict
 from homepd.config import add_config_flags, config_from_args, write_config_file
 from homepd.errors import ConfigError
@@ -150,10 +150,8 @@ def _write_result_file(result, db: str | None) -> Path:
 
 def _write_images(result, json_path: Path) -> list[Path]:
     """The pictures next to the result file; a drawing failure is reported, the JSON result stays."""
-    from homepd.advise.report.images import write_result_images
-
     try:
-        return write_result_images(result, json_path)
+        return write_run_images(result.run, image_stem(json_path))
     except Exception as exc:  # why: the result is written already; a plot problem must not turn it into a failure
         print(f"homepd advise: could not draw the pictures: {type(exc).__name__}: {exc}", file=sys.stderr)
         return []
@@ -166,7 +164,7 @@ def _export(args) -> int:
 
     with Store.open(args.db, create=False) as store:
         run_id = store.resolve_run(args.run)
-        run = store.get_run(run_id, timelines=True)  # why timelines: the routing threshold and the projection
+        run = store.load_run(run_id, timelines=True)  # why timelines: the routing threshold and the projection
     plan = _with_model_path(plan_from_run(run, args.candidate))
     out = Path(args.output or f"homepd-export-{run_id}-{args.engine}")
     try:
@@ -194,15 +192,14 @@ def _apply(args) -> int:
 
     with Store.open(args.db, create=False) as store:
         run_id = store.resolve_run(args.run)
-        run = store.get_run(run_id, timelines=False)
-    recs = run.get("recommendations") or []
-    if run.get("kind") != "advise" or not recs:
-        raise ConfigError(f"run {run_id} holds no recommendation (kind {run.get('kind')!r}, "
-                          f"status {run.get('status')!r}); run `homepd advise` first")
-    rec = recs[-1]["data"] if "data" in recs[-1] else recs[-1]
-    candidate, values, notes = choose(run_id, rec, args.candidate)
-    name = candidate.name if candidate else (rec.get("candidate") or {}).get("name")
-    why = rec.get("reason") if candidate is None or args.candidate is None else candidate.reason
+        run = store.load_run(run_id, timelines=False)
+    advice = run.advice
+    if run.kind != "advise" or advice is None:
+        raise ConfigError(f"run {run_id} holds no recommendation (kind {run.kind!r}, "
+                          f"status {run.status!r}); run `homepd advise` first")
+    candidate, values, notes = choose(run_id, advice, args.candidate)
+    name = candidate.name if candidate else (advice.candidate.name if advice.candidate else None)
+    why = advice.reason if candidate is None or args.candidate is None else candidate.reason
     print(f"run {run_id}: {name} — {why}", file=sys.stderr)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -18,6 +18,7 @@ from pathlib import Path
 from homepd.advise.report.slobench import KIND as BENCH_SLO_KIND
 from homepd.errors import HomepdError
 from homepd.hw.probe import fmt_bytes
+from homepd.store.records import Run, decode_run
 
 MIB = 2 ** 20
 
@@ -81,7 +82,7 @@ def show_command(args: argparse.Namespace) -> int:
     with store:
         run = store.get_run(store.resolve_run(args.run), timelines=args.plot)
     if args.plot:
-        paths = write_pictures(run, args.out, args.db)
+        paths = write_pictures(decode_run(run), args.out, args.db)
         for result in run["results"]:  # why: the text and --json show the run as without --plot
             result.pop("steps", None)
             if isinstance(result.get("record"), dict):
@@ -93,14 +94,14 @@ def show_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_pictures(run: dict, out: str | None, db: str | None = None) -> list[Path]:
+def write_pictures(run: Run, out: str | None, db: str | None = None) -> list[Path]:
     """Draw a stored run to ``out`` (a suffix .svg or .png is dropped) or next to the advise result files of
     the database ``db``."""
     from homepd.advise.report.images import write_run_images
     from homepd.store import results_dir
 
     if out is None:
-        stem = results_dir(db) / f"advise-{run['id']}"
+        stem = results_dir(db) / f"advise-{run.id}"
     else:
         stem = Path(out)
         stem = stem.with_suffix("") if stem.suffix.lower() in (".svg", ".png") else stem

@@ -263,34 +263,49 @@ def from_plain(cls: type, data):
     return _decode(cls, data, cls.__name__)
 
 
-def _decode(tp, value, path: str):
+def from_stored(cls: type, data, path: str | None = None):
+    """``from_plain`` for data an older homepd kept on disk: a field that has a default may be missing (the row
+    predates it) and gets that default, and a field the record does not know is ignored (it stays on disk); a
+    missing field without a default, or a mistyped one, is still a ``RecordShapeError`` naming its path."""
+    return _decode(cls, data, path or cls.__name__, stored=True)
+
+
+def _decode(tp, value, path: str, stored: bool = False):
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         arms = [a for a in args if a is not type(None)]
         assert len(arms) == 1, f"{path}: a union of {arms} cannot be decoded"
-        return _decode(arms[0], value, path)
+        return _decode(arms[0], value, path, stored)
     if dataclasses.is_dataclass(tp):
         _expect(value, dict, path)
         hints = _field_types(tp)
-        names = [f.name for f in dataclasses.fields(tp)]
-        missing, unknown = [n for n in names if n not in value], sorted(set(value) - set(names))
+        fields = dataclasses.fields(tp)
+        names = [f.name for f in fields]
+        if stored:  # an older row: what it lacks takes the default; what the record does not know stays on disk
+            names = [f.name for f in fields if f.name in value or not _has_default(f)]
+        missing = [n for n in names if n not in value]
+        unknown = [] if stored else sorted(set(value) - set(names))
         if missing or unknown:
             raise RecordShapeError(f"{path}: " + "; ".join(
                 part for part in (missing and f"missing field(s) {', '.join(missing)}",
                                   unknown and f"unknown field(s) {', '.join(unknown)}") if part))
-        return tp(**{n: _decode(hints[n], value[n], f"{path}.{n}") for n in names})
+        return tp(**{n: _decode(hints[n], value[n], f"{path}.{n}", stored) for n in names})
     if origin is tuple:
         _expect(value, list, path)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+            return tuple(_decode(args[0], v, f"{path}[{i}]", stored) for i, v in enumerate(value))
         if len(value) != len(args):
             raise RecordShapeError(f"{path}: expected {len(args)} items, got {len(value)}")
-        return tuple(_decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_decode(a, v, f"{path}[{i}]", stored) for i, (a, v) in enumerate(zip(args, value)))
+    if tp is dict:  # an open-ended JSON object, kept as it is
+        _expect(value, dict, path)
+        return dict(value)
     if origin is dict:
         _expect(value, dict, path)
-        return {_decode(args[0], k, f"{path} key"): _decode(args[1], v, f"{path}[{k!r}]") for k, v in value.items()}
+        return {_decode(args[0], k, f"{path} key", stored): _decode(args[1], v, f"{path}[{k!r}]", stored)
+                for k, v in value.items()}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
@@ -303,6 +318,10 @@ def _decode(tp, value, path: str):
         _expect(value, tp, path)
         return value
     raise AssertionError(f"{path}: no decoder for {tp!r}")
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
 @functools.cache

@@ -23,6 +23,7 @@ API::
     store.finish_run(run_id, status="complete", error=None)   # or "incomplete" / "failed"
     with store.recording(kind, config, hardware, trace) as run_id: ...  # begin + finish by outcome
     store.list_runs(limit=20); store.get_run(run_id, timelines=True); store.export_run(run_id)
+    store.load_run(run_id, timelines=True) -> Run: the run as typed records (``homepd.store.records``)
     store.resolve_run("last" | id) -> run id; store.mark_abandoned(); store.integrity_check()
 
 A run still ``running`` whose writer process is gone (killed, crashed) is

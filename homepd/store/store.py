@@ -27,6 +27,7 @@ from homepd.osutil import pid_alive
 from homepd.store import rows
 from homepd.store.errors import RunNotFoundError, StoreError
 from homepd.store.paths import default_db_path
+from homepd.store.records import Run, decode_run
 from homepd.store.schema import migrate
 
 RUN_STATUSES = ("running", "complete", "incomplete", "failed")
@@ -272,6 +273,11 @@ class Store:
             run["recommendations"] = [rows.decode_row(r) for r in self.db["recommendations"].rows_where(
                 "run_id = ?", [run_id], order_by="id")]
         return run
+
+    def load_run(self, run_id: int, timelines: bool = True) -> Run:
+        """``get_run`` decoded once into a typed ``Run`` (``homepd.store.records``): what every reader of a
+        run reads.  ``RecordShapeError`` names the field of a corrupt row."""
+        return decode_run(self.get_run(run_id, timelines=timelines))
 
     def export_run(self, run_id: int) -> dict:
         """``get_run`` with timelines, tagged with the export format and its version (JSON-ready)."""

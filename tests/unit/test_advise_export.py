@@ -17,6 +17,7 @@ from homepd.core.modes import Mode
 from homepd.errors import ConfigError
 from homepd.main import main
 from homepd.store import Store
+from homepd.store.records import Run, decode_run
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "export"
 CANDIDATES = [
@@ -29,15 +30,22 @@ CANDIDATES = [
 
 
 def request(routed_to: str, n_prompt: int, n_cached: int = 0) -> dict:
-    return {"routed_to": routed_to, "n_prompt_tokens": n_prompt, "n_cached_tokens": n_cached, "state": "finished"}
+    """A stored request timeline (the fields a stored one always has, and those the export reads)."""
+    return {"request_id": f"r{n_prompt}", "routed_to": routed_to, "n_prompt_tokens": n_prompt,
+            "n_cached_tokens": n_cached, "state": "finished", "n_output_tokens": 4, "ttft_s": 0.5, "tpot_s": 0.05}
 
 
-def stored_run(recommended: str = "colocated-chunk-32", requests=None) -> dict:
+def stored_run(recommended: str = "colocated-chunk-32", requests=None) -> Run:
+    return decode_run(stored_dict(recommended, requests))
+
+
+def stored_dict(recommended: str = "colocated-chunk-32", requests=None) -> dict:
     """A stored advise run as ``Store.get_run`` returns it (the fields the export reads)."""
     requests = requests if requests is not None else [request("decode", 40), request("decode", 90, 30),
                                                       request("prefill", 200), request("prefill", 530)]
     rec = {"candidate": next(c for c in CANDIDATES if c["name"] == recommended), "candidates": CANDIDATES,
-           "capacity": [{"candidate": c["name"], "mix": "mixed", "capacity_rps": 0.84, "spread_rps": 0.16}
+           "capacity": [{"candidate": c["name"], "mix": "mixed", "capacity_rps": 0.84, "spread_rps": 0.16,
+                         "target_share": 0.9, "resolution_rps": 0.16, "probes": [], "decided_by": ""}
                         for c in CANDIDATES]}
     return {"id": 7, "kind": "advise", "status": "complete",
             "config": {"base": {"n_ctx": 8192, "n_seq_max": 4, "n_threads": 4, "model": "smollm2-135m-instruct-q4_1",
@@ -69,7 +77,7 @@ def test_the_plan_is_the_recommended_candidate_with_the_campaign_s_configuration
     with pytest.raises(ConfigError, match="no candidate 'nope'.*colocated-chunk-32"):
         plan_from_run(stored_run(), "nope")
     with pytest.raises(ConfigError, match="no advise recommendation"):
-        plan_from_run({**stored_run(), "kind": "bench-slo"})
+        plan_from_run(decode_run({**stored_dict(), "kind": "bench-slo"}))
 
 
 def test_the_routing_threshold_lies_between_the_longest_prompt_kept_local_and_the_shortest_sent_to_prefill():
@@ -97,13 +105,13 @@ def test_an_adaptive_plan_gives_llama_server_the_itl_safe_chunk_the_run_predicte
     adaptive = {"name": "colocated-adaptive", "mode": "colocated", "chunk": 256, "adaptive_chunk": True}
     predicted = {"name": "colocated-chunk-16", "mode": "colocated", "chunk": 16,
                  "reason": "predicted by the step-time model for ITL <= 100 ms"}
-    run = stored_run()
+    run = stored_dict()
     rec = run["recommendations"][0]["data"]
     rec["candidates"] = [*CANDIDATES, predicted, adaptive]
-    got = recipe(plan_from_run(run, "colocated-adaptive"), "llama-server")
+    got = recipe(plan_from_run(decode_run(run), "colocated-adaptive"), "llama-server")
     assert "-b 16 -ub 16" in got.files["launch.sh"] and any("predicted for the ITL target" in n for n in got.notes)
     rec["candidates"] = [*CANDIDATES, adaptive]           # a quick run predicts none: the largest chunk
-    got = recipe(plan_from_run(run, "colocated-adaptive"), "llama-server")
+    got = recipe(plan_from_run(decode_run(run), "colocated-adaptive"), "llama-server")
     assert "-b 256 -ub 256" in got.files["launch.sh"] and any("a full advise does" in n for n in got.notes)
 
 
@@ -169,7 +177,7 @@ def test_the_export_carries_the_trace_and_the_benchmark_with_the_slo_as_each_too
 
 def test_advise_export_writes_the_directory_from_the_store(tmp_path, capsys):
     db = tmp_path / "runs.db"
-    run = stored_run()
+    run = stored_dict()
     with Store.open(db) as store:
         run_id = store.begin_run("advise", run["config"], run["hardware"])
         store.add_recommendation(run_id, run["recommendations"][0]["data"], headline="colocated-chunk-32")

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import struct
 import xml.etree.ElementTree as ET
-from types import SimpleNamespace
-
 import pytest
 
 from homepd.advise.report import pictures as pics
 from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.advise.campaign.recommend import Evidence, recommend
+from homepd.advise.campaign.run import AdviseResult, AdviseSettings
 from homepd.core.modes import Candidate, Mode
+from homepd.core.records import from_stored
+from homepd.measure.curve import CapacityCurve as SearchCurve
+from homepd.measure.metrics import summarize
+from homepd.measure.replay import RunRecord
+from homepd.store.records import Run, decode_run
 
 
 def curve(candidate: str, mix: str, capacity: float | None, rates=(0.1, 0.2, 0.4, 0.8)) -> dict:
@@ -27,16 +32,22 @@ def request(ttft_s: float, gaps_s: list[float], *, n_prompt: int = 100, kv_bytes
     times = [10.0 + ttft_s]
     for g in gaps_s:
         times.append(times[-1] + g)
-    return {"state": state, "n_prompt_tokens": n_prompt, "ttft_s": ttft_s, "token_times_s": times,
-            "kv_bytes": kv_bytes, "kv_transfer_s": 0.004 if kv_bytes else None, "request_class": cls}
+    return {"request_id": f"r{ttft_s}", "state": state, "n_prompt_tokens": n_prompt, "n_output_tokens": len(times),
+            "ttft_s": ttft_s, "tpot_s": None, "token_times_s": times, "kv_bytes": kv_bytes,
+            "kv_transfer_s": 0.004 if kv_bytes else None, "request_class": cls}
 
 
-def stored_run() -> dict:
+def stored_run(curves=()) -> Run:
+    return decode_run(stored_dict(curves))
+
+
+def stored_dict(curves=()) -> dict:
     """``Store.get_run(id)``'s shape: measured results with their records' request timelines."""
     def result(cand, mode, mix, reqs, status="measured"):
         return {"candidate": cand, "mix": mix, "status": status, "mode": mode,
                 "record": {"mode": mode, "requests": reqs} if status == "measured" else None}
-    return {"id": 12, "config": {"base": {"ttft_budget_ms": 4000.0}}, "results": [
+    return {"id": 12, "kind": "advise", "status": "complete", "config": {"base": {"ttft_budget_ms": 4000.0}},
+            "recommendations": [{"data": {"rule": "x", "capacity": list(curves)}}], "results": [
         result("colocated-chunk-16", "colocated", "mixed", [request(0.5, [0.03, 0.05]), request(1.5, [0.2])]),
         result("colocated-chunk-16", "colocated", "mixed", [request(0.7, [0.04])]),           # a second repeat
         result("disaggregated", "disaggregated", "mixed",
@@ -45,33 +56,28 @@ def stored_run() -> dict:
         result("replicas-2", "replicas", "-", [], status="infeasible")]}
 
 
-def test_curves_are_found_wherever_the_evidence_carries_them_and_older_runs_have_none():
-    data = {"evidence": [{"candidate": "a", "mix": "mixed", "capacity": curve("a", "mixed", 0.4)},
-                         {"candidate": "b", "mix": "mixed", "capacity": None},           # not searched
-                         {"candidate": "c", "mix": "mixed"}],                            # an older run
-            "deep": {"rows": [{"capacity": curve("d", "long", None)}]},
-            "bad": {"capacity": {"candidate": "e", "probes": "not a list"}}}
-    found = pics.find_curves(data)
-    assert [(c.candidate, c.mix) for c in found] == [("a", "mixed"), ("d", "long")]
+def test_curves_are_the_advice_s_and_older_runs_have_none():
+    run = stored_run([curve("a", "mixed", 0.4), curve("d", "long", None), curve("a", "mixed", 0.9)])
+    found = pics.run_curves(run)
+    assert [(c.candidate, c.mix) for c in found] == [("a", "mixed"), ("d", "long")]   # the first of each kept
     a = found[0]
     assert a.points[0] == (0.1, 1.0) and a.capacity_rps == 0.4 and a.spread_rps == 0.05
     assert a.decided_by == "every gap <= 100 ms" and a.target_share == 0.9
     assert found[1].capacity_rps is None
-    assert pics.find_curves(stored_run()) == ()
-    assert pics.read_curve({"probes": [{"rate_rps": 1}], "mix": "x"}) is None   # no candidate
+    assert pics.run_curves(stored_run()) == ()
 
 
 def test_probes_are_drawn_in_rate_order():
     data = curve("a", "mixed", 0.4, rates=(0.8, 0.1, 0.4, 0.2))
-    assert [r for r, _ in pics.read_curve(data).points] == [0.1, 0.2, 0.4, 0.8]
+    assert [r for r, _ in pics.read_curve(from_stored(SearchCurve, data)).points] == [0.1, 0.2, 0.4, 0.8]
     # a rate probed on two seeds (the refinement's repeat) is one point: their mean
     twice = dict(data, probes=[*data["probes"], {**data["probes"][0], "attainment": 1.0}])
-    points = dict(pics.read_curve(twice).points)
+    points = dict(pics.read_curve(from_stored(SearchCurve, twice)).points)
     assert len(points) == 4 and points[data["probes"][0]["rate_rps"]] == (data["probes"][0]["attainment"] + 1.0) / 2 == 0.75
 
 
 def test_latencies_pool_the_repeats_of_finished_requests_and_leave_out_the_recovery_run():
-    lats = {(x.candidate, x.mix): x for x in pics.latencies(pics.runs_from_stored(stored_run()))}
+    lats = {(x.candidate, x.mix): x for x in pics.latencies(pics.measured_runs(stored_run()))}
     assert set(lats) == {("colocated-chunk-16", "mixed"), ("disaggregated", "mixed")}
     chunk = lats[("colocated-chunk-16", "mixed")]
     assert chunk.ttft_ms == pytest.approx((500.0, 700.0, 1500.0))
@@ -86,17 +92,19 @@ def test_a_live_result_reads_like_the_stored_run():
     for t in (1.3, 1.33, 1.43):
         lc.add_token(t)
     lc.advance(RequestState.FINISHED, 1.43)
-    record = SimpleNamespace(requests=(lc,))
-    result = SimpleNamespace(candidates=[Candidate("colocated-chunk-16", Mode.COLOCATED, chunk=16)],
-                             records={("colocated-chunk-16", "short", 0): record})
-    (run,) = pics.runs_from_result(result)
+    record = RunRecord(mode="colocated", config={}, trace_name="short", summary=summarize([lc], []), stalls=(),
+                       worker_events=(), memory=(), kv_slot_bytes=0, energy_j={}, requests=(lc,))
+    cands = [Candidate("colocated-chunk-16", Mode.COLOCATED, chunk=16)]
+    result = AdviseResult(None, cands, {("colocated-chunk-16", "short", 0): record}, {}, recommend(Evidence(cands)),
+                          AdviseSettings(), {}, None, 1.0)
+    (run,) = pics.measured_runs(result.run)
     assert run.mode is Mode.COLOCATED and run.mix == "short"
     (lat,) = pics.latencies([run])
     assert lat.ttft_ms == pytest.approx((300.0,)) and lat.itl_ms == pytest.approx((30.0, 100.0))
 
 
 def test_the_projection_covers_the_disaggregated_runs_only():
-    (p,) = pics.projections(pics.runs_from_stored(stored_run()), ttft_budget_ms=4000.0)
+    (p,) = pics.run_projections(stored_run())
     assert (p.candidate, p.mix, p.kv_bytes_per_token, p.n_prompts) == ("disaggregated", "mixed", 30_000, 1)
     assert p.measured_handoff_ms_p50 == pytest.approx(4.0)
     assert [link.link_gbit_s for link in p.links] == [1.0, 2.5, 10.0]
@@ -111,9 +119,7 @@ def test_cdf_is_thinned_with_both_ends_kept():
 def test_the_image_files_are_a_valid_svg_and_png_naming_every_series(tmp_path):
     from homepd.advise.report.figure import write
 
-    data = {"evidence": [{"capacity": curve("colocated-chunk-16", "mixed", 0.4)},
-                         {"capacity": curve("disaggregated", "mixed", 0.2)}]}
-    p = pics.pictures("advise run 12", pics.runs_from_stored(stored_run()), data, ttft_budget_ms=4000.0)
+    p = pics.run_pictures(stored_run([curve("colocated-chunk-16", "mixed", 0.4), curve("disaggregated", "mixed", 0.2)]))
     svg, png = write(p, tmp_path / "advise-12", ttft_budget_ms=4000.0, itl_budget_ms=100.0)
     assert (svg.name, png.name) == ("advise-12.svg", "advise-12.png")
     assert sorted(x.name for x in tmp_path.iterdir()) == ["advise-12.png", "advise-12.svg"]   # no temp file left
@@ -140,21 +146,17 @@ def test_a_run_without_capacity_or_latencies_still_draws(tmp_path):
     assert "no capacity search in this run" in texts and "no latencies recorded" in texts
 
 
-def test_the_stored_recommendation_s_list_of_curves_is_read_too():
-    data = {"recommendations": [{"data": {"rule": "x", "capacity": [curve("a", "mixed", 0.4), curve("b", "long", 0.2)]}}]}
-    assert [(c.candidate, c.mix) for c in pics.find_curves(data)] == [("a", "mixed"), ("b", "long")]
-
-
 def test_stored_probes_reduce_to_the_probe_at_capacity_or_the_lowest_when_none_passed():
     def result(cand, mix, ttft_s):
         return {"candidate": cand, "mix": mix, "status": "measured", "mode": "colocated",
                 "record": {"mode": "colocated", "requests": [request(ttft_s, [0.03])]}}
-    run = {"results": [result("a", "mixed@0.2/s", 0.1), result("a", "mixed@0.4/s", 0.4),
+    run = {"id": 3, "kind": "advise", "status": "complete",
+           "results": [result("a", "mixed@0.2/s", 0.1), result("a", "mixed@0.4/s", 0.4),
                        result("a", "mixed@0.8/s", 9.0),
                        result("b", "mixed@0.3/s", 5.0), result("b", "mixed@0.15/s", 6.0),   # no capacity: lowest
                        result("c", "short", 0.2)],                                             # not a probe
            "recommendations": [{"data": {"capacity": [curve("a", "mixed", 0.4), curve("b", "mixed", None)]}}]}
-    lats = {(x.candidate, x.mix): x.ttft_ms for x in pics.latencies(pics.runs_from_stored(run))}
+    lats = {(x.candidate, x.mix): x.ttft_ms for x in pics.latencies(pics.measured_runs(decode_run(run)))}
     assert lats == {("a", "mixed"): pytest.approx((400.0,)), ("b", "mixed"): pytest.approx((6000.0,)),
                     ("c", "short"): pytest.approx((200.0,))}
     assert pics.split_probe("mixed@0.333/s") == ("mixed", 0.333) and pics.split_probe("mixed+kill") == ("mixed+kill", None)

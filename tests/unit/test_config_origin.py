@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from homepd.advise.export.apply import advice_values, choose, stored_candidates
+from homepd.store.records import RunAdvice, decode_advice
+from homepd.advise.export.apply import advice_values, choose
 from homepd.config import EngineConfig, add_config_flags, config_from_args, read_config_file, write_config_file
 from homepd.core.modes import Mode
 from homepd.core.origin import ConfigOrigin, ConfigSource
@@ -22,11 +23,11 @@ PLAN = types.SimpleNamespace(colocated=types.SimpleNamespace(feasible=True, reas
 CANDIDATES = [c for m in Mode for c in topology_for(m).advise_candidates(EngineConfig(chunk=256), PLAN, (None, 64))]
 
 
-def stored(recommended: str = "colocated-chunk-64", **extra) -> dict:
-    """A recommendation as the campaign stores it (``to_plain``), with every candidate of the run."""
+def stored(recommended: str = "colocated-chunk-64", **extra) -> RunAdvice:
+    """A recommendation as the campaign stores it (``to_plain``), with every candidate of the run, decoded."""
     rec = next(c for c in CANDIDATES if c.name == recommended)
-    return {"candidate": to_plain(rec), "config": to_plain(rec.config_values()), "reason": "test",
-            "candidates": to_plain(CANDIDATES), **extra}
+    return decode_advice({"candidate": to_plain(rec), "config": to_plain(rec.config_values()), "reason": "test",
+                          "candidates": to_plain(CANDIDATES), **extra})
 
 
 
@@ -80,12 +81,14 @@ def test_a_candidate_whose_runs_did_not_exercise_it_is_applied_with_a_note():
 
 
 def test_a_recommendation_stored_before_candidates_were_still_applies_as_it_was_measured():
-    old = {"candidate": {"name": "colocated-chunk-64", "mode": "colocated", "chunk": 64, "n_replicas": None,
-                         "feasible": True, "reason": ""}, "config": {"mode": "colocated", "chunk": 64}}
-    assert [c.name for c in stored_candidates(old)] == ["colocated-chunk-64"]
+    old = decode_advice({"candidate": {"name": "colocated-chunk-64", "mode": "colocated", "chunk": 64,
+                                       "n_replicas": None, "feasible": True, "reason": ""},
+                         "config": {"mode": "colocated", "chunk": 64}})
+    assert [c.name for c in old.candidates] == ["colocated-chunk-64"]
     _, values, _ = choose(1, old, None)
     assert values["adaptive_chunk"] is False  # measured at a fixed chunk: the new default must not replace it
-    assert choose(1, {"config": {"mode": "colocated", "chunk": 64}}, None)[1] == {"mode": "colocated", "chunk": 64}
+    oldest = decode_advice({"config": {"mode": "colocated", "chunk": 64}})
+    assert choose(1, oldest, None)[1] == {"mode": "colocated", "chunk": 64}
 
 
 def test_the_origin_reads_back_from_status_json():

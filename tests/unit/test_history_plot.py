@@ -23,8 +23,8 @@ def db(tmp_path, monkeypatch):
         run_id = s.begin_run("advise", {"base": {"ttft_budget_ms": 4000.0, "itl_budget_ms": 100.0}})
         s.add_result(run_id, "colocated-chunk-64", "mixed", 0, make_record(), make_steps(10))
         s.add_result(run_id, "disaggregated", "mixed", 0, make_record(mode="disaggregated"), make_steps(10))
-        s.add_recommendation(run_id, {"headline": "colocated-chunk-64",
-                                      "table": [{"capacity": curve("colocated-chunk-64", "mixed", 0.4)}]})
+        s.add_recommendation(run_id, {"headline": "colocated-chunk-64", "rule": "constructed",
+                                      "capacity": [curve("colocated-chunk-64", "mixed", 0.4)]})
         s.finish_run(run_id)
     return path
 

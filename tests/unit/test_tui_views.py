@@ -12,6 +12,7 @@ from homepd.core.records import EngineSnapshot, KVArenaSnapshot, WorkerEvent, Wo
 from homepd.measure.stalls import Culprit, Stall
 from homepd.measure.stepstream import StepSample
 from homepd.tui import derive
+from homepd.store.records import decode_advice, decode_run
 from homepd.tui.evidence import from_stored_run, recommendation_view, step_from_progress
 from homepd.tui.state import AppState, ChatTurn
 
@@ -112,17 +113,17 @@ def test_a_stored_run_becomes_evidence_rows_per_candidate_and_mix():
                               record={"summary": {"kv": {"transfer_ms": {"p50": 12.0}}}}),
                        {"candidate": "replicas-2", "mix": None, "status": "infeasible", "reason": "one GPU"}],
            "recommendations": [{"headline": "x", "data": {
-               "candidate": {"name": "colocated-chunk-256"}, "config": {"mode": "colocated", "chunk": 256},
+               "candidate": {"name": "colocated-chunk-256", "mode": "colocated"}, "config": {"mode": "colocated", "chunk": 256},
                "rule": "best goodput", "reason": "because", "confidence": "high", "confidence_why": "2 repeats",
                "per_mix": [{"mix": "short", "candidate": "colocated-chunk-256", "rule": "r"}]}}]}
-    view = from_stored_run(run)
+    view = from_stored_run(decode_run(run))
     rows = {(r.candidate, r.mix): r for r in view.rows}
     assert rows[("colocated-chunk-256", "short")].goodput_per_s == 1.5
     assert rows[("colocated-chunk-256", "short")].n_repeats == 2
     assert rows[("disaggregated", "short")].kv_transfer_ms == 12.0
     assert rows[("replicas-2", "-")].infeasible == "one GPU"
     assert view.mixes == ("short",) and view.recommendation.config == {"mode": "colocated", "chunk": 256}
-    assert recommendation_view({"headline": "no rule here"}) is None
+    assert recommendation_view(decode_advice({"headline": "no rule here"})) is None
 
 
 def test_the_conversation_leaves_out_failed_and_unfinished_turns():

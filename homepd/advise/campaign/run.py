@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -38,7 +39,7 @@ from homepd.advise.campaign.exercised import not_exercised
 from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
-from homepd.core.records import WorkerEventKind, to_plain
+from homepd.core.records import to_plain
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
@@ -53,6 +54,8 @@ from homepd.measure.replay import RunRecord, run_trace
 from homepd.measure.trace import make_trace
 from homepd.measure.trace.conversations import CHAT_TURNS
 from homepd.measure.trace.model import estimate_tokens
+from homepd.store import rows
+from homepd.store.records import Run, decode_run
 
 CALIBRATION_CHUNK = 256
 # why: below this a long prompt needs hundreds of steps; when the model says even an empty step misses the
@@ -138,6 +141,34 @@ class AdviseResult:
     wall_s: float
     capacity: dict[tuple[str, str], CapacityCurve] = field(default_factory=dict)  # (candidate, mix) -> curve
     speeds: tuple[float | None, float | None] = (None, None)  # calibration: prefill tok/s, decode step ms
+    base: EngineConfig | None = None                     # the campaign's base configuration
+    not_exercised: dict[tuple[str, str], str] = field(default_factory=dict)  # (candidate, mix) -> why
+
+    @functools.cached_property
+    def run(self) -> Run:
+        """This result as the store's typed ``Run``, written by the store's row functions and read back by its
+        decoder, so that the report, the pictures and the app read a live result exactly as a stored run.
+        Its probes are the records at each capacity (the live result keeps no other), under the plain mix."""
+        measured = [{"candidate": cand, "mix": mix, "repeat": repeat, **rows.result_row(record, 0),
+                     "record": {**record.to_dict(), "requests": [rows.lifecycle_dict(lc) for lc in record.requests]}}
+                    for (cand, mix, repeat), record in self.records.items()]
+        infeasible = [{"candidate": c.name, "status": "infeasible", "reason": c.reason, "mix": None}
+                      for c in self.candidates if not c.feasible]
+        return decode_run({
+            "id": self.run_id, "kind": "advise", "status": "complete", "hardware": self.box,
+            "config": {"base": to_plain(self.base), "settings": to_plain(self.settings)},
+            "results": infeasible + measured,
+            "recommendations": [{"headline": _headline(self.recommendation), "data": advice_data(
+                self.recommendation, self.capacity, self.candidates, self.not_exercised)}]})
+
+
+def advice_data(rec: Recommendation, capacity: dict[tuple[str, str], CapacityCurve], candidates: list[Candidate],
+                not_exercised: dict[tuple[str, str], str]) -> dict:
+    """A recommendation as the store keeps it (``homepd.store.records.RunAdvice``): with every candidate's
+    configuration (`homepd advise apply --candidate` may choose any of them) and the capacity curves."""
+    return {**to_plain(rec), "capacity": [to_plain(c) for c in capacity.values()],
+            "candidates": to_plain(candidates),
+            "not_exercised": [{"candidate": c, "mix": m, "reason": why} for (c, m), why in not_exercised.items()]}
 
 
 def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[Candidate]:
@@ -256,15 +287,12 @@ class Campaign:
                         await self._recovery(best, run_id)
             rec = recommend(evidence)
             if self.store is not None:
-                # with every candidate's configuration: `homepd advise apply --candidate` may choose any of them
-                data = {**to_plain(rec), "capacity": [to_plain(c) for c in self.capacity.values()],
-                        "candidates": to_plain(candidates),
-                        "not_exercised": [{"candidate": c, "mix": m, "reason": why}
-                                          for (c, m), why in evidence.not_exercised.items()]}
-                self.store.add_recommendation(run_id, data, headline=_headline(rec))
+                self.store.add_recommendation(run_id, advice_data(rec, self.capacity, candidates,
+                                                                  evidence.not_exercised), headline=_headline(rec))
             status = "complete"
             return AdviseResult(run_id, candidates, self.records, self.recovery, rec, s, hardware, predicted,
-                                time.monotonic() - self._t0, dict(self.capacity), self.speeds)
+                                time.monotonic() - self._t0, dict(self.capacity), self.speeds, self.base,
+                                dict(evidence.not_exercised))
         except Exception as exc:  # kept with the run; an interrupt (Ctrl-C, cancel) leaves it "incomplete"
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise

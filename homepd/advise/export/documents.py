@@ -1,6 +1,6 @@
 """``homepd advise export``'s directory: a recipe's files, the trace in the engine's benchmark format, the
 benchmark command with the SLO as that tool spells it, and a README saying where every setting came from,
-what homepd could not know, and the two-box answer.  Pure text from an ``ExportPlan`` and a stored run;
+what homepd could not know, and the two-box answer.  Pure text from an ``ExportPlan`` and a stored ``Run``;
 ``write_export`` is the one function that touches the disk."""
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 from homepd.advise.export.plan import ExportEngine, ExportPlan
 from homepd.advise.export.recipes import Recipe, llama_server_args, recipe
-from homepd.advise.report.pictures import projections, runs_from_stored
+from homepd.advise.report.pictures import run_projections
 from homepd.advise.report.twobox import TwoBoxProjection
 from homepd.core.modes import Mode
 from homepd.measure.trace import export_lines, make_trace
+from homepd.store.records import Run
 
 TRACE_REQUESTS = 200     # enough arrivals at the capacity rate for a stable attainment on the new hardware
 TRACE_FILES = {ExportEngine.VLLM: ("trace-vllm.jsonl", "vllm"), ExportEngine.SGLANG: ("trace-sglang.jsonl", "sglang")}
@@ -119,12 +120,10 @@ def readme(plan: ExportPlan, rec: Recipe, rows: list[TwoBoxProjection]) -> str:
     return "\n".join(lines)
 
 
-def export_files(run: dict, plan: ExportPlan, engine: ExportEngine | str) -> dict[str, str]:
+def export_files(run: Run, plan: ExportPlan, engine: ExportEngine | str) -> dict[str, str]:
     """Every file of the export directory (name -> text) for ``engine``."""
     rec = recipe(plan, engine)
-    from homepd.advise.report.pictures import run_budgets_ms
-
-    rows = list(projections(runs_from_stored(run), ttft_budget_ms=run_budgets_ms(run)[0]))
+    rows = list(run_projections(run))
     files = dict(rec.files)
     if rec.engine in TRACE_FILES:
         name, fmt = TRACE_FILES[rec.engine]

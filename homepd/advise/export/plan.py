@@ -1,5 +1,5 @@
 """``homepd advise export``: a stored recommendation as launch recipes for other engines.  Pure: a stored
-advise run (``Store.get_run``) in, an ``ExportPlan`` (what the evidence says) out; ``homepd.advise.export.recipes``
+advise run (``Store.load_run``) in, an ``ExportPlan`` (what the evidence says) out; ``homepd.advise.export.recipes``
 turns it into each engine's commands and config files, ``homepd.advise.export.documents`` writes them with their
 README.
 
@@ -21,9 +21,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from homepd.advise.export.apply import stored_candidates
 from homepd.core.modes import Mode
 from homepd.errors import ConfigError
+from homepd.store.records import Run, RunAdvice
+
 
 class ExportEngine(str, enum.Enum):
     LLAMA_SERVER = "llama-server"
@@ -62,63 +63,51 @@ class ExportPlan:
     seed: int
 
 
-def plan_from_run(run: dict, candidate: str | None = None) -> ExportPlan:
-    """The ``ExportPlan`` of a stored advise run (``Store.get_run(id)``, with timelines for the routing
+def plan_from_run(run: Run, candidate: str | None = None) -> ExportPlan:
+    """The ``ExportPlan`` of a stored advise run (``Store.load_run(id)``, with timelines for the routing
     threshold); ``candidate`` another measured candidate than the recommended one.  ``ConfigError`` when the
     run holds no recommendation or no such candidate."""
-    recs = run.get("recommendations") or []
-    if run.get("kind") != "advise" or not recs:
-        raise ConfigError(f"run {run.get('id')} holds no advise recommendation (kind {run.get('kind')!r}); "
+    advice = run.advice
+    if run.kind != "advise" or advice is None:
+        raise ConfigError(f"run {run.id} holds no advise recommendation (kind {run.kind!r}); "
                           "run `homepd advise` first, or name an advise run")
-    rec = recs[-1].get("data") or {}
-    name = candidate or (rec.get("candidate") or {}).get("name")
-    chosen = next((c for c in stored_candidates(rec) if c.name == name), None)
+    name = candidate or (advice.candidate.name if advice.candidate is not None else None)
+    chosen = next((c for c in advice.candidates if c.name == name), None)
     if chosen is None:
-        known = ", ".join(c.name for c in stored_candidates(rec)) or "none stored"
-        raise ConfigError(f"run {run.get('id')} has no candidate {name!r} to export (its candidates: {known})")
-    config = run.get("config") or {}
-    base, settings = config.get("base") or {}, config.get("settings") or {}
-    slo = settings.get("slo") or {}
-    curve = _curve(rec, chosen.name)
+        known = ", ".join(c.name for c in advice.candidates) or "none stored"
+        raise ConfigError(f"run {run.id} has no candidate {name!r} to export (its candidates: {known})")
+    config = run.config
+    curve = advice.curve(chosen.name)
     threshold, why = route_threshold(run, chosen.name) if chosen.mode is Mode.DISAGGREGATED else (
         None, "not disaggregated: no prefill/decode routing to carry over")
     return ExportPlan(
-        run_id=int(run.get("id") or 0), candidate=chosen.name, mode=chosen.mode, chunk=chosen.chunk,
-        adaptive_chunk=chosen.adaptive_chunk, itl_chunk=_predicted_chunk(rec), n_replicas=chosen.n_replicas, local_prefill=chosen.local_prefill,
-        n_ctx=int(base.get("n_ctx") or 4096), n_seq_max=int(base.get("n_seq_max") or 8),
-        n_threads=base.get("n_threads") or ((run.get("hardware") or {}).get("cpu") or {}).get("physical_cores"),
-        model=str(base.get("model") or ""), prefix_cache=bool(base.get("prefix_cache", True)),
-        capacity_rps=(curve or {}).get("capacity_rps"), capacity_mix=(curve or {}).get("mix"),
-        ttft_ms=float(slo.get("ttft_ms") or base.get("ttft_budget_ms") or 4000.0),
-        itl_ms=slo.get("itl_ms", base.get("itl_budget_ms", 100.0)), token_target=str(slo.get("token_target") or "gap"),
+        run_id=run.id or 0, candidate=chosen.name, mode=chosen.mode, chunk=chosen.chunk,
+        adaptive_chunk=chosen.adaptive_chunk, itl_chunk=_predicted_chunk(advice), n_replicas=chosen.n_replicas,
+        local_prefill=chosen.local_prefill, n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
+        n_threads=config.n_threads or run.n_physical_cores, model=config.model, prefix_cache=config.prefix_cache,
+        capacity_rps=curve.capacity_rps if curve else None, capacity_mix=curve.mix if curve else None,
+        ttft_ms=config.slo.ttft_ms, itl_ms=config.slo.itl_ms, token_target=config.slo.token_target.value,
         route_threshold_tokens=threshold, route_threshold_why=why,
-        max_tokens=int(settings.get("max_tokens") or 32), long_tokens=int(settings.get("long_tokens") or 400),
-        seed=int(settings.get("seed") or 0))
+        max_tokens=config.max_tokens, long_tokens=config.long_tokens, seed=config.seed)
 
 
-def _predicted_chunk(rec: dict) -> int | None:
+def _predicted_chunk(advice: RunAdvice) -> int | None:
     """The chunk the campaign's step-time model predicted for the ITL target (its extra fixed-chunk candidate)."""
-    return next((c.chunk for c in stored_candidates(rec) if c.reason.startswith("predicted by the step-time model")),
+    return next((c.chunk for c in advice.candidates if c.reason.startswith("predicted by the step-time model")),
                 None)
 
 
-def _curve(rec: dict, candidate: str) -> dict | None:
-    curves = [c for c in rec.get("capacity") or () if isinstance(c, dict) and c.get("candidate") == candidate]
-    return next((c for c in curves if c.get("mix") == "mixed"), curves[0] if curves else None)
-
-
-def route_threshold(run: dict, candidate: str) -> tuple[int | None, str]:
+def route_threshold(run: Run, candidate: str) -> tuple[int | None, str]:
     """homepd's learned routing threshold, in uncached prompt tokens, from where the candidate's requests were
     prefilled: between the longest prompt kept on the decode worker and the shortest sent to the prefill
     worker.  (None, why) when the run does not show it."""
     local, remote = [], []
-    for result in run.get("results") or ():
-        if result.get("candidate") != candidate or not isinstance(result.get("record"), dict):
+    for probe in run.measured:
+        if probe.candidate != candidate:
             continue
-        for req in result["record"].get("requests") or ():
-            uncached = int(req.get("n_prompt_tokens") or 0) - int(req.get("n_cached_tokens") or 0)
-            (local if req.get("routed_to") == "decode" else remote if req.get("routed_to") == "prefill"
-             else []).append(uncached)
+        for req in probe.requests:
+            (local if req.routed_to == "decode" else remote if req.routed_to == "prefill"
+             else []).append(req.n_uncached_prompt_tokens)
     if not local and not remote:
         return None, "no routed request was stored for this candidate (run it with timelines: a full advise)"
     if not local:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import statistics
 
-from homepd.advise.export.apply import stored_candidates
 from homepd.advise.live.advice import EvidenceRow, LiveEvidence, MixShape
-from homepd.measure.trace.model import LONG_PROMPT_TOKENS
 from homepd.hw.probe import BoxIdentity
+from homepd.measure.trace.model import LONG_PROMPT_TOKENS
 from homepd.store.evidence import advise_runs, request_shapes
+from homepd.store.records import RunAdvice
 
 
 def mix_shape(mix: str, requests: list[tuple[int, int, str]]) -> MixShape:
@@ -27,19 +27,12 @@ def mix_shape(mix: str, requests: list[tuple[int, int, str]]) -> MixShape:
                     mean_output_tokens=statistics.fmean(o for _, o, _ in requests))
 
 
-def evidence_rows(run_id: int, recommendation: dict) -> tuple[EvidenceRow, ...]:
+def evidence_rows(run_id: int, advice: RunAdvice) -> tuple[EvidenceRow, ...]:
     """The capacity curves of a stored recommendation as rows (a curve without probes, or whose runs did not
     exercise its architecture, is left out: the campaign does not rank those either)."""
-    skipped = {(f.get("candidate"), f.get("mix")) for f in recommendation.get("not_exercised") or ()}
-    rows = []
-    for curve in recommendation.get("capacity") or ():
-        probes = curve.get("probes") or ()
-        if not probes or (curve["candidate"], curve["mix"]) in skipped:
-            continue
-        rows.append(EvidenceRow(run_id, curve["candidate"], curve["mix"], curve.get("capacity_rps"),
-                                curve.get("spread_rps"), max(p["rate_rps"] for p in probes),
-                                curve.get("decided_by") or ""))
-    return tuple(rows)
+    return tuple(EvidenceRow(run_id, c.candidate, c.mix, c.capacity_rps, c.spread_rps,
+                             max(p.rate_rps for p in c.probes), c.decided_by)
+                 for c in advice.capacity if c.probes and advice.is_exercised(c.candidate, c.mix))
 
 
 def load_live_evidence(store, model: str, known: LiveEvidence | None = None,
@@ -64,9 +57,8 @@ def load_live_evidence(store, model: str, known: LiveEvidence | None = None,
     run_id, measured = here[0]
     if known is not None and known.run_id == run_id and known.model == model and not known.foreign:
         return known
-    run = store.get_run(run_id, timelines=False)
-    rec = next(r["data"] for r in reversed(run["recommendations"]) if (r["data"] or {}).get("capacity"))
-    configs = {c.name: c.config_values() for c in stored_candidates(rec) if c.feasible}
+    advice = store.load_run(run_id, timelines=False).advice
+    configs = {c.name: c.config_values() for c in advice.candidates if c.feasible}
     shapes = {mix: mix_shape(mix, reqs) for mix, reqs in request_shapes(store, run_id).items() if reqs}
-    return LiveEvidence(run_id, model, evidence_rows(run_id, rec), shapes, configs,
+    return LiveEvidence(run_id, model, evidence_rows(run_id, advice), shapes, configs,
                         measured_on=measured.describe() if measured is not None else None)

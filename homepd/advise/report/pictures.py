@@ -1,21 +1,19 @@
-"""What the advise pictures draw, read from a live result or a stored run: capacity curves, latency
-distributions and the two-box projection.
+"""What the advise pictures draw of a run (``homepd.store.records.Run``: a stored one, or a live result's
+``AdviseResult.run``): capacity curves, latency distributions and the two-box projection.
 
-Both shapes end up as plain request dicts (``Lifecycle.to_dict()`` plus ``token_times_s``, as the store keeps
-them), so one code path serves the app, the image file and ``homepd history show --plot``.  Capacity curves
-are read from the plain ``CapacityCurve`` dicts (``to_plain``) wherever the evidence carries them under a
-``"capacity"`` key; a run without them (older runs) draws no curve.  Pure: no plotting library, no I/O.
+One type in, so one code path serves the app, the image file and ``homepd history show --plot``.  Capacity
+curves are the advice's (a run stored before them draws no curve).  Pure: no plotting library, no I/O.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from homepd.advise.report.twobox import HandoffSample, TwoBoxProjection, project
-from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
-from homepd.core.records import to_plain
 from homepd.core.modes import Mode
+from homepd.core.records import to_plain
 from homepd.core.stats import percentile
+from homepd.measure.curve import CapacityCurve as SearchCurve
+from homepd.store.records import RequestTimeline, Run
 
 RECOVERY_MARK = "+kill"     # the recovery scenario's runs (candidate and mix carry it): not a latency picture
 PROBE_MARK = "@"            # a stored capacity probe's mix: "mixed@0.5/s"
@@ -62,62 +60,33 @@ class Pictures:
 
 @dataclass(frozen=True)
 class RunData:
-    """One measured run (a candidate, a mix, a repeat) as plain request dicts."""
+    """One measured probe (a candidate, a mix, a repeat) and its requests."""
     candidate: str
     mode: Mode | None
     mix: str
-    requests: tuple[dict, ...]
+    requests: tuple[RequestTimeline, ...]
 
 
 # ---- reading --------------------------------------------------------------------------------
 
-def read_curve(data) -> CapacityCurve | None:
-    """A ``CapacityCurve`` plain dict -> ``CapacityCurve``; None when ``data`` does not have its shape."""
-    if not isinstance(data, dict) or not isinstance(data.get("probes"), (list, tuple)):
-        return None
-    try:
-        at: dict[float, list[float]] = {}
-        for p in data["probes"]:
-            if isinstance(p, dict) and p.get("rate_rps") is not None and p.get("attainment") is not None:
-                at.setdefault(round(float(p["rate_rps"]), 9), []).append(float(p["attainment"]))
-        # why the mean: the repeats probe some rates on two seeds; one point per rate keeps the curve a curve
-        points = sorted((rate, sum(a) / len(a)) for rate, a in at.items())
-        return CapacityCurve(
-            candidate=str(data["candidate"]), mix=str(data["mix"]), target_share=float(data.get("target_share", 0.9)),
-            points=tuple(points), capacity_rps=_float_or_none(data.get("capacity_rps")),
-            spread_rps=_float_or_none(data.get("spread_rps")), decided_by=str(data.get("decided_by") or ""))
-    except (KeyError, TypeError, ValueError):
-        return None
+def read_curve(curve: SearchCurve) -> CapacityCurve:
+    """A capacity search's curve as the pictures draw it: one point per rate."""
+    at: dict[float, list[float]] = {}
+    for p in curve.probes:
+        at.setdefault(round(p.rate_rps, 9), []).append(p.attainment)
+    # why the mean: the repeats probe some rates on two seeds; one point per rate keeps the curve a curve
+    points = sorted((rate, sum(a) / len(a)) for rate, a in at.items())
+    return CapacityCurve(curve.candidate, curve.mix, curve.target_share, tuple(points), curve.capacity_rps,
+                         curve.spread_rps, curve.decided_by)
 
 
-def find_curves(obj) -> tuple[CapacityCurve, ...]:
-    """Every capacity curve under a ``"capacity"`` key anywhere in ``obj`` (the JSON result, a stored run),
-    first occurrence of each candidate x mix kept."""
+def run_curves(run: Run) -> tuple[CapacityCurve, ...]:
+    """The capacity curves of ``run``'s advice, first of each candidate x mix kept (a run stored before the
+    curves were: none)."""
     found: dict[tuple[str, str], CapacityCurve] = {}
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            held = node.get("capacity")
-            # why both: an evidence row holds one curve, the stored recommendation a list of them
-            for curve in map(read_curve, held if isinstance(held, list) else [held]):
-                if curve is not None:
-                    found.setdefault((curve.candidate, curve.mix), curve)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(obj)
+    for curve in run.advice.capacity if run.advice is not None else ():
+        found.setdefault((curve.candidate, curve.mix), read_curve(curve))
     return tuple(found.values())
-
-
-def runs_from_result(result) -> list[RunData]:
-    """The measured runs of a live ``homepd.advise.campaign.run.AdviseResult``."""
-    modes = {c.name: c.mode for c in result.candidates}
-    return [RunData(cand, modes.get(cand), mix, tuple({**lc.to_dict(), "token_times_s": list(lc.token_times_s)}
-                                                      for lc in record.requests))
-            for (cand, mix, _), record in result.records.items()]
 
 
 def split_probe(mix: str) -> tuple[str, float | None]:
@@ -150,17 +119,11 @@ def at_capacity(runs: list[RunData], curves: tuple[CapacityCurve, ...]) -> list[
     return out
 
 
-def runs_from_stored(run: dict) -> list[RunData]:
-    """The measured runs of ``Store.get_run(run_id)`` (with timelines: the latencies need every token); a
-    capacity search's probes (stored one per rate, ``mix@rate/s``) reduced to the probe at each capacity."""
-    out = []
-    for r in run.get("results") or ():
-        record = r.get("record")
-        if r.get("status") != "measured" or not isinstance(record, dict):
-            continue
-        out.append(RunData(str(r["candidate"]), _mode(r.get("mode") or record.get("mode")), str(r.get("mix") or "-"),
-                           tuple(x for x in record.get("requests") or () if isinstance(x, dict))))
-    return at_capacity(out, find_curves(run))
+def measured_runs(run: Run) -> list[RunData]:
+    """The measured probes of ``run`` (read with timelines: the latencies need every token); a capacity
+    search's probes (stored one per rate, ``mix@rate/s``) reduced to the probe at each capacity."""
+    out = [RunData(p.candidate, p.architecture, p.mix or "-", p.requests) for p in run.measured]
+    return at_capacity(out, run_curves(run))
 
 
 # ---- deriving -------------------------------------------------------------------------------
@@ -173,9 +136,9 @@ def latencies(runs: list[RunData]) -> tuple[Latencies, ...]:
             continue
         ttft, itl = pooled.setdefault((run.candidate, run.mix), ([], []))
         for req in _finished(run.requests):
-            if req.get("ttft_s") is not None:
-                ttft.append(req["ttft_s"] * 1e3)
-            times = req.get("token_times_s") or []
+            if req.timings.ttft_s is not None:
+                ttft.append(req.timings.ttft_s * 1e3)
+            times = req.token_times_s
             itl.extend((b - a) * 1e3 for a, b in zip(times, times[1:]))
     return tuple(Latencies(c, m, tuple(sorted(t)), tuple(sorted(i))) for (c, m), (t, i) in pooled.items())
 
@@ -190,21 +153,19 @@ def projections(runs: list[RunData], *, ttft_budget_ms: float, target_share: flo
     out = []
     for (cand, mix), rs in grouped.items():
         done = [req for run in rs for req in _finished(run.requests)]
-        samples = [HandoffSample(int(req.get("n_prompt_tokens") or 0), req.get("kv_bytes"), req.get("ttft_s"),
-                                 req.get("request_class", RequestClass.INTERACTIVE.value)
-                                 == RequestClass.INTERACTIVE.value) for req in done]
-        handoff_ms = [req["kv_transfer_s"] * 1e3 for req in done if req.get("kv_transfer_s") is not None]
+        samples = [HandoffSample(req.timings.n_prompt_tokens, req.timings.kv_bytes, req.timings.ttft_s,
+                                 req.is_interactive) for req in done]
+        handoff_ms = [req.timings.kv_transfer_s * 1e3 for req in done if req.timings.kv_transfer_s is not None]
         out.append(project(cand, mix, samples, ttft_budget_ms=ttft_budget_ms, target_share=target_share,
                            measured_handoff_ms=handoff_ms))
     return tuple(out)
 
 
-def pictures(title: str, runs: list[RunData], curve_source, *, ttft_budget_ms: float,
-             target_share: float = 0.9) -> Pictures:
-    """The pictures of one advise run: ``runs`` for latencies and the projection, curves found in
-    ``curve_source`` (the JSON-ready result or the stored run)."""
-    return Pictures(title, find_curves(curve_source), latencies(runs),
-                    projections(runs, ttft_budget_ms=ttft_budget_ms, target_share=target_share))
+def run_pictures(run: Run) -> Pictures:
+    """The pictures of one advise run, live or stored (read with timelines: the gaps need every token)."""
+    title = f"advise run {run.id}" if run.id is not None else "advise run (not stored)"
+    runs = measured_runs(run)
+    return Pictures(title, run_curves(run), latencies(runs), projections(runs, ttft_budget_ms=run.config.budgets_ms[0]))
 
 
 def cdf(values_ms: tuple[float, ...], max_points: int = 200) -> tuple[list[float], list[float]]:
@@ -220,53 +181,15 @@ def p99(values_ms: tuple[float, ...]) -> float | None:
     return percentile(list(values_ms), 99)
 
 
-def _finished(requests) -> list[dict]:
-    return [r for r in requests if r.get("state") == "finished"]
+def _finished(requests: tuple[RequestTimeline, ...]) -> list[RequestTimeline]:
+    return [r for r in requests if r.is_finished]
 
 
-def _mode(value) -> Mode | None:
-    try:
-        return Mode(value)
-    except ValueError:
-        return None
+def run_projections(run: Run) -> tuple[TwoBoxProjection, ...]:
+    """The two-box rows of ``run``'s disaggregated probes (projected, not measured)."""
+    return projections(measured_runs(run), ttft_budget_ms=run.config.budgets_ms[0])
 
 
-def _float_or_none(value) -> float | None:
-    return None if value is None else float(value)
-
-
-_DEFAULT = EngineConfig().class_budgets[RequestClass.INTERACTIVE]
-
-
-def result_budgets_ms(result) -> tuple[float, float | None]:
-    """(TTFT, ITL) budget of the interactive class as the live ``result``'s SLO holds them."""
-    slo = result.settings.slo
-    return float(slo.ttft_ms), _itl(slo)
-
-
-def run_budgets_ms(run: dict) -> tuple[float, float | None]:
-    """(TTFT, ITL) budget of the interactive class of a stored advise run (its SLO, else its engine config,
-    else today's defaults)."""
-    config = run.get("config") if isinstance(run.get("config"), dict) else {}
-    slo = ((config.get("settings") or {}).get("slo") or {}) if isinstance(config.get("settings"), dict) else {}
-    base = config.get("base") if isinstance(config.get("base"), dict) else {}
-    ttft = slo.get("ttft_ms") or base.get("ttft_budget_ms") or _DEFAULT.ttft_ms
-    itl = slo.get("itl_ms") or slo.get("tpot_ms") or base.get("itl_budget_ms") or _DEFAULT.itl_ms
-    return float(ttft), None if itl is None else float(itl)
-
-
-def result_projections(result) -> tuple[TwoBoxProjection, ...]:
-    """The two-box rows of ``result``'s disaggregated runs (projected, not measured)."""
-    ttft_ms, _ = result_budgets_ms(result)
-    return projections(runs_from_result(result), ttft_budget_ms=ttft_ms)
-
-
-def projections_plain(result) -> list[dict]:
-    """``result_projections`` as JSON-ready data (each row says ``"note": "projected, not measured"``)."""
-    return to_plain(list(result_projections(result)))
-
-
-def _itl(slo) -> float | None:
-    # why getattr: the SLO's per-token field is ``itl_ms`` (every gap) or, in older settings, ``tpot_ms``
-    value = getattr(slo, "itl_ms", None) or getattr(slo, "tpot_ms", None)
-    return None if value is None else float(value)
+def projections_plain(run: Run) -> list[dict]:
+    """``run_projections`` as JSON-ready data (each row says ``"note": "projected, not measured"``)."""
+    return to_plain(list(run_projections(run)))

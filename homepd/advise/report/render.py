@@ -6,7 +6,8 @@ import statistics
 from homepd.advise.campaign.run import AdviseResult
 from homepd.advise.campaign.exercised import not_exercised_reason, splits_by_run
 from homepd.advise.campaign.recommend import Recommendation
-from homepd.advise.report.pictures import result_projections
+from homepd.advise.report.pictures import run_projections
+from homepd.advise.report.twobox import render_projection
 from homepd.core.records import to_plain
 from homepd.measure.memory import CATEGORIES, breakdown_mib
 from homepd.measure.replay import RunRecord
@@ -229,7 +230,5 @@ def campaign_shape(s) -> str:
 
 
 def _two_boxes(result: AdviseResult) -> list[str]:
-    from homepd.advise.report.twobox import render_projection
-
-    text = render_projection(list(result_projections(result)))
+    text = render_projection(list(run_projections(result.run)))
     return [text] if text else []

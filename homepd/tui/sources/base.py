@@ -163,9 +163,10 @@ class DataSource(abc.ABC):
             return []
         with Store.open(path, create=False) as store:
             runs = store.list_runs(limit)
-        return [RunListRow(r["id"], r["kind"], r["status"], (r.get("started_at") or "")[:19].replace("T", " "),
-                           r.get("n_results") or 0, ", ".join(r.get("candidates") or ()) or "-",
-                           r.get("recommendation") or "-") for r in runs]
+        # why indexing: list_runs gives every row each of these keys (a column may be NULL)
+        return [RunListRow(r["id"], r["kind"], r["status"], (r["started_at"] or "")[:19].replace("T", " "),
+                           r["n_results"], ", ".join(r["candidates"]) or "-", r["recommendation"] or "-")
+                for r in runs]
 
     def open_run(self, run_id: int) -> AdviseView:
         """One stored run as an advise view (evidence, recommendation)."""
@@ -173,7 +174,7 @@ class DataSource(abc.ABC):
         from homepd.tui.evidence import from_stored_run
 
         with Store.open(self.db, create=False) as store:
-            return from_stored_run(store.get_run(run_id))  # with timelines: the gap CDF needs every token
+            return from_stored_run(store.load_run(run_id))  # with timelines: the gap CDF needs every token
 
     def apply(self, values: dict) -> str:
         """Write a recommended configuration to the config file; return where it went."""

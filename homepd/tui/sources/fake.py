@@ -17,9 +17,9 @@ from homepd.config import EngineConfig
 from homepd.core.reply import Delta, DeltaKind
 from homepd.core.modes import Mode, Role
 from homepd.core.prefixcache import ReuseMode
-from homepd.tui.evidence import recommendation_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
-                                EvidenceRow, HardwareView, ProcessView, RequestRow, RunListRow, Tick, WorkerView)
+                                EvidenceRow, HardwareView, ProcessView, RecommendationView, RequestRow, RunListRow, Tick,
+                                WorkerView)
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
 
 MIB = 2 ** 20
@@ -41,12 +41,12 @@ def fake_advise_view(run_id: int = 7) -> AdviseView:
                 interference=[37.5, 3.1, 1.08][i], kv_transfer_ms=12.5 if cand == "disaggregated" else None,
                 pss_mib=[239.0, 241.0, 370.0][i]))
     rows.append(EvidenceRow("replicas-2", "-", infeasible="2 replicas need 2 usable cores each"))
-    rec = recommendation_view({
-        "candidate": {"name": "colocated-chunk-256"}, "config": {"mode": "colocated", "chunk": 256},
-        "rule": "colocated: best goodput", "reason": "disaggregated goodput 1.0/s does not beat colocated-chunk-256 "
-                                                     "1.5/s by 1.2x; interference measured x3.1",
-        "confidence": "medium", "confidence_why": "one repeat; margin 50%",
-        "per_mix": [{"mix": m, "candidate": "colocated-chunk-256"} for m in MIXES]})
+    rec = RecommendationView(
+        candidate="colocated-chunk-256", config={"mode": "colocated", "chunk": 256},
+        rule="colocated: best goodput", reason="disaggregated goodput 1.0/s does not beat colocated-chunk-256 "
+                                               "1.5/s by 1.2x; interference measured x3.1",
+        confidence="medium", confidence_why="one repeat; margin 50%",
+        per_mix=tuple((m, "colocated-chunk-256") for m in MIXES))
     return AdviseView(run_id, f"advise run {run_id}", tuple(rows), rec,
                       ("quick campaign: 3 prompt mixes x 1 repeat(s); medians over repeats",))
 
