@@ -35,11 +35,11 @@ from homepd.engine.affinity import PrefixAffinity
 from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
 from homepd.engine.handles import WorkerHandle, watch_for_hangs
 from homepd.engine.pool import WorkerPool
-from homepd.engine.prompt import ChatExtras, chat_tokens, prompt_tokens
+from homepd.engine.prompt import ChatExtras, request_tokens
 from homepd.engine.streams import Event, EventKind, RequestStream
 from homepd.engine.topology import Health, topology_for
 from homepd.engine.topology.handoff import NoHandoff
-from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
+from homepd.errors import AdmissionRejected, EngineError, RequestError
 
 # finished request records kept for finished_since (the app's embedded source reads them every tick; the
 # service's consumers are told at the end); each holds its token times: 10,000 grew the controller by ~20 MB
@@ -62,7 +62,7 @@ class Engine:
         self.config = config.validated()
         self.topology = topology_for(self.config.mode)
         self.setup = setup
-        self.pool = WorkerPool(sampler)  # the processes: start, stop, restart, hang watch, memory
+        self.pool = WorkerPool(sampler)  # the processes: start, stop, restart, hang watch, memory; the KV store
         self.model_path = setup.model_path
         self.model_fingerprint = setup.model_fingerprint
         self.tokenizer = None
@@ -74,7 +74,6 @@ class Engine:
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = self.pool.handles
         self.handoff = NoHandoff()  # the mode's KV handoff between workers (disaggregated: the arena's)
-        self.kv_store = None  # homepd.kv.store.StoreBook: the KV store tier's segments and what they hold
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
         self.cancelling: set[str] = set()
         self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
@@ -98,7 +97,7 @@ class Engine:
         for name, spec in worker_specs(self.config, self.setup).items():
             self.workers[name] = WorkerHandle(name, spec, self._loop, self._on_message, self._on_exit)
         try:
-            self._open_store()
+            self.pool.open_store(self.setup.kv_store_bytes)
             await self.pool.start()
             self.handoff = self.topology.make_handoff(self.config, self.setup, self.workers)
             for handle in self.workers.values():
@@ -117,31 +116,10 @@ class Engine:
             self.end_request(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
         self.handoff.close()
         self.handoff = NoHandoff()
-        if self.kv_store is not None:
-            self.kv_store.close()
-            self.kv_store = None
         await asyncio.to_thread(self._prepare_pool.shutdown, cancel_futures=True)  # no tokenize after close
         if self.tokenizer is not None:
             self.tokenizer.close()
             self.tokenizer = None
-
-    def _open_store(self) -> None:
-        """The KV store tier: a segment per worker with a prefix cache (the budget split evenly), each
-        attached by its worker before its first request (the message waits in its backlog)."""
-        from homepd.kv.store import StoreBook
-
-        cached = [h for h in self.workers.values() if h.spec.max_cached_cells > 0]
-        if not self.setup.kv_store_bytes or not cached:
-            return
-        self.kv_store = StoreBook({h.role: self.setup.kv_store_bytes // len(cached) for h in cached})
-        for handle in cached:
-            self._attach_store(handle)
-
-    def _attach_store(self, handle: WorkerHandle) -> None:
-        """Queue the store's attach message first in a (re)starting worker's backlog."""
-        msg = self.kv_store.attach_message(handle.role) if self.kv_store is not None else None
-        if msg is not None:
-            handle.backlog.appendleft((None, msg))
 
     async def __aenter__(self) -> "Engine":
         await self.start()
@@ -161,26 +139,10 @@ class Engine:
     # requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | None = None, messages: list | None = None, params: SamplingParams | None = None,
                 chat: ChatExtras | None = None) -> list[int]:
-        """Render and tokenize a prompt or chat, and check what the sampler will need of this vocabulary (a
-        grammar that llama.cpp parses, logit_bias ids); raise RequestError if it cannot run."""
+        """Render and tokenize a prompt or chat, and check it can run (``homepd.engine.prompt.request_tokens``)."""
         if self.tokenizer is None:
             raise EngineError("the engine is not started")
-        if (prompt is None) == (messages is None):
-            raise RequestError("give exactly one of prompt or messages")
-        if messages is None and (not isinstance(prompt, str) or not prompt):
-            raise RequestError("prompt must be a non-empty string")
-        if params is not None:
-            params.check_vocab(self.tokenizer.n_vocab)
-            if params.grammar is not None:
-                self.tokenizer.check_grammar(params.grammar)
-        chat = chat or ChatExtras()
-        ids = chat_tokens(self.tokenizer, messages, tools=chat.tools, template_kwargs=chat.template_kwargs) \
-            if messages is not None else prompt_tokens(self.tokenizer, prompt)
-        if not ids:
-            raise RequestError("prompt is empty after tokenization")
-        if len(ids) >= self.config.n_ctx:
-            raise PromptTooLongError(len(ids), self.config.n_ctx)
-        return ids
+        return request_tokens(self.tokenizer, self.config.n_ctx, prompt, messages, params, chat)
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None,
@@ -328,8 +290,8 @@ class Engine:
         RequestDone: lambda self, handle, msg: self._on_done(msg),
         KVPreempted: _on_preempted,
         PrefixReused: _on_reused,
-        StoreSaved: lambda self, handle, msg: self.kv_store.saved(handle.role, msg),
-        StoreDropped: lambda self, handle, msg: self.kv_store.dropped(handle.role, msg),
+        StoreSaved: lambda self, handle, msg: self.pool.store.saved(handle.role, msg),
+        StoreDropped: lambda self, handle, msg: self.pool.store.dropped(handle.role, msg),
         WorkerReady: lambda self, handle, msg: None,  # the handle keeps it
         Heartbeat: lambda self, handle, msg: None,    # it only proves the worker alive
         WorkerFatal: _on_fatal,
@@ -376,7 +338,7 @@ class Engine:
         handle.in_flight.clear()
         self.affinity.forget(handle)
         handle.backlog.clear()
-        self._attach_store(handle)  # its replacement finds the conversations this one saved
+        self.pool.attach_store(handle)  # its replacement finds the conversations this one saved
         wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
         intact = self.handoff.recover(handle.spec.role, pid, wanted if self.config.resume and not crash_loop else set())
         plan = recovery.plan_recovery(recovery.WorkerDeath(
