@@ -11,6 +11,7 @@ import time
 
 from homepd.core.records import MemoryBreakdown
 from homepd.engine.handles import WorkerHandle
+from homepd.hw.smaps import ProcessRegions, measure_processes
 from homepd.kv.store import StoreBook
 
 log = logging.getLogger("homepd.engine.pool")
@@ -112,8 +113,6 @@ class WorkerPool:
 
     def measure_memory(self, model_path: str) -> MemoryBreakdown:
         """Every homepd process now (controller, workers, KV arena) by what holds the memory (reads /proc)."""
-        from homepd.hw.smaps import ProcessRegions, measure_processes
-
         processes = [ProcessRegions("controller", os.getpid())] + [
             ProcessRegions(h.role, h.pid, h.ready.memory_regions, h.ready.kv_cache_bytes)
             for h in list(self.handles.values()) if h.ready is not None and h.pid is not None]
