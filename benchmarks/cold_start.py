@@ -39,7 +39,7 @@ async def once(config: EngineConfig) -> dict:
         await asyncio.gather(doc.collect(), question.collect())
         return {"question_ttft_ms": round(question.lifecycle.ttft_s * 1e3),
                 "document_ttft_ms": round(doc.lifecycle.ttft_s * 1e3),
-                "prompt_tokens_per_step": [s.n_prompt_tokens for s in engine.step_log if s.n_prompt_tokens]}
+                "prompt_tokens_per_step": [s.n_prompt_tokens for s in engine.steps_since() if s.n_prompt_tokens]}
 
 
 def main() -> None:

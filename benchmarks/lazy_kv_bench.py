@@ -34,7 +34,7 @@ async def one_run(config: EngineConfig) -> dict:
         await asyncio.gather(*(s.collect() for s in streams))
         wall_s = time.monotonic() - t0
         lcs = [s.lifecycle for s in streams]
-        steps = list(engine.step_log)
+        steps = engine.steps_since()
         return {"wall_s": wall_s, "max_decode_batch": max(st.n_decode_tokens for st in steps),
                 "n_steps": len(steps), "step_s": sum(st.duration_ms for st in steps) / 1e3,
                 "n_output_tokens": sum(len(lc.token_times_s) for lc in lcs),

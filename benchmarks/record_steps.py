@@ -33,9 +33,9 @@ async def record(args) -> dict:
     async with Engine(config, prepare(config, pull=True)) as engine:
         warm = await engine.submit("Hi", params=SamplingParams(max_tokens=4))
         await warm.collect()
-        n0 = len(engine.step_log)
+        n0 = len(engine.steps_since())
         records = await replay(engine, trace)
-        steps = list(engine.step_log)[n0:]
+        steps = engine.steps_since()[n0:]
     return {
         "config": {"mode": args.mode, "chunk": args.chunk, "adaptive_chunk": args.adaptive_chunk, "threads": args.threads,
                    "rate": args.rate, "model": args.model, "itl_budget_ms": config.itl_budget_ms,

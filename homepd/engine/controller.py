@@ -1,12 +1,13 @@
-"""The controller: the request table, and the worker messages and deaths that move it.
+"""The controller: the workers, the requests sent to them, the dispatch of their messages, and their deaths.
 
 Used by every face (service, dashboard, benchmarks) through its requests (``submit``, ``cancel``) and its
 read API (``snapshot``, ``health``, ``is_running``, ``finished_since``, ``steps_since``...).  Runs on an
 asyncio loop that also reads every worker's pipe, so a worker's death (pipe EOF) is noticed at once.
-Which workers, which entry worker and which failures are fatal: the mode's topology
-(``homepd.engine.topology``); admission and routing policy: the gate (``homepd.engine.gate``);
-disaggregation's arena bookkeeping: ``homepd.kv.router``; what to do about a dead worker:
-``homepd.engine.recovery`` (pure), applied here.
+The requests themselves (streams, finished records, the step log, the one place a request ends): the request
+table (``homepd.engine.requests``); which workers, which entry worker and which failures are fatal: the mode's
+topology (``homepd.engine.topology``), whose handoff relays disaggregation's KV; admission and routing policy:
+the gate (``homepd.engine.gate``); what to do about a dead worker: ``homepd.engine.recovery`` (pure), applied
+here.
 """
 from __future__ import annotations
 
@@ -14,43 +15,35 @@ import asyncio
 import itertools
 import os
 import time
-from collections import Counter, OrderedDict, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Iterable
 
+from homepd.backends import model_classes
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, Verdict
 from homepd.core.chatformat import ChatFormat, detect as detect_chat_format
-from homepd.core.lifecycle import Lifecycle, RequestState, end_state
-from homepd.core.modes import Role
-from homepd.core.protocol import (CancelRequest, EngineSetup, Heartbeat, KVPreempted, RequestDone,
-                                  PrefixCacheStats, PrefixReused, StoreDropped, StoreSaved,
-                                  StepRecord, StepReport, SubmitRequest, WorkerFatal, WorkerReady)
+from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.protocol import (EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted,
+                                  PrefixCacheStats, PrefixReused, RequestDone, StepRecord, StepReport, StoreDropped,
+                                  StoreSaved, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
 from homepd.engine import recovery
 from homepd.engine.affinity import PrefixAffinity
-from homepd.engine.gate import AdmissionGate, WorkerLoad, load_of
+from homepd.engine.gate import AdmissionGate
 from homepd.engine.handles import WorkerHandle, watch_for_hangs
 from homepd.engine.pool import WorkerPool
-from homepd.engine.prompt import ChatExtras, chat_tokens, prompt_tokens
-from homepd.engine.streams import Event, EventKind, RequestStream
+from homepd.engine.prompt import ChatExtras, request_tokens
+from homepd.engine.requests import RequestTable
+from homepd.engine.specs import worker_specs
+from homepd.engine.streams import RequestStream
 from homepd.engine.topology import Health, topology_for
 from homepd.engine.topology.handoff import NoHandoff
-from homepd.errors import AdmissionRejected, EngineError, PromptTooLongError, RequestError
+from homepd.errors import AdmissionRejected, EngineError, RequestError
+from homepd.kv.segment import cleanup_stale_segments
 
-# finished request records kept for finished_since (the app's embedded source reads them every tick; the
-# service's consumers are told at the end); each holds its token times: 10,000 grew the controller by ~20 MB
-MAX_RECORDS = 1_000
-# the step log keeps the newest steps within ~32 MiB: a StepRecord measures ~450 B plus ~8 B per decode id and
-# ~100 B per prefill entry (tracemalloc), so this many at worst (every sequence in both lists) fit
-STEP_LOG_BYTES = 32 << 20
-
-
-def step_log_len(n_seq_max: int) -> int:
-    return STEP_LOG_BYTES // (512 + 128 * n_seq_max)
 MAX_WORKER_EVENTS = 1_000
 _ids = itertools.count(1)
 
@@ -62,33 +55,30 @@ class Engine:
         self.config = config.validated()
         self.topology = topology_for(self.config.mode)
         self.setup = setup
-        self.pool = WorkerPool(sampler)  # the processes: start, stop, restart, hang watch, memory
+        self.pool = WorkerPool(sampler)  # the processes: start, stop, restart, hang watch, memory; the KV store
         self.model_path = setup.model_path
         self.model_fingerprint = setup.model_fingerprint
         self.tokenizer = None
         self.chat_format: ChatFormat | None = None  # the template's tool-call and reasoning format, once started
-        self.records: OrderedDict[str, Lifecycle] = OrderedDict()  # finished requests, newest last
-        self.streams: dict[str, RequestStream] = {}                # running requests
-        self.step_log: deque[StepRecord] = deque(maxlen=step_log_len(self.config.n_seq_max))
-        self.step_listeners: list = []  # called with each StepRecord once its tokens and ends are applied
         self.worker_events: deque[WorkerEvent] = deque(maxlen=MAX_WORKER_EVENTS)  # deaths and restarts
         self.workers: dict[str, WorkerHandle] = self.pool.handles
-        self.handoff = NoHandoff()  # the mode's KV handoff between workers (disaggregated: the arena's)
-        self.kv_store = None  # homepd.kv.store.StoreBook: the KV store tier's segments and what they hold
         self.memory: MemoryBreakdown | None = None  # as last measured (measure_memory)
-        self.cancelling: set[str] = set()
         self.gate = AdmissionGate(self.config)  # measures, predicts, admits and routes (two queues, two budgets)
         self.affinity = PrefixAffinity()  # which prompt prefixes each worker probably holds (cache-aware routing)
+        # the running and finished requests, the step log; the one place a request ends
+        self.requests = RequestTable(self.workers, self.gate, self.affinity, self.config.n_seq_max)
+        self.step_listeners = self.requests.step_listeners  # called with each StepRecord once it is applied
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="homepd-prepare")
 
     # lifecycle of the engine -----------------------------------------------------
-    async def start(self) -> None:
-        from homepd.backends import model_classes
-        from homepd.engine.specs import worker_specs
-        from homepd.kv.segment import cleanup_stale_segments
+    @property
+    def handoff(self):
+        """The mode's KV handoff between workers (disaggregated: the arena's); the request table tells it of ends."""
+        return self.requests.handoff
 
+    async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         model_cls, _ = model_classes(self.config.backend)
         self.tokenizer = await asyncio.to_thread(model_cls, self.model_path, 0, True)
@@ -98,9 +88,9 @@ class Engine:
         for name, spec in worker_specs(self.config, self.setup).items():
             self.workers[name] = WorkerHandle(name, spec, self._loop, self._on_message, self._on_exit)
         try:
-            self._open_store()
+            self.pool.open_store(self.setup.kv_store_bytes)
             await self.pool.start()
-            self.handoff = self.topology.make_handoff(self.config, self.setup, self.workers)
+            self.requests.handoff = self.topology.make_handoff(self.config, self.setup, self.workers)
             for handle in self.workers.values():
                 self.handoff.attach(handle)
             await asyncio.to_thread(self.measure_memory)
@@ -113,35 +103,14 @@ class Engine:
     async def stop(self) -> None:
         self._stopping = True
         await self.pool.stop()
-        for rid in list(self.streams):
-            self.end_request(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
+        for rid in list(self.requests.streams):
+            self.requests.end(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
         self.handoff.close()
-        self.handoff = NoHandoff()
-        if self.kv_store is not None:
-            self.kv_store.close()
-            self.kv_store = None
+        self.requests.handoff = NoHandoff()
         await asyncio.to_thread(self._prepare_pool.shutdown, cancel_futures=True)  # no tokenize after close
         if self.tokenizer is not None:
             self.tokenizer.close()
             self.tokenizer = None
-
-    def _open_store(self) -> None:
-        """The KV store tier: a segment per worker with a prefix cache (the budget split evenly), each
-        attached by its worker before its first request (the message waits in its backlog)."""
-        from homepd.kv.store import StoreBook
-
-        cached = [h for h in self.workers.values() if h.spec.max_cached_cells > 0]
-        if not self.setup.kv_store_bytes or not cached:
-            return
-        self.kv_store = StoreBook({h.role: self.setup.kv_store_bytes // len(cached) for h in cached})
-        for handle in cached:
-            self._attach_store(handle)
-
-    def _attach_store(self, handle: WorkerHandle) -> None:
-        """Queue the store's attach message first in a (re)starting worker's backlog."""
-        msg = self.kv_store.attach_message(handle.role) if self.kv_store is not None else None
-        if msg is not None:
-            handle.backlog.appendleft((None, msg))
 
     async def __aenter__(self) -> "Engine":
         await self.start()
@@ -161,26 +130,10 @@ class Engine:
     # requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | None = None, messages: list | None = None, params: SamplingParams | None = None,
                 chat: ChatExtras | None = None) -> list[int]:
-        """Render and tokenize a prompt or chat, and check what the sampler will need of this vocabulary (a
-        grammar that llama.cpp parses, logit_bias ids); raise RequestError if it cannot run."""
+        """Render and tokenize a prompt or chat, and check it can run (``homepd.engine.prompt.request_tokens``)."""
         if self.tokenizer is None:
             raise EngineError("the engine is not started")
-        if (prompt is None) == (messages is None):
-            raise RequestError("give exactly one of prompt or messages")
-        if messages is None and (not isinstance(prompt, str) or not prompt):
-            raise RequestError("prompt must be a non-empty string")
-        if params is not None:
-            params.check_vocab(self.tokenizer.n_vocab)
-            if params.grammar is not None:
-                self.tokenizer.check_grammar(params.grammar)
-        chat = chat or ChatExtras()
-        ids = chat_tokens(self.tokenizer, messages, tools=chat.tools, template_kwargs=chat.template_kwargs) \
-            if messages is not None else prompt_tokens(self.tokenizer, prompt)
-        if not ids:
-            raise RequestError("prompt is empty after tokenization")
-        if len(ids) >= self.config.n_ctx:
-            raise PromptTooLongError(len(ids), self.config.n_ctx)
-        return ids
+        return request_tokens(self.tokenizer, self.config.n_ctx, prompt, messages, params, chat)
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None,
@@ -211,14 +164,14 @@ class Engine:
         if params.max_tokens > room:
             params = replace(params, max_tokens=room)  # ends with finish_reason 'length'
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
-        if rid in self.streams:
+        if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already running")
         routed = self.topology.route_new(self.config, self.workers, self.handoff.router, self.gate,
-                                         lambda h: self._load(h.in_flight), len(ids),
+                                         lambda h: self.requests.load(h.in_flight), len(ids),
                                          cached=lambda h: self.affinity.cached(h, ids), request_class=klass)
         worker = routed.worker
         decision = self.gate.decide(klass, len(ids) - routed.n_cached_tokens, worker.role, worker.spec,
-                                    self._load(worker.in_flight))
+                                    self.requests.load(worker.in_flight))
         if decision is not None and decision.verdict is Verdict.REJECT:
             raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
                                     f"{decision.retry_after_s:g} s", decision.retry_after_s, klass.value,
@@ -231,137 +184,41 @@ class Engine:
                               route_cached_tokens=routed.n_cached_tokens)
         self.gate.note_route(routed.reason)
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
-        self.streams[rid] = stream
+        self.requests.add(stream)
         worker.send_request(rid, SubmitRequest(rid, tuple(ids), params, request_class=klass.value,
                                                deadline_s=self.gate.deadline_s(lifecycle)))
         self.affinity.holds(worker, ids)
         return stream
 
-    def _load(self, request_ids: Iterable[str]) -> WorkerLoad:
-        """What these running requests (a worker's, or all) hold (``homepd.engine.gate.load_of``)."""
-        return load_of(self.streams[rid].lifecycle for rid in request_ids if rid in self.streams)
-
     def cancel(self, request_id: str) -> bool:
         """Cancel a running request; True if it was running.  Its stream ends with finish_reason 'cancelled'."""
-        if request_id not in self.streams:
-            return False
-        self.cancelling.add(request_id)
-        for handle in list(self.workers.values()):
-            if request_id in handle.in_flight:
-                if handle.drop_backlog(request_id):
-                    self.end_request(request_id, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
-                else:
-                    handle.send(CancelRequest(request_id))
-        return True
-
-    def lifecycle(self, request_id: str) -> Lifecycle | None:
-        """The lifecycle of a running or recently finished request."""
-        stream = self.streams.get(request_id)
-        return stream.lifecycle if stream is not None else self.records.get(request_id)
+        return self.requests.cancel(request_id)
 
     def _entry_worker(self, avoid: WorkerHandle | None = None, n_tokens: int = 0) -> WorkerHandle:
         return self.topology.entry_worker(self.workers, self.handoff.router, n_tokens, avoid)
 
     # messages from workers (on the loop thread) -------------------------------------
     def _on_message(self, handle: WorkerHandle, msg) -> None:
-        if self.handoff.handles(msg):  # KVHandoff, KVImported: the mode's own flow
-            self.handoff.on_message(self, msg)
-        else:
-            self._HANDLERS[type(msg)](self, handle, msg)
-
-    def _on_preempted(self, handle: WorkerHandle, msg: KVPreempted) -> None:
-        """The full KV context re-queued it on its worker: its prompt (and output so far) is prefilled again."""
-        if msg.request_id in self.streams:
-            lc = self.streams[msg.request_id].lifecycle
-            lc.n_kv_preemptions += 1
-            lc.n_prefilled = 0
-
-    def _on_reused(self, handle: WorkerHandle, msg: PrefixReused) -> None:
-        """Its prompt starts from a cached prefix, not recomputed."""
-        if msg.request_id in self.streams:
-            self.streams[msg.request_id].lifecycle.n_cached_tokens = msg.n_tokens
+        self._HANDLERS[type(msg)](self, handle, msg)
 
     def _on_fatal(self, handle: WorkerHandle, msg: WorkerFatal) -> None:
         handle.last_error = msg.error.splitlines()[0] if msg.error else "unknown error"
 
-    def _on_step(self, handle: WorkerHandle, report: StepReport) -> None:
-        step = report.step
-        if step.worker_role != handle.role:  # a replica: name the step after its worker
-            step = replace(step, worker_role=handle.role)
-        self.step_log.append(step)
-        self.gate.observe(handle.role, step, report.estimate)
-        if report.cache is not None:
-            handle.cache_stats = report.cache
-        for rid, n in step.prefill:
-            if rid in self.streams:
-                self.streams[rid].lifecycle.n_prefilled += n
-        for rid in report.prefill_started:
-            if rid in self.streams:
-                self.streams[rid].lifecycle.advance(RequestState.PREFILLING, step.t_start_s)
-        after_prefill = RequestState.TRANSFERRING if handle.spec.role is Role.PREFILL else RequestState.DECODING
-        for rid in report.prefill_ended:
-            if rid in self.streams:
-                lc = self.streams[rid].lifecycle
-                lc.prefill_end_s = step.t_end_s
-                lc.advance(after_prefill, step.t_end_s)
-        for tok in report.tokens:
-            stream = self.streams.get(tok.request_id)
-            if stream is not None:
-                stream.token_ids.append(tok.token_id)
-                stream.lifecycle.add_token(tok.t_s)
-                stream.queue.put_nowait(Event(EventKind.TOKEN, tok.request_id, tok.t_s, tok.token_id, tok.text,
-                                              logprob=tok.logprob))
-        for done in report.done:
-            self._on_done(done)
-        for listener in self.step_listeners:
-            listener(step)
-
-    def _on_done(self, done: RequestDone) -> None:
-        if done.kv_full and done.request_id in self.streams:
-            self.streams[done.request_id].lifecycle.ended_by_kv_full = True
-        self.end_request(done.request_id, end_state(done.reason), done.t_s, reason=done.reason, text=done.text,
-                  error=done.error)
-
-    # the dispatch of worker messages (the mode's handoff messages go to its handoff first)
+    # worker message type -> what it does: most move requests (the request table), the KV handoff's go to the
+    # mode's handoff, the KV store's to the store
     _HANDLERS = {
-        StepReport: lambda self, handle, msg: self._on_step(handle, msg),
-        RequestDone: lambda self, handle, msg: self._on_done(msg),
-        KVPreempted: _on_preempted,
-        PrefixReused: _on_reused,
-        StoreSaved: lambda self, handle, msg: self.kv_store.saved(handle.role, msg),
-        StoreDropped: lambda self, handle, msg: self.kv_store.dropped(handle.role, msg),
+        StepReport: lambda self, handle, msg: self.requests.step(handle, msg),
+        RequestDone: lambda self, handle, msg: self.requests.done(msg),
+        KVPreempted: lambda self, handle, msg: self.requests.preempted(msg),
+        PrefixReused: lambda self, handle, msg: self.requests.reused(msg),
+        KVHandoff: lambda self, handle, msg: self.handoff.on_message(self.requests, msg),
+        KVImported: lambda self, handle, msg: self.handoff.on_message(self.requests, msg),
+        StoreSaved: lambda self, handle, msg: self.pool.store.saved(handle.role, msg),
+        StoreDropped: lambda self, handle, msg: self.pool.store.dropped(handle.role, msg),
         WorkerReady: lambda self, handle, msg: None,  # the handle keeps it
         Heartbeat: lambda self, handle, msg: None,    # it only proves the worker alive
         WorkerFatal: _on_fatal,
     }
-
-    def end_request(self, rid: str, state: RequestState, t_s: float, reason: FinishReason | None = None, text: str = "",
-             error: str | None = None) -> None:
-        """The one place a request ends: its stream gets its last event, its resources are freed."""
-        stream = self.streams.pop(rid, None)
-        self.cancelling.discard(rid)
-        self.handoff.ended(rid)
-        if stream is None:
-            return
-        holder = next((h for h in self.workers.values() if rid in h.in_flight), None)
-        for handle in self.workers.values():
-            handle.in_flight.discard(rid)
-            handle.drop_backlog(rid)
-        lc = stream.lifecycle
-        lc.finish_reason, lc.error = reason, error
-        lc.advance(state, t_s)
-        self.gate.finished(lc)
-        # a worker keeps the sequence of a request that ran cached (not one cancelled before its prefill ended)
-        if holder is not None and (state is RequestState.FINISHED
-                                   or state is RequestState.CANCELLED and lc.prefill_end_s is not None):
-            self.affinity.ended(holder, lc, stream.prompt_ids + tuple(stream.token_ids), self.workers)
-        self.records[rid] = lc
-        while len(self.records) > MAX_RECORDS:
-            self.records.popitem(last=False)
-        if state is RequestState.FAILED:
-            stream.queue.put_nowait(Event(EventKind.ERROR, rid, t_s, text=text, error=error or "failed"))
-        else:
-            stream.queue.put_nowait(Event(EventKind.DONE, rid, t_s, text=text, finish_reason=reason))
 
     # when a worker dies (decided by homepd.engine.recovery, applied here) -----------------
     def _on_exit(self, handle: WorkerHandle, exitcode: int | None) -> None:
@@ -376,22 +233,21 @@ class Engine:
         handle.in_flight.clear()
         self.affinity.forget(handle)
         handle.backlog.clear()
-        self._attach_store(handle)  # its replacement finds the conversations this one saved
-        wanted = {rid for rid in held if rid in self.streams and rid not in self.cancelling}
+        self.pool.attach_store(handle)  # its replacement finds the conversations this one saved
+        wanted = {rid for rid in held if self.requests.is_wanted(rid)}
         intact = self.handoff.recover(handle.spec.role, pid, wanted if self.config.resume and not crash_loop else set())
         plan = recovery.plan_recovery(recovery.WorkerDeath(
             role=handle.role, pid=pid, cause=cause, is_crash_loop=crash_loop, resume=self.config.resume,
             n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker(avoid=handle).failed),
-            held=tuple(self.streams[rid].held(rid in self.cancelling, rid in intact) for rid in held
-                       if rid in self.streams)))
+            held=self.requests.held(held, intact)))
         self.worker_events.append(WorkerEvent(
             WorkerEventKind.DIED, handle.role, pid, now, exitcode=exitcode, cause=cause, crash_loop=crash_loop,
             failed_requests=tuple(rid for rid, _ in plan.fail), resumed_from_slot=plan.from_slot,
             recomputed_requests=plan.recompute))
         for rid in plan.cancel:  # the cancel died with the worker: honour it
-            self.end_request(rid, RequestState.CANCELLED, now, reason=FinishReason.CANCELLED)
+            self.requests.end(rid, RequestState.CANCELLED, now, reason=FinishReason.CANCELLED)
         for rid, error in plan.fail:
-            self.end_request(rid, RequestState.FAILED, now, error=error)
+            self.requests.end(rid, RequestState.FAILED, now, error=error)
         handle.last_error = None
         self.pool.unregister(pid)
         if not plan.restart:
@@ -400,10 +256,10 @@ class Engine:
                                                   cause=plan.failed_reason or ""))
             return
         for rid in plan.from_slot:  # KV intact in its slot: the restarted decode worker imports it
-            self.streams[rid].note_resume("slot")
+            self.requests.streams[rid].note_resume("slot")
             self.handoff.resume(rid, handle)
         for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
-            stream = self.streams[rid]
+            stream = self.requests.streams[rid]
             stream.note_resume("recompute")
             self.handoff.forget(rid)
             request = stream.resubmission(self.tokenizer.token_to_piece, self.gate.deadline_s(stream.lifecycle))
@@ -419,8 +275,8 @@ class Engine:
             self.worker_events.append(WorkerEvent(WorkerEventKind.FAILED, handle.role, None, time.monotonic(),
                                                   cause=f"could not be restarted: {error}"))
             for rid in sorted(handle.in_flight):
-                self.end_request(rid, RequestState.FAILED, time.monotonic(),
-                          error=f"{handle.role} worker could not be restarted: {error}")
+                self.requests.end(rid, RequestState.FAILED, time.monotonic(),
+                                  error=f"{handle.role} worker could not be restarted: {error}")
             return
         self.pool.register(handle)
         self.handoff.attach(handle, restarted=True)
@@ -436,25 +292,23 @@ class Engine:
         return self.topology.health(self.workers)
 
     def is_running(self, request_id: str) -> bool:
-        return request_id in self.streams
+        return request_id in self.requests
 
     def finished_since(self, t_s: float) -> list[Lifecycle]:
-        """The requests that ended after ``t_s`` (monotonic), oldest first (of the last MAX_RECORDS)."""
-        newer = itertools.takewhile(lambda lc: lc.ended_s is None or lc.ended_s > t_s, reversed(self.records.values()))
-        return list(newer)[::-1]
+        """The requests that ended after ``t_s`` (monotonic), oldest first (``RequestTable.finished_since``)."""
+        return self.requests.finished_since(t_s)
 
     def steps_since(self, t_s: float = float("-inf")) -> list[StepRecord]:
-        """The steps that ended at or after ``t_s`` (monotonic), in the order they arrived (of the last
-        ``step_log_len`` kept)."""
-        # why a full scan, not from the end back: two workers' steps arrive out of end-time order
-        return [step for step in self.step_log if step.t_end_s >= t_s]
+        """The steps that ended at or after ``t_s`` (monotonic), in the order they arrived
+        (``RequestTable.steps_since``)."""
+        return self.requests.steps_since(t_s)
 
     def last_steps(self, n: int) -> list[StepRecord]:
-        return list(self.step_log)[-n:]
+        return self.requests.last_steps(n)
 
     def n_streaming(self) -> int:
         """Running requests that have their first token."""
-        return sum(1 for stream in self.streams.values() if stream.token_ids)
+        return self.requests.n_streaming()
 
     def kv_peak(self, t0_s: float, t1_s: float) -> tuple[int, int]:
         """(peak arena bytes in use, KV bytes in transit then) between two monotonic times; (0, 0): no arena."""
@@ -473,17 +327,14 @@ class Engine:
 
     def snapshot(self) -> EngineSnapshot:
         """A picture of the engine: workers, queues, the KV arena, running requests, recent worker events."""
-        by_state: dict[str, list[str]] = {}
-        for rid, stream in self.streams.items():
-            by_state.setdefault(stream.lifecycle.state.value, []).append(rid)
-        by_class = dict(Counter(st.lifecycle.request_class for st in self.streams.values()))
+        by_class = self.requests.by_class()
         return EngineSnapshot(
             mode=self.config.mode, model=self.model_path, n_ctx=self.config.n_ctx, chunk=self.config.chunk,
             workers=tuple(h.snapshot() for h in self.workers.values()),
             kv_arena=self.handoff.snapshot(),
-            requests={state: tuple(ids) for state, ids in by_state.items()}, n_steps=len(self.step_log),
+            requests=self.requests.by_state(), n_steps=len(self.requests.step_log),
             requests_by_class=by_class, worker_events=tuple(self.worker_events), t_s=time.monotonic(),
-            memory=self.memory, admission=self.gate.snapshot(self._load(self.streams), by_class),
+            memory=self.memory, admission=self.gate.snapshot(self.requests.load(self.requests.streams), by_class),
             cache=self.cache_stats())
 
     def measure_memory(self) -> MemoryBreakdown:

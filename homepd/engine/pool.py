@@ -1,6 +1,7 @@
 """The worker processes of one engine, as a set: started and stopped together, registered with the
-hardware sampler, restarted in the background, watched for hangs, measured; and the engine's background
-tasks.  What a worker's messages and death mean for the requests is the controller's."""
+hardware sampler, restarted in the background, watched for hangs, measured; the KV store tier's segments
+they attach; and the engine's background tasks.  What a worker's messages and death mean for the requests
+is the controller's."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,8 @@ import time
 
 from homepd.core.records import MemoryBreakdown
 from homepd.engine.handles import WorkerHandle
+from homepd.hw.smaps import ProcessRegions, measure_processes
+from homepd.kv.store import StoreBook
 
 log = logging.getLogger("homepd.engine.pool")
 # a restart is late (its end no longer predictable) past twice its last start's time plus a second: a loaded
@@ -25,6 +28,7 @@ class WorkerPool:
         self.tasks: set[asyncio.Task] = set()
         self.restarting: dict[str, asyncio.Task] = {}  # worker name -> its restart in progress
         self.restart_started_s: dict[str, float] = {}   # worker name -> when its latest restart began
+        self.store: StoreBook | None = None  # the KV store tier's segments and what they hold
 
     async def start(self) -> None:
         """Start every handle and wait until each has loaded its model."""
@@ -39,6 +43,25 @@ class WorkerPool:
         await asyncio.gather(*(h.stop() for h in self.handles.values()))
         for handle in self.handles.values():
             self.unregister(handle.pid)
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def open_store(self, n_bytes: int) -> None:
+        """The KV store tier of ``n_bytes``: a segment per worker with a prefix cache (the budget split
+        evenly), each attached by its worker before its first request (the message waits in its backlog)."""
+        cached = [h for h in self.handles.values() if h.spec.max_cached_cells > 0]
+        if not n_bytes or not cached:
+            return
+        self.store = StoreBook({h.role: n_bytes // len(cached) for h in cached})
+        for handle in cached:
+            self.attach_store(handle)
+
+    def attach_store(self, handle: WorkerHandle) -> None:
+        """Queue the store's attach message first in a (re)starting worker's backlog."""
+        msg = self.store.attach_message(handle.role) if self.store is not None else None
+        if msg is not None:
+            handle.backlog.appendleft((None, msg))
 
     def register(self, handle: WorkerHandle) -> None:
         if self.sampler is not None and handle.pid is not None:
@@ -90,8 +113,6 @@ class WorkerPool:
 
     def measure_memory(self, model_path: str) -> MemoryBreakdown:
         """Every homepd process now (controller, workers, KV arena) by what holds the memory (reads /proc)."""
-        from homepd.hw.smaps import ProcessRegions, measure_processes
-
         processes = [ProcessRegions("controller", os.getpid())] + [
             ProcessRegions(h.role, h.pid, h.ready.memory_regions, h.ready.kv_cache_bytes)
             for h in list(self.handles.values()) if h.ready is not None and h.pid is not None]

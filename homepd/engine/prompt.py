@@ -25,8 +25,9 @@ from functools import lru_cache
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from homepd.core.sampling import SamplingParams
 from homepd.core.special import SpecialToken
-from homepd.errors import RequestError
+from homepd.errors import PromptTooLongError, RequestError
 
 ROLES = ("system", "user", "assistant", "tool")
 EXTRA_KEYS = ("name", "tool_calls", "tool_call_id", "reasoning_content")  # what else of a message a template may read
@@ -252,3 +253,26 @@ def chat_tokens(tokenizer, messages: list[dict], add_generation_prompt: bool = T
             else:
                 items.append([item])
     return _tokens(tokenizer, [i if isinstance(i, int) else "".join(i) for i in items], present)
+
+
+def request_tokens(tokenizer, n_ctx: int, prompt: str | None = None, messages: list | None = None,
+                   params: SamplingParams | None = None, chat: ChatExtras | None = None) -> list[int]:
+    """A request's prompt ids: its raw prompt or chat rendered and tokenized, with what the sampler will need of
+    this vocabulary checked (a grammar that llama.cpp parses, logit_bias ids); raise RequestError if it cannot
+    run (PromptTooLongError: it leaves no room in ``n_ctx``)."""
+    if (prompt is None) == (messages is None):
+        raise RequestError("give exactly one of prompt or messages")
+    if messages is None and (not isinstance(prompt, str) or not prompt):
+        raise RequestError("prompt must be a non-empty string")
+    if params is not None:
+        params.check_vocab(tokenizer.n_vocab)
+        if params.grammar is not None:
+            tokenizer.check_grammar(params.grammar)
+    chat = chat or ChatExtras()
+    ids = chat_tokens(tokenizer, messages, tools=chat.tools, template_kwargs=chat.template_kwargs) \
+        if messages is not None else prompt_tokens(tokenizer, prompt)
+    if not ids:
+        raise RequestError("prompt is empty after tokenization")
+    if len(ids) >= n_ctx:
+        raise PromptTooLongError(len(ids), n_ctx)
+    return ids

@@ -79,7 +79,7 @@ async def generate_all(config: EngineConfig, prompts: list[str], params: Samplin
         tokens = [[e.token_id for e in events if e.kind == "token"] for events, _ in results]
         for events, _ in results:
             assert events[-1].kind == "done", events[-1]
-        return tokens, list(engine.step_log), [s.lifecycle for s in streams]
+        return tokens, engine.steps_since(), [s.lifecycle for s in streams]
 
 
 def start_controller_and_kill_it(script: str, *args: str, before_kill=None) -> tuple[list[str], list]:

@@ -50,7 +50,7 @@ def test_an_arena_smaller_than_one_prompts_kv_routes_it_to_decode_and_the_others
         async with make_engine(cfg) as engine:
             assert not engine.handoff.router.fits_prefill_worker(2241) and engine.handoff.router.fits_prefill_worker(20)
             streams, ends = await generate(engine, [LONG, *SHORT])
-            return streams, ends, list(engine.step_log), engine.snapshot()
+            return streams, ends, engine.steps_since(), engine.snapshot()
 
     streams, ends, steps, snap = run(scenario())
 

@@ -139,7 +139,8 @@ def test_decode_death_resumes_every_request():
             os.kill(pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
             # prompt tokens prefilled per request, on either worker
-            prefilled = {s.request_id: sum(n for st in engine.step_log for rid, n in st.prefill if rid == s.request_id)
+            steps = engine.steps_since()
+            prefilled = {s.request_id: sum(n for st in steps for rid, n in st.prefill if rid == s.request_id)
                          for s in streams}
             return streams, ends, waiting, engine.snapshot(), prefilled
 

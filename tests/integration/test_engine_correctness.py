@@ -85,7 +85,7 @@ def test_long_prompt_is_chunked_and_never_stalls_a_decoding_request(default_mode
             long = await engine.submit(long_prompt, params=SamplingParams(max_tokens=4, ignore_eos=True))
             await long.collect()
             await short.collect()
-            return list(engine.step_log), long.request_id, short.request_id
+            return engine.steps_since(), long.request_id, short.request_id
 
     steps, long_id, short_id = run(scenario())
     long_steps = [s for s in steps if any(rid == long_id for rid, _ in s.prefill)]

@@ -64,7 +64,7 @@ def test_over_long_prompt_and_bad_sampling_refused_before_worker():
                 await engine.submit()
             with pytest.raises(RequestError, match=r"messages\[0\].role"):
                 await engine.submit(messages=[{"role": "wizard", "content": "x"}])
-            assert engine.step_log.maxlen and len(engine.step_log) == 0  # nothing reached the worker
+            assert engine.requests.step_log.maxlen and len(engine.requests.step_log) == 0  # nothing reached the worker
             # max_tokens beyond the context is clamped and ends with 'length'
             stream = await engine.submit("word " * 10, params=SamplingParams(max_tokens=1000, ignore_eos=True))
             events, _ = await stream.collect()

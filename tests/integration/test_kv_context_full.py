@@ -35,7 +35,7 @@ def test_eight_chats_without_max_tokens_decode_together():
             for s in streams:
                 engine.cancel(s.request_id)
             await asyncio.gather(*(s.collect() for s in streams))
-            return max(step.n_decode_tokens for step in engine.step_log)
+            return max(step.n_decode_tokens for step in engine.steps_since())
 
     assert run(scenario()) == 8
 

@@ -44,7 +44,7 @@ def test_shared_document_and_next_turn_compute_only_new_tokens_and_agree_with_a_
                 assert events[-1].kind == "done", events[-1]
                 results.append((list(stream.prompt_ids), [e.token_id for e in events if e.kind == "token"],
                                 stream.lifecycle.n_cached_tokens, text, stream.request_id))
-            return results, list(engine.step_log), engine.cache_stats()
+            return results, engine.steps_since(), engine.cache_stats()
 
     results, steps, stats = run(scenario())
     doc_ids = model.tokenize(DOCUMENT)

@@ -94,7 +94,7 @@ def stall_run(path, chunk):
                 assert (await short.__anext__()).kind == "token"
             long = await engine.submit(LONG, params=SamplingParams(max_tokens=2, ignore_eos=True))
             await asyncio.gather(short.collect(), long.collect())
-            steps = list(engine.step_log)
+            steps = engine.steps_since()
             return short.lifecycle, long.lifecycle, steps
 
     return run(scenario())

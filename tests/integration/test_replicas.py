@@ -31,7 +31,7 @@ def test_requests_are_spread_over_the_replicas_and_each_is_pinned_apart():
             placed = {h.role: sorted(h.in_flight) for h in engine.workers.values()}
             texts = [text for _, text in await asyncio.gather(*(s.collect() for s in streams))]
             affinity = {w.role: psutil.Process(w.pid).cpu_affinity() for w in engine.snapshot().workers}
-            roles = {s.worker_role for s in engine.step_log}
+            roles = {s.worker_role for s in engine.steps_since()}
             return placed, texts, affinity, roles
 
     placed, texts, affinity, roles = run(scenario())

@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from homepd.core.protocol import StepRecord
-from homepd.engine.controller import STEP_LOG_BYTES, step_log_len
+from homepd.engine.requests import STEP_LOG_BYTES, step_log_len
 from homepd.errors import ConfigError
 from homepd.serve.connections import FDS_RESERVED, RateLimitedLog, connection_limit
 from homepd.serve.middleware import count_json_values, host_name

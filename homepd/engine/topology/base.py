@@ -11,6 +11,7 @@ from homepd.core.admission import RequestClass
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import EngineSetup, RolePlacement
 from homepd.core.routing import RouteReason
+from homepd.engine.topology.handoff import NoHandoff
 
 PlanOf = Callable[[], object]  # returns the box's ``PlacementPlan``, computed only if a topology asks for it
 
@@ -63,8 +64,6 @@ class Topology:
 
     def make_handoff(self, config: EngineConfig, setup: EngineSetup, workers: Mapping):
         """The mode's KV handoff once the workers are ready (``homepd.engine.topology.handoff``)."""
-        from homepd.engine.topology.handoff import NoHandoff
-
         return NoHandoff()
 
     # requests -----------------------------------------------------------------------------------

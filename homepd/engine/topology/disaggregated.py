@@ -7,7 +7,10 @@ from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import RolePlacement
 from homepd.core.routing import MIN_PREFIX_GAIN_TOKENS, RouteReason
 from homepd.engine.topology.base import Routed, Topology, no_cache
+from homepd.engine.topology.handoff import ArenaHandoff
 from homepd.errors import EngineError
+from homepd.hw.placement import prefill_context
+from homepd.kv.router import KVRouter
 
 
 class Disaggregated(Topology):
@@ -18,8 +21,6 @@ class Disaggregated(Topology):
         return {Role.PREFILL.value: Role.PREFILL, Role.DECODE.value: Role.DECODE}
 
     def placements(self, config, plan):
-        from homepd.hw.placement import prefill_context
-
         c = config
         overrides = {Role.PREFILL: (c.prefill_cores, c.prefill_threads),
                      Role.DECODE: (c.decode_cores, c.decode_threads)}
@@ -54,9 +55,6 @@ class Disaggregated(Topology):
         return plan.disaggregated
 
     def make_handoff(self, config, setup, workers):
-        from homepd.engine.topology.handoff import ArenaHandoff
-        from homepd.kv.router import KVRouter
-
         # the placement plan's arena (else sized from the prefill worker's measured KV state bytes)
         return ArenaHandoff(KVRouter(setup.kv_arena_bytes, workers[Role.PREFILL].ready, max_extents=config.n_slots),
                             workers)

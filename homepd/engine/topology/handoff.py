@@ -4,19 +4,38 @@ The topology supplies one (``Topology.make_handoff``), and the controller only t
 ``NoHandoff`` (colocated, replicas: a request never leaves its worker) does nothing; ``ArenaHandoff``
 (disaggregated) owns the KV router over the shared-memory arena, relays ``KVHandoff`` from the prefill worker
 to the decode worker and ``KVImported`` back, frees extents as requests end, and says which requests' KV is
-still intact in the arena when a worker dies.  The requests themselves (streams, lifecycles, recovery's plan)
-stay the controller's; the handoff reaches them through the engine it is given.
+still intact in the arena when a worker dies.  The requests themselves (streams, lifecycles, their ends) are
+the controller's request table's; the handoff reads and ends them through ``Requests``, the table's part it
+is given with each message.
 """
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
-from homepd.core.lifecycle import RequestState
+from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
 from homepd.core.protocol import KVHandoff, KVImported, SlotFreed
 from homepd.core.records import FinishReason
 
 WAKE = SlotFreed(-1)  # tells the prefill worker that extents may be free again
+
+
+class Requests(Protocol):
+    """What a handoff asks of the requests (``homepd.engine.requests.RequestTable``)."""
+
+    def running(self, request_id: str) -> Lifecycle | None:
+        """The lifecycle of a running request (None: not running)."""
+
+    def is_wanted(self, request_id: str) -> bool:
+        """Running, and not being cancelled."""
+
+    def moved(self, request_id: str, handle) -> None:
+        """Its KV reached ``handle``'s worker, which now holds its prompt."""
+
+    def end(self, rid: str, state: RequestState, t_s: float, reason: FinishReason | None = None, text: str = "",
+            error: str | None = None) -> None:
+        """End it: its stream gets its last event, what it held is freed (this handoff's ``ended`` too)."""
 
 
 class NoHandoff:
@@ -26,10 +45,7 @@ class NoHandoff:
     def attach(self, handle, restarted: bool = False) -> None:
         pass
 
-    def handles(self, msg) -> bool:
-        return False
-
-    def on_message(self, engine, msg) -> None:
+    def on_message(self, requests: Requests, msg) -> None:
         raise AssertionError(f"{type(msg).__name__} in a mode without a KV handoff")
 
     def ended(self, request_id: str) -> None:
@@ -71,42 +87,38 @@ class ArenaHandoff(NoHandoff):
         if restarted and handle.spec.role is Role.PREFILL:
             handle.send(WAKE)
 
-    def handles(self, msg) -> bool:
-        return isinstance(msg, (KVHandoff, KVImported))
-
-    def on_message(self, engine, msg) -> None:
+    def on_message(self, requests: Requests, msg) -> None:
+        """``KVHandoff`` from the prefill worker, ``KVImported`` from the decode worker."""
         if isinstance(msg, KVHandoff):
-            self._handed_off(engine, msg)
+            self._handed_off(requests, msg)
         else:
-            self._imported(engine, msg)
+            self._imported(requests, msg)
 
-    def _handed_off(self, engine, msg: KVHandoff) -> None:
+    def _handed_off(self, requests: Requests, msg: KVHandoff) -> None:
         """The prefill worker exported a request's KV into an extent: send it on to the decode worker."""
         rid = msg.request_id
         self._prefill().in_flight.discard(rid)
-        if rid not in engine.streams or rid in engine.cancelling:
+        if not requests.is_wanted(rid):
             self.router.discard_export(msg)  # nobody wants it any more
             self._prefill().send(SlotFreed(msg.slot))
-            engine.end_request(rid, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
+            requests.end(rid, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
             return
-        lc = engine.streams[rid].lifecycle
+        lc = requests.running(rid)
         lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
         lc.kv_export_s = msg.export_end_s - msg.export_start_s
         self.router.handed_off(msg)
         decode = self.workers[Role.DECODE]
         if decode.failed:
-            engine.end_request(rid, RequestState.FAILED, time.monotonic(),
-                               error=f"decode worker is down ({decode.failed})")
+            requests.end(rid, RequestState.FAILED, time.monotonic(), error=f"decode worker is down ({decode.failed})")
         else:
             decode.send_request(rid, msg)
-            engine.affinity.holds(decode, engine.streams[rid].prompt_ids)  # its next turn is not prefilled anew
+            requests.moved(rid, decode)  # its next turn is not prefilled anew
 
-    def _imported(self, engine, msg: KVImported) -> None:
+    def _imported(self, requests: Requests, msg: KVImported) -> None:
         self.router.imported(msg.request_id)
         self._prefill().send(SlotFreed(msg.slot))
-        stream = engine.streams.get(msg.request_id)
-        if stream is not None:
-            lc = stream.lifecycle
+        lc = requests.running(msg.request_id)
+        if lc is not None:
             lc.kv_import_s = msg.import_end_s - msg.import_start_s
             lc.transfer_end_s = msg.import_end_s
             lc.advance(RequestState.DECODING, msg.import_end_s)
