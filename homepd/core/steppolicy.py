@@ -14,9 +14,7 @@ Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
   prompts still run, after the others.  Without a model (or deadlines), arrival order.
 * ``deadline_grant``: when the ITL budget would make the first interactive prompt miss its TTFT deadline,
   a larger step — bounded by the gap ceiling — if that keeps more requests within both budgets than it
-  puts out of them; and when an interactive prompt is past saving (not even steps at the ceiling keep its
-  deadline), steps at the ceiling until it is served, so that its lateness is bounded by its own work
-  (docs/scheduling.md, "Deadlines against gaps").
+  puts out of them (docs/scheduling.md, "Deadlines against gaps").
 """
 from __future__ import annotations
 
@@ -122,13 +120,11 @@ def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callab
 class DeadlineGrant:
     """A step larger than the ITL budget holds, granted so that ``request_id``'s prompt keeps its TTFT deadline:
     ``budget`` prompt tokens, a predicted ``step_ms`` within the gap ceiling, and ``n_gaps_broken`` streams
-    that were within their gap budget so far and this step puts over it (fewer than the prompts it keeps).
-    ``late``: the prompt is past saving, and the step is at the ceiling to bound how late it gets."""
+    that were within their gap budget so far and this step puts over it (fewer than the prompts it keeps)."""
     request_id: str
     budget: int
     step_ms: float
     n_gaps_broken: int
-    late: bool = False
 
 
 def prompt_work_tokens(seq: Sequence) -> int:
@@ -146,9 +142,7 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
 
     * interactive streams decode (else the step is not bound by their gaps) and the prompt has a deadline;
     * at ``budget`` tokens a step the prompt would miss its deadline (a far deadline gets nothing);
-    * a step within ``gap_ceiling_ms`` (aimed at its ``STEP_SHARE_OF_ITL``, as the ITL budget's steps are) keeps
-      it; a prompt that not even such steps keep is past saving, and gets steps at the ceiling instead
-      (``late``: whatever the streams, so that it is not starved behind every prompt that can be kept);
+    * a step within ``gap_ceiling_ms`` keeps it (one that cannot be saved within the ceiling gets nothing);
     * its deadline needs the larger step now: after one more step at ``budget`` the ceiling could no longer
       keep it (until then decode-only-sized steps run, and streams that finish meanwhile are spared);
     * it keeps more requests within both budgets than it takes out: the prompt kept (1) against the
@@ -158,49 +152,27 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     The step granted is the smallest that keeps the deadline, with the model's recent error twice over as
     margin on every step (as the ITL budget's steps have).  Every decode still takes its token in it."""
     interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
-    waiting = [s for s in prompts if s.request_class != RequestClass.BACKGROUND]
-    if not interactive or not waiting or budget >= max_budget:
+    head = next((s for s in prompts if s.request_class != RequestClass.BACKGROUND), None)
+    if not interactive or head is None or head.deadline_s is None or budget >= max_budget:
         return None
-    n_decode, margin_ms = len(decode), 2.0 * est.error_ms
-
-    def step_ms(b: int, seq: Sequence) -> float:
-        # why: the prompt's own cells join the context as it goes
-        return est.predict_ms(b, n_decode, kv_in_use + prompt_work_tokens(seq) // 2) + margin_ms
-
-    def done_s(start_s: float, seq: Sequence, n_left: int, b: int) -> float:
-        return start_s + math.ceil(n_left / b) * step_ms(b, seq) / 1e3
-
-    def ceiling_of(seq: Sequence) -> int:
-        # why the share: a step aimed at the whole ceiling would cross it with the jitter the ITL budget's own
-        # steps leave room for (STEP_SHARE_OF_ITL); the ceiling is a bound on gaps, not a target
-        aim_ms = gap_ceiling_ms * STEP_SHARE_OF_ITL
-        return min(max_budget, int((aim_ms - step_ms(0, seq)) // max(step_ms(1, seq) - step_ms(0, seq), 1e-6)))
-
-    def n_broken(b: int, seq: Sequence) -> int:
-        over = step_ms(b, seq) > itl_budget_ms * STEP_SHARE_OF_ITL  # as the ITL budget's own steps aim
-        return sum(1 for s in interactive if not s.gap_broken) if over else 0
-
-    # a prompt past saving: its deadline is lost whatever the steps, so no count can speak for it, and behind
-    # the prompts that can still be kept (Moore-Hodgson sets it aside) it would wait for every one of them
-    # (a 700-token document beside four chats at 1 thread: 32 s).  Steps at the ceiling bound its lateness by
-    # its own work at the ceiling's rate; the prompts ahead of it in serving order are served first in them.
-    for seq in waiting:
-        left = prompt_work_tokens(seq)
-        if seq.deadline_s is None or left <= budget:
-            continue
-        ceiling = ceiling_of(seq)
-        if ceiling > budget and done_s(now_s, seq, left, ceiling) > seq.deadline_s:
-            return DeadlineGrant(seq.request_id, ceiling, step_ms(ceiling, seq), n_broken(ceiling, seq), late=True)
-    head = waiting[0]
     left = prompt_work_tokens(head)
-    if head.deadline_s is None or left <= budget:
-        return None  # no deadline, or this step completes it anyway
-    if done_s(now_s, head, left, budget) <= head.deadline_s:
+    if left <= budget:
+        return None  # this step completes it anyway
+    n_decode, margin_ms = len(decode), 2.0 * est.error_ms
+    kv_mid = kv_in_use + left // 2  # why: the prompt's own cells join the context as it goes
+
+    def step_ms(b: int) -> float:
+        return est.predict_ms(b, n_decode, kv_mid) + margin_ms
+
+    def done_s(start_s: float, n_left: int, b: int) -> float:
+        return start_s + math.ceil(n_left / b) * step_ms(b) / 1e3
+
+    if done_s(now_s, left, budget) <= head.deadline_s:
         return None  # the ITL budget keeps it: the deadline is far enough
-    ceiling = ceiling_of(head)
-    if ceiling <= budget:
-        return None  # the ceiling allows no more than the ITL budget does
-    if done_s(now_s + step_ms(budget, head) / 1e3, head, left - budget, ceiling) <= head.deadline_s:
+    ceiling = min(max_budget, int((gap_ceiling_ms - step_ms(0)) // max(step_ms(1) - step_ms(0), 1e-6)))
+    if ceiling <= budget or done_s(now_s, left, ceiling) > head.deadline_s:
+        return None  # not even the ceiling keeps it: no gap is broken for a prompt that is late anyway
+    if done_s(now_s + step_ms(budget) / 1e3, left - budget, ceiling) <= head.deadline_s:
         return None  # one more ITL-sized step and the ceiling still keeps it: not yet
     # the smallest budget that keeps it: the fewest tokens a step over the most steps that still fit
     chosen = ceiling
@@ -208,13 +180,16 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
         b = math.ceil(left / n_steps)
         if b > ceiling:
             break  # fewer steps only need larger ones
-        if b > budget and done_s(now_s, head, left, b) <= head.deadline_s:
+        if b > budget and done_s(now_s, left, b) <= head.deadline_s:
             chosen = b
             break
-    broken = n_broken(chosen, head)
-    if 1 <= broken:
-        return None  # the streams it would put over their budget outweigh the one prompt it keeps
-    return DeadlineGrant(head.request_id, chosen, step_ms(chosen, head), broken)
+    predicted = step_ms(chosen)
+    over = predicted > itl_budget_ms * STEP_SHARE_OF_ITL  # as the ITL budget's own steps aim
+    n_broken = sum(1 for s in interactive if not s.gap_broken) if over else 0
+    n_kept = 1
+    if n_kept <= n_broken:
+        return None  # the streams it would put over their budget outweigh the prompt it keeps
+    return DeadlineGrant(head.request_id, chosen, predicted, n_broken)
 
 
 class StepPolicy:

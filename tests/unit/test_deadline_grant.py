@@ -1,7 +1,6 @@
 """The deadline rule (homepd.core.steppolicy.deadline_grant): a step past the ITL budget is granted to a prompt's
 TTFT deadline exactly when that keeps more requests within both budgets, never above the gap ceiling, and never
-while the deadline is far; a prompt past saving gets steps at the ceiling, so its lateness stays bounded.
-Pure: constructed step models and queues, no model, no clock."""
+while the deadline is far.  Pure: constructed step models and queues, no model, no clock."""
 from __future__ import annotations
 
 import math
@@ -21,7 +20,6 @@ EST = StepEstimate(base_ms=12.0, ms_per_prompt_token=4.5, ms_per_decode_token=2.
                    n_steps=100, error_ms=0.0, n_prompt_steps=50)
 ITL_MS, CEILING_MS = 100.0, 300.0
 ITL_CHUNK = EST.chunk_for_itl(ITL_MS * STEP_SHARE_OF_ITL, 3)  # 14 tokens beside 3 decodes: 81 ms steps
-CEILING_CHUNK = EST.chunk_for_itl(CEILING_MS * STEP_SHARE_OF_ITL, 3)  # 52 tokens: 252 ms steps
 
 
 def prompt(rid="doc", n=300, deadline=None, klass="interactive"):
@@ -52,16 +50,15 @@ def grant(deadline_s, decode=None, head=None, budget=ITL_CHUNK, ceiling_ms=CEILI
 def test_the_itl_budget_s_steps_would_miss_the_deadline_that_a_ceiling_step_keeps():
     # the scene the rule is for (the numbers the tests below stand on)
     assert ITL_CHUNK == 14 and done_s(ITL_CHUNK) == pytest.approx(1.782)
-    assert CEILING_CHUNK == 52 and EST.predict_ms(52, 3) <= CEILING_MS * STEP_SHARE_OF_ITL < EST.predict_ms(53, 3)
-    assert done_s(CEILING_CHUNK) == pytest.approx(1.512)
+    assert EST.predict_ms(62, 3) <= CEILING_MS < EST.predict_ms(63, 3) and done_s(62) == pytest.approx(1.485)
 
 
 def test_a_deadline_that_needs_it_now_gets_the_smallest_step_that_keeps_it():
-    g = grant(1.55)
-    assert g is not None and g.request_id == "doc" and g.n_gaps_broken == 0 and not g.late
-    assert ITL_CHUNK < g.budget <= CEILING_CHUNK and g.step_ms == pytest.approx(EST.predict_ms(g.budget, 3))
-    assert done_s(g.budget) <= 1.55         # it keeps the deadline ...
-    assert done_s(g.budget - 1) > 1.55      # ... and one token less a step would not
+    g = grant(1.5)
+    assert g is not None and g.request_id == "doc" and g.n_gaps_broken == 0
+    assert ITL_CHUNK < g.budget <= 62 and g.step_ms == pytest.approx(EST.predict_ms(g.budget, 3))
+    assert done_s(g.budget) <= 1.5          # it keeps the deadline ...
+    assert done_s(g.budget - 1) > 1.5       # ... and one token less a step would not
     assert g.step_ms <= CEILING_MS
 
 
@@ -70,70 +67,43 @@ def test_never_while_the_itl_budget_still_keeps_the_deadline():
 
 
 def test_not_yet_when_one_more_itl_sized_step_leaves_the_ceiling_enough():
-    # 1.7 s: missed at 14 a step, kept at the ceiling even after one more 81 ms step: decode-sized steps go on
-    assert done_s(ITL_CHUNK) > 1.7 and 0.081 + done_s(CEILING_CHUNK, 300 - ITL_CHUNK) <= 1.7
-    assert grant(1.7) is None
-    # the same prompt later, its deadline now 1.58 s away, 286 tokens left: one more 81 ms step and the ceiling
-    # could no longer keep it, so it is granted now
-    later = prompt(deadline=1.58)
+    # 1.6 s: missed at 14 a step, kept at the ceiling even after one more 81 ms step: decode-sized steps go on
+    assert done_s(ITL_CHUNK) > 1.6 and 0.081 + done_s(62, 300 - ITL_CHUNK) <= 1.6
+    assert grant(1.6) is None
+    # the same prompt one step later, its deadline now 1.52 s away, 286 tokens left: granted
+    later = prompt(deadline=1.52)
     later.seq_id, later.n_prefilled = 9, ITL_CHUNK
-    assert done_s(CEILING_CHUNK, 300 - ITL_CHUNK) <= 1.58 < 0.081 + done_s(CEILING_CHUNK, 300 - 2 * ITL_CHUNK)
-    g = grant(1.58, head=later)
-    assert g is not None and not g.late
+    assert grant(1.52, head=later) is not None
 
 
-def test_a_prompt_past_saving_gets_steps_at_the_ceiling_whatever_the_streams():
-    # 1.4 s: not even 52 tokens a step (the ceiling's) keep it; its deadline is lost, its lateness is not
-    assert done_s(CEILING_CHUNK) > 1.4
-    for decode in (streams(3, broken=True), streams(3, broken=False)):
-        g = grant(1.4, decode=decode)
-        assert g is not None and g.late and g.budget == CEILING_CHUNK and g.step_ms <= CEILING_MS
-    assert grant(1.4, decode=streams(3, broken=False)).n_gaps_broken == 3  # counted, and visible
-    # already past its deadline: the same
-    assert grant(-1.0).late and grant(-1.0).budget == CEILING_CHUNK
-    assert grant(1.5, ceiling_ms=ITL_MS) is None  # a ceiling of one ITL budget grants nothing, late or not
-    assert grant(-1.0, ceiling_ms=ITL_MS) is None
-
-
-def test_a_late_prompt_behind_others_in_serving_order_still_gets_the_ceiling_and_they_go_first():
-    on_time = prompt("chat-turn", n=20, deadline=3.0)   # kept at the ITL budget: no grant of its own
-    late = prompt("doc", n=300, deadline=1.0)
-    g = deadline_grant(EST, [on_time, late], streams(3, broken=False), 0.0, ITL_MS, CEILING_MS, ITL_CHUNK, 512)
-    assert g is not None and g.request_id == "doc" and g.late and g.budget == CEILING_CHUNK
-    # in the scheduler: the step is the ceiling's, the prompt that can still be kept is served first in it
-    sched = scheduler(CEILING_MS)
-    run_streams(sched)  # three streams, every gap within budget so far
-    sched.add(prompt("doc", n=300, deadline=1.0))
-    sched.add(prompt("chat-turn", n=20, deadline=3.0))
-    plan = sched.schedule(0.0)
-    assert plan.grant is not None and plan.grant.late and plan.grant.request_id == "doc"
-    assert [sl.seq.request_id for sl in plan.prefill] == ["chat-turn", "doc"] and plan.prefill[0].n_tokens == 20
-    assert plan.budget == CEILING_CHUNK and len(plan.decode) == 3
+def test_never_for_a_prompt_that_not_even_the_ceiling_can_keep():
+    assert done_s(62) > 1.4 and grant(1.4) is None
+    assert grant(1.5, ceiling_ms=ITL_MS) is None  # a ceiling of one ITL budget grants nothing
 
 
 def test_streams_still_within_their_gaps_outweigh_the_one_prompt_kept():
-    assert grant(1.55, decode=streams(3, broken=False)) is None
+    assert grant(1.5, decode=streams(3, broken=False)) is None
     one_clean = streams(3, broken=True)
     one_clean[0].gap_broken = False
-    assert grant(1.55, decode=one_clean) is None  # one kept for one lost: no gain
-    assert grant(1.55, decode=streams(3, broken=True)) is not None
+    assert grant(1.5, decode=one_clean) is None  # one kept for one lost: no gain
+    assert grant(1.5, decode=streams(3, broken=True)) is not None
 
 
 def test_only_interactive_streams_and_prompts_count():
-    assert grant(1.55, decode=streams(3, broken=False, klass="background")) is None  # the step is not ITL-bound
-    assert grant(1.5, head=prompt(deadline=1.55, klass="background")) is None
+    assert grant(1.5, decode=streams(3, broken=False, klass="background")) is None  # the step is not ITL-bound
+    assert grant(1.5, head=prompt(deadline=1.5, klass="background")) is None
     assert grant(1.5, head=prompt(deadline=None)) is None
 
 
 def test_a_waiting_prompt_s_expected_cached_prefix_is_not_work():
-    cached = prompt(deadline=1.55)
+    cached = prompt(deadline=1.5)
     cached.n_expected_reuse = 290  # a follow-up turn: 10 tokens to compute, this step does them
     assert grant(1.5, head=cached) is None
 
 
 def test_any_grant_is_above_the_itl_budget_within_the_ceiling_and_keeps_the_deadline():
     rng = random.Random(7)
-    n_granted = n_late = 0
+    n_granted = 0
     for _ in range(2000):
         n_decode, n_prompt = rng.randint(1, 6), rng.randint(20, 900)
         ceiling = rng.choice([150.0, 200.0, 300.0, 500.0])
@@ -143,15 +113,10 @@ def test_any_grant_is_above_the_itl_budget_within_the_ceiling_and_keeps_the_dead
                            budget, 512)
         if g is None:
             continue
-        assert budget < g.budget and g.step_ms <= ceiling * STEP_SHARE_OF_ITL
-        if g.late:  # past saving: steps at the ceiling, which still miss it
-            n_late += 1
-            assert g.budget == EST.chunk_for_itl(ceiling * STEP_SHARE_OF_ITL, n_decode)
-            assert done_s(g.budget, n_prompt, n_decode) > deadline
-        else:
-            n_granted += 1
-            assert done_s(budget, n_prompt, n_decode) > deadline >= done_s(g.budget, n_prompt, n_decode)
-    assert n_granted > 50 and n_late > 50
+        n_granted += 1
+        assert budget < g.budget and g.step_ms <= ceiling
+        assert done_s(budget, n_prompt, n_decode) > deadline >= done_s(g.budget, n_prompt, n_decode)
+    assert n_granted > 50
 
 
 def scheduler(gap_ceiling_ms):
@@ -177,7 +142,7 @@ def test_the_scheduler_steps_with_the_grant_and_every_stream_still_takes_its_tok
     plan = sched.schedule(0.2)
     sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=0.2)
     assert all(s.gap_broken for s in sched.running)
-    sched.add(prompt(deadline=0.2 + 1.55))
+    sched.add(prompt(deadline=0.2 + 1.5))
     plan = sched.schedule(0.2)
     assert plan.grant is not None and plan.grant.request_id == "doc"
     assert len(plan.decode) == 3 and plan.prefill[0].n_tokens == plan.grant.budget == plan.budget > ITL_CHUNK
@@ -190,7 +155,7 @@ def test_the_scheduler_grants_nothing_without_a_ceiling_or_while_streams_keep_th
         plan = sched.schedule(gap_s)
         sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=gap_s)
         assert all(s.gap_broken is (gap_s > ITL_MS / 1e3) for s in sched.running)
-        sched.add(prompt(deadline=gap_s + 1.55))
+        sched.add(prompt(deadline=gap_s + 1.5))
         plan = sched.schedule(gap_s)
         assert plan.grant is None and plan.prefill[0].n_tokens == plan.budget == ITL_CHUNK
 
@@ -241,7 +206,7 @@ def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
     for s in loop.scheduler.running:
         s.gap_broken = True  # each already missed a gap (a slow step before)
     loop.handle(SubmitRequest("doc", tuple(model.tokenize("x" * 300)), SamplingParams(max_tokens=4),
-                              deadline_s=1.55))
+                              deadline_s=1.5))
     loop.step(loop.scheduler.schedule(0.0))
     step = out.of_type(StepReport)[-1].step
     assert step.granted_to == "doc" and set(step.decode_request_ids) == {"chat-0", "chat-1", "chat-2"}
