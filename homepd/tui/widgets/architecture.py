@@ -76,15 +76,19 @@ def _cache_line(c: CacheView) -> Text:
     return Text.assemble((f"cache {c.worker}: ", "green"), " · ".join(parts))
 
 
-# mode -> its panel's worker lines, and whether its head names the chunk
-PANELS = {Mode.DISAGGREGATED: (_disaggregated, False), Mode.REPLICAS: (_replicas, True)}
+# mode -> its panel's worker lines, and whether its head names the chunk: every mode has one
+PANELS = {Mode.COLOCATED: (_colocated, True), Mode.DISAGGREGATED: (_disaggregated, False),
+          Mode.REPLICAS: (_replicas, True)}
+assert set(PANELS) == set(Mode), "a mode without a panel"
 
 
 def render_architecture(view: ArchitectureView | None) -> Text:
     if view is None:
         return Text("no engine yet", style="dim")
     s = view.by_state
-    body, shows_chunk = PANELS.get(view.mode, (_colocated, True))
+    if view.mode not in PANELS:  # a newer server's mode: named, not drawn as another mode's
+        return Text(f"mode {view.mode}: this app does not know it (update homepd)", style="yellow")
+    body, shows_chunk = PANELS[view.mode]
     head = view.mode + (f" · chunk {view.chunk or 'none'}" if shows_chunk else "")
     lines = [Text.assemble((head, "bold magenta"), f" · n_ctx {view.n_ctx}")]
     if view.note:
