@@ -14,7 +14,8 @@ from homepd.core.modes import Mode
 # the EngineConfig fields a serving configuration (an advise candidate) consists of, by the mode they matter in
 SERVING_FIELDS: dict[str, tuple[Mode, ...]] = {
     "mode": tuple(Mode), "chunk": tuple(Mode), "adaptive_chunk": tuple(Mode),
-    "local_prefill": (Mode.DISAGGREGATED,), "n_replicas": (Mode.REPLICAS,)}
+    **{name: tuple(m for m in Mode if name in m.traits.config_fields)
+       for m in Mode for name in m.traits.config_fields}}
 
 
 class ConfigSource(enum.StrEnum):

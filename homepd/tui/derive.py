@@ -18,25 +18,9 @@ from homepd.measure.metrics import interference
 from homepd.measure.stalls import Stall
 from homepd.measure.stepstream import StepSample
 from homepd.tui.records import (ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats, GpuView, HardwareView,
-                                ProcessView, RequestRow, WorkerView)
+                                ProcessView, RequestRow)
 
 MB = 1e6
-
-
-def cores_text(cores: Sequence[int] | None) -> str:
-    """(0, 1, 2, 5) -> '0-2,5'; '' when not pinned."""
-    if not cores:
-        return ""
-    cores = sorted(cores)
-    parts, start, prev = [], cores[0], cores[0]
-    for c in list(cores[1:]) + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if c is not None:
-            start = prev = c
-    return ",".join(parts)
 
 
 def hardware_view(snap, box=None) -> HardwareView:
@@ -75,18 +59,13 @@ def hardware_view(snap, box=None) -> HardwareView:
 
 def architecture_view(snap: EngineSnapshot, kv_mb_s: float | None = None, note: str = "") -> ArchitectureView:
     """The architecture panel from an engine snapshot."""
-    workers = tuple(WorkerView(
-        role=w.role, pid=w.pid, alive=w.alive, ready=w.ready, restarts=w.restarts, n_threads=w.n_threads,
-        cores=cores_text(w.cpu_cores), gpu=w.cuda_visible_devices, n_running=len(w.in_flight), backlog=w.backlog,
-        failed=w.failed)
-        for w in snap.workers)
     kv = snap.kv_arena
     arena = None if kv is None else ArenaView(
         capacity_bytes=kv.capacity_bytes, used_bytes=kv.used_bytes, max_extents=kv.max_extents,
         extents={state: n for state, n in kv.occupancy.items() if state != "FREE"})
     return ArchitectureView(
         mode=snap.mode, model=os.path.basename(snap.model or "?"), chunk=snap.chunk, n_ctx=snap.n_ctx,
-        workers=workers, by_state={state: len(ids) for state, ids in snap.requests.items()}, kv_arena=arena,
+        workers=snap.workers, by_state={state: len(ids) for state, ids in snap.requests.items()}, kv_arena=arena,
         kv_mb_s=kv_mb_s, events=tuple(_event_text(e) for e in snap.worker_events[-3:]), note=note,
         caches=cache_views(snap.cache), **admission_lines(snap.admission))
 

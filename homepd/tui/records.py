@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from homepd.advise.report.pictures import Pictures
 from homepd.core.prefixcache import ReuseMode
+from homepd.core.records import WorkerSnapshot
 
 
 @dataclass(frozen=True)
@@ -51,21 +52,6 @@ class HardwareView:
 
 
 @dataclass(frozen=True)
-class WorkerView:
-    role: str
-    pid: int | None
-    alive: bool
-    ready: bool
-    restarts: int
-    n_threads: int
-    cores: str                     # "0-1", or "" when not pinned
-    gpu: str                       # CUDA_VISIBLE_DEVICES, "" for CPU
-    n_running: int                 # requests the worker holds
-    backlog: int
-    failed: str | None = None
-
-
-@dataclass(frozen=True)
 class ArenaView:
     """Disaggregated: the KV arena between the workers, holding one extent per request in transit."""
     capacity_bytes: int
@@ -97,7 +83,7 @@ class ArchitectureView:
     model: str
     chunk: int | None
     n_ctx: int
-    workers: tuple[WorkerView, ...]
+    workers: tuple[WorkerSnapshot, ...]  # as the engine reports them (homepd.core.records)
     by_state: dict[str, int]       # lifecycle state -> requests
     kv_arena: ArenaView | None = None
     kv_mb_s: float | None = None   # KV handed off per second over the last tick

@@ -12,6 +12,7 @@ from homepd.core.records import EngineSnapshot, KVArenaSnapshot, WorkerEvent, Wo
 from homepd.measure.stalls import Culprit, Stall
 from homepd.measure.stepstream import StepSample
 from homepd.tui import derive
+from homepd.tui.widgets.text import cores_text
 from homepd.store.records import decode_advice, decode_run
 from homepd.tui.evidence import from_stored_run, recommendation_view, step_from_progress
 from homepd.tui.state import AppState, ChatTurn
@@ -27,8 +28,8 @@ def figures(**kw) -> RequestTimings:
 
 
 def test_cores_are_written_as_ranges():
-    assert derive.cores_text((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
-    assert derive.cores_text(None) == ""
+    assert cores_text((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
+    assert cores_text(None) == ""
 
 
 def test_architecture_view_reads_the_engine_snapshot():
@@ -41,7 +42,8 @@ def test_architecture_view_reads_the_engine_snapshot():
         worker_events=(WorkerEvent(WorkerEventKind.RESTARTED, "decode", 11, 1.0, recovery_s=1.25),))
     view = derive.architecture_view(snap, kv_mb_s=2.5)
     assert (view.mode, view.model, view.n_waiting, view.n_running) == ("disaggregated", "smollm2.gguf", 1, 3)
-    assert [(w.role, w.cores, w.n_running) for w in view.workers] == [("prefill", "0", 1), ("decode", "1", 2)]
+    assert [(w.role, cores_text(w.cpu_cores), len(w.in_flight)) for w in view.workers] == [("prefill", "0", 1),
+                                                                                           ("decode", "1", 2)]
     arena = view.kv_arena
     assert (arena.n_extents, arena.extents["WRITING"], arena.max_extents, view.kv_mb_s) == (2, 1, 4, 2.5)
     assert (arena.used_bytes, arena.capacity_bytes) == (3 * 4096, 1 << 20) and "FREE" not in arena.extents

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from homepd.core.lifecycle import Lifecycle, RequestTimings
-from homepd.core.modes import Candidate, Mode
+from homepd.core.modes import Candidate
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def prefill_split(requests: Iterable[Lifecycle | RequestTimings]) -> PrefillSpli
 def not_exercised_reason(candidate: Candidate, split: PrefillSplit) -> str | None:
     """Why runs with ``split`` did not exercise ``candidate``'s architecture; None when they did (or when the
     architecture has nothing to check: every colocated prompt is local by definition)."""
-    if candidate.mode is Mode.DISAGGREGATED and split.n_prompts and not split.n_handoff_prompts:
+    if candidate.mode.traits.hands_off_kv and split.n_prompts and not split.n_handoff_prompts:
         return (f"no KV was handed off: all {split.n_local_prompts} prompts ({split.n_local_tokens} tokens) were "
                 "prefilled on the decode worker, so these runs measured one colocated worker")
     return None

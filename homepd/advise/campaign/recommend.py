@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from homepd.advise.campaign.capacity import CapacityCurve, within_spread
-from homepd.core.modes import Candidate, Mode
+from homepd.core.modes import Candidate
 
 # interference counts as measured when decode steps disturbed by prefill are this much slower, matched on
 # batch size, over at least MIN_INTERFERENCE_SAMPLES disturbed steps
@@ -163,15 +163,15 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
     mine = [r for r in rows if r.mix == mix and by_name[r.candidate].feasible]
     by_cap = _by_capacity(mine)
     what = "capacity" if by_cap else "goodput"
-    colocated = [r for r in mine if by_name[r.candidate].mode is not Mode.DISAGGREGATED]
-    disagg = [r for r in mine if by_name[r.candidate].mode is Mode.DISAGGREGATED]
+    colocated = [r for r in mine if not by_name[r.candidate].mode.traits.hands_off_kv]
+    disagg = [r for r in mine if by_name[r.candidate].mode.traits.hands_off_kv]
     best_co = max(colocated, key=_goodput_key, default=None)
     if best_co is None and not disagg:
         return None, "no-evidence", f"no candidate ran on the {mix} mix"
     if best_co is None:
         d = max(disagg, key=_goodput_key)
         return d.candidate, "only-disaggregated", "only the disaggregated architecture ran on this mix"
-    chunked = [r for r in colocated if by_name[r.candidate].mode is Mode.COLOCATED] or colocated
+    chunked = [r for r in colocated if by_name[r.candidate].mode.traits.single_worker] or colocated
     # the strongest interference among runs with enough disturbed steps to trust it (else the best sampled)
     sampled = [r for r in chunked if r.interference_samples >= MIN_INTERFERENCE_SAMPLES]
     inter = max(sampled, key=lambda r: r.interference_slowdown or 0.0) if sampled else \

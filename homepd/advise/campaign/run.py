@@ -88,7 +88,7 @@ START_UTILISATION = 2.0
 # why: on 2 cores a capacity near 0.5-1 req/s makes a meaningful probe 10-20 s long, so 2 minutes hold about
 # five probes: two or three each for the product's question, colocated (chunked) or disaggregated; the full
 # campaign adds replicas and the fixed chunks
-QUICK_MODES = (Mode.COLOCATED, Mode.DISAGGREGATED)
+QUICK_MODES = tuple(m for m in Mode if m.traits.quick)
 
 
 @dataclass(frozen=True)
@@ -403,7 +403,7 @@ class Campaign:
         record = await run_trace(engine, trace, trace_name="calibration", slo=self.slo, sampler=self.sampler)
         self.speeds = (record.summary.prompt_tok_s, record.summary.tpot_ms.p50)
         self._calibration_steps = engine.steps_since(t0)
-        if engine.config.mode is Mode.COLOCATED:
+        if engine.config.mode.traits.single_worker:
             self._calibration_estimate = engine.step_estimate(Role.COLOCATED)
 
     def _start_rate(self, mix: str) -> float:

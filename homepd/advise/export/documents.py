@@ -10,7 +10,6 @@ from homepd.advise.export.plan import ExportEngine, ExportPlan
 from homepd.advise.export.recipes import Recipe, llama_server_args, recipe
 from homepd.advise.report.pictures import run_projections
 from homepd.advise.report.twobox import TwoBoxProjection
-from homepd.core.modes import Mode
 from homepd.measure.trace import export_lines, make_trace
 from homepd.store.records import Run
 
@@ -89,7 +88,7 @@ def readme(plan: ExportPlan, rec: Recipe, rows: list[TwoBoxProjection]) -> str:
         f"* architecture: {plan.mode.value}" + (f", {plan.n_replicas} replicas" if plan.n_replicas else "")
         + " — the recommendation's rule (see the run's recommendation)",
     ]
-    if plan.mode is Mode.DISAGGREGATED:
+    if plan.mode.traits.hands_off_kv:
         lines.append(f"* routing threshold: {plan.route_threshold_tokens} uncached tokens — "
                      f"{plan.route_threshold_why}")
     if rec.engine is ExportEngine.LLAMA_SERVER:

@@ -78,7 +78,7 @@ def plan_from_run(run: Run, candidate: str | None = None) -> ExportPlan:
         raise ConfigError(f"run {run.id} has no candidate {name!r} to export (its candidates: {known})")
     config = run.config
     curve = advice.curve(chosen.name)
-    threshold, why = route_threshold(run, chosen.name) if chosen.mode is Mode.DISAGGREGATED else (
+    threshold, why = route_threshold(run, chosen.name) if chosen.mode.traits.hands_off_kv else (
         None, "not disaggregated: no prefill/decode routing to carry over")
     return ExportPlan(
         run_id=run.id or 0, candidate=chosen.name, mode=chosen.mode, chunk=chosen.chunk,

@@ -7,7 +7,6 @@ import shlex
 from dataclasses import dataclass
 
 from homepd.advise.export.plan import ExportEngine, ExportPlan
-from homepd.core.modes import Mode
 
 # why 256: llama-server's --cache-reuse is the smallest chunk it shifts to reuse; below a few hundred tokens
 # recomputing is as cheap on a CPU, and homepd's prefix cache works in blocks of that order too
@@ -71,7 +70,7 @@ def llama_server(plan: ExportPlan) -> Recipe:
     notes = [f"{n} llama-server processes on ports 8080..{8080 + n - 1}, each with its share of the threads: "
              "put any OpenAI-compatible load balancer in front (llama-server has no router; homepd routed by "
              "cached prefix)"] if n > 1 else []
-    if plan.mode is Mode.DISAGGREGATED:
+    if plan.mode.traits.hands_off_kv:
         notes.append("llama-server has no prefill/decode disaggregation: this is the colocated equivalent with "
                      "the recommended chunk; use vLLM or SGLang for disaggregation across GPUs")
     if plan.adaptive_chunk:
@@ -96,7 +95,7 @@ def _vllm_common(plan: ExportPlan) -> list:
 
 def vllm(plan: ExportPlan) -> Recipe:
     model = 'MODEL_ID="${MODEL_ID:?set MODEL_ID to the model id vLLM loads (see README.md)}"'
-    if plan.mode is Mode.DISAGGREGATED:
+    if plan.mode.traits.hands_off_kv:
         lines = [model]
         for gpu, (port, side) in enumerate(zip(VLLM_PORTS, VLLM_SIDE_CHANNEL_PORTS)):
             lines.append(f"CUDA_VISIBLE_DEVICES={gpu} VLLM_NIXL_SIDE_CHANNEL_PORT={side} "
@@ -132,7 +131,7 @@ def _sglang_common(plan: ExportPlan) -> list:
 def sglang(plan: ExportPlan) -> Recipe:
     model = 'MODEL_ID="${MODEL_ID:?set MODEL_ID to the model id SGLang loads (see README.md)}"'
     base = ["python", "-m", "sglang.launch_server", "--model-path", "$MODEL_ID"]
-    if plan.mode is Mode.DISAGGREGATED:
+    if plan.mode.traits.hands_off_kv:
         lines = [model,
                  _cmd(*base, "--port", SGLANG_PORTS[0], *_sglang_common(plan), "--disaggregation-mode", "prefill",
                       "--disaggregation-transfer-backend", "nixl", "--disaggregation-bootstrap-port",
@@ -152,7 +151,7 @@ def sglang(plan: ExportPlan) -> Recipe:
 
 def llm_d(plan: ExportPlan) -> Recipe:
     """The EndpointPickerConfig: P/D with the threshold, or one profile with prefix-cache-aware routing."""
-    if plan.mode is Mode.DISAGGREGATED:
+    if plan.mode.traits.hands_off_kv:
         threshold = plan.route_threshold_tokens if plan.route_threshold_tokens is not None else 0
         text = f"""apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig

@@ -148,7 +148,7 @@ def projections(runs: list[RunData], *, ttft_budget_ms: float, target_share: flo
     """The two-box projection of every disaggregated candidate on every mix it ran."""
     grouped: dict[tuple[str, str], list[RunData]] = {}
     for run in runs:
-        if run.mode is Mode.DISAGGREGATED and RECOVERY_MARK not in run.mix:
+        if run.mode is not None and run.mode.traits.hands_off_kv and RECOVERY_MARK not in run.mix:
             grouped.setdefault((run.candidate, run.mix), []).append(run)
     out = []
     for (cand, mix), rs in grouped.items():

@@ -17,15 +17,21 @@ from homepd.config import EngineConfig
 from homepd.core.reply import Delta, DeltaKind
 from homepd.core.modes import Mode, Role
 from homepd.core.prefixcache import ReuseMode
+from homepd.core.records import WorkerSnapshot
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
-                                EvidenceRow, HardwareView, ProcessView, RecommendationView, RequestRow, RunListRow, Tick,
-                                WorkerView)
+                                EvidenceRow, HardwareView, ProcessView, RecommendationView, RequestRow, RunListRow, Tick)
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
 
 MIB = 2 ** 20
 GIB = 2 ** 30
 CANDIDATES = ("colocated-unchunked", "colocated-chunk-256", "disaggregated", "replicas-2")
 MIXES = ("short", "long", "mixed")
+
+
+def _worker(role: Role, pid: int, restarts: int, cores: tuple[int, ...], n_running: int, backlog: int) -> WorkerSnapshot:
+    return WorkerSnapshot(role, pid, alive=True, ready=True, restarts=restarts, n_threads=len(cores), cpu_cores=cores,
+                          cuda_visible_devices="", n_gpu_layers=0,
+                          in_flight=tuple(f"req-{pid}-{i}" for i in range(n_running)), backlog=backlog)
 
 
 def fake_advise_view(run_id: int = 7) -> AdviseView:
@@ -136,11 +142,10 @@ class FakeSource(DataSource):
                        ProcessView(Role.COLOCATED if colocated else Role.DECODE, 101, 95.0, 240 * MIB,
                                    150 * MIB)))
         if colocated:
-            workers = (WorkerView(Role.COLOCATED, 101, True, True, 0, 2, "0-1", "", 2, 1),)
+            workers = (_worker(Role.COLOCATED, 101, 0, (0, 1), 2, 1),)
             kv: dict = {"caches": (CacheView(Role.COLOCATED, 0.62, 744, 1200, 7 * MIB // 2, 12 * MIB, 4),)}
         else:
-            workers = (WorkerView(Role.PREFILL, 101, True, True, 0, 1, "0", "", 1, 0),
-                       WorkerView(Role.DECODE, 102, True, True, 1, 1, "1", "", 2, 0))
+            workers = (_worker(Role.PREFILL, 101, 0, (0,), 1, 0), _worker(Role.DECODE, 102, 1, (1,), 2, 0))
             # why this shape: the arena as the engine reports it, one segment with two extents in transit
             kv = dict(kv_arena=ArenaView(91 * MIB, 2 * 3 * MIB, {"WRITING": 1, "READY": 1, "READING": 0},
                                          self.config.n_slots), kv_mb_s=3.2,

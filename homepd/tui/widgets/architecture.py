@@ -6,15 +6,17 @@ from textual.widget import Widget
 
 from homepd.core.modes import Mode, Role
 from homepd.core.prefixcache import ReuseMode
-from homepd.tui.records import ArchitectureView, CacheView, WorkerView
-from homepd.tui.widgets.text import num, size
+from homepd.core.records import WorkerSnapshot
+from homepd.tui.records import ArchitectureView, CacheView
+from homepd.tui.widgets.text import cores_text, num, size
 
 EXTENT_CELLS = (("WRITING", "W", "yellow"), ("READY", "R", "green"), ("READING", "r", "cyan"))
 
 
-def _worker_lines(w: WorkerView, state: str) -> list[Text]:
+def _worker_lines(w: WorkerSnapshot, state: str) -> list[Text]:
     health = ("failed", "red") if w.failed else ("up", "green") if w.alive and w.ready else ("starting", "yellow")
-    where = (f"cpu {w.cores}" if w.cores else "any cpu") + f" ×{w.n_threads}" + (f" gpu {w.gpu}" if w.gpu else "")
+    cores, gpu = cores_text(w.cpu_cores), w.cuda_visible_devices
+    where = (f"cpu {cores}" if cores else "any cpu") + f" ×{w.n_threads}" + (f" gpu {gpu}" if gpu else "")
     head = Text.assemble((f"[{w.role}] ", "bold"), (health[0], health[1]), f" pid {num(w.pid, 'd')} {where}")
     if w.restarts:
         head.append(f" ↻{w.restarts}", style="yellow")
@@ -50,7 +52,7 @@ def _disaggregated(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
 
 
 def _replicas(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
-    return [line for w in view.workers for line in _worker_lines(w, f"running {w.n_running} · backlog {w.backlog}")]
+    return [line for w in view.workers for line in _worker_lines(w, f"running {len(w.in_flight)} · backlog {w.backlog}")]
 
 
 def _colocated(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
@@ -74,15 +76,19 @@ def _cache_line(c: CacheView) -> Text:
     return Text.assemble((f"cache {c.worker}: ", "green"), " · ".join(parts))
 
 
-# mode -> its panel's worker lines, and whether its head names the chunk
-PANELS = {Mode.DISAGGREGATED: (_disaggregated, False), Mode.REPLICAS: (_replicas, True)}
+# mode -> its panel's worker lines, and whether its head names the chunk: every mode has one
+PANELS = {Mode.COLOCATED: (_colocated, True), Mode.DISAGGREGATED: (_disaggregated, False),
+          Mode.REPLICAS: (_replicas, True)}
+assert set(PANELS) == set(Mode), "a mode without a panel"
 
 
 def render_architecture(view: ArchitectureView | None) -> Text:
     if view is None:
         return Text("no engine yet", style="dim")
     s = view.by_state
-    body, shows_chunk = PANELS.get(view.mode, (_colocated, True))
+    if view.mode not in PANELS:  # a newer server's mode: named, not drawn as another mode's
+        return Text(f"mode {view.mode}: this app does not know it (update homepd)", style="yellow")
+    body, shows_chunk = PANELS[view.mode]
     head = view.mode + (f" · chunk {view.chunk or 'none'}" if shows_chunk else "")
     lines = [Text.assemble((head, "bold magenta"), f" · n_ctx {view.n_ctx}")]
     if view.note:

@@ -1,6 +1,8 @@
 """Formatting shared by the widgets: numbers with NA, sizes, and block bars."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from rich.text import Text
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -45,3 +47,19 @@ def short_label(candidate: str) -> str:
         if candidate.startswith(prefix):
             return short + candidate[len(prefix):]
     return candidate
+
+
+def cores_text(cores: Sequence[int] | None) -> str:
+    """(0, 1, 2, 5) -> '0-2,5'; '' when not pinned."""
+    if not cores:
+        return ""
+    cores = sorted(cores)
+    parts, start, prev = [], cores[0], cores[0]
+    for c in list(cores[1:]) + [None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return ",".join(parts)
