@@ -86,7 +86,7 @@ def test_many_concurrent_handoffs_share_the_arena_by_bytes():
 
     async def scenario():
         # every prompt through the prefill worker and the arena (no short prompt prefilled on the decode worker)
-        cfg = fake(kv_arena_bytes=5 * 4096, n_seq_max=2, n_slots=8, local_prefill=False)
+        cfg = fake(kv_arena_bytes=5 * 4096, n_seq_max=2, n_extents=8, local_prefill=False)
         async with make_engine(cfg) as engine:
             streams, ends = await generate(engine, prompts, max_tokens=40)
             await assert_arena_settled(engine)
@@ -103,7 +103,7 @@ def test_kill_9_of_either_worker_mid_handoff_leaves_the_arena_consistent_and_req
     """One decode sequence, so handoffs queue in the arena; the prefill worker holds more that wait for room.
     Kill ``victim`` while KV is in transit: every request completes (from the arena or by recompute), and
     afterwards the arena's bytes are all accounted for."""
-    cfg = fake(kv_arena_bytes=4 * 4096, n_seq_max=1, n_slots=2)
+    cfg = fake(kv_arena_bytes=4 * 4096, n_seq_max=1, n_extents=2)
     lengths = [300, 20, 20, 20, 20]
 
     async def scenario():

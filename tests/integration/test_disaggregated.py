@@ -116,7 +116,7 @@ def test_arena_exhaustion_makes_prefill_wait_not_fail(default_model_path):
     """One handoff in the arena at a time, one decode sequence: request 0 decodes for long; request 1 is
     exported and sits in the arena (the decode worker has no free sequence); request 2's prompt finishes
     and must wait for room — until request 0 ends and request 1 is imported."""
-    cfg = disagg(default_model_path, n_slots=1, n_seq_max=1)
+    cfg = disagg(default_model_path, n_extents=1, n_seq_max=1)
     lengths = [200, 24, 24]
 
     async def scenario():

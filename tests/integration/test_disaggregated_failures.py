@@ -125,7 +125,7 @@ def test_decode_death_resumes_every_request():
     n_out = 1000  # why: request 0 still decodes (~0.5 s on the fake) when the others are in their slots
 
     async def scenario():
-        async with make_engine(fake_disagg(n_seq_max=1, n_slots=3)) as engine:
+        async with make_engine(fake_disagg(n_seq_max=1, n_extents=3)) as engine:
             pid = engine.workers["decode"].pid
             streams = [await engine.submit(p, params=SamplingParams(max_tokens=n_out, ignore_eos=True))
                        for p in PROMPTS[:3]]

@@ -106,7 +106,7 @@ def test_prefill_death_resumes_a_request_waiting_for_a_slot():
     """One slot, one decode sequence: request 0 decodes, request 1 holds the slot, request 2 has its first
     token and waits for a slot inside the prefill worker (TRANSFERRING).  Kill the prefill worker:
     request 2 is recomputed; 0 and 1 are untouched."""
-    cfg = fake_disagg(n_seq_max=1, n_slots=1)
+    cfg = fake_disagg(n_seq_max=1, n_extents=1)
     lengths = [6000, 8, 8]  # request 0 decodes for seconds on the fake
 
     async def scenario():
@@ -185,7 +185,7 @@ def test_a_hung_worker_is_killed_restarted_and_its_requests_resumed(mode, victim
 def test_a_worker_waiting_for_a_slot_is_not_mistaken_for_hung():
     """One slot, one decode sequence, a 2 s hang timeout: the prefill worker waits longer than that for a
     slot while request 0 decodes — it sends heartbeats and is left alone."""
-    cfg = fake_disagg(n_ctx=65536, n_seq_max=1, n_slots=1, hang_timeout_s=HANG_TIMEOUT_S)
+    cfg = fake_disagg(n_ctx=65536, n_seq_max=1, n_extents=1, hang_timeout_s=HANG_TIMEOUT_S)
     lengths = [60000, 4, 4]  # request 0: far longer than the test lets it run
 
     async def scenario():
