@@ -60,7 +60,8 @@ class WorkerEvent:
     cause: str = ""
     crash_loop: bool = False
     failed_requests: tuple[str, ...] = ()
-    resumed_from_slot: tuple[str, ...] = ()
+    resumed_from_extent: tuple[str, ...] = field(  # re-imported from their arena extent; JSON: under its
+        default=(), metadata=renamed_from("resumed_from_slot"))  # old name too
     recomputed_requests: tuple[str, ...] = ()
     recovery_s: float | None = None     # RESTARTED: death -> replacement ready
 

@@ -94,7 +94,7 @@ def test_many_concurrent_handoffs_share_the_arena_by_bytes():
 
     streams, ends, snap = run(scenario())
     assert all(e[-1].kind == "done" for e in ends) and all(s.lifecycle.kv_bytes for s in streams)
-    assert any(s.lifecycle.kv_slot_wait_s > 0 for s in streams)  # back-pressure happened
+    assert any(s.lifecycle.kv_extent_wait_s > 0 for s in streams)  # back-pressure happened
     assert snap.peak_kv_bytes < snap.peak_used_bytes <= 5 * 4096
 
 
@@ -128,6 +128,6 @@ def test_kill_9_of_either_worker_mid_handoff_leaves_the_arena_consistent_and_req
     (died,) = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
     assert died.role == victim and died.failed_requests == ()
     if victim == "decode":  # what waited in the arena was imported again, not prefilled again
-        assert set(died.resumed_from_slot) == in_transit
+        assert set(died.resumed_from_extent) == in_transit
     else:  # the prefill worker's death leaves the arena's handoffs to the decode worker
         assert not in_transit & set(died.recomputed_requests)
