@@ -47,7 +47,7 @@ class WorkerDeath:
 @dataclass(frozen=True)
 class RecoveryPlan:
     cancel: tuple[str, ...]               # cancelled while it died: end as cancelled
-    from_extent: tuple[str, ...]            # re-import from the extent on the restarted decode worker
+    from_extent: tuple[str, ...]          # re-import from the extent on the restarted decode worker
     recompute: tuple[str, ...]            # prefill prompt + output again on the entry worker
     fail: tuple[tuple[str, str], ...]     # (request id, error)
     restart: bool                         # False: crash loop, mark the worker failed

@@ -46,7 +46,7 @@ class RunRecord:
     stalls: tuple[Stall, ...]
     worker_events: tuple[WorkerEvent, ...]
     memory: tuple[ProcessMemory, ...]
-    kv_arena_bytes: int                  # the KV arena's size (0: colocated)
+    kv_arena_bytes: int                 # the KV arena's size (0: colocated)
     energy_j: dict[str, float | None]
     requests: tuple[Lifecycle, ...] = field(repr=False, default=())
     memory_breakdown: MemoryBreakdown | None = None  # at the end of the run, by what holds the memory

@@ -15,7 +15,7 @@ from homepd.core.prefixcache import ReuseMode
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import AttachStore, StoreDropped
 from homepd.core.stepmodel import StepEstimate
-from homepd.errors import HomepdError, ExtentError
+from homepd.errors import ExtentError, HomepdError
 from homepd.kv.store import StoreSegment, saved_message
 from homepd.kv.storeindex import StoreHit
 from homepd.kv.segment import unlink_pool_of

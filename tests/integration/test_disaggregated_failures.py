@@ -154,7 +154,8 @@ def test_decode_death_resumes_every_request():
     first = streams[0].lifecycle
     assert first.resumed_by == ["recompute"] and prefilled[first.request_id] > 2 * first.n_prompt_tokens  # again
     for s in streams[1:]:
-        assert s.lifecycle.resumed_by == [RESUMED_FROM_EXTENT] and prefilled[s.request_id] == s.lifecycle.n_prompt_tokens
+        assert s.lifecycle.resumed_by == [RESUMED_FROM_EXTENT]
+        assert prefilled[s.request_id] == s.lifecycle.n_prompt_tokens
         assert len(s.token_ids) == n_out
     died = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED][0]
     assert list(died.resumed_from_extent) == waiting and list(died.recomputed_requests) == [streams[0].request_id]
