@@ -101,13 +101,13 @@ def test_the_extents_option_still_answers_to_its_old_slot_names(config_home, mon
     assert parse([]).n_extents == 7
     monkeypatch.setenv("HOMEPD_EXTENTS", "8")
     assert parse([]).n_extents == 8 and parse(["--slots", "9"]).n_extents == 9
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    assert "--extents" in parser.format_help() and "--slots " not in parser.format_help()
     monkeypatch.setenv("HOMEPD_SLOTS", "many")
     monkeypatch.delenv("HOMEPD_EXTENTS")
     with pytest.raises(ConfigError, match="HOMEPD_SLOTS='many' is not valid"):
         parse([])
-    parser = argparse.ArgumentParser()
-    add_config_flags(parser)
-    assert "--extents" in parser.format_help() and "--slots " not in parser.format_help()
 
 
 def test_writing_a_renamed_key_drops_its_old_name(config_home):
