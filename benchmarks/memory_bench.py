@@ -46,7 +46,7 @@ async def one_run(model: str, mode: str, n_requests: int) -> dict:
             "total_pss_bytes": record.total_pss_bytes, "breakdown_total_bytes": b.total_bytes,
             "breakdown": b.to_dict(), "breakdown_lines": render_breakdown(b),
             "peak_pss_by_process": {m.role: m.pss_bytes for m in record.memory},
-            "arena_bytes": record.kv_slot_bytes, "prefill_n_ctx": prefill_n_ctx,
+            "arena_bytes": record.kv_arena_bytes, "prefill_n_ctx": prefill_n_ctx,
             "arena_peak_bytes": record.arena_peak_bytes, "arena_peak_kv_bytes": record.arena_peak_kv_bytes,
             "n_handoffs": record.summary.kv.n_moved if record.summary.kv else 0}
 

@@ -19,6 +19,7 @@ import tomllib
 
 from homepd.core.admission import ClassBudget, RequestClass
 from homepd.core.modes import Mode
+from homepd.core.records import OLD_NAME, renamed_from
 from homepd.errors import ConfigError
 
 MODES = tuple(m.value for m in Mode)  # plain strings: argparse names its choices by their repr
@@ -47,13 +48,22 @@ def parse_chunk(text: str) -> int | None:
     return value
 
 
-def env_default(option: str, default, parse=str):
-    """Default for CLI flag ``--option`` from ``HOMEPD_OPTION`` (the flag itself wins).
+def env_name(option: str) -> str:
+    """The ``HOMEPD_*`` variable of CLI flag ``--option``."""
+    return "HOMEPD_" + option.upper().replace("-", "_")
+
+
+def env_default(option: str, default, parse=str, old_option: str | None = None):
+    """Default for CLI flag ``--option`` from ``HOMEPD_OPTION`` (the flag itself wins), else from the variable
+    of the option's old name ``old_option`` (a renamed flag: its old variable is still read).
 
     A value that does not parse is a ConfigError naming the variable.
     """
-    name = "HOMEPD_" + option.upper().replace("-", "_")
+    name = env_name(option)
     raw = os.environ.get(name)
+    if (raw is None or raw == "") and old_option is not None:
+        name = env_name(old_option)
+        raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
@@ -105,9 +115,17 @@ def parse_size_or_off(text: str) -> int:
     return 0 if str(text).strip().lower() in ("0", "off") else parse_size(text)
 
 
-def _opt(flag: str | None, parse=str, help: str = "", **argparse_kw) -> dict:
-    """Field metadata: the CLI flag (``--flag``, env ``HOMEPD_FLAG``) that sets this field."""
-    return {"flag": flag, "parse": parse, "help": help, "argparse": argparse_kw}
+def _opt(flag: str | None, parse=str, help: str = "", renamed: tuple[str, str] | None = None,
+         **argparse_kw) -> dict:
+    """Field metadata: the CLI flag (``--flag``, env ``HOMEPD_FLAG``) that sets this field.
+
+    ``renamed``: (old flag, old field name) of a renamed option, still accepted: ``--<old flag>`` (hidden from
+    ``--help``), ``HOMEPD_<OLD FLAG>`` (the new variable wins), the old field name as a config-file key (the new
+    key wins), and the field's JSON (``to_plain``) carries it under the old name too (``renamed_from``).
+    """
+    meta = {"flag": flag, "parse": parse, "help": help, "argparse": argparse_kw,
+            "old_flag": renamed[0] if renamed else None}
+    return {**meta, **renamed_from(renamed[1])} if renamed else meta
 
 
 @dataclass(frozen=True)
@@ -133,7 +151,7 @@ class EngineConfig:
         "n-gpu-layers", int, "layers to offload when a worker has a GPU (-1 = all)"))
     models_dir: str | None = field(default=None, metadata=_opt(
         "models-dir", help="where catalog models are stored (default: XDG data dir)"))
-    # disaggregated mode: per-role placement (None = from the placement plan) and KV slots
+    # disaggregated mode: per-role placement (None = from the placement plan) and the KV arena's extents
     prefill_cores: tuple[int, ...] | None = field(default=None, metadata=_opt(
         "prefill-cores", parse_cores, "disaggregated: prefill worker's CPUs (default: placement plan)"))
     decode_cores: tuple[int, ...] | None = field(default=None, metadata=_opt(
@@ -145,18 +163,21 @@ class EngineConfig:
     n_replicas: int = field(default=2, metadata=_opt(
         "replicas", int, "replicas mode: colocated workers, each with its own model copy (one per GPU, "
                          "or the cores split)"))
-    n_slots: int = field(default=4, metadata=_opt(
-        "slots", int, "disaggregated: KV handoffs in the arena at once (back-pressure bound)"))
+    # why renamed: the arena's fixed slots became extents of the bytes each handoff needs; --slots, HOMEPD_SLOTS
+    # and the config key n_slots still set it
+    n_extents: int = field(default=4, metadata=_opt(
+        "extents", int, "disaggregated: KV handoffs in the arena at once, one extent each (back-pressure bound; "
+                        "old name --slots)", renamed=("slots", "n_slots")))
     kv_arena_bytes: int | None = field(default=None, metadata=_opt(
         "kv-arena", parse_size, "disaggregated: bytes of pre-faulted shared memory for KV in transit, e.g. 256M "
                                 "(default: the placement plan's, from the prefill context and free RAM)"))
     prefill_n_ctx: int | None = field(default=None, metadata=_opt(
         "prefill-n-ctx", int, "disaggregated: the prefill worker's context; longer prompts are prefilled on "
                               "the decode worker (default: the placement plan's, n_ctx/4 but at least 512)"))
-    # when a worker dies: resume its requests (from their KV slot, else by re-prefilling prompt + output
+    # when a worker dies: resume its requests (from their KV extent, else by re-prefilling prompt + output
     # on the restarted worker) instead of ending them with an error
     resume: bool = field(default=True, metadata=_opt(
-        "resume", parse_bool, "when a worker dies, resume its requests (from their KV slot, else by "
+        "resume", parse_bool, "when a worker dies, resume its requests (from their KV extent, else by "
                               "recompute) instead of failing them", action=argparse.BooleanOptionalAction))
     # a worker that holds requests and sends nothing for this long is killed (then restarted and its
     # requests resumed); 0 = never.  Must exceed the longest step (an unchunked long prompt on a CPU).
@@ -253,8 +274,8 @@ class EngineConfig:
             raise ConfigError(f"hang_timeout_s must be >= 0 (0 = off), got {self.hang_timeout_s!r}")
         if not isinstance(self.n_replicas, int) or self.n_replicas < 2:
             raise ConfigError(f"n_replicas must be an integer >= 2, got {self.n_replicas!r}")
-        if not isinstance(self.n_slots, int) or self.n_slots < 1:
-            raise ConfigError(f"n_slots must be a positive integer, got {self.n_slots!r}")
+        if not isinstance(self.n_extents, int) or self.n_extents < 1:
+            raise ConfigError(f"n_extents must be a positive integer, got {self.n_extents!r}")
         if self.kv_arena_bytes is not None and (not isinstance(self.kv_arena_bytes, int) or self.kv_arena_bytes < 8192):
             raise ConfigError(f"kv_arena_bytes must be at least 8192 (two pages), got {self.kv_arena_bytes!r}")
         if self.prefill_n_ctx is not None and (not isinstance(self.prefill_n_ctx, int)
@@ -301,11 +322,13 @@ def add_option_flags(parser: argparse.ArgumentParser, cls, section: str | None =
         if not meta.get("flag") or f.name in exclude:
             continue
         flag, parse, kw = meta["flag"], meta["parse"], dict(meta["argparse"])
-        default = env_default(flag, from_file.get(f.name, f.default), parse)
-        if kw.get("action") is argparse.BooleanOptionalAction:
-            parser.add_argument(f"--{flag}", dest=f.name, default=default, help=meta["help"], **kw)
-        else:
-            parser.add_argument(f"--{flag}", dest=f.name, type=parse, default=default, help=meta["help"], **kw)
+        default = env_default(flag, from_file.get(f.name, f.default), parse, meta.get("old_flag"))
+        if kw.get("action") is not argparse.BooleanOptionalAction:
+            kw["type"] = parse
+        parser.add_argument(f"--{flag}", dest=f.name, default=default, help=meta["help"], **kw)
+        if meta.get("old_flag"):  # a renamed flag's old name: still accepted, not shown
+            parser.add_argument(f"--{meta['old_flag']}", dest=f.name, default=argparse.SUPPRESS,
+                                help=argparse.SUPPRESS, **kw)
 
 
 def config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -361,15 +384,24 @@ def config_file_values(cls=None, section: str | None = None, document: dict | No
     # why the help check: a hidden (test-only) flag is not a setting a config file may hold
     options = {f.name: f for f in dataclasses.fields(cls)
                if f.metadata.get("flag") and f.metadata["help"] is not argparse.SUPPRESS}
+    old_keys = _old_keys(cls)
     out = {}
     for key, value in table.items():
-        if key not in options:
+        name = old_keys.get(key, key)
+        if name not in options:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(options))})")
+        if name != key and name in table:
+            continue  # a renamed key's old name beside its new one: the new one wins
         try:
-            out[key] = options[key].metadata["parse"](_as_text(value))
+            out[name] = options[name].metadata["parse"](_as_text(value))
         except (ValueError, TypeError, ConfigError) as exc:
             raise ConfigError(f"{where}: {key} = {value!r} is not valid: {exc}") from None
     return out
+
+
+def _old_keys(cls) -> dict[str, str]:
+    """Old name -> field name of the renamed options of ``cls`` (``_opt``'s ``renamed``)."""
+    return {f.metadata[OLD_NAME]: f.name for f in dataclasses.fields(cls) if OLD_NAME in f.metadata}
 
 
 def write_config_file(values: dict, path: str | os.PathLike | None = None) -> Path:
@@ -383,9 +415,12 @@ def write_config_file(values: dict, path: str | os.PathLike | None = None) -> Pa
     path = Path(path or os.environ.get(CONFIG_FILE_ENV) or user_config_file())
     document = read_config_file(path) if path.is_file() else {}
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    new_keys = {new: old for old, new in _old_keys(EngineConfig).items()}
     for key, value in values.items():
         target = document.setdefault(key, {}) if isinstance(value, dict) else document
         for name, v in (value.items() if isinstance(value, dict) else [(key, value)]):
+            if not isinstance(value, dict) and name in new_keys:
+                target.pop(new_keys[name], None)  # the renamed key's old name goes: one value, under the new name
             if v is None and (isinstance(value, dict) or defaults.get(name, None) is None):
                 target.pop(name, None)
             else:

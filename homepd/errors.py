@@ -47,5 +47,5 @@ class EngineError(HomepdError):
     """The engine is not in a state to do what was asked."""
 
 
-class SlotError(HomepdError):
-    """A shared-memory KV slot that is corrupted or does not match."""
+class ExtentError(HomepdError):
+    """A shared-memory KV extent (of the arena or the KV store) that is corrupted or does not match."""

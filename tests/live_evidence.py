@@ -47,7 +47,7 @@ def record(mix: str, n_prompt_tokens: int, request_class: RequestClass, n_output
         lc.advance(RequestState.FINISHED, lc.token_times_s[-1])
         requests.append(lc)
     return RunRecord(mode="colocated", config={}, trace_name=mix, summary=summarize(requests, []), stalls=(),
-                     worker_events=(), memory=(), kv_slot_bytes=0, energy_j={}, requests=tuple(requests))
+                     worker_events=(), memory=(), kv_arena_bytes=0, energy_j={}, requests=tuple(requests))
 
 
 def store_evidence(db, shapes: dict[str, tuple[int, RequestClass, int]],

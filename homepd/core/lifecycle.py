@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from homepd.core.admission import RequestClass
-from homepd.core.records import FinishReason, RecordShapeError, from_plain, to_plain
+from homepd.core.records import OLD_NAME, FinishReason, RecordShapeError, from_plain, renamed_from, to_plain
 
 
 class RequestState(enum.Enum):
@@ -56,6 +56,12 @@ class LifecycleError(AssertionError):
     """An illegal transition: an internal bug, never a user error."""
 
 
+# ``Lifecycle.resumed_by``'s value for a request whose KV was re-imported from its arena extent after a worker
+# death.  The value in JSON (``/events``, the store) keeps the extent's old name, "slot", so that readers of
+# it and stored runs read it as they did.
+RESUMED_FROM_EXTENT = "slot"
+
+
 @dataclass(frozen=True)
 class RequestTimings:
     """One request's figures (seconds, tokens, tokens per second), from ``Lifecycle.timings``.
@@ -79,7 +85,8 @@ class RequestTimings:
     kv_transfer_s: float | None          # prompt done -> KV imported
     kv_export_s: float | None
     kv_import_s: float | None
-    kv_slot_wait_s: float | None         # prompt done -> extent allocated in the arena (back-pressure)
+    kv_extent_wait_s: float | None = field(  # prompt done -> extent allocated in the arena (back-pressure);
+        metadata=renamed_from("kv_slot_wait_s"))  # JSON: under its old name too
     n_kv_preemptions: int = 0            # times the full KV context preempted it (recomputed: nothing lost)
     ended_by_kv_full: bool = False       # ended with 'length' because the KV context was full (kvpolicy)
     n_cached_tokens: int = 0             # prompt tokens not computed: a cached prefix was reused
@@ -97,11 +104,11 @@ class RequestTimings:
     @classmethod
     def from_lifecycle_dict(cls, data: dict) -> "RequestTimings":
         """The figures inside a ``Lifecycle.to_dict()`` (which adds timestamps); every figure must be there."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in data]
+        names = {f.name: f.metadata.get(OLD_NAME) for f in dataclasses.fields(cls)}
+        missing = [n for n, old in names.items() if n not in data and old not in data]
         if missing:
             raise RecordShapeError(f"request {data.get('request_id', '?')}: missing field(s) {', '.join(missing)}")
-        return from_plain(cls, {n: data[n] for n in names})
+        return from_plain(cls, {k: data[k] for k in (*names, *filter(None, names.values())) if k in data})
 
 
 @dataclass
@@ -128,12 +135,12 @@ class Lifecycle:
     n_prefilled: int = 0                 # prompt tokens prefilled so far (from the step log)
     # KV handoff (disaggregated): bytes moved and where the transfer time went
     kv_bytes: int | None = None
-    kv_slot_wait_s: float | None = None
+    kv_extent_wait_s: float | None = None
     kv_export_s: float | None = None
     kv_import_s: float | None = None
     # recovery: how often a worker death interrupted it, and how it came back
     n_resumes: int = 0
-    resumed_by: list[str] = field(default_factory=list)  # "slot" (KV re-imported) or "recompute"
+    resumed_by: list[str] = field(default_factory=list)  # RESUMED_FROM_EXTENT (KV re-imported) or "recompute"
     # the full KV context (homepd.core.kvpolicy): times it was preempted and recomputed, and whether it
     # ended with 'length' because the context was full rather than at its max_tokens
     n_kv_preemptions: int = 0
@@ -216,7 +223,7 @@ class Lifecycle:
             if prefill_s and self.n_prompt_tokens > self.n_cached_tokens else None,
             decode_tok_s=1.0 / self.tpot_s if self.tpot_s else None, n_resumes=self.n_resumes,
             kv_bytes=self.kv_bytes, kv_transfer_s=self.transfer_s,
-            kv_export_s=self.kv_export_s, kv_import_s=self.kv_import_s, kv_slot_wait_s=self.kv_slot_wait_s,
+            kv_export_s=self.kv_export_s, kv_import_s=self.kv_import_s, kv_extent_wait_s=self.kv_extent_wait_s,
             n_kv_preemptions=self.n_kv_preemptions, ended_by_kv_full=self.ended_by_kv_full,
             n_cached_tokens=self.n_cached_tokens, ttfa_s=self.ttfa_s)
 

@@ -29,7 +29,7 @@ class WorkerSpec:
     n_gpu_layers: int = 0
     fault: str | None = None
     cuda_visible_devices: str = ""      # "" hides every GPU; else an index or UUID
-    model_fingerprint: str = ""        # identity checked on every KV slot (disaggregation)
+    model_fingerprint: str = ""        # identity checked on every KV extent (disaggregation)
     backend: str = "llama"             # "llama" or "fake" (homepd.fakellm: tests without a model)
     # adaptive chunk: each step's prompt budget keeps interactive decodes within this ITL (None: fixed chunk,
     # which is then also the largest adaptive budget)
@@ -230,7 +230,7 @@ class StepReport:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Sent while a worker holds requests but has no step to run (e.g. waiting for a KV slot):
+    """Sent while a worker holds requests but has no step to run (e.g. waiting for a KV extent):
     it is alive, not hung."""
     t_s: float
 
@@ -243,7 +243,7 @@ class WorkerFatal:
 
 # disaggregation: KV handoff through the shared-memory KV arena -----------------------
 @dataclass(frozen=True)
-class AttachSlots:
+class AttachExtents:
     """Controller -> prefill and decode workers: the KV arena to attach to.
 
     For a (re)started prefill worker, which allocates the arena's extents:
@@ -257,7 +257,7 @@ class AttachSlots:
 
 @dataclass(frozen=True)
 class KVHandoff:
-    """A request whose prompt is done and whose KV state sits in the arena extent at offset ``slot``.
+    """A request whose prompt is done and whose KV state sits in the arena extent at ``offset``.
 
     Prefill worker -> controller when exported; controller -> decode worker to
     import.  Carries everything the decode side needs to continue the request
@@ -265,14 +265,14 @@ class KVHandoff:
     ``homepd.llm.sampler``) and the text stream (held-back text and partial UTF-8).
     """
     request_id: str
-    slot: int              # offset of the extent in the arena's data region
+    offset: int            # of the extent, in the arena's data region
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     params: SamplingParams
     stream: object         # homepd.core.textstream.TextStream
     n_bytes: int           # llama_state_seq_get_size: the payload
     n_tokens: int
-    slot_wait_s: float     # prompt done -> extent allocated (back-pressure)
+    extent_wait_s: float   # prompt done -> extent allocated (back-pressure)
     export_start_s: float
     export_end_s: float
     extent_bytes: int = 0      # header + payload, whole pages: what the extent takes
@@ -288,16 +288,16 @@ class KVHandoff:
 class KVImported:
     """Decode worker -> controller: the request's KV is loaded; its extent is free again."""
     request_id: str
-    slot: int
+    offset: int            # of the extent it was imported from
     import_start_s: float
     import_end_s: float
 
 
 @dataclass(frozen=True)
-class SlotFreed:
+class ExtentFreed:
     """Controller -> prefill worker: arena bytes may be free again (wakes a waiting export);
-    ``slot``: the extent's offset, -1 when unknown."""
-    slot: int
+    ``offset``: the extent's, -1 when unknown."""
+    offset: int
 
 
 # the KV store tier (homepd.kv.store): prefixes evicted from a worker's context, in host shared memory ----------

@@ -18,6 +18,16 @@ from homepd.core.prefixcache import ReuseMode
 from homepd.errors import HomepdError
 
 
+OLD_NAME = "old_name"  # field metadata: the name a renamed field had in JSON (``renamed_from``)
+
+
+def renamed_from(old: str) -> dict:
+    """Metadata for a field renamed after its JSON was out (``field(metadata=renamed_from("old"))``):
+    ``to_plain`` writes it under both names, the new one first, so readers of the old name keep reading
+    it; ``from_plain`` and ``from_stored`` read either (the new one when both are there)."""
+    return {OLD_NAME: old}
+
+
 class FinishReason(str, enum.Enum):
     """Why a request ended (OpenAI's ``finish_reason`` vocabulary plus homepd's two)."""
     STOP = "stop"            # end-of-generation token or a stop string
@@ -50,7 +60,8 @@ class WorkerEvent:
     cause: str = ""
     crash_loop: bool = False
     failed_requests: tuple[str, ...] = ()
-    resumed_from_slot: tuple[str, ...] = ()
+    resumed_from_extent: tuple[str, ...] = field(  # re-imported from their arena extent; JSON: under its
+        default=(), metadata=renamed_from("resumed_from_slot"))  # old name too
     recomputed_requests: tuple[str, ...] = ()
     recovery_s: float | None = None     # RESTARTED: death -> replacement ready
 
@@ -242,7 +253,12 @@ class EngineSnapshot:
 def to_plain(obj):
     """Dataclasses, enums and tuples -> JSON-ready dicts, strings and lists."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out = {}
+        for f in dataclasses.fields(obj):
+            out[f.name] = to_plain(getattr(obj, f.name))
+            if OLD_NAME in f.metadata:
+                out[f.metadata[OLD_NAME]] = to_plain(getattr(obj, f.name))
+        return out
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
@@ -282,6 +298,7 @@ def _decode(tp, value, path: str, stored: bool = False):
         _expect(value, dict, path)
         hints = _field_types(tp)
         fields = dataclasses.fields(tp)
+        value = _under_new_names(fields, value)
         names = [f.name for f in fields]
         if stored:  # an older row: what it lacks takes the default; what the record does not know stays on disk
             names = [f.name for f in fields if f.name in value or not _has_default(f)]
@@ -318,6 +335,19 @@ def _decode(tp, value, path: str, stored: bool = False):
         _expect(value, tp, path)
         return value
     raise AssertionError(f"{path}: no decoder for {tp!r}")
+
+
+def _under_new_names(fields, value: dict) -> dict:
+    """``value`` with each renamed field's old key (``renamed_from``) read as its new one (the new key wins
+    when both are there) and the old key dropped."""
+    renamed = {f.metadata[OLD_NAME]: f.name for f in fields if OLD_NAME in f.metadata}
+    if not renamed.keys() & value.keys():
+        return value
+    out = {k: v for k, v in value.items() if k not in renamed}
+    for old, new in renamed.items():
+        if old in value and new not in value:
+            out[new] = value[old]
+    return out
 
 
 def _has_default(f: dataclasses.Field) -> bool:

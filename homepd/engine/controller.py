@@ -23,7 +23,7 @@ from homepd.backends import model_classes
 from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass, Verdict
 from homepd.core.chatformat import ChatFormat, detect as detect_chat_format
-from homepd.core.lifecycle import Lifecycle, RequestState
+from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState
 from homepd.core.protocol import (EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted,
                                   PrefixCacheStats, PrefixReused, RequestDone, StepRecord, StepReport, StoreDropped,
                                   StoreSaved, SubmitRequest, WorkerFatal, WorkerReady)
@@ -242,7 +242,7 @@ class Engine:
             held=self.requests.held(held, intact)))
         self.worker_events.append(WorkerEvent(
             WorkerEventKind.DIED, handle.role, pid, now, exitcode=exitcode, cause=cause, crash_loop=crash_loop,
-            failed_requests=tuple(rid for rid, _ in plan.fail), resumed_from_slot=plan.from_slot,
+            failed_requests=tuple(rid for rid, _ in plan.fail), resumed_from_extent=plan.from_extent,
             recomputed_requests=plan.recompute))
         for rid in plan.cancel:  # the cancel died with the worker: honour it
             self.requests.end(rid, RequestState.CANCELLED, now, reason=FinishReason.CANCELLED)
@@ -255,8 +255,8 @@ class Engine:
             self.worker_events.append(WorkerEvent(WorkerEventKind.FAILED, handle.role, pid, now,
                                                   cause=plan.failed_reason or ""))
             return
-        for rid in plan.from_slot:  # KV intact in its slot: the restarted decode worker imports it
-            self.requests.streams[rid].note_resume("slot")
+        for rid in plan.from_extent:  # KV intact in its extent: the restarted decode worker imports it
+            self.requests.streams[rid].note_resume(RESUMED_FROM_EXTENT)
             self.handoff.resume(rid, handle)
         for rid in plan.recompute:  # KV lost: prefill prompt + output again on the (restarted) entry worker
             stream = self.requests.streams[rid]

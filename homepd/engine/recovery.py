@@ -2,8 +2,8 @@
 
 Noticed at once (the pipe closes).  ``plan_recovery`` takes the state at the
 death — the requests the dead worker held, which of them still have their KV
-intact in a slot, the worker's recent deaths — and returns a ``RecoveryPlan``:
-honour the cancels that died with it; resume from the slot (no second
+intact in an arena extent, the worker's recent deaths — and returns a ``RecoveryPlan``:
+honour the cancels that died with it; resume from the extent (no second
 prefill); resume by recompute (prompt plus the tokens already streamed
 prefilled again on the restarted entry worker, text stream rebuilt); or fail,
 with the reason.  A worker that dies in a loop is not restarted and the engine
@@ -29,7 +29,7 @@ class HeldRequest:
     max_tokens: int
     n_resumes: int           # how often a death already interrupted it
     is_cancelling: bool = False
-    in_intact_slot: bool = False  # its KV waits, intact, in a slot the restarted decode worker can import
+    in_intact_extent: bool = False  # its KV waits, intact, in an extent the restarted decode worker can import
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class WorkerDeath:
 @dataclass(frozen=True)
 class RecoveryPlan:
     cancel: tuple[str, ...]               # cancelled while it died: end as cancelled
-    from_slot: tuple[str, ...]            # re-import from the slot on the restarted decode worker
+    from_extent: tuple[str, ...]          # re-import from the extent on the restarted decode worker
     recompute: tuple[str, ...]            # prefill prompt + output again on the entry worker
     fail: tuple[tuple[str, str], ...]     # (request id, error)
     restart: bool                         # False: crash loop, mark the worker failed
@@ -66,13 +66,13 @@ def can_resume(req: HeldRequest, n_ctx: int) -> bool:
 
 def plan_recovery(death: WorkerDeath) -> RecoveryPlan:
     """Decide the fate of every request the dead worker held."""
-    cancel, from_slot, recompute, fail = [], [], [], []
+    cancel, from_extent, recompute, fail = [], [], [], []
     resume = death.resume and not death.is_crash_loop
     for req in sorted(death.held, key=lambda r: r.request_id):
         if req.is_cancelling:
             cancel.append(req.request_id)
-        elif resume and req.in_intact_slot and can_resume(req, death.n_ctx):
-            from_slot.append(req.request_id)
+        elif resume and req.in_intact_extent and can_resume(req, death.n_ctx):
+            from_extent.append(req.request_id)
         elif resume and not death.entry_worker_failed and can_resume(req, death.n_ctx):
             recompute.append(req.request_id)
         else:
@@ -82,5 +82,5 @@ def plan_recovery(death: WorkerDeath) -> RecoveryPlan:
     failed_reason = None
     if death.is_crash_loop:
         failed_reason = f"it died {CRASH_LOOP_DEATHS} times within {CRASH_LOOP_WINDOW_S:.0f} s ({death.cause})"
-    return RecoveryPlan(cancel=tuple(cancel), from_slot=tuple(from_slot), recompute=tuple(recompute),
+    return RecoveryPlan(cancel=tuple(cancel), from_extent=tuple(from_extent), recompute=tuple(recompute),
                         fail=tuple(fail), restart=not death.is_crash_loop, failed_reason=failed_reason)

@@ -61,11 +61,11 @@ class RequestStream:
         return events, "".join(e.text for e in events)
 
     # when its worker died ------------------------------------------------------------
-    def held(self, is_cancelling: bool, in_intact_slot: bool) -> HeldRequest:
+    def held(self, is_cancelling: bool, in_intact_extent: bool) -> HeldRequest:
         """The request as recovery sees it."""
         return HeldRequest(request_id=self.request_id, n_prompt=len(self.prompt_ids), n_output=len(self.token_ids),
                            max_tokens=self.params.max_tokens, n_resumes=self.lifecycle.n_resumes,
-                           is_cancelling=is_cancelling, in_intact_slot=in_intact_slot)
+                           is_cancelling=is_cancelling, in_intact_extent=in_intact_extent)
 
     def note_resume(self, how: str) -> None:
         self.lifecycle.n_resumes += 1

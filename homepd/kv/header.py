@@ -1,13 +1,13 @@
 """What one KV extent of the arena holds: the header layout, its checks, and the payload checksum.
 
-An extent (historically a "slot") is a page-aligned run of the KV arena
+An extent (once a fixed "slot": the magic's "SL" is from then) is a page-aligned run of the KV arena
 (``homepd.kv.pool``): a ``HEADER_BYTES`` header, then the payload (one
 sequence's ``llama_state_seq_get_data`` bytes), rounded up to whole pages.
 Little-endian, byte offsets from the start of the extent::
 
     0   magic        8s   b"HPDKVSL\\0"
     8   version      u16  LAYOUT_VERSION
-    10  state        u8   SlotState; the only byte that changes outside begin() and publish()
+    10  state        u8   ExtentState; the only byte that changes outside begin() and publish()
     12  holder_pid   u32  last process that took the extent (begin() / payload() / open_ready())
     16  header_crc   u32  zlib.crc32 of bytes [BODY_OFFSET, HEADER_BYTES)
     32  body         BODY below; the rest of the header is reserved (zeros),
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from homepd.errors import SlotError
+from homepd.errors import ExtentError
 
 MAGIC = b"HPDKVSL\0"
 LAYOUT_VERSION = 2
@@ -48,7 +48,7 @@ VERIFY_KINDS = {"full": 1, "sampled": 2}
 _VERIFY_NAMES = {code: name for name, code in VERIFY_KINDS.items()}
 
 
-class SlotState(enum.IntEnum):
+class ExtentState(enum.IntEnum):
     """Who may touch an extent.  Each transition has one writer: the producer that
     allocated it (FREE→WRITING→READY), the consumer it was handed to
     (READY→READING→FREE), the controller after a death (→FREE, READING→READY)."""
@@ -59,7 +59,7 @@ class SlotState(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class SlotHeader:
+class ExtentHeader:
     """One request's KV hand-off.  The producer fills the first fields; ``KVArena.publish``
     fills ``extent_bytes``, ``published_s``, ``payload_checksum`` and ``verify``."""
     request_id: str
@@ -76,7 +76,7 @@ class SlotHeader:
 
 
 @dataclass(frozen=True)
-class SlotExpectation:
+class ExtentExpectation:
     """What a consumer knows the extent must hold; every field is checked.  ``n_ctx`` is the
     consumer's own context: the extent's tokens must fit it (the producer's may be smaller)."""
     request_id: str
@@ -84,11 +84,11 @@ class SlotExpectation:
     n_ctx: int
 
 
-def pack_body(header: SlotHeader) -> bytes:
+def pack_body(header: ExtentHeader) -> bytes:
     request_id = header.request_id.encode("utf-8")
     if len(request_id) > REQUEST_ID_MAX_BYTES:
-        raise SlotError(f"request id {header.request_id[:20]!r}… is {len(request_id)} bytes of utf-8, "
-                        f"a KV slot holds at most {REQUEST_ID_MAX_BYTES} — use shorter request ids")
+        raise ExtentError(f"request id {header.request_id[:20]!r}… is {len(request_id)} bytes of utf-8, "
+                          f"a KV extent's header holds at most {REQUEST_ID_MAX_BYTES} — use shorter request ids")
     return BODY.pack(header.payload_bytes, header.payload_checksum, header.extent_bytes, header.n_ctx,
                      header.n_tokens,
                      header.export_start_s, header.export_end_s, header.published_s,
@@ -96,15 +96,15 @@ def pack_body(header: SlotHeader) -> bytes:
                      fingerprint_bytes(header.model_fingerprint))
 
 
-def unpack_body(body) -> SlotHeader:
+def unpack_body(body) -> ExtentHeader:
     (payload_bytes, payload_checksum, extent_bytes, n_ctx, n_tokens, export_start_s, export_end_s, published_s,
      verify_code, request_id_len, request_id, fingerprint) = BODY.unpack_from(body)
-    return SlotHeader(request_id=request_id[:request_id_len].decode("utf-8", errors="replace"),
-                      model_fingerprint=fingerprint.hex(), n_ctx=n_ctx, n_tokens=n_tokens,
-                      payload_bytes=payload_bytes, export_start_s=export_start_s,
-                      export_end_s=export_end_s, published_s=published_s,
-                      payload_checksum=payload_checksum,
-                      verify=_VERIFY_NAMES.get(verify_code, f"unknown({verify_code})"), extent_bytes=extent_bytes)
+    return ExtentHeader(request_id=request_id[:request_id_len].decode("utf-8", errors="replace"),
+                        model_fingerprint=fingerprint.hex(), n_ctx=n_ctx, n_tokens=n_tokens,
+                        payload_bytes=payload_bytes, export_start_s=export_start_s,
+                        export_end_s=export_end_s, published_s=published_s,
+                        payload_checksum=payload_checksum,
+                        verify=_VERIFY_NAMES.get(verify_code, f"unknown({verify_code})"), extent_bytes=extent_bytes)
 
 
 def fingerprint_bytes(fingerprint: str) -> bytes:
@@ -113,8 +113,8 @@ def fingerprint_bytes(fingerprint: str) -> bytes:
     except ValueError:
         raw = b""
     if len(raw) != FINGERPRINT_BYTES:
-        raise SlotError(f"model fingerprint {fingerprint[:16]!r} is not a hex sha256 "
-                        "— pass homepd.models.resolve.fingerprint(model_path)")
+        raise ExtentError(f"model fingerprint {fingerprint[:16]!r} is not a hex sha256 "
+                          "— pass homepd.models.resolve.fingerprint(model_path)")
     return raw
 
 
@@ -122,40 +122,40 @@ def header_checksum(header_buf) -> int:
     return zlib.crc32(header_buf[BODY_OFFSET:HEADER_BYTES])
 
 
-def check_header(where: str, header_buf, expect: SlotExpectation, extent_bytes: int) -> SlotHeader:
-    """Verify everything but the payload checksum; raise SlotError naming the first mismatch.
+def check_header(where: str, header_buf, expect: ExtentExpectation, extent_bytes: int) -> ExtentHeader:
+    """Verify everything but the payload checksum; raise ExtentError naming the first mismatch.
 
     ``where`` names the extent in messages (e.g. "KV extent at 8192"); ``extent_bytes``
     is its length as the arena knows it (the header must agree).
     """
     magic, version, _state, _holder, stored_crc = PREFIX.unpack_from(header_buf)
     if magic != MAGIC:
-        raise SlotError(f"{where} is not a homepd KV extent (magic {magic!r}, expected {MAGIC!r})")
+        raise ExtentError(f"{where} is not a homepd KV extent (magic {magic!r}, expected {MAGIC!r})")
     if version != LAYOUT_VERSION:
-        raise SlotError(f"{where} has layout version {version}, this homepd reads version "
-                        f"{LAYOUT_VERSION} — run the controller and workers from the same homepd install")
+        raise ExtentError(f"{where} has layout version {version}, this homepd reads version "
+                          f"{LAYOUT_VERSION} — run the controller and workers from the same homepd install")
     found_crc = header_checksum(header_buf)
     if found_crc != stored_crc:
-        raise SlotError(f"{where} header checksum mismatch: stored {stored_crc:08x}, header gives "
-                        f"{found_crc:08x} — the header was overwritten after publish")
+        raise ExtentError(f"{where} header checksum mismatch: stored {stored_crc:08x}, header gives "
+                          f"{found_crc:08x} — the header was overwritten after publish")
     header = unpack_body(header_buf[BODY_OFFSET:])
     if header.request_id != expect.request_id:
-        raise SlotError(f"{where} holds KV for request id {header.request_id!r}, expected "
-                        f"{expect.request_id!r} — the extent was handed to the wrong request")
+        raise ExtentError(f"{where} holds KV for request id {header.request_id!r}, expected "
+                          f"{expect.request_id!r} — the extent was handed to the wrong request")
     if header.model_fingerprint != expect.model_fingerprint.lower():
-        raise SlotError(f"{where} holds KV for model fingerprint {header.model_fingerprint[:12]}…, "
-                        f"this decode worker runs {expect.model_fingerprint[:12]}… "
-                        "— both workers must load the same GGUF")
+        raise ExtentError(f"{where} holds KV for model fingerprint {header.model_fingerprint[:12]}…, "
+                          f"this decode worker runs {expect.model_fingerprint[:12]}… "
+                          "— both workers must load the same GGUF")
     if header.n_tokens > expect.n_ctx:
-        raise SlotError(f"{where} holds KV of {header.n_tokens} tokens (made with n_ctx {header.n_ctx}), "
-                        f"this decode worker runs n_ctx {expect.n_ctx} — give the decode worker at least "
-                        "the context of the prefill worker")
+        raise ExtentError(f"{where} holds KV of {header.n_tokens} tokens (made with n_ctx {header.n_ctx}), "
+                          f"this decode worker runs n_ctx {expect.n_ctx} — give the decode worker at least "
+                          "the context of the prefill worker")
     if header.extent_bytes != extent_bytes or header.payload_bytes > extent_bytes - HEADER_BYTES:
-        raise SlotError(f"{where} claims payload bytes {header.payload_bytes} in an extent of "
-                        f"{header.extent_bytes} bytes, the arena gave it {extent_bytes} — the header is corrupt")
+        raise ExtentError(f"{where} claims payload bytes {header.payload_bytes} in an extent of "
+                          f"{header.extent_bytes} bytes, the arena gave it {extent_bytes} — the header is corrupt")
     if header.verify not in VERIFY_KINDS:
-        raise SlotError(f"{where} payload checksum kind is {header.verify}, this homepd knows "
-                        f"{sorted(VERIFY_KINDS)} — run the controller and workers from the same homepd install")
+        raise ExtentError(f"{where} payload checksum kind is {header.verify}, this homepd knows "
+                          f"{sorted(VERIFY_KINDS)} — run the controller and workers from the same homepd install")
     return header
 
 
@@ -183,7 +183,7 @@ def payload_checksum(buf, n_bytes: int, verify: str = "full") -> int:
     header and the end of the data), then one 64-byte line of every 4 KiB page,
     the line moving down the page from page to page so that every 64 pages cover
     every offset.  Reads ~2 % of a large payload: catches truncation, a stale or
-    misrouted slot and gross overwrites, not an isolated flipped byte.
+    misrouted extent and gross overwrites, not an isolated flipped byte.
 
     # why: numpy sums run at memory bandwidth (~2-4× a memcpy here); zlib.crc32
     # runs at half a memcpy and would alone cost more than the transfer budget.

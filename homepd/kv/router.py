@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import deque
 
 from homepd.core.modes import Role
-from homepd.core.protocol import AttachSlots, KVHandoff, WorkerReady
+from homepd.core.protocol import AttachExtents, KVHandoff, WorkerReady
 from homepd.core.records import KVArenaSnapshot
-from homepd.kv.header import SlotState
+from homepd.kv.header import ExtentState
 from homepd.kv.pool import KVArena, extent_bytes_for
 
 MAX_USAGE_SAMPLES = 10_000
@@ -46,9 +46,9 @@ class KVRouter:
         # (t_s, arena bytes in use, KV payload bytes in transit) as the prefill worker's allocator saw them
         self.usage: deque[tuple[float, int, int]] = deque(maxlen=MAX_USAGE_SAMPLES)
 
-    def attach_message(self) -> AttachSlots:
+    def attach_message(self) -> AttachExtents:
         """What a (re)started worker attaches to; a prefill worker also rebuilds its allocator from it."""
-        return AttachSlots(self.arena.names, live_extents=self.live_extents(), max_extents=self.max_extents)
+        return AttachExtents(self.arena.names, live_extents=self.live_extents(), max_extents=self.max_extents)
 
     def close(self) -> None:
         self.arena.close()  # the owner unlinks
@@ -81,22 +81,22 @@ class KVRouter:
         msg = self.in_arena.pop(request_id, None)
         if msg is None:
             return False
-        if self._holds(msg) and self.arena.state(msg.slot) == SlotState.READY:
-            self.arena.reset_stale(msg.slot)
+        if self._holds(msg) and self.arena.state(msg.offset) == ExtentState.READY:
+            self.arena.reset_stale(msg.offset)
         return True
 
     def discard_export(self, msg: KVHandoff) -> None:
         """An export nobody wants (cancelled meanwhile): free its extent."""
         if self._holds(msg):
-            self.arena.reset_stale(msg.slot)
+            self.arena.reset_stale(msg.offset)
 
     def _holds(self, msg: KVHandoff) -> bool:
         """The extent of ``msg`` still holds its request (not freed and overwritten by a later export)."""
-        return self.arena.request_in(msg.slot) == msg.request_id
+        return self.arena.request_in(msg.offset) == msg.request_id
 
     def live_extents(self) -> tuple[tuple[int, int], ...]:
         """(offset, extent bytes) of every request in transit whose extent is intact and not yet freed."""
-        return tuple(sorted((msg.slot, msg.extent_bytes) for msg in self.in_arena.values() if self._holds(msg)))
+        return tuple(sorted((msg.offset, msg.extent_bytes) for msg in self.in_arena.values() if self._holds(msg)))
 
     def recover(self, role: str, dead_pid: int, resumable_ids: set[str]) -> list[str]:
         """Put the extents in transit back in order after ``dead_pid`` (a ``role`` worker) died.
@@ -112,10 +112,10 @@ class KVRouter:
         for rid, msg in sorted(self.in_arena.items()):
             if not self._holds(msg):
                 continue
-            state, holder = self.arena.state(msg.slot), self.arena.holder_pid(msg.slot)
-            if state == SlotState.READING and holder == dead_pid:  # died mid-import
-                self.arena.reset_stale(msg.slot, to=SlotState.READY if rid in resumable_ids else SlotState.FREE)
-            if role == Role.DECODE and rid in resumable_ids and self.arena.state(msg.slot) == SlotState.READY:
+            state, holder = self.arena.state(msg.offset), self.arena.holder_pid(msg.offset)
+            if state == ExtentState.READING and holder == dead_pid:  # died mid-import
+                self.arena.reset_stale(msg.offset, to=ExtentState.READY if rid in resumable_ids else ExtentState.FREE)
+            if role == Role.DECODE and rid in resumable_ids and self.arena.state(msg.offset) == ExtentState.READY:
                 resumed.append(rid)
         return resumed
 
@@ -123,11 +123,11 @@ class KVRouter:
     def snapshot(self) -> KVArenaSnapshot:
         """The arena and the requests in transit (their extents by state, the bytes those hold), for
         ``Engine.snapshot``."""
-        occupancy = dict.fromkeys((state.name for state in SlotState), 0)
+        occupancy = dict.fromkeys((state.name for state in ExtentState), 0)
         used_bytes = 0
         for msg in self.in_arena.values():
             if self._holds(msg):
-                occupancy[self.arena.state(msg.slot).name] += 1
+                occupancy[self.arena.state(msg.offset).name] += 1
                 used_bytes += msg.extent_bytes
         peak_used, peak_kv = self.peak_usage()
         return KVArenaSnapshot(capacity_bytes=self.arena.capacity_bytes, max_extents=self.max_extents,

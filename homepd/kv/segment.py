@@ -1,4 +1,5 @@
-"""Named POSIX shared-memory segments for KV slots: naming, create/attach, unlink, stale cleanup.
+"""Named POSIX shared-memory segments for the KV arena and the KV store (their extents inside them): naming,
+create/attach, unlink, stale cleanup.
 
 Names are ``homepd-kv-<owner pid>-<token>-<index>``: the owner's pid so that a
 later controller can tell a dead pool from a live one, a random token per pool
@@ -26,7 +27,7 @@ from pathlib import Path
 import _posixshmem
 
 from homepd.osutil import pid_alive
-from homepd.errors import SlotError
+from homepd.errors import ExtentError
 
 NAME_PREFIX = "homepd-kv-"
 STORE_PREFIX = "homepd-kvstore-"  # the KV store's segments (homepd.kv.store): apart in the memory breakdown
@@ -59,8 +60,8 @@ def create_segment(name: str, size_bytes: int, prefault: bool = True) -> mmap.mm
     """
     free = _shm_free_bytes()
     if not prefault and free is not None and free < size_bytes:
-        raise SlotError(f"no room in {SHM_DIR} for a {size_bytes}-byte KV segment ({free} bytes free) — make "
-                        "/dev/shm larger (docker run --shm-size) or ask for less (--kv-store)")
+        raise ExtentError(f"no room in {SHM_DIR} for a {size_bytes}-byte KV segment ({free} bytes free) — make "
+                          "/dev/shm larger (docker run --shm-size) or ask for less (--kv-store)")
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode=0o600)
     try:
         os.ftruncate(fd, size_bytes)
@@ -70,9 +71,9 @@ def create_segment(name: str, size_bytes: int, prefault: bool = True) -> mmap.mm
     except OSError as exc:
         _posixshmem.shm_unlink("/" + name)
         if exc.errno == errno.ENOSPC:
-            raise SlotError(f"no room in {SHM_DIR} for a {size_bytes}-byte KV slot "
-                            f"({_shm_free_bytes()} bytes free) — make /dev/shm larger "
-                            "(docker run --shm-size) or use fewer / smaller slots") from None
+            raise ExtentError(f"no room in {SHM_DIR} for a {size_bytes}-byte KV segment "
+                              f"({_shm_free_bytes()} bytes free) — make /dev/shm larger "
+                              "(docker run --shm-size) or ask for a smaller arena (--kv-arena)") from None
         raise
     finally:
         _close_quietly(fd)
@@ -80,18 +81,18 @@ def create_segment(name: str, size_bytes: int, prefault: bool = True) -> mmap.mm
 
 def allocate_range(name: str, start: int, n_bytes: int) -> None:
     """Allocate the pages of ``[start, start + n_bytes)`` of segment ``name`` now (a segment created without
-    ``prefault``), so /dev/shm running out of room is a SlotError here instead of a SIGBUS at the first write
+    ``prefault``), so /dev/shm running out of room is an ExtentError here instead of a SIGBUS at the first write
     into a page it has no room for.  Pages already allocated are left as they are."""
     try:
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     except FileNotFoundError:
-        raise SlotError(f"KV segment {name} does not exist — its owner closed it or died") from None
+        raise ExtentError(f"KV segment {name} does not exist — its owner closed it or died") from None
     try:
         os.posix_fallocate(fd, start, n_bytes)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise SlotError(f"no room in {SHM_DIR} for {n_bytes} more bytes of KV segment {name} "
-                            f"({_shm_free_bytes()} bytes free)") from None
+            raise ExtentError(f"no room in {SHM_DIR} for {n_bytes} more bytes of KV segment {name} "
+                              f"({_shm_free_bytes()} bytes free)") from None
         raise
     finally:
         os.close(fd)
@@ -103,8 +104,8 @@ def attach_segment(name: str, populate: bool = True) -> mmap.mmap:
     try:
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     except FileNotFoundError:
-        raise SlotError(f"KV slot segment {name} does not exist — its owner closed the pool "
-                        "or died; attach to the names of a live pool") from None
+        raise ExtentError(f"KV segment {name} does not exist — its owner closed the pool "
+                          "or died; attach to the names of a live pool") from None
     try:
         return _map(fd, os.fstat(fd).st_size, populate)
     finally:

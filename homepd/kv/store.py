@@ -20,10 +20,10 @@ from __future__ import annotations
 import hashlib
 
 from homepd.core.protocol import AttachStore, StoreDropped, StoreSaved
-from homepd.kv.header import SlotExpectation, SlotHeader, SlotState
+from homepd.kv.header import ExtentExpectation, ExtentHeader, ExtentState
 from homepd.kv.pool import KVArena
 from homepd.kv.ring import PAGE_BYTES
-from homepd.errors import SlotError
+from homepd.errors import ExtentError
 from homepd.kv.segment import STORE_PREFIX
 from homepd.kv.storeindex import StoreEntry, StoreIndex
 
@@ -98,7 +98,7 @@ class StoreSegment:
         self.n_no_room = 0  # saves refused: /dev/shm had no room for their pages
         for offset, extent, payload, tokens in msg.entries:
             entry = StoreEntry(offset, extent, payload, tuple(tokens))
-            if self.arena.state(offset) is SlotState.READY:
+            if self.arena.state(offset) is ExtentState.READY:
                 self.index.restore_entry(entry)
 
     def save(self, tokens, payload_bytes: int, write) -> tuple[StoreEntry | None, list[StoreEntry]]:
@@ -113,15 +113,16 @@ class StoreSegment:
             self.arena.reset_stale(old.offset)  # FREE: a stale header is never read as an entry again
         try:
             self.arena.allocate(offset, extent)  # the segment is not pre-faulted: pages are taken here
-        except SlotError:
+        except ExtentError:
             self.index.abandon(offset)
             self.n_no_room += 1
             return None, evicted
         self.arena.begin(offset, extent)
         try:
             written = write(self.arena.payload(offset, payload_bytes, entry_tag(tokens)))
-            self.arena.publish(offset, SlotHeader(request_id=entry_tag(tokens), model_fingerprint=self.model_fingerprint,
-                                                  n_ctx=self.n_ctx, n_tokens=len(tokens), payload_bytes=written))
+            self.arena.publish(offset, ExtentHeader(request_id=entry_tag(tokens),
+                                                    model_fingerprint=self.model_fingerprint, n_ctx=self.n_ctx,
+                                                    n_tokens=len(tokens), payload_bytes=written))
         except BaseException:
             self.arena.release(offset)
             self.index.abandon(offset)
@@ -134,7 +135,7 @@ class StoreSegment:
 
     def read(self, entry: StoreEntry, read) -> int:
         """``read(view, n_bytes)`` loads the entry's payload (checked against its tokens and checksum)."""
-        header, view = self.arena.peek_ready(entry.offset, SlotExpectation(
+        header, view = self.arena.peek_ready(entry.offset, ExtentExpectation(
             entry_tag(entry.tokens), self.model_fingerprint, self.n_ctx), entry.extent_bytes)
         try:
             return read(view, header.payload_bytes)

@@ -290,7 +290,7 @@ class LlamaContext:
         """Call ``call(ptr)`` with a uint8 pointer onto ``buffer``, no copy.
 
         # why: the ctypes array pins the buffer's export; it must be gone before
-        # the caller releases the memoryview (the KV slot does so on hand-over).
+        # the caller releases the memoryview (the KV arena does so on hand-over).
         """
         ptr = (ctypes.c_uint8 * n_bytes).from_buffer(buffer)
         try:

@@ -26,6 +26,9 @@ from pathlib import Path
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 from homepd.hw.threads import ThreadUse, read_tasks, thread_use
+from homepd.kv.header import ExtentExpectation, ExtentHeader
+from homepd.kv.pool import KVArena, extent_bytes_for
+from homepd.kv.ring import RingAllocator
 from homepd.measure.llamabench import LlamaBenchRun, find_llama_bench
 from homepd.measure.llamabench import run_round as run_llama_bench
 from homepd.measure.refproc import ReferenceProcess
@@ -168,9 +171,6 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
     """
     import numpy as np
 
-    from homepd.kv.header import SlotExpectation, SlotHeader
-    from homepd.kv.pool import KVArena, extent_bytes_for
-    from homepd.kv.ring import RingAllocator
     from homepd.llm import LlamaContext
 
     # why: room for the source sequence and its imported copy side by side
@@ -194,9 +194,9 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
                 t0 = time.perf_counter()
                 ctx.state_get(0, arena.payload(offset, n_bytes, "bench"))
                 t1 = time.perf_counter()
-                arena.publish(offset, SlotHeader("bench", fp, ctx.n_ctx, n_tokens, n_bytes))
+                arena.publish(offset, ExtentHeader("bench", fp, ctx.n_ctx, n_tokens, n_bytes))
                 t2 = time.perf_counter()
-                _, view = arena.open_ready(offset, SlotExpectation("bench", fp, ctx.n_ctx), extent)
+                _, view = arena.open_ready(offset, ExtentExpectation("bench", fp, ctx.n_ctx), extent)
                 t3 = time.perf_counter()
                 ctx.state_set(1, view, n_bytes)
                 t4 = time.perf_counter()
@@ -240,7 +240,7 @@ def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed:
         async with Engine(config, prepare(config, pull=False)) as engine:
             record = await run_trace(engine, make_trace("mixed", n_requests=n_requests, seed=seed), trace_name="mixed")
             arena = engine.snapshot().kv_arena
-            return {"arena_bytes": record.kv_slot_bytes, "arena_prefill_n_ctx": arena.prefill_n_ctx,
+            return {"arena_bytes": record.kv_arena_bytes, "arena_prefill_n_ctx": arena.prefill_n_ctx,
                     "arena_peak_bytes": record.arena_peak_bytes, "arena_peak_kv_bytes": record.arena_peak_kv_bytes,
                     "arena_handoffs": record.summary.kv.n_moved if record.summary.kv else 0}
 

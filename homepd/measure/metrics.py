@@ -10,12 +10,13 @@ from __future__ import annotations
 import bisect
 import enum
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homepd.core.admission import ClassBudget, RequestClass
 from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
+from homepd.core.records import renamed_from
 from homepd.core.stats import percentile
 from homepd.config import EngineConfig
 
@@ -206,7 +207,8 @@ class KVSummary:
     transfer_ms: Dist               # prompt done -> imported on the decode worker
     export_ms_p50: float | None
     import_ms_p50: float | None
-    slot_wait_ms_p95: float | None
+    extent_wait_ms_p95: float | None = field(  # prompt done -> extent allocated; JSON: under its old
+        metadata=renamed_from("slot_wait_ms_p95"))  # name too
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,8 @@ def summarize(records: list[Lifecycle], steps: list[StepRecord], slo: SLO | None
             transfer_ms=Dist.of([r.transfer_s * 1e3 for r in moved if r.transfer_s is not None]),
             export_ms_p50=percentile([r.kv_export_s * 1e3 for r in moved if r.kv_export_s is not None], 50),
             import_ms_p50=percentile([r.kv_import_s * 1e3 for r in moved if r.kv_import_s is not None], 50),
-            slot_wait_ms_p95=percentile([r.kv_slot_wait_s * 1e3 for r in moved if r.kv_slot_wait_s is not None], 95))
+            extent_wait_ms_p95=percentile([r.kv_extent_wait_s * 1e3 for r in moved
+                                           if r.kv_extent_wait_s is not None], 95))
     n_met = sum(slo.is_met_by(r) for r in records)
     return RunSummary(
         n_requests=len(records), n_finished=len(done),

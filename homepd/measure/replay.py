@@ -46,7 +46,7 @@ class RunRecord:
     stalls: tuple[Stall, ...]
     worker_events: tuple[WorkerEvent, ...]
     memory: tuple[ProcessMemory, ...]
-    kv_slot_bytes: int                  # the KV arena's size (0: colocated)
+    kv_arena_bytes: int                 # the KV arena's size (0: colocated)
     energy_j: dict[str, float | None]
     requests: tuple[Lifecycle, ...] = field(repr=False, default=())
     memory_breakdown: MemoryBreakdown | None = None  # at the end of the run, by what holds the memory
@@ -62,13 +62,14 @@ class RunRecord:
 
     def to_dict(self) -> dict:
         out = to_plain({k: getattr(self, k) for k in ("mode", "config", "trace_name", "summary", "stalls",
-                                                     "worker_events", "memory", "kv_slot_bytes", "energy_j",
+                                                     "worker_events", "memory", "kv_arena_bytes", "energy_j",
                                                      "arena_peak_bytes", "arena_peak_kv_bytes")})
         out["memory_breakdown"] = self.memory_breakdown.to_dict() if self.memory_breakdown else None
         out["summary"]["slo_attainment"] = self.summary.slo_attainment
         out["summary"]["n_computed_prompt_tokens"] = self.summary.n_computed_prompt_tokens
         out["summary"]["cached_prompt_share"] = self.summary.cached_prompt_share
         out["total_pss_bytes"] = self.total_pss_bytes
+        out["kv_slot_bytes"] = self.kv_arena_bytes  # kv_arena_bytes's old name, for readers of older records
         out["requests"] = [r.to_dict() for r in self.requests]
         return out
 
@@ -209,7 +210,7 @@ async def run_trace(engine, trace, *, trace_name: str = "", slo: SLO | None = No
         summary=summarize(records, steps, slo),
         stalls=tuple(attribute_stalls(records, steps, target)[:MAX_STALLS_KEPT]),
         worker_events=tuple(list(engine.worker_events)[events_before:]), memory=memory,
-        kv_slot_bytes=snap.kv_arena.capacity_bytes if snap.kv_arena else 0, energy_j=energy,
+        kv_arena_bytes=snap.kv_arena.capacity_bytes if snap.kv_arena else 0, energy_j=energy,
         requests=tuple(records), memory_breakdown=breakdown, arena_peak_bytes=arena_peak[0],
         arena_peak_kv_bytes=arena_peak[1])
 

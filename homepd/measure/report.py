@@ -95,7 +95,7 @@ def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int 
         out.append(f"KV handoff: {kv.n_moved} requests, {kv.bytes_mean / 1e6:.1f} MB each on average; transfer "
                    f"(prompt done -> imported) p50/p99 {fmt(kv.transfer_ms.p50, '.1f')}/{fmt(kv.transfer_ms.p99, '.1f')}"
                    f" ms; export {fmt(kv.export_ms_p50, '.2f')} ms, import {fmt(kv.import_ms_p50, '.2f')} ms, "
-                   f"slot wait p95 {fmt(kv.slot_wait_ms_p95, '.1f')} ms")
+                   f"extent wait p95 {fmt(kv.extent_wait_ms_p95, '.1f')} ms")
     if record.stalls:
         out.append(f"stalls over {fmt(s.slo.itl_ms)} ms: {len(record.stalls)} "
                    f"(worst {min(n_stalls, len(record.stalls))}):")
@@ -107,16 +107,16 @@ def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int 
             out.append(f"  {st.request_id} token {st.token_index}: {st.gap_ms:.0f} ms gap, held by {who}")
     for ev in record.worker_events:
         extra = f", back after {ev.recovery_s:.2f} s" if ev.recovery_s is not None else ""
-        held = (f"; resumed {len(ev.resumed_from_slot)} from slot, {len(ev.recomputed_requests)} by recompute, "
-                f"{len(ev.failed_requests)} lost") if ev.kind.value == "died" else ""
+        held = (f"; resumed {len(ev.resumed_from_extent)} from their extent, {len(ev.recomputed_requests)} by "
+                f"recompute, {len(ev.failed_requests)} lost") if ev.kind.value == "died" else ""
         out.append(f"worker {ev.role} (pid {ev.pid}) {ev.kind.value}{extra}{held}{': ' + ev.cause if ev.cause else ''}")
     mb = lambda b: "NA" if b is None else f"{b / MIB:.0f}"  # noqa: E731
     for m in record.memory:
         out.append(f"{m.role} memory (peak MiB): RSS {mb(m.rss_bytes)}, PSS {mb(m.pss_bytes)}, USS {mb(m.uss_bytes)}")
     if record.memory:
         out.append(f"total PSS of every homepd process: {mb(record.total_pss_bytes)} MiB")
-    if record.kv_slot_bytes:
-        out.append(f"KV arena: {mb(record.kv_slot_bytes)} MiB of pre-faulted shared memory (in the PSS above); "
+    if record.kv_arena_bytes:
+        out.append(f"KV arena: {mb(record.kv_arena_bytes)} MiB of pre-faulted shared memory (in the PSS above); "
                    f"peak use {mb(record.arena_peak_bytes)} MiB with {mb(record.arena_peak_kv_bytes)} MiB of KV in "
                    "transit then")
     if record.memory_breakdown is not None:

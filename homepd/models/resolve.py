@@ -67,7 +67,7 @@ def _entry_named_like(path: Path) -> CatalogEntry | None:
 
 
 def fingerprint(path: str | os.PathLike) -> str:
-    """A cheap identity for the model file at ``path``, as a hex sha256, meant for KV-slot headers.
+    """A cheap identity for the model file at ``path``, as a hex sha256, meant for KV extent headers.
 
     Hashes the file size, its first and last MiB and its catalog name (when the
     file is named ``<catalog name>.gguf``).  Not a full hash: it tells models

@@ -259,7 +259,8 @@ def _kv_transfer_ms_p50(record: dict) -> float | None:
     return kv["transfer_ms"]["p50"] if isinstance(kv, dict) and isinstance(kv.get("transfer_ms"), dict) else None
 
 
-# the figures a stored request may predate (the store is older than them), and what they were then
+# the figures a stored request may predate (the store is older than them), and what they were then.
+# kv_slot_wait_s: kv_extent_wait_s's old name (renamed_from), which every row that has the figure carries
 _REQUEST_DEFAULTS = {"request_class": RequestClass.INTERACTIVE.value, "queue_wait_s": None, "e2e_s": None,
                      "prompt_tok_s": None, "decode_tok_s": None, "n_resumes": 0, "kv_bytes": None,
                      "kv_transfer_s": None, "kv_export_s": None, "kv_import_s": None, "kv_slot_wait_s": None}

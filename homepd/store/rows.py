@@ -55,7 +55,7 @@ def result_row(record: RunRecord, n_steps_kept: int) -> dict:
         "itl_p99_ms": s.itl_ms.p99, "itl_max_ms": s.itl_ms.max, "e2e_p99_ms": s.e2e_ms.p99,
         "prompt_tok_s": s.prompt_tok_s, "output_tok_s": s.output_tok_s, "goodput_per_s": s.goodput_per_s,
         "slo_attainment": s.slo_attainment, "interference_slowdown": s.interference.slowdown,
-        "total_pss_bytes": record.total_pss_bytes, "kv_slot_bytes": record.kv_slot_bytes,
+        "total_pss_bytes": record.total_pss_bytes, "kv_slot_bytes": record.kv_arena_bytes,  # the column's released name
         "n_steps": s.n_steps, "n_steps_kept": n_steps_kept, "record_json": to_json(body),
     }
 

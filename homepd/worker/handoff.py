@@ -5,7 +5,7 @@
 ``RingAllocator``), export the sequence's KV state straight into it
 (``llama_state_seq_get_data`` writes into the shared mapping, no intermediate
 bytes), publish it and tell the controller.  No room = back-pressure: the
-sequence keeps its KV here and waits (a ``SlotFreed`` message wakes the loop;
+sequence keeps its KV here and waits (an ``ExtentFreed`` message wakes the loop;
 the bytes come back when the extent's state byte reads FREE).  A state that
 could never fit the arena fails its request with the sizes — the controller
 normally routes such a prompt to the decode worker before it gets here.
@@ -18,7 +18,7 @@ parameters and output so far.
 Both get only what they use: the context, the controller's ``send``, the
 loop's ``finish`` (a sequence leaves this worker) and, for the decode role,
 the scheduler that admits imported requests.  The arena comes with the
-controller's ``AttachSlots`` message.
+controller's ``AttachExtents`` message.
 """
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ import time
 from collections import deque
 from typing import Callable
 
-from homepd.core.protocol import AttachSlots, KVHandoff, KVImported, RequestDone, SlotFreed
+from homepd.core.protocol import AttachExtents, ExtentFreed, KVHandoff, KVImported, RequestDone
 from homepd.core.scheduler import Scheduler
 from homepd.core.records import FinishReason
 from homepd.core.sequence import Sequence
 from homepd.errors import HomepdError
-from homepd.kv.header import SlotExpectation, SlotHeader, SlotState
+from homepd.kv.header import ExtentExpectation, ExtentHeader, ExtentState
 from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.kv.ring import RingAllocator
 from homepd.kv.segment import unlink_pool_of
 
-_IN_USE = (SlotState.WRITING, SlotState.READY, SlotState.READING)
+_IN_USE = (ExtentState.WRITING, ExtentState.READY, ExtentState.READING)
 
 
 class _ArenaRole:
@@ -47,15 +47,15 @@ class _ArenaRole:
         self.arena = arena
 
     def handle(self, msg) -> bool:
-        if isinstance(msg, AttachSlots):
+        if isinstance(msg, AttachExtents):
             if self.arena is not None:
                 self.arena.close()
             self.arena = KVArena.attach(msg.names)
             self._attached(msg)
             return True
-        return isinstance(msg, SlotFreed)  # only wakes the loop
+        return isinstance(msg, ExtentFreed)  # only wakes the loop
 
-    def _attached(self, msg: AttachSlots) -> None:
+    def _attached(self, msg: AttachExtents) -> None:
         pass
 
     def abandon(self) -> None:
@@ -77,9 +77,9 @@ class PrefillRole(_ArenaRole):
         self.allocator: RingAllocator | None = None
         self._payload_bytes: dict[int, int] = {}  # live extent offset -> its KV payload bytes
         if arena is not None:
-            self._attached(AttachSlots(arena.names, max_extents=max_extents))
+            self._attached(AttachExtents(arena.names, max_extents=max_extents))
 
-    def _attached(self, msg: AttachSlots) -> None:
+    def _attached(self, msg: AttachExtents) -> None:
         """A new arena, or this worker restarted: the allocator starts from what is still in transit."""
         self.allocator = RingAllocator(self.arena.capacity_bytes, max_extents=msg.max_extents)
         self._payload_bytes = {}
@@ -117,7 +117,7 @@ class PrefillRole(_ArenaRole):
                 continue
             offset = self.allocator.alloc(extent)
             if offset is None:
-                return  # back-pressure: wait for SlotFreed
+                return  # back-pressure: wait for ExtentFreed
             self.waiting.popleft()
             self._export(seq, offset, extent, n_bytes, time.monotonic() - done_s)
 
@@ -135,9 +135,9 @@ class PrefillRole(_ArenaRole):
             t0 = time.monotonic()
             written = ctx.state_get(seq.seq_id, arena.payload(offset, n_bytes, seq.request_id))
             t1 = time.monotonic()
-            arena.publish(offset, SlotHeader(request_id=seq.request_id, model_fingerprint=self.model_fingerprint,
-                                             n_ctx=ctx.n_ctx, n_tokens=seq.n_kv_tokens, payload_bytes=written,
-                                             export_start_s=t0, export_end_s=t1))
+            arena.publish(offset, ExtentHeader(request_id=seq.request_id, model_fingerprint=self.model_fingerprint,
+                                               n_ctx=ctx.n_ctx, n_tokens=seq.n_kv_tokens, payload_bytes=written,
+                                               export_start_s=t0, export_end_s=t1))
         except HomepdError as exc:
             arena.release(offset)
             self.allocator.free(offset)
@@ -146,9 +146,9 @@ class PrefillRole(_ArenaRole):
             return
         self._payload_bytes[offset] = written
         self.send(KVHandoff(
-            request_id=seq.request_id, slot=offset, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
-            params=seq.params, stream=seq.stream, n_bytes=written,
-            n_tokens=seq.n_kv_tokens, slot_wait_s=wait_s, export_start_s=t0, export_end_s=t1, extent_bytes=extent,
+            request_id=seq.request_id, offset=offset, prompt_ids=tuple(seq.prompt_ids),
+            output_ids=tuple(seq.output_ids), params=seq.params, stream=seq.stream, n_bytes=written,
+            n_tokens=seq.n_kv_tokens, extent_wait_s=wait_s, export_start_s=t0, export_end_s=t1, extent_bytes=extent,
             arena_used_bytes=self.allocator.used_bytes, arena_kv_bytes=sum(self._payload_bytes.values()),
             request_class=seq.request_class))
         self.finish(seq, keep_prefix=True)  # its KV may stay here as a cached prefix
@@ -181,8 +181,8 @@ class DecodeRole(_ArenaRole):
         for msg in list(self.pending):
             if msg.request_id == request_id:
                 self.pending.remove(msg)
-                if self.arena is not None and self.arena.request_in(msg.slot) == request_id:
-                    self.arena.reset_stale(msg.slot)
+                if self.arena is not None and self.arena.request_in(msg.offset) == request_id:
+                    self.arena.reset_stale(msg.offset)
                 self.send(RequestDone(request_id, FinishReason.CANCELLED, time.monotonic()))
 
     def pump(self) -> None:
@@ -199,7 +199,7 @@ class DecodeRole(_ArenaRole):
             try:
                 t0 = time.monotonic()
                 seq.sampler = self.ctx.new_sampler(msg.params, msg.output_ids)
-                header, view = self.arena.open_ready(msg.slot, SlotExpectation(
+                header, view = self.arena.open_ready(msg.offset, ExtentExpectation(
                     request_id=msg.request_id, model_fingerprint=self.model_fingerprint, n_ctx=self.ctx.n_ctx),
                     msg.extent_bytes)
                 self.ctx.state_set(seq.seq_id, view, header.payload_bytes)
@@ -207,16 +207,16 @@ class DecodeRole(_ArenaRole):
             except HomepdError as exc:
                 self._fail(msg.request_id, f"KV import refused: {exc}")
                 self.finish(seq)
-                if self._extent_of(msg) in (SlotState.READY, SlotState.READING):
-                    self.arena.reset_stale(msg.slot)  # never free an extent that already holds another request
+                if self._extent_of(msg) in (ExtentState.READY, ExtentState.READING):
+                    self.arena.reset_stale(msg.offset)  # never free an extent that already holds another request
                 continue
-            self.arena.release(msg.slot)
-            self.send(KVImported(msg.request_id, msg.slot, t0, t1))
+            self.arena.release(msg.offset)
+            self.send(KVImported(msg.request_id, msg.offset, t0, t1))
 
-    def _extent_of(self, msg: KVHandoff) -> SlotState | None:
+    def _extent_of(self, msg: KVHandoff) -> ExtentState | None:
         """The state of msg's extent if it is still msg's (its header names msg's request, or is unreadable)."""
         try:
-            state = self.arena.state(msg.slot)
+            state = self.arena.state(msg.offset)
         except HomepdError:  # the offset is not even inside the arena
             return None
-        return state if self.arena.request_in(msg.slot) in (msg.request_id, None) else None
+        return state if self.arena.request_in(msg.offset) in (msg.request_id, None) else None

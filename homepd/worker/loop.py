@@ -153,7 +153,7 @@ class WorkerLoop:
             self.handle(msg)
 
     def abandon(self) -> None:
-        """The controller died: leave nothing behind (its KV slots and store included)."""
+        """The controller died: leave nothing behind (the KV arena's extents and the store included)."""
         self.role.abandon()
         self.store.abandon()
 

@@ -1,7 +1,7 @@
 """What a worker does besides running its steps: its role (colocated, prefill or decode).
 
 The step loop is the same for every role; a ``Role`` only decides what
-happens around it: which extra messages it takes (KV slots, handoffs), what
+happens around it: which extra messages it takes (the KV arena, handoffs), what
 it does before each schedule (export or import KV), and what happens to a
 request whose prompt is done.  ``colocated`` keeps decoding it here; the
 disaggregated ``prefill`` and ``decode`` roles are in ``homepd.worker.handoff``.
@@ -20,13 +20,13 @@ from homepd.worker.handoff import DecodeRole, PrefillRole
 class Role(Protocol):
     @property
     def has_work(self) -> bool:
-        """True while the role holds requests outside the scheduler (waiting for a KV slot or a sequence)."""
+        """True while the role holds requests outside the scheduler (waiting for a KV extent or a sequence)."""
 
     def handle(self, msg) -> bool:
         """Take a role-specific message from the controller; False if it is not one."""
 
     def pump(self) -> None:
-        """Before each schedule: move requests between KV slots and the scheduler as room allows."""
+        """Before each schedule: move requests between KV extents and the scheduler as room allows."""
 
     def prompt_done(self, seq: Sequence, t_s: float) -> None:
         """seq got its first token at ``t_s`` and is not finished."""

@@ -15,7 +15,7 @@ from homepd.core.prefixcache import ReuseMode
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import AttachStore, StoreDropped
 from homepd.core.stepmodel import StepEstimate
-from homepd.errors import HomepdError, SlotError
+from homepd.errors import ExtentError, HomepdError
 from homepd.kv.store import StoreSegment, saved_message
 from homepd.kv.storeindex import StoreHit
 from homepd.kv.segment import unlink_pool_of
@@ -97,7 +97,7 @@ class ContextStore:
         t0 = time.monotonic()
         try:
             store.read(hit.entry, lambda view, n_bytes: self.ctx.state_set(seq_id, view, n_bytes))
-        except SlotError:
+        except ExtentError:
             store.drop(hit.entry)  # unreadable (overwritten, or another model's): never tried again
             self.send(StoreDropped((hit.entry.offset,)))
             return None

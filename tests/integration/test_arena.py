@@ -86,7 +86,7 @@ def test_many_concurrent_handoffs_share_the_arena_by_bytes():
 
     async def scenario():
         # every prompt through the prefill worker and the arena (no short prompt prefilled on the decode worker)
-        cfg = fake(kv_arena_bytes=5 * 4096, n_seq_max=2, n_slots=8, local_prefill=False)
+        cfg = fake(kv_arena_bytes=5 * 4096, n_seq_max=2, n_extents=8, local_prefill=False)
         async with make_engine(cfg) as engine:
             streams, ends = await generate(engine, prompts, max_tokens=40)
             await assert_arena_settled(engine)
@@ -94,7 +94,7 @@ def test_many_concurrent_handoffs_share_the_arena_by_bytes():
 
     streams, ends, snap = run(scenario())
     assert all(e[-1].kind == "done" for e in ends) and all(s.lifecycle.kv_bytes for s in streams)
-    assert any(s.lifecycle.kv_slot_wait_s > 0 for s in streams)  # back-pressure happened
+    assert any(s.lifecycle.kv_extent_wait_s > 0 for s in streams)  # back-pressure happened
     assert snap.peak_kv_bytes < snap.peak_used_bytes <= 5 * 4096
 
 
@@ -103,7 +103,7 @@ def test_kill_9_of_either_worker_mid_handoff_leaves_the_arena_consistent_and_req
     """One decode sequence, so handoffs queue in the arena; the prefill worker holds more that wait for room.
     Kill ``victim`` while KV is in transit: every request completes (from the arena or by recompute), and
     afterwards the arena's bytes are all accounted for."""
-    cfg = fake(kv_arena_bytes=4 * 4096, n_seq_max=1, n_slots=2)
+    cfg = fake(kv_arena_bytes=4 * 4096, n_seq_max=1, n_extents=2)
     lengths = [300, 20, 20, 20, 20]
 
     async def scenario():
@@ -128,6 +128,6 @@ def test_kill_9_of_either_worker_mid_handoff_leaves_the_arena_consistent_and_req
     (died,) = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]
     assert died.role == victim and died.failed_requests == ()
     if victim == "decode":  # what waited in the arena was imported again, not prefilled again
-        assert set(died.resumed_from_slot) == in_transit
+        assert set(died.resumed_from_extent) == in_transit
     else:  # the prefill worker's death leaves the arena's handoffs to the decode worker
         assert not in_transit & set(died.recomputed_requests)

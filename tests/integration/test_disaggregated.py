@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from homepd.kv.header import SlotExpectation, SlotHeader
+from homepd.kv.header import ExtentExpectation, ExtentHeader
 from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.models.resolve import fingerprint
@@ -24,20 +24,20 @@ GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
 REIMPORT = r"""
 import sys
 from homepd.kv.pool import KVArena, extent_bytes_for
-from homepd.kv.header import SlotExpectation, SlotHeader
+from homepd.kv.header import ExtentExpectation, ExtentHeader
 from homepd.llm import LlamaContext, LlamaModel
 path, fp, rid, extent, *names = sys.argv[1:]
 model = LlamaModel(path)
 ctx = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
 arena = KVArena.attach(names)
-header, view = arena.open_ready(0, SlotExpectation(rid, fp, 512), int(extent))
+header, view = arena.open_ready(0, ExtentExpectation(rid, fp, 512), int(extent))
 ctx.state_set(3, view, header.payload_bytes)
 arena.release(0)
 n = ctx.state_size(3)
 out = int(extent)  # right after the first extent (the parent's allocator left it free)
 arena.begin(out, extent_bytes_for(n))
 written = ctx.state_get(3, arena.payload(out, n, rid))
-arena.publish(out, SlotHeader(rid, fp, 512, header.n_tokens, written))
+arena.publish(out, ExtentHeader(rid, fp, 512, header.n_tokens, written))
 print(out, flush=True)
 arena.close()
 """
@@ -57,11 +57,11 @@ def test_handoff_is_lossless_across_processes(request, which):
         arena.begin(0, extent)
         written = ctx.state_get(0, arena.payload(0, n, "r1"))
         assert written == n  # the bytes moved are exactly llama_state_seq_get_size
-        assert arena.publish(0, SlotHeader("r1", fp, 512, len(ids), written)).extent_bytes == extent
+        assert arena.publish(0, ExtentHeader("r1", fp, 512, len(ids), written)).extent_bytes == extent
         out = subprocess.run([sys.executable, "-c", REIMPORT, str(path), fp, "r1", str(extent), *arena.names],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        header, view = arena.open_ready(int(out.stdout), SlotExpectation("r1", fp, 512), extent)
+        header, view = arena.open_ready(int(out.stdout), ExtentExpectation("r1", fp, 512), extent)
         reexported = bytes(view[:header.payload_bytes])
         arena.release(int(out.stdout))
         original = bytearray(n)
@@ -116,7 +116,7 @@ def test_arena_exhaustion_makes_prefill_wait_not_fail(default_model_path):
     """One handoff in the arena at a time, one decode sequence: request 0 decodes for long; request 1 is
     exported and sits in the arena (the decode worker has no free sequence); request 2's prompt finishes
     and must wait for room — until request 0 ends and request 1 is imported."""
-    cfg = disagg(default_model_path, n_slots=1, n_seq_max=1)
+    cfg = disagg(default_model_path, n_extents=1, n_seq_max=1)
     lengths = [200, 24, 24]
 
     async def scenario():
@@ -129,6 +129,6 @@ def test_arena_exhaustion_makes_prefill_wait_not_fail(default_model_path):
     results, lcs = run(scenario())
     for (events, _), n in zip(results, lengths):
         assert events[-1].kind == "done" and sum(e.kind == "token" for e in events) == n
-    # request 2 waited for the slot while request 0 was still decoding
-    assert lcs[2].kv_slot_wait_s > 0.05
-    assert lcs[2].kv_slot_wait_s >= lcs[0].ended_s - lcs[2].prefill_end_s - 0.05
+    # request 2 waited for the only extent while request 0 was still decoding
+    assert lcs[2].kv_extent_wait_s > 0.05
+    assert lcs[2].kv_extent_wait_s >= lcs[0].ended_s - lcs[2].prefill_end_s - 0.05

@@ -9,9 +9,10 @@ import signal
 import psutil
 import pytest
 
+from homepd.core.lifecycle import RESUMED_FROM_EXTENT
 from homepd.core.records import WorkerEventKind
 from homepd.fakellm import FakeModel
-from homepd.kv.header import SlotHeader
+from homepd.kv.header import ExtentHeader
 from homepd.kv.segment import parse_segment_name
 from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.llm import LlamaContext, LlamaModel
@@ -36,7 +37,7 @@ def shm_segments_of_dead_owners() -> list[str]:
 
 
 @pytest.mark.parametrize("bad", ["fingerprint", "n_ctx", "checksum"])
-def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path, bad):
+def test_decode_worker_refuses_a_mismatched_or_corrupted_extent(default_model_path, bad):
     fp = fingerprint(default_model_path)
     model = LlamaModel(default_model_path)
     spec = WorkerSpec(role="decode", model_path=str(default_model_path), n_ctx=512, n_seq_max=2, chunk=64,
@@ -51,26 +52,26 @@ def test_decode_worker_refuses_a_mismatched_or_corrupted_slot(default_model_path
     extent = extent_bytes_for(n)
     with KVArena.create(extent) as arena:
         loop.role.arena = KVArena.attach(list(arena.names))
-        slot = 0
-        arena.begin(slot, extent)
+        offset = 0
+        arena.begin(offset, extent)
         ctx2 = LlamaContext(model, n_ctx=512, n_batch=64, n_seq_max=1, n_threads=1)
         ctx2.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * len(ids))
-        ctx2.state_get(0, arena.payload(slot, n, "r1"))
+        ctx2.state_get(0, arena.payload(offset, n, "r1"))
         ctx2.close()
         # n_ctx: KV that claims more tokens than this decode worker's context holds
-        header = SlotHeader("r1", "0" * 64 if bad == "fingerprint" else fp, 1024 if bad == "n_ctx" else 512,
-                            600 if bad == "n_ctx" else len(ids), n)
-        arena.publish(slot, header)
+        header = ExtentHeader("r1", "0" * 64 if bad == "fingerprint" else fp, 1024 if bad == "n_ctx" else 512,
+                              600 if bad == "n_ctx" else len(ids), n)
+        arena.publish(offset, header)
         if bad == "checksum":
             arena._buf[4096 + 4096 + 100] ^= 0xFF  # flip a payload byte inside the fully checked head
         params = SamplingParams(max_tokens=4)
-        loop.handle(KVHandoff("r1", slot, tuple(ids), (42,), params, TextStream(), n,
+        loop.handle(KVHandoff("r1", offset, tuple(ids), (42,), params, TextStream(), n,
                               len(ids), 0.0, 0.0, 0.0, extent_bytes=extent))
         loop.role.pump()
         (done,) = outbox.sent
         assert isinstance(done, RequestDone) and done.reason == "error"
         assert "KV import refused" in done.error and bad.replace("_", "") in done.error.replace("_", "").lower()
-        assert arena.state(slot).name == "FREE"          # the extent is usable again
+        assert arena.state(offset).name == "FREE"          # the extent is usable again
         assert loop.scheduler.allocator.free_seq_ids and not loop.scheduler.running  # the sequence too
         loop.role.arena.close()
     outbox.close()
@@ -118,21 +119,21 @@ def test_kill_9_during_three_streams_ends_all_and_engine_recovers(victim):
 
 
 def test_decode_death_resumes_every_request():
-    """n_seq_max=1: while request 0 decodes, requests 1 and 2 wait in READY slots.  Kill the decode
-    worker: 1 and 2 are imported from their slots by the restarted worker (no second prefill); 0 lost
+    """n_seq_max=1: while request 0 decodes, requests 1 and 2 wait in READY extents.  Kill the decode
+    worker: 1 and 2 are imported from their extents by the restarted worker (no second prefill); 0 lost
     its KV and is resumed by recompute (prompt + its output prefilled again).  All complete, each with
     exactly the text it would have had undisturbed."""
-    n_out = 1000  # why: request 0 still decodes (~0.5 s on the fake) when the others are in their slots
+    n_out = 1000  # why: request 0 still decodes (~0.5 s on the fake) when the others are in their extents
 
     async def scenario():
-        async with make_engine(fake_disagg(n_seq_max=1, n_slots=3)) as engine:
+        async with make_engine(fake_disagg(n_seq_max=1, n_extents=3)) as engine:
             pid = engine.workers["decode"].pid
             streams = [await engine.submit(p, params=SamplingParams(max_tokens=n_out, ignore_eos=True))
                        for p in PROMPTS[:3]]
             for _ in range(3):  # request 0 is decoding on the decode worker
                 assert (await streams[0].__anext__()).kind == "token"
-            async for event in streams[0]:  # it decodes on while both others are exported into slots
-                assert event.kind == "token", "request 0 ended before requests 1 and 2 were in slots"
+            async for event in streams[0]:  # it decodes on while both others are exported into extents
+                assert event.kind == "token", "request 0 ended before requests 1 and 2 were in extents"
                 if len(engine.snapshot().kv_arena.in_arena) == 2:
                     break
             waiting = list(engine.snapshot().kv_arena.in_arena)
@@ -153,10 +154,11 @@ def test_decode_death_resumes_every_request():
     first = streams[0].lifecycle
     assert first.resumed_by == ["recompute"] and prefilled[first.request_id] > 2 * first.n_prompt_tokens  # again
     for s in streams[1:]:
-        assert s.lifecycle.resumed_by == ["slot"] and prefilled[s.request_id] == s.lifecycle.n_prompt_tokens
+        assert s.lifecycle.resumed_by == [RESUMED_FROM_EXTENT]
+        assert prefilled[s.request_id] == s.lifecycle.n_prompt_tokens
         assert len(s.token_ids) == n_out
     died = [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED][0]
-    assert list(died.resumed_from_slot) == waiting and list(died.recomputed_requests) == [streams[0].request_id]
+    assert list(died.resumed_from_extent) == waiting and list(died.recomputed_requests) == [streams[0].request_id]
     assert died.failed_requests == ()
 
 

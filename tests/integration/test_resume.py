@@ -1,6 +1,6 @@
 """Resume after kill -9 or a hang: every request completes, and what it generated stays a consistent
 continuation.  One real-model test per architecture (the teacher-forced check); the recovery logic — which
-worker dies, slots, recompute, hangs, giving up — on the fake backend, whose output is known exactly."""
+worker dies, KV arena extents, recompute, hangs, giving up — on the fake backend, whose output is known exactly."""
 from __future__ import annotations
 
 import asyncio
@@ -59,7 +59,7 @@ def check_recovery(pid, victim, snap):
     assert died.cause == f"exit code {-signal.SIGKILL}"  # noticed by its exit (pipe EOF), not as hung
     (restarted,) = [e for e in snap.worker_events if e.kind is WorkerEventKind.RESTARTED]
     assert restarted.role == victim and restarted.recovery_s == restarted.t_s - died.t_s > 0
-    resumed = set(died.resumed_from_slot) | set(died.recomputed_requests)
+    resumed = set(died.resumed_from_extent) | set(died.recomputed_requests)
     assert resumed  # the dead worker held something, and it came back
     return restarted, resumed
 
@@ -102,18 +102,18 @@ def test_kill_9_with_resume_continues_every_stream_exactly_on_the_fake_backend(m
             assert s.lifecycle.n_resumes == 1 and events[-1].t_s > restarted.t_s
 
 
-def test_prefill_death_resumes_a_request_waiting_for_a_slot():
-    """One slot, one decode sequence: request 0 decodes, request 1 holds the slot, request 2 has its first
-    token and waits for a slot inside the prefill worker (TRANSFERRING).  Kill the prefill worker:
+def test_prefill_death_resumes_a_request_waiting_for_an_extent():
+    """One extent, one decode sequence: request 0 decodes, request 1 holds the extent, request 2 has its first
+    token and waits for an extent inside the prefill worker (TRANSFERRING).  Kill the prefill worker:
     request 2 is recomputed; 0 and 1 are untouched."""
-    cfg = fake_disagg(n_seq_max=1, n_slots=1)
+    cfg = fake_disagg(n_seq_max=1, n_extents=1)
     lengths = [6000, 8, 8]  # request 0 decodes for seconds on the fake
 
     async def scenario():
         async with make_engine(cfg) as engine:
             streams = [await engine.submit(p, params=SamplingParams(max_tokens=n, ignore_eos=True))
                        for p, n in zip(PROMPTS[:3], lengths)]
-            await streams[2].__anext__()  # its first token: now it waits for the only slot
+            await streams[2].__anext__()  # its first token: now it waits for the only extent
             assert streams[2].lifecycle.state.value == "transferring" and len(engine.handoff.router.in_arena) == 1
             os.kill(engine.workers["prefill"].pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), timeout=60)
@@ -182,10 +182,10 @@ def test_a_hung_worker_is_killed_restarted_and_its_requests_resumed(mode, victim
         assert texts[s.request_id] == fake_text(prompt, n_out)
 
 
-def test_a_worker_waiting_for_a_slot_is_not_mistaken_for_hung():
-    """One slot, one decode sequence, a 2 s hang timeout: the prefill worker waits longer than that for a
-    slot while request 0 decodes — it sends heartbeats and is left alone."""
-    cfg = fake_disagg(n_ctx=65536, n_seq_max=1, n_slots=1, hang_timeout_s=HANG_TIMEOUT_S)
+def test_a_worker_waiting_for_an_extent_is_not_mistaken_for_hung():
+    """One extent, one decode sequence, a 2 s hang timeout: the prefill worker waits longer than that for an
+    extent while request 0 decodes — it sends heartbeats and is left alone."""
+    cfg = fake_disagg(n_ctx=65536, n_seq_max=1, n_extents=1, hang_timeout_s=HANG_TIMEOUT_S)
     lengths = [60000, 4, 4]  # request 0: far longer than the test lets it run
 
     async def scenario():
@@ -203,5 +203,5 @@ def test_a_worker_waiting_for_a_slot_is_not_mistaken_for_hung():
     streams, ends, snap = run(scenario())
     assert [events[-1].kind for events, _ in ends] == ["done"] * 3
     assert ends[0][0][-1].finish_reason == "cancelled"
-    assert streams[2].lifecycle.kv_slot_wait_s > HANG_TIMEOUT_S  # it really waited longer than the timeout
+    assert streams[2].lifecycle.kv_extent_wait_s > HANG_TIMEOUT_S  # it really waited longer than the timeout
     assert not [e for e in snap.worker_events if e.kind is WorkerEventKind.DIED]

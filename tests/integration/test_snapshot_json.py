@@ -25,7 +25,7 @@ def through_json(snap: EngineSnapshot) -> EngineSnapshot:
 def test_a_live_disaggregated_snapshot_comes_back_from_json_unchanged():
     # one decode sequence: the second and third handoffs wait in the arena while the first decodes
     cfg = EngineConfig(backend="fake", mode="disaggregated", n_ctx=2048, n_seq_max=1, chunk=64, prefill_threads=1,
-                       decode_threads=1, kv_arena_bytes=8 * 4096, n_slots=3, local_prefill=False)
+                       decode_threads=1, kv_arena_bytes=8 * 4096, n_extents=3, local_prefill=False)
 
     async def scenario():
         async with make_engine(cfg) as engine:

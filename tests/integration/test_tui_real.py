@@ -88,7 +88,7 @@ async def test_the_architecture_switch_restarts_real_workers_and_quit_leaves_non
         await settle(app, pilot)
         arch = app.state.tick.architecture
         assert [w.role for w in arch.workers] == ["prefill", "decode"] and arch.kv_arena.capacity_bytes > 0
-        assert arch.kv_arena.max_extents == source.config.n_slots and arch.kv_arena.n_extents == 0  # all done
+        assert arch.kv_arena.max_extents == source.config.n_extents and arch.kv_arena.n_extents == 0  # all done
         await pilot.press("ctrl+q")
         await settle(app, pilot)
     assert app.return_code == 0 and children() == []

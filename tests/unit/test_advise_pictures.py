@@ -93,7 +93,7 @@ def test_a_live_result_reads_like_the_stored_run():
         lc.add_token(t)
     lc.advance(RequestState.FINISHED, 1.43)
     record = RunRecord(mode="colocated", config={}, trace_name="short", summary=summarize([lc], []), stalls=(),
-                       worker_events=(), memory=(), kv_slot_bytes=0, energy_j={}, requests=(lc,))
+                       worker_events=(), memory=(), kv_arena_bytes=0, energy_j={}, requests=(lc,))
     cands = [Candidate("colocated-chunk-16", Mode.COLOCATED, chunk=16)]
     result = AdviseResult(None, cands, {("colocated-chunk-16", "short", 0): record}, {}, recommend(Evidence(cands)),
                           AdviseSettings(), {}, None, 1.0)

@@ -38,7 +38,7 @@ def test_summary_counts_prompt_tokens_computed_and_reused_over_finished_requests
 def test_run_report_shows_reuse_per_request_and_in_sum():
     requests = (finished("req-first-turn", 100, 0), finished("req-second-turn", 300, 240, 1.0))
     record = RunRecord(mode="colocated", config={}, trace_name="chat", summary=summarize(list(requests), []),
-                       stalls=(), worker_events=(), memory=(), kv_slot_bytes=0, energy_j={}, requests=requests)
+                       stalls=(), worker_events=(), memory=(), kv_arena_bytes=0, energy_j={}, requests=requests)
     text = render_run(record, kinds=["chat", "chat"])
     lines = text.splitlines()
     assert "reused" in lines[0]

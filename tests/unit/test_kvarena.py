@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from homepd.errors import SlotError
-from homepd.kv.header import HEADER_BYTES, SlotState, payload_checksum
-from homepd.kv.pool import DATA_OFFSET, KVArena, SlotExpectation, SlotHeader, extent_bytes_for
+from homepd.errors import ExtentError
+from homepd.kv.header import HEADER_BYTES, ExtentState, payload_checksum
+from homepd.kv.pool import DATA_OFFSET, ExtentExpectation, ExtentHeader, KVArena, extent_bytes_for
 from homepd.kv.ring import RingAllocator
 from homepd.kv.segment import SHM_DIR, attach_segment, cleanup_stale_segments, parse_segment_name, unlink_pool_of
 
@@ -44,7 +44,7 @@ class Arena:
     def publish(self, data: bytes, request_id: str = "req-1", fingerprint: str = FP_A, n_ctx: int = N_CTX) -> int:
         offset = self.take(len(data))
         self.arena.payload(offset, len(data), request_id)[:] = data
-        self.arena.publish(offset, SlotHeader(request_id, fingerprint, n_ctx, n_tokens=17, payload_bytes=len(data)))
+        self.arena.publish(offset, ExtentHeader(request_id, fingerprint, n_ctx, n_tokens=17, payload_bytes=len(data)))
         return offset
 
     def extent(self, offset: int) -> int:
@@ -62,8 +62,8 @@ def random_bytes(n: int, seed: int = 0) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
 
 
-def expect(request_id: str = "req-1", fingerprint: str = FP_A, n_ctx: int = N_CTX) -> SlotExpectation:
-    return SlotExpectation(request_id, fingerprint, n_ctx)
+def expect(request_id: str = "req-1", fingerprint: str = FP_A, n_ctx: int = N_CTX) -> ExtentExpectation:
+    return ExtentExpectation(request_id, fingerprint, n_ctx)
 
 
 def in_shm(arena: KVArena) -> list[str]:
@@ -80,7 +80,7 @@ def flip(arena: KVArena, offset: int, byte: int, mask: int = 0x01) -> None:
 
 PRELUDE = """
 import json, os, sys, hashlib
-from homepd.kv.pool import KVArena, SlotExpectation, SlotHeader, extent_bytes_for
+from homepd.kv.pool import ExtentExpectation, ExtentHeader, KVArena, extent_bytes_for
 def recv(): return json.loads(sys.stdin.readline())
 def send(**m): print(json.dumps(m), flush=True)
 """
@@ -115,14 +115,14 @@ def test_round_trip_through_another_process(arena):
     child = Child("""
     m = recv()
     arena = KVArena.attach(m["names"], verify="full")
-    header, view = arena.open_ready(m["offset"], SlotExpectation("req-λ", m["fp"], m["n_ctx"]), m["extent"])
+    header, view = arena.open_ready(m["offset"], ExtentExpectation("req-λ", m["fp"], m["n_ctx"]), m["extent"])
     send(sha=hashlib.sha256(view).hexdigest(), n_tokens=header.n_tokens, state=arena.state(m["offset"]).name)
     reply = hashlib.sha256(view).digest() * 1000
     arena.release(m["offset"])  # releases view too
     out = m["reply_at"]
     arena.begin(out, extent_bytes_for(len(reply)))
     arena.payload(out, len(reply))[:] = reply
-    arena.publish(out, SlotHeader("reply", m["fp"], m["n_ctx"], 1, len(reply)))
+    arena.publish(out, ExtentHeader("reply", m["fp"], m["n_ctx"], 1, len(reply)))
     send(pid=os.getpid())
     arena.close()
     """)
@@ -133,7 +133,7 @@ def test_round_trip_through_another_process(arena):
     assert seen == {"sha": hashlib.sha256(data).hexdigest(), "n_tokens": 17, "state": "READING"}
     answer = child.recv()
     assert child.wait() == 0
-    assert arena.arena.state(offset) == SlotState.FREE
+    assert arena.arena.state(offset) == ExtentState.FREE
     assert arena.arena.holder_pid(reply_at) == answer["pid"]
     header, view = arena.arena.open_ready(reply_at, expect("reply"), extent_bytes_for(32_000))
     assert bytes(view) == hashlib.sha256(data).digest() * 1000
@@ -146,7 +146,7 @@ def test_an_extent_takes_exactly_the_payload_rounded_to_pages_plus_one_header_pa
     assert extent_bytes_for(4097) == 3 * 4096
     a = arena.publish(random_bytes(10_000), "a")
     b = arena.publish(random_bytes(5000), "b")
-    assert (a, b) == (0, HEADER_BYTES + 12_288)  # b starts where a ends: no slot-sized gaps
+    assert (a, b) == (0, HEADER_BYTES + 12_288)  # b starts where a ends: no fixed-size gaps
     assert arena.ring.used_bytes == extent_bytes_for(10_000) + extent_bytes_for(5000)
 
 
@@ -157,7 +157,7 @@ def test_payload_views_take_ctypes_like_state_get_and_set(arena):
     dst = (ctypes.c_uint8 * len(data)).from_buffer(view)  # what LlamaContext.state_get does
     ctypes.memmove(dst, data, len(data))
     del dst
-    arena.arena.publish(offset, SlotHeader("req-1", FP_A, N_CTX, 3, len(data)))
+    arena.arena.publish(offset, ExtentHeader("req-1", FP_A, N_CTX, 3, len(data)))
     with pytest.raises(ValueError):
         view[0] = 1  # released at publish: no writes after hand-over
     _, payload = arena.arena.open_ready(offset, expect(), arena.extent(offset))
@@ -170,9 +170,9 @@ def test_payload_views_take_ctypes_like_state_get_and_set(arena):
 def test_corrupted_payload_byte_is_caught(arena, byte):
     offset = arena.publish(random_bytes(300_003, seed=3))
     flip(arena.arena, offset, HEADER_BYTES + byte)
-    with pytest.raises(SlotError, match="payload checksum mismatch"):
+    with pytest.raises(ExtentError, match="payload checksum mismatch"):
         arena.arena.open_ready(offset, expect(), arena.extent(offset))
-    assert arena.arena.state(offset) == SlotState.READY  # left for the owner to decide
+    assert arena.arena.state(offset) == ExtentState.READY  # left for the owner to decide
 
 
 def test_sampled_checksum_catches_edges_and_sampled_lines():
@@ -181,7 +181,7 @@ def test_sampled_checksum_catches_edges_and_sampled_lines():
     for byte in (7, n - 3, 65_536 + 5 * 4096 + 5 * 64 + 3):  # head, tail, page 5's sampled line
         offset = a.publish(random_bytes(n, seed=byte))
         flip(a.arena, offset, HEADER_BYTES + byte, 0x80)
-        with pytest.raises(SlotError, match=r"checksum mismatch .*\(sampled check\)"):
+        with pytest.raises(ExtentError, match=r"checksum mismatch .*\(sampled check\)"):
             a.arena.open_ready(offset, expect(), a.extent(offset))
         a.arena.release(offset)
         a.ring.free(offset)
@@ -210,47 +210,47 @@ def test_checksum_sees_length_and_every_single_byte(verify):
 ])
 def test_mismatched_expectation_names_the_field(arena, field, bad, message):
     offset = arena.publish(random_bytes(1000))
-    with pytest.raises(SlotError, match=message):
+    with pytest.raises(ExtentError, match=message):
         arena.arena.open_ready(offset, expect(**{field: bad}), arena.extent(offset))
-    assert arena.arena.state(offset) == SlotState.READY
+    assert arena.arena.state(offset) == ExtentState.READY
     arena.arena.open_ready(offset, expect(n_ctx=17), arena.extent(offset))  # a smaller consumer context fits
 
 
 def test_a_consumer_told_another_extent_length_is_refused(arena):
     offset = arena.publish(random_bytes(1000))
-    with pytest.raises(SlotError, match="the arena gave it 4096"):
+    with pytest.raises(ExtentError, match="the arena gave it 4096"):
         arena.arena.open_ready(offset, expect(), 4096)
 
 
 def test_corrupted_header_is_caught(arena):
     offset = arena.publish(random_bytes(1000))
     flip(arena.arena, offset, 40)  # inside the body: payload size area
-    with pytest.raises(SlotError, match="header checksum mismatch"):
+    with pytest.raises(ExtentError, match="header checksum mismatch"):
         arena.arena.open_ready(offset, expect(), arena.extent(offset))
 
 
 def test_payload_over_the_extent_says_so(arena):
     offset = arena.take(4096)
-    with pytest.raises(SlotError, match=r"'req-9' needs 4097 bytes, its extent at 0 holds 4096"):
+    with pytest.raises(ExtentError, match=r"'req-9' needs 4097 bytes, its extent at 0 holds 4096"):
         arena.arena.payload(offset, 4097, "req-9")
-    with pytest.raises(SlotError, match="holds 4096"):
-        arena.arena.publish(offset, SlotHeader("req-9", FP_A, N_CTX, 1, 4097))
+    with pytest.raises(ExtentError, match="holds 4096"):
+        arena.arena.publish(offset, ExtentHeader("req-9", FP_A, N_CTX, 1, 4097))
 
 
 def test_bad_header_fields_are_refused(arena):
     offset = arena.take(10)
-    with pytest.raises(SlotError, match="at most 64"):
-        arena.arena.publish(offset, SlotHeader("x" * 65, FP_A, N_CTX, 1, 10))
-    with pytest.raises(SlotError, match="not a hex sha256"):
-        arena.arena.publish(offset, SlotHeader("r", "abc", N_CTX, 1, 10))
-    assert arena.arena.state(offset) == SlotState.WRITING
+    with pytest.raises(ExtentError, match="at most 64"):
+        arena.arena.publish(offset, ExtentHeader("x" * 65, FP_A, N_CTX, 1, 10))
+    with pytest.raises(ExtentError, match="not a hex sha256"):
+        arena.arena.publish(offset, ExtentHeader("r", "abc", N_CTX, 1, 10))
+    assert arena.arena.state(offset) == ExtentState.WRITING
 
 
 def test_ranges_outside_the_arena_or_unaligned_are_refused(arena):
     for offset in (-4096, 100, CAPACITY):
-        with pytest.raises(SlotError, match="not a page-aligned range"):
+        with pytest.raises(ExtentError, match="not a page-aligned range"):
             arena.arena.state(offset)
-    with pytest.raises(SlotError, match="not a page-aligned range"):
+    with pytest.raises(ExtentError, match="not a page-aligned range"):
         arena.arena.begin(CAPACITY - 4096, 2 * 4096)
 
 
@@ -258,19 +258,19 @@ def test_an_offset_inside_another_extent_is_not_an_extent(arena):
     offset = arena.publish(bytes(50_000))  # zeros: no magic anywhere in the payload
     inside = offset + 3 * 4096
     assert arena.arena.state(inside) is None and arena.arena.request_in(inside) is None
-    with pytest.raises(SlotError, match="no KV extent starts at"):
+    with pytest.raises(ExtentError, match="no KV extent starts at"):
         arena.arena.reset_stale(inside)
 
 
 def test_wrong_state_transitions_are_refused(arena):
     offset = arena.publish(random_bytes(100))
-    with pytest.raises(SlotError, match="is READY, expected WRITING"):
+    with pytest.raises(ExtentError, match="is READY, expected WRITING"):
         arena.arena.payload(offset, 10)
     arena.arena.open_ready(offset, expect(), arena.extent(offset))
-    with pytest.raises(SlotError, match="is READING, expected READY"):
+    with pytest.raises(ExtentError, match="is READING, expected READY"):
         arena.arena.open_ready(offset, expect(), arena.extent(offset))
     arena.arena.release(offset)
-    with pytest.raises(SlotError, match="released twice"):
+    with pytest.raises(ExtentError, match="released twice"):
         arena.arena.release(offset)
 
 
@@ -309,7 +309,7 @@ def test_owner_close_unlinks_even_with_a_live_export():
     assert in_shm(a.arena) == []
     held[0] = 1  # the mapping lives until its export dies
     del held
-    with pytest.raises(SlotError, match="closed KV arena"):
+    with pytest.raises(ExtentError, match="closed KV arena"):
         a.arena.state(0)
 
 
@@ -366,7 +366,7 @@ def test_dead_consumer_extent_goes_back_to_ready(arena):
     child = Child("""
     m = recv()
     arena = KVArena.attach(m["names"])
-    arena.open_ready(m["offset"], SlotExpectation("req-1", m["fp"], m["n_ctx"]), m["extent"])
+    arena.open_ready(m["offset"], ExtentExpectation("req-1", m["fp"], m["n_ctx"]), m["extent"])
     send(pid=os.getpid())
     recv()  # blocks until killed
     """)
@@ -374,10 +374,10 @@ def test_dead_consumer_extent_goes_back_to_ready(arena):
     pid = child.recv()["pid"]
     child.process.send_signal(signal.SIGKILL)
     child.wait()
-    assert arena.arena.state(offset) == SlotState.READING and arena.arena.holder_pid(offset) == pid
-    with pytest.raises(SlotError, match="only READING goes back to READY"):
-        arena.arena.reset_stale(arena.take(10), SlotState.READY)
-    arena.arena.reset_stale(offset, SlotState.READY)
+    assert arena.arena.state(offset) == ExtentState.READING and arena.arena.holder_pid(offset) == pid
+    with pytest.raises(ExtentError, match="only READING goes back to READY"):
+        arena.arena.reset_stale(arena.take(10), ExtentState.READY)
+    arena.arena.reset_stale(offset, ExtentState.READY)
     _, view = arena.arena.open_ready(offset, expect(), arena.extent(offset))
     assert bytes(view) == data
 
@@ -414,13 +414,13 @@ def test_the_arena_is_prefaulted_in_owner_and_attacher():
 
 
 def test_attach_refuses_foreign_names_and_segments():
-    with pytest.raises(SlotError, match="not the segment names"):
+    with pytest.raises(ExtentError, match="not the segment names"):
         KVArena.attach(["something-else"])
-    with pytest.raises(SlotError, match="does not exist"):
+    with pytest.raises(ExtentError, match="does not exist"):
         KVArena.attach(["homepd-kv-1-deadbeef-0"])
     with KVArena.create(1 << 20) as arena:
         raw = attach_segment(arena.names[0])
         raw[0] ^= 0xFF  # not an arena header any more
         raw.close()
-        with pytest.raises(SlotError, match="run the controller and workers from the same homepd install"):
+        with pytest.raises(ExtentError, match="run the controller and workers from the same homepd install"):
             KVArena.attach(arena.names)

@@ -7,7 +7,7 @@ import pytest
 
 from homepd.core.protocol import KVHandoff, WorkerReady
 from homepd.core.sampling import SamplingParams
-from homepd.kv.header import HOLDER_PID_OFFSET, STATE_OFFSET, SlotHeader, SlotState
+from homepd.kv.header import HOLDER_PID_OFFSET, STATE_OFFSET, ExtentHeader, ExtentState
 from homepd.kv.pool import DATA_OFFSET, extent_bytes_for
 from homepd.kv.ring import RingAllocator
 
@@ -34,14 +34,14 @@ def publish(router, rid: str, n_bytes: int = 16, holder_pid: int | None = None) 
     offset = router.ring.alloc(extent)
     arena.begin(offset, extent)
     arena.payload(offset, n_bytes, rid)[:] = bytes(i % 256 for i in range(n_bytes))
-    arena.publish(offset, SlotHeader(rid, FP, 64, 4, n_bytes))
+    arena.publish(offset, ExtentHeader(rid, FP, 64, 4, n_bytes))
     if holder_pid is not None:  # pretend another process touched it last
-        set_state(router, offset, SlotState.READY, holder_pid)
+        set_state(router, offset, ExtentState.READY, holder_pid)
     return KVHandoff(rid, offset, (1, 2, 3, 4), (5,), SamplingParams(), None, n_bytes, 4, 0.0, 0.0, 0.0,
                      extent_bytes=extent, arena_used_bytes=router.ring.used_bytes, arena_kv_bytes=n_bytes)
 
 
-def set_state(router, offset: int, state: SlotState, holder_pid: int) -> None:
+def set_state(router, offset: int, state: ExtentState, holder_pid: int) -> None:
     """What a worker that died holding the extent leaves behind."""
     at = DATA_OFFSET + offset
     router.arena._buf[at + STATE_OFFSET] = state
@@ -51,7 +51,7 @@ def set_state(router, offset: int, state: SlotState, holder_pid: int) -> None:
 def reclaim(router) -> None:
     """What the prefill worker does before allocating: free what the state bytes say is free."""
     for offset in router.ring.live:
-        if router.arena.state(offset) not in (SlotState.WRITING, SlotState.READY, SlotState.READING):
+        if router.arena.state(offset) not in (ExtentState.WRITING, ExtentState.READY, ExtentState.READING):
             router.ring.free(offset)
 
 
@@ -87,63 +87,63 @@ def test_default_arena_holds_the_prefill_workers_whole_context():
 def test_decode_death_mid_import_puts_the_extent_back_to_ready_and_resumes(router):
     msg = publish(router, "a")
     router.handed_off(msg)
-    set_state(router, msg.slot, SlotState.READING, DEAD_PID)  # READING by the dead decode worker
+    set_state(router, msg.offset, ExtentState.READING, DEAD_PID)  # READING by the dead decode worker
     assert router.recover("decode", DEAD_PID, {"a"}) == ["a"]
-    assert router.arena.state(msg.slot) == SlotState.READY
-    assert router.live_extents() == ((msg.slot, msg.extent_bytes),)
+    assert router.arena.state(msg.offset) == ExtentState.READY
+    assert router.live_extents() == ((msg.offset, msg.extent_bytes),)
 
 
 def test_decode_death_after_release_does_not_resume_into_reused_bytes(router):
     msg = publish(router, "a", n_bytes=3 * 4096)
     router.handed_off(msg)
-    router.arena.release(msg.slot)  # the decode worker freed it, then died before KVImported
+    router.arena.release(msg.offset)  # the decode worker freed it, then died before KVImported
     reclaim(router)
-    router.ring.head = msg.slot + 4096   # the prefill worker's next export lands inside a's old extent
+    router.ring.head = msg.offset + 4096   # the prefill worker's next export lands inside a's old extent
     other = publish(router, "b")
-    assert msg.slot < other.slot < msg.slot + msg.extent_bytes
+    assert msg.offset < other.offset < msg.offset + msg.extent_bytes
     assert router.recover("decode", DEAD_PID, {"a"}) == []
-    assert router.arena.request_in(other.slot) == "b" and router.arena.state(other.slot) == SlotState.READY
+    assert router.arena.request_in(other.offset) == "b" and router.arena.state(other.offset) == ExtentState.READY
     assert router.live_extents() == ()  # b's handoff has not reached the router yet; a's bytes are b's
 
 
 def test_cancelled_request_in_the_arena_is_not_resumed_and_its_extent_frees(router):
     msg = publish(router, "a")
     router.handed_off(msg)
-    set_state(router, msg.slot, SlotState.READING, DEAD_PID)
+    set_state(router, msg.offset, ExtentState.READING, DEAD_PID)
     assert router.recover("decode", DEAD_PID, set()) == []   # not wanted any more
-    assert router.arena.state(msg.slot) == SlotState.FREE
+    assert router.arena.state(msg.offset) == ExtentState.FREE
 
 
 def test_prefill_death_leaves_only_known_handoffs_live(router):
     half = publish(router, "half")
-    set_state(router, half.slot, SlotState.WRITING, DEAD_PID)  # WRITING by the dead prefill worker
+    set_state(router, half.offset, ExtentState.WRITING, DEAD_PID)  # WRITING by the dead prefill worker
     orphan = publish(router, "o")                               # READY, but its KVHandoff never arrived
     kept = publish(router, "k")
     router.handed_off(kept)                                     # READY and known: the decode worker will import it
     assert router.recover("prefill", DEAD_PID, {"x"}) == []
-    assert router.arena.state(kept.slot) == SlotState.READY
+    assert router.arena.state(kept.offset) == ExtentState.READY
     # the restarted prefill worker rebuilds its allocator from this: the rest is free space
-    assert router.attach_message().live_extents == ((kept.slot, kept.extent_bytes),)
+    assert router.attach_message().live_extents == ((kept.offset, kept.extent_bytes),)
     fresh = RingAllocator(router.arena.capacity_bytes)
     for offset, n in router.attach_message().live_extents:
         fresh.reserve(offset, n)
-    assert fresh.used_bytes == kept.extent_bytes and fresh.alloc(half.extent_bytes) == half.slot
+    assert fresh.used_bytes == kept.extent_bytes and fresh.alloc(half.extent_bytes) == half.offset
 
 
 def test_drop_frees_a_ready_extent_only_if_it_still_holds_that_request(router):
     a = publish(router, "a")
     router.handed_off(a)
     assert router.drop("a") is True          # e.g. cancelled while waiting in the decode backlog
-    assert router.arena.state(a.slot) == SlotState.FREE
+    assert router.arena.state(a.offset) == ExtentState.FREE
     b = publish(router, "b")
     router.handed_off(b)
-    router.arena.release(b.slot)             # the decode worker already freed it...
+    router.arena.release(b.offset)             # the decode worker already freed it...
     reclaim(router)
-    router.ring.head = b.slot
+    router.ring.head = b.offset
     c = publish(router, "c")                 # ...and prefill reused its bytes
-    assert c.slot == b.slot
+    assert c.offset == b.offset
     assert router.drop("b") is True
-    assert router.arena.request_in(c.slot) == "c" and router.arena.state(c.slot) == SlotState.READY
+    assert router.arena.request_in(c.offset) == "c" and router.arena.state(c.offset) == ExtentState.READY
     assert router.drop("nobody") is False
     assert os.getpid() == router.arena.owner_pid
 
@@ -159,11 +159,11 @@ def test_peak_usage_pairs_arena_bytes_with_the_kv_in_transit_then(router):
     assert snap.in_transit_kv_bytes == 5000 + 10000 + 15000 and snap.capacity_bytes == 64 * 4096
 
 
-def test_the_snapshot_counts_extents_and_the_bytes_they_hold_not_slots(router):
+def test_the_snapshot_counts_extents_and_the_bytes_they_hold(router):
     msgs = [publish(router, f"r{i}", n_bytes=5000 * (i + 1)) for i in range(3)]
     for msg in msgs:
         router.handed_off(msg)
-    set_state(router, msgs[0].slot, SlotState.READING, os.getpid())  # the decode worker reads the first
+    set_state(router, msgs[0].offset, ExtentState.READING, os.getpid())  # the decode worker reads the first
     router.imported("r2")                  # the third is in the decode worker already
     snap = router.snapshot()
     assert snap.in_arena == ("r0", "r1") and snap.n_extents == 2

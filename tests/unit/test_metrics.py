@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import StepRecord
-from homepd.measure.metrics import interference, percentile
+from homepd.core.records import to_plain
+from homepd.measure.metrics import interference, percentile, summarize
 
 
 def test_percentile_is_nearest_rank():
@@ -43,3 +45,18 @@ def test_disaggregated_interference_uses_concurrent_prefill_steps():
     inter = interference(steps)
     assert inter.decode_only_steps == 4 and inter.mixed_steps == 2
     assert inter.slowdown == pytest.approx(1.5) and inter.mixed_prompt_tokens == 64
+
+
+def test_the_kv_summary_names_the_extent_wait_and_keeps_its_old_slot_name_in_json():
+    lc = Lifecycle("r", arrived_s=0.0, n_prompt_tokens=8)
+    lc.advance(RequestState.PREFILLING, 0.1)
+    lc.prefill_end_s = 0.2
+    lc.advance(RequestState.TRANSFERRING, 0.2)
+    lc.kv_bytes, lc.kv_export_s, lc.kv_import_s, lc.kv_extent_wait_s = 4096, 0.001, 0.001, 0.03
+    lc.transfer_end_s = 0.25
+    lc.advance(RequestState.DECODING, 0.25)
+    lc.add_token(0.3)
+    lc.advance(RequestState.FINISHED, 0.3)
+    kv = summarize([lc], []).kv
+    assert kv.extent_wait_ms_p95 == pytest.approx(30)
+    assert to_plain(kv)["extent_wait_ms_p95"] == to_plain(kv)["slot_wait_ms_p95"] == kv.extent_wait_ms_p95

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from homepd.core.admission import RequestClass
-from homepd.core.lifecycle import Lifecycle, RequestState, RequestTimings
+from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState, RequestTimings
 from homepd.core.records import (AdmissionSnapshot, ClassQueue, EngineSnapshot, KVArenaSnapshot, MemoryBreakdown,
                                  ProcessMemoryBreakdown, RecordShapeError, WorkerEvent, WorkerEventKind,
                                  WorkerSnapshot)
@@ -23,7 +23,7 @@ def full_snapshot() -> EngineSnapshot:
                             used_bytes=8192, in_transit_kv_bytes=5000, peak_used_bytes=12288, peak_kv_bytes=7000,
                             prefill_n_ctx=512)
     events = (WorkerEvent(WorkerEventKind.DIED, "decode", 9, 1.5, exitcode=-9, cause="SIGKILL",
-                          resumed_from_slot=("b",), recomputed_requests=("c",)),
+                          resumed_from_extent=("b",), recomputed_requests=("c",)),
               WorkerEvent(WorkerEventKind.RESTARTED, "decode", 11, 2.0, recovery_s=0.5))
     memory = MemoryBreakdown(100, 200, 300, 400, 500, 600,
                              (ProcessMemoryBreakdown("decode", 11, 1000, 100, 200, 300, 400, 500, 600),))
@@ -74,7 +74,7 @@ def finished_lifecycle() -> Lifecycle:
     lc.advance(RequestState.PREFILLING, 10.5)
     lc.prefill_end_s = 11.0
     lc.advance(RequestState.TRANSFERRING, 11.0)
-    lc.kv_bytes, lc.kv_export_s, lc.kv_import_s, lc.kv_slot_wait_s = 2_000_000, 0.001, 0.002, 0.0
+    lc.kv_bytes, lc.kv_export_s, lc.kv_import_s, lc.kv_extent_wait_s = 2_000_000, 0.001, 0.002, 0.0
     lc.transfer_end_s = 11.01
     lc.advance(RequestState.DECODING, 11.01)
     for t in (11.1, 11.2, 11.3):
@@ -103,3 +103,27 @@ def test_a_lifecycle_json_without_one_of_the_figures_is_refused():
         RequestTimings.from_lifecycle_dict(renamed)
     with pytest.raises(RecordShapeError, match="RequestTimings: unknown field.*arrived_s"):
         RequestTimings.from_dict(as_json)   # the figures alone are exact: no lifecycle fields in them
+
+
+def test_a_field_renamed_from_slot_to_extent_is_served_under_both_names_and_read_from_either():
+    """The arena's slots became extents: JSON keeps each old field name beside the new one (readers of /status,
+    /events and stored runs), and records read back from either name alone, as older homepd wrote them."""
+    snap = through_json(full_snapshot().to_dict())
+    event = snap["worker_events"][0]
+    assert event["resumed_from_extent"] == event["resumed_from_slot"] == ["b"]
+    for name in ("resumed_from_extent", "resumed_from_slot"):
+        one = copy.deepcopy(snap)
+        one["worker_events"][0].pop(name)
+        assert EngineSnapshot.from_dict(one) == full_snapshot()
+    lc = finished_lifecycle()
+    as_json = through_json(lc.to_dict())
+    assert as_json["kv_extent_wait_s"] == as_json["kv_slot_wait_s"] == 0.0
+    old = {k: v for k, v in as_json.items() if k != "kv_extent_wait_s"}
+    assert RequestTimings.from_lifecycle_dict(old) == lc.timings()
+    timings = through_json(lc.timings().to_dict())
+    timings.pop("kv_extent_wait_s")
+    assert RequestTimings.from_dict(timings) == lc.timings()
+    with pytest.raises(RecordShapeError, match="missing field.*kv_extent_wait_s"):
+        RequestTimings.from_lifecycle_dict({k: v for k, v in old.items() if k != "kv_slot_wait_s"})
+    lc.resumed_by.append(RESUMED_FROM_EXTENT)
+    assert through_json(lc.to_dict())["resumed_by"] == ["slot"]  # the value keeps its old name too

@@ -31,7 +31,7 @@ def test_illegal_transitions_are_bugs():
 
 
 def test_re_entry_keeps_arrival_times_and_restarts_the_transfer_clock():
-    """A decode worker death sends a request back to TRANSFERRING (resumed from its slot), then to
+    """A decode worker death sends a request back to TRANSFERRING (resumed from its arena extent), then to
     PREFILLING (resumed by recompute): admission and first prefill keep their first times, the new
     transfer starts at its own time with no end yet, and a resumed transfer is not measured from
     the first one."""
@@ -42,7 +42,7 @@ def test_re_entry_keeps_arrival_times_and_restarts_the_transfer_clock():
     lc.advance(RequestState.DECODING, 0.45)
     lc.advance(RequestState.TRANSFERRING, 2.0)  # decode worker died: its KV is re-imported
     assert (lc.transfer_start_s, lc.transfer_end_s, lc.transfer_s) == (2.0, None, None)
-    lc.advance(RequestState.PREFILLING, 3.0)    # slot lost too: recompute
+    lc.advance(RequestState.PREFILLING, 3.0)    # extent lost too: recompute
     assert (lc.admitted_s, lc.prefill_start_s) == (0.1, 0.1)
     assert lc.queue_wait_s == pytest.approx(0.1)
     lc.advance(RequestState.TRANSFERRING, 3.5)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
-from homepd.core.protocol import (CancelRequest, KVHandoff, KVImported, RequestDone, SlotFreed, StepRecord,
+from homepd.core.protocol import (CancelRequest, ExtentFreed, KVHandoff, KVImported, RequestDone, StepRecord,
                                   StepReport, TokenOut)
 from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams
@@ -153,7 +153,7 @@ def test_the_handoff_sends_a_wanted_request_on_and_frees_an_unwanted_one_through
     assert table.affinity.cached(decode, (1, 2, 3, 4)) == 3  # the decode worker now holds its prompt
     assert [e.finish_reason for e in events(cancelled)] == [FinishReason.CANCELLED]
     assert ("discard", "b") in router.calls and ("drop", "b") in router.calls  # the end told the handoff
-    assert SlotFreed(4096) in prefill.sent
+    assert ExtentFreed(4096) in prefill.sent
     wanted.lifecycle.advance(RequestState.PREFILLING, 1.0)
     wanted.lifecycle.advance(RequestState.TRANSFERRING, 1.0)
     arena.on_message(table, KVImported("a", 4096, 1.03, 1.05))

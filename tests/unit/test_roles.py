@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from homepd.core.protocol import (AttachSlots, CancelRequest, KVHandoff, KVImported, RequestDone, StepReport,
+from homepd.core.protocol import (AttachExtents, CancelRequest, KVHandoff, KVImported, RequestDone, StepReport,
                                   SubmitRequest, WorkerSpec)
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
@@ -79,21 +79,21 @@ def test_make_role_gives_each_worker_its_role():
         worker.close()
 
 
-def test_prefill_exports_into_a_slot_and_decode_continues_exactly_as_colocated(pool):
+def test_prefill_exports_into_an_extent_and_decode_continues_exactly_as_colocated(pool):
     prefill, decode = Worker("prefill"), Worker("decode")
     for w in (prefill, decode):
-        w.loop.handle(AttachSlots(pool.names))
+        w.loop.handle(AttachExtents(pool.names))
     submit(prefill, "r", "a prompt longer than one chunk of thirty-two tokens")
     while not prefill.out.of_type(KVHandoff):
         prefill.turn()
     (handoff,) = prefill.out.of_type(KVHandoff)
     assert not prefill.loop.scheduler.has_work and not prefill.ctx._seqs  # it left the prefill worker
-    assert pool.state(handoff.slot).name == "READY" and handoff.output_ids == tuple(prefill.tokens_of("r"))
+    assert pool.state(handoff.offset).name == "READY" and handoff.output_ids == tuple(prefill.tokens_of("r"))
 
     decode.loop.handle(pickle.loads(pickle.dumps(handoff)))  # as through the pipe
     decode.turn()
     (imported,) = decode.out.of_type(KVImported)
-    assert imported.slot == handoff.slot and pool.state(handoff.slot).name == "FREE"
+    assert imported.offset == handoff.offset and pool.state(handoff.offset).name == "FREE"
     while decode.loop.scheduler.has_work:
         decode.turn()
     assert [d.reason for r in decode.out.of_type(StepReport) for d in r.done] == ["length"]
@@ -105,22 +105,22 @@ def test_prefill_exports_into_a_slot_and_decode_continues_exactly_as_colocated(p
 
 def test_prefill_waits_for_a_free_extent_and_exports_oldest_first(pool):
     prefill = Worker("prefill")
-    prefill.loop.handle(AttachSlots(pool.names, max_extents=2))
+    prefill.loop.handle(AttachExtents(pool.names, max_extents=2))
     for i in range(3):
         submit(prefill, f"r{i}", f"prompt {i}")
     for _ in range(3):
         prefill.turn()
     assert [m.request_id for m in prefill.out.of_type(KVHandoff)] == ["r0", "r1"]  # two extents at most
     assert prefill.loop.role.has_work and [q.request_id for q in prefill.loop.scheduler.running] == ["r2"]
-    pool.release(prefill.out.of_type(KVHandoff)[0].slot)  # the decode side freed one
+    pool.release(prefill.out.of_type(KVHandoff)[0].offset)  # the decode side freed one
     prefill.turn()
     assert [m.request_id for m in prefill.out.of_type(KVHandoff)] == ["r0", "r1", "r2"]
     assert not prefill.loop.role.has_work and not prefill.loop.scheduler.has_work
     prefill.close()
 
 
-def test_cancelling_a_request_waiting_for_a_slot_drops_it_from_the_prefill_role(pool):
-    prefill = Worker("prefill")  # no AttachSlots yet: every finished prompt waits
+def test_cancelling_a_request_waiting_for_an_extent_drops_it_from_the_prefill_role(pool):
+    prefill = Worker("prefill")  # no AttachExtents yet: every finished prompt waits
     submit(prefill, "r0", "prompt")
     prefill.turn()
     assert prefill.loop.role.has_work
@@ -162,8 +162,8 @@ def test_decode_role_alone_imports_with_only_a_context_a_scheduler_and_send(pool
     assert seq.output_ids == [40] and seq.stream is handoff.stream
     # the sampler is built again on this side, with the output so far as its history
     assert seq.sampler.params == handoff.params and seq.sampler.reference.history == [40]
-    assert ctx._seqs[seq.seq_id] == FakeModel().tokenize("hello")  # the prompt's KV, from the slot
-    assert [type(m) for m in sent] == [KVImported] and pool.state(handoff.slot).name == "FREE"
+    assert ctx._seqs[seq.seq_id] == FakeModel().tokenize("hello")  # the prompt's KV, from the extent
+    assert [type(m) for m in sent] == [KVImported] and pool.state(handoff.offset).name == "FREE"
 
 
 def test_decode_role_waits_for_a_free_sequence(pool):
@@ -175,40 +175,40 @@ def test_decode_role_waits_for_a_free_sequence(pool):
     role.handle(first)
     role.handle(second)
     role.pump()
-    assert [m.request_id for m in sent] == ["r0"] and pool.state(second.slot).name == "READY"
+    assert [m.request_id for m in sent] == ["r0"] and pool.state(second.offset).name == "READY"
     scheduler.release(scheduler.running[0])
     role.pump()
     assert [m.request_id for m in sent] == ["r0", "r1"] and not role.has_work
 
 
-def test_decode_role_refuses_a_slot_of_another_model_and_frees_slot_and_sequence(pool):
+def test_decode_role_refuses_an_extent_of_another_model_and_frees_extent_and_sequence(pool):
     handoff = exported(pool, "r", "hello", fingerprint="0" * 64)
     decode = Worker("decode")
-    decode.loop.handle(AttachSlots(pool.names))
+    decode.loop.handle(AttachExtents(pool.names))
     decode.loop.handle(handoff)
     decode.turn()
     (done,) = decode.out.sent
     assert isinstance(done, RequestDone) and done.reason == "error" and "KV import refused" in done.error
-    assert pool.state(handoff.slot).name == "FREE" and not decode.loop.scheduler.has_work
+    assert pool.state(handoff.offset).name == "FREE" and not decode.loop.scheduler.has_work
     assert len(decode.loop.scheduler.allocator.free_seq_ids) == 4 and not decode.ctx._seqs
     decode.close()
 
 
-def test_cancelling_a_pending_handoff_frees_its_slot(pool):
+def test_cancelling_a_pending_handoff_frees_its_extent(pool):
     handoff = exported(pool, "r", "hello")
     decode = Worker("decode", n_seq_max=1)
-    decode.loop.handle(handoff)  # no AttachSlots yet: it stays pending
-    decode.loop.handle(AttachSlots(pool.names))
+    decode.loop.handle(handoff)  # no AttachExtents yet: it stays pending
+    decode.loop.handle(AttachExtents(pool.names))
     decode.loop.handle(CancelRequest("r"))
     assert [(m.request_id, m.reason) for m in decode.out.of_type(RequestDone)] == [("r", "cancelled")]
-    assert pool.state(handoff.slot).name == "FREE" and not decode.loop.role.has_work
+    assert pool.state(handoff.offset).name == "FREE" and not decode.loop.role.has_work
     decode.close()
 
 
 def test_prefill_takes_exactly_the_state_bytes_and_gets_them_back_once_imported(pool):
     prefill, decode = Worker("prefill", n_ctx=2048), Worker("decode", n_ctx=2048)
     for w in (prefill, decode):
-        w.loop.handle(AttachSlots(pool.names))
+        w.loop.handle(AttachExtents(pool.names))
     submit(prefill, "r0", "x" * 1100)  # 1101 tokens: 4416 bytes of fake KV state
     while not prefill.out.of_type(KVHandoff):
         prefill.turn()
@@ -221,7 +221,7 @@ def test_prefill_takes_exactly_the_state_bytes_and_gets_them_back_once_imported(
     while len(prefill.out.of_type(KVHandoff)) < 2:
         prefill.turn()
     second = prefill.out.of_type(KVHandoff)[1]
-    assert second.slot == first.extent_bytes  # the ring goes on after the first extent...
+    assert second.offset == first.extent_bytes  # the ring goes on after the first extent...
     assert second.arena_used_bytes == second.extent_bytes  # ...whose bytes came back to the allocator
     prefill.close()
     decode.close()
@@ -230,7 +230,7 @@ def test_prefill_takes_exactly_the_state_bytes_and_gets_them_back_once_imported(
 def test_a_state_that_can_never_fit_the_arena_fails_with_the_sizes_instead_of_waiting():
     with KVArena.create(8192) as arena:  # one page of header, one of payload
         prefill = Worker("prefill", n_ctx=4096)
-        prefill.loop.handle(AttachSlots(arena.names))
+        prefill.loop.handle(AttachExtents(arena.names))
         submit(prefill, "big", "z" * 2000)
         submit(prefill, "small", "hi")
         while prefill.loop.scheduler.has_work or prefill.loop.role.has_work:
@@ -246,11 +246,12 @@ def test_a_state_that_can_never_fit_the_arena_fails_with_the_sizes_instead_of_wa
 def test_a_restarted_prefill_worker_leaves_the_extents_in_transit_alone(pool):
     handoff = exported(pool, "r", "hello")  # READY, waiting for the decode worker
     prefill = Worker("prefill")
-    prefill.loop.handle(AttachSlots(pool.names, live_extents=((handoff.slot, handoff.extent_bytes),)))
+    prefill.loop.handle(AttachExtents(pool.names, live_extents=((handoff.offset, handoff.extent_bytes),)))
     submit(prefill, "next", "another prompt")
     while not prefill.out.of_type(KVHandoff):
         prefill.turn()
     (after,) = prefill.out.of_type(KVHandoff)
-    assert after.slot >= handoff.slot + handoff.extent_bytes
-    assert pool.request_in(handoff.slot) == "r" and after.arena_used_bytes == handoff.extent_bytes + after.extent_bytes
+    assert after.offset >= handoff.offset + handoff.extent_bytes
+    assert pool.request_in(handoff.offset) == "r"
+    assert after.arena_used_bytes == handoff.extent_bytes + after.extent_bytes
     prefill.close()

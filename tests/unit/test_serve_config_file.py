@@ -85,3 +85,35 @@ def test_write_refuses_a_value_that_would_not_read_back(config_home):
         write_config_file({"n_ctx": "lots"})
     with pytest.raises(ConfigError, match="unknown key"):
         write_config_file({"not_a_field": 1})
+
+
+def test_the_extents_option_still_answers_to_its_old_slot_names(config_home, monkeypatch):
+    """--extents was --slots (n_extents was n_slots): the old flag, HOMEPD_SLOTS and the file key n_slots
+    still set it, the new name wins where both are given, and --help shows only the new flag."""
+    assert parse(["--slots", "2"]).n_extents == 2 and parse(["--extents", "3"]).n_extents == 3
+    path = config_home / "xdg" / "homepd" / "config.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text("n_slots = 5\n")
+    assert parse([]).n_extents == 5
+    path.write_text("n_slots = 5\nn_extents = 6\n")
+    assert parse([]).n_extents == 6
+    monkeypatch.setenv("HOMEPD_SLOTS", "7")
+    assert parse([]).n_extents == 7
+    monkeypatch.setenv("HOMEPD_EXTENTS", "8")
+    assert parse([]).n_extents == 8 and parse(["--slots", "9"]).n_extents == 9
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    assert "--extents" in parser.format_help() and "--slots " not in parser.format_help()
+    monkeypatch.setenv("HOMEPD_SLOTS", "many")
+    monkeypatch.delenv("HOMEPD_EXTENTS")
+    with pytest.raises(ConfigError, match="HOMEPD_SLOTS='many' is not valid"):
+        parse([])
+
+
+def test_writing_a_renamed_key_drops_its_old_name(config_home):
+    path = config_home / "xdg" / "homepd" / "config.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text("n_slots = 5\nchunk = 64\n")
+    write_config_file({"n_extents": 2})
+    assert read_config_file(path) == {"chunk": 64, "n_extents": 2}
+    assert config_file_values(EngineConfig, None, {"n_slots": 3}) == {"n_extents": 3}

@@ -2,6 +2,7 @@
 writer killed with SIGKILL mid-run (whole results only, run marked incomplete, file sound)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -56,7 +57,7 @@ def make_record(n_requests: int = 3, n_tokens: int = 6, mode: str = "colocated",
                      stalls=tuple(attribute_stalls(list(requests), steps, 100.0)), worker_events=events,
                      memory=(ProcessMemory("colocated", 300 << 20, 200 << 20, 150 << 20),
                              ProcessMemory("controller", 50 << 20, 40 << 20, 30 << 20)),
-                     kv_slot_bytes=0, energy_j={"rapl": None}, requests=requests)
+                     kv_arena_bytes=0, energy_j={"rapl": None}, requests=requests)
 
 
 @pytest.fixture
@@ -171,6 +172,16 @@ def test_flattened_columns_match_the_summary(store):
     assert row["total_pss_bytes"] == 240 << 20 and row["n_worker_deaths"] == 1
     assert (row["mix"], row["repeat"], row["status"]) == ("short", 1, "measured")
     assert store.db["requests"].count == 3
+
+
+def test_the_arena_size_keeps_its_old_column_and_json_name_beside_the_new_one(store):
+    """kv_arena_bytes was kv_slot_bytes: the released column keeps that name, and the record's JSON has both."""
+    record = dataclasses.replace(make_record(), kv_arena_bytes=1 << 20)
+    store.add_result(begin(store), "disaggregated", "short", 0, record)
+    row = next(store.db["results"].rows)
+    assert row["kv_slot_bytes"] == 1 << 20
+    body = json.loads(row["record_json"])
+    assert body["kv_arena_bytes"] == body["kv_slot_bytes"] == 1 << 20
 
 
 def test_steps_are_sampled_evenly_down_to_the_limit(store):

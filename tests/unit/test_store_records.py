@@ -82,7 +82,8 @@ def test_rows_older_than_a_field_get_its_default(tmp_path):
         # what older homepd versions wrote: no routing, no cached tokens, no class; no candidate list, no curves'
         # misses; an SLO whose per-token target was called tpot_ms
         store.db.execute("UPDATE requests SET lifecycle_json = json_remove(lifecycle_json, '$.routed_to', "
-                         "'$.n_cached_tokens', '$.request_class', '$.ttfa_s', '$.kv_slot_wait_s')")
+                         "'$.n_cached_tokens', '$.request_class', '$.ttfa_s', '$.kv_slot_wait_s', "
+                         "'$.kv_extent_wait_s')")
         store.db.execute("UPDATE recommendations SET data_json = json_remove(data_json, '$.candidates', "
                          "'$.not_exercised', '$.capacity[1].probes[1].misses')")
         config = json.loads(store.db.execute("SELECT config_json FROM runs").fetchone()[0])
@@ -95,6 +96,17 @@ def test_rows_older_than_a_field_get_its_default(tmp_path):
     assert [c.name for c in run.advice.candidates] == [CO] and run.advice.not_exercised == ()
     assert run.advice.curve(DI).probes[1].misses == {}
     assert run.config.slo.itl_ms == 150.0
+
+
+def test_a_row_from_before_the_extent_rename_reads_its_old_field_name(tmp_path):
+    run_id = write_today(tmp_path / "runs.db")
+    with Store.open(tmp_path / "runs.db") as store:
+        # what homepd wrote while the arena's extents were called slots: kv_slot_wait_s only
+        store.db.execute("UPDATE requests SET lifecycle_json = json_set(json_remove(lifecycle_json, "
+                         "'$.kv_extent_wait_s'), '$.kv_slot_wait_s', 0.25)")
+        run = store.load_run(run_id)
+        lifecycle = json.loads(store.db.execute("SELECT lifecycle_json FROM requests").fetchone()[0])
+    assert run.probes[2].requests[0].timings.kv_extent_wait_s == 0.25 and "kv_extent_wait_s" not in lifecycle
 
 
 def test_a_corrupt_row_is_an_error_naming_its_field(tmp_path):

@@ -172,7 +172,7 @@ def render_recovery(result: AdviseResult) -> str:
             continue
         d = died[0]
         lines.append(f"  {mode}: {d.role} worker killed; back after {fmt(back[0].recovery_s if back else None, '.2f')} s;"
-                     f" {len(d.resumed_from_slot)} resumed from a KV slot, {len(d.recomputed_requests)} by "
+                     f" {len(d.resumed_from_extent)} resumed from their KV extent, {len(d.recomputed_requests)} by "
                      f"recompute, {len(d.failed_requests)} lost; {s.n_finished}/{s.n_requests} finished, "
                      f"TTFT p99 {fmt(s.ttft_ms.p99)} ms, ITL max {fmt(s.itl_ms.max)} ms")
     return "\n".join(lines)

@@ -23,7 +23,7 @@ def client_record(lifecycles: list[Lifecycle], trace_name: str, slo: SLO, config
     """A probe's run record from client-side lifecycles: no step log, no worker events, no memory (the
     server is a black box), every latency figure of ``summarize``."""
     return RunRecord(mode=CLIENT_MODE, config=config, trace_name=trace_name, summary=summarize(lifecycles, [], slo),
-                     stalls=(), worker_events=(), memory=(), kv_slot_bytes=0, energy_j={},
+                     stalls=(), worker_events=(), memory=(), kv_arena_bytes=0, energy_j={},
                      requests=tuple(lifecycles))
 
 

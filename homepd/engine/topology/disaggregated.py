@@ -56,7 +56,7 @@ class Disaggregated(Topology):
 
     def make_handoff(self, config, setup, workers):
         # the placement plan's arena (else sized from the prefill worker's measured KV state bytes)
-        return ArenaHandoff(KVRouter(setup.kv_arena_bytes, workers[Role.PREFILL].ready, max_extents=config.n_slots),
+        return ArenaHandoff(KVRouter(setup.kv_arena_bytes, workers[Role.PREFILL].ready, max_extents=config.n_extents),
                             workers)
 
     def entry_worker(self, workers, kv, n_tokens=0, avoid=None):

@@ -15,10 +15,10 @@ from typing import Protocol
 
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
-from homepd.core.protocol import KVHandoff, KVImported, SlotFreed
+from homepd.core.protocol import ExtentFreed, KVHandoff, KVImported
 from homepd.core.records import FinishReason
 
-WAKE = SlotFreed(-1)  # tells the prefill worker that extents may be free again
+WAKE = ExtentFreed(-1)  # tells the prefill worker that extents may be free again
 
 
 class Requests(Protocol):
@@ -100,11 +100,11 @@ class ArenaHandoff(NoHandoff):
         self._prefill().in_flight.discard(rid)
         if not requests.is_wanted(rid):
             self.router.discard_export(msg)  # nobody wants it any more
-            self._prefill().send(SlotFreed(msg.slot))
+            self._prefill().send(ExtentFreed(msg.offset))
             requests.end(rid, RequestState.CANCELLED, time.monotonic(), reason=FinishReason.CANCELLED)
             return
         lc = requests.running(rid)
-        lc.kv_bytes, lc.kv_slot_wait_s = msg.n_bytes, msg.slot_wait_s
+        lc.kv_bytes, lc.kv_extent_wait_s = msg.n_bytes, msg.extent_wait_s
         lc.kv_export_s = msg.export_end_s - msg.export_start_s
         self.router.handed_off(msg)
         decode = self.workers[Role.DECODE]
@@ -116,7 +116,7 @@ class ArenaHandoff(NoHandoff):
 
     def _imported(self, requests: Requests, msg: KVImported) -> None:
         self.router.imported(msg.request_id)
-        self._prefill().send(SlotFreed(msg.slot))
+        self._prefill().send(ExtentFreed(msg.offset))
         lc = requests.running(msg.request_id)
         if lc is not None:
             lc.kv_import_s = msg.import_end_s - msg.import_start_s

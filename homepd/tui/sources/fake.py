@@ -148,7 +148,7 @@ class FakeSource(DataSource):
             workers = (_worker(Role.PREFILL, 101, 0, (0,), 1, 0), _worker(Role.DECODE, 102, 1, (1,), 2, 0))
             # why this shape: the arena as the engine reports it, one segment with two extents in transit
             kv = dict(kv_arena=ArenaView(91 * MIB, 2 * 3 * MIB, {"WRITING": 1, "READY": 1, "READING": 0},
-                                         self.config.n_slots), kv_mb_s=3.2,
+                                         self.config.n_extents), kv_mb_s=3.2,
                       caches=(CacheView(Role.DECODE, 0.4, 480, 1200, 2 * MIB, mode=ReuseMode.EXACT),))
         arch = ArchitectureView(self.mode, "fake.gguf", 256 if colocated else None, 4096, workers,
                                 {"waiting": 1, "prefilling": 1, "decoding": 2}, **kv,

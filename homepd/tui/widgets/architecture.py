@@ -40,7 +40,7 @@ def _arena_lines(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
 
 
 def _disaggregated(view: ArchitectureView, s: dict[str, int]) -> list[Text]:
-    """prefill worker → KV slots → decode worker."""
+    """prefill worker → KV arena extents → decode worker."""
     by_role = {w.role: w for w in view.workers}
     lines = []
     if Role.PREFILL in by_role:

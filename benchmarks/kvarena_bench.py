@@ -1,10 +1,10 @@
 """KV arena figures on this machine: memcpy, fresh vs pre-faulted segments, checksums, a hand-off.
 
-    uv run python benchmarks/kvslots_bench.py [--mb 47 95] [--repeat 5]
+    uv run python benchmarks/kvarena_bench.py [--mb 47 95] [--repeat 5]
 
 Every figure is the best of ``--repeat`` runs over warm buffers unless it says
 "first".  The hand-off line is the target ratio: one memcpy of the payload ÷
-(export + import), where export = a copy into the slot + ``publish`` and import
+(export + import), where export = a copy into the extent + ``publish`` and import
 = ``open_ready`` + a copy out (stand-ins for llama_state_seq_get/set_data, which
 run near memcpy speed); 0.5 is the two-copy ideal.
 """
@@ -19,7 +19,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from homepd.kv.header import payload_checksum
-from homepd.kv.pool import KVArena, SlotExpectation, SlotHeader, extent_bytes_for
+from homepd.kv.pool import ExtentExpectation, ExtentHeader, KVArena, extent_bytes_for
 
 FINGERPRINT = "0" * 64
 
@@ -103,12 +103,12 @@ def bench(n_bytes: int, repeat: int) -> None:
     for verify in ("full", "sampled"):
         with KVArena.create(extent, verify=verify) as producer:
             consumer = KVArena.attach(list(producer.names))
-            expect = SlotExpectation("bench", FINGERPRINT, 4096)
+            expect = ExtentExpectation("bench", FINGERPRINT, 4096)
 
             def export() -> None:
                 producer.begin(0, extent)
                 np.copyto(np.frombuffer(producer.payload(0, n_bytes), dtype=np.uint8), src)
-                producer.publish(0, SlotHeader("bench", FINGERPRINT, 4096, 4096, n_bytes))
+                producer.publish(0, ExtentHeader("bench", FINGERPRINT, 4096, 4096, n_bytes))
 
             def import_() -> None:
                 _header, payload = consumer.open_ready(0, expect, extent)
