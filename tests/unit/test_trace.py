@@ -383,3 +383,20 @@ def test_open_loop_replay_submits_at_the_arrival_offsets_with_the_trace_s_sampli
     assert engine.max_in_flight == 3  # open loop: nobody waits for anybody
     assert clock.now() == pytest.approx(100.3)
     assert [engine.submitted[i][1] for i in lifecycles] == ["a", [{"role": "user", "content": "b"}], "c"]
+
+
+def test_a_tagged_replay_shares_nothing_with_another_but_its_requests_still_share_their_prefixes():
+    from homepd.measure.trace.model import Trace, TraceRequest, tagged
+    doc = "A long document. " * 20
+    chat = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Why?"})
+    trace = Trace([TraceRequest(0.0, prompt=doc + "Q1"), TraceRequest(0.5, prompt=doc + "Q2"),
+                   TraceRequest(1.0, messages=chat)])
+    one, two = tagged(trace, "[probe 1] "), tagged(trace, "[probe 2] ")
+    a, b = one.requests[0].prompt, one.requests[1].prompt
+    assert a.startswith("[probe 1] " + doc) and b.startswith("[probe 1] " + doc)  # shared within a replay
+    assert two.requests[0].prompt != a and not two.requests[0].prompt.startswith("[probe 1]")
+    msgs = one.requests[2].messages
+    assert msgs[0] == chat[0] and msgs[2] == chat[2]  # the system prompt and the answers are untouched
+    assert [m["content"] for m in msgs if m["role"] == "user"] == ["[probe 1] Hi", "[probe 1] Why?"]
+    assert [r.arrival_s for r in one.requests] == [r.arrival_s for r in trace.requests]

@@ -53,7 +53,7 @@ from homepd.measure.metrics import SLO, SLOTarget
 from homepd.measure.replay import RunRecord, run_trace
 from homepd.measure.trace import make_trace
 from homepd.measure.trace.conversations import CHAT_TURNS
-from homepd.measure.trace.model import estimate_tokens
+from homepd.measure.trace.model import estimate_tokens, tagged
 from homepd.store import rows
 from homepd.store.records import Run, decode_run
 
@@ -226,6 +226,7 @@ class Campaign:
         self._deadline: float | None = None   # the end of the current stage's share of the wall budget
         self._searches_left = 0
         self._screened: dict[tuple[str, str], object] = {}  # (candidate, mix) -> the screen's SearchOutcome
+        self._n_probes = 0  # probes replayed so far: each one's requests are tagged with its number
 
     async def run(self) -> AdviseResult:
         from homepd.hw.probe import probe, to_dict
@@ -380,7 +381,12 @@ class Campaign:
                      seed: int, run_id) -> RunRecord:
         s = self.settings
         self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s (repeat {repeat + 1}/{self._repeats(mix)})")
-        trace = self._trace(mix, n_requests, rate_rps, seed)
+        # why the tag: every probe of a search replays the same seed's requests on the same engine, so without
+        # it a probe was served from the KV the probes before it left in the prefix cache and the KV store
+        # (colocated-adaptive "100 % at 4 req/s" on 2 cores): each probe is tagged apart, and its requests
+        # still share what they share with each other
+        self._n_probes += 1
+        trace = tagged(self._trace(mix, n_requests, rate_rps, seed), f"[probe {self._n_probes}] ")
         record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,
                                  sampler=self.sampler,
                                  stop_when=decided_failing(len(trace), self.slo, s.search.target_share))

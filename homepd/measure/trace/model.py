@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -230,6 +230,19 @@ class Trace:
     def header(self) -> dict:
         return {"homepd_trace": FORMAT_VERSION, "name": self.name, "seed": self.seed,
                 "concurrency": self.concurrency, "generator": dict(self.generator)}
+
+
+def tagged(trace: "Trace", tag: str) -> "Trace":
+    """``trace`` with ``tag`` before every raw prompt and every user message.  A benchmark that replays one
+    trace at several rates on one engine tags each replay apart, so that no replay is served from the KV an
+    earlier one left in the prefix cache or the KV store, while the prefixes its requests share with each
+    other (a conversation's history, a document asked twice, the chat template's head) stay shared."""
+    def one(r: TraceRequest) -> TraceRequest:
+        if r.prompt is not None:
+            return replace(r, prompt=tag + r.prompt)
+        return replace(r, messages=tuple(dict(m, content=tag + m["content"]) if m["role"] == "user" else dict(m)
+                                         for m in r.messages))
+    return replace(trace, requests=tuple(one(r) for r in trace.requests))
 
 
 def dump_lines(trace: Trace) -> Iterator[str]:
