@@ -97,8 +97,10 @@ def prompt_order(prompts: Seq[Sequence], now_s: float, ms_per_prompt_token: floa
 
 def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callable) -> list:
     """Jobs in earliest-deadline order, except that whenever the deadlines so far cannot all be kept, the
-    longest job so far moves to the end (late ones keep deadline order among themselves).  Stable: equal
-    deadlines keep their given (arrival) order.  Maximises the number of deadlines kept on one server."""
+    longest job so far moves to the end.  Stable: equal deadlines keep their given (arrival) order.
+    Maximises the number of deadlines kept on one server.  The late ones follow, shortest work first (ties:
+    earliest deadline): their deadlines are lost whatever their order, and shortest first makes them wait
+    least in all (a 190-token chat turn judged late waited 20 s behind two late documents in deadline order)."""
     kept: list = []
     late: list = []
     t = now_s
@@ -113,7 +115,7 @@ def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callab
             kept.remove(longest)
             late.append(longest)
             t -= work_s(longest)
-    return kept + sorted(late, key=deadline_s)
+    return kept + sorted(late, key=lambda job: (work_s(job), deadline_s(job)))
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,9 @@ class ContextStore:
             self.segment.index.touch(hit.entry)
         return hit
 
+    def peek(self, prompt_ids, mode: ReuseMode, max_tokens: int) -> StoreHit | None:
+        return self.segment.index.longest_match(prompt_ids, mode, max_tokens) if self.segment is not None else None
+
     def is_faster(self, hit: StoreHit, n_context_tokens: int) -> bool:
         return store_is_faster(len(hit.entry.tokens), hit.n_tokens - n_context_tokens, self.restore_ms_per_token,
                                self.estimate())

@@ -133,6 +133,24 @@ def test_an_entry_evicted_for_room_is_saved_and_a_later_prompt_restores_it(store
     again.segment.close()
 
 
+def test_a_turn_whose_history_is_in_the_store_only_is_expected_to_reuse_it(store_and_scheduler):
+    """The deadline order counts a waiting turn's expected reuse as done work: a history the context no longer
+    holds but the store does counts, and looking it up on arrival leaves the store's recency as it was."""
+    s, ctx, store, sent, book = store_and_scheduler
+    finish(s, ctx, request("a", range(10, 90)))
+    finish(s, ctx, request("b", range(200, 280)))  # a's entry goes to the store, b's stays in the context
+    (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
+    book.saved("colocated", saved)
+    before = [e.tokens[0] for e in store.segment.index.entries()]
+    turn = request("c", [*saved.tokens, 1, 2, 3])
+    s.add(turn)
+    assert turn.n_expected_reuse == len(saved.tokens)
+    assert [e.tokens[0] for e in store.segment.index.entries()] == before
+    stranger = request("d", range(600, 690))
+    s.add(stranger)
+    assert stranger.n_expected_reuse == 0
+
+
 def allocated_bytes(store) -> int:
     return os.stat(f"/dev/shm/{store.segment.arena.names[0]}").st_blocks * 512
 

@@ -191,3 +191,12 @@ def test_time_spent_between_steps_comes_out_of_the_next_steps_budget():
     policy.between_steps_ms = 30.0  # e.g. a KV import before this step
     slower = policy.budget((chat,))
     assert est.predict_ms(slower, 1) + 30.0 <= 100.0 * STEP_SHARE_OF_ITL + 1e-6 and slower < free
+
+
+def test_late_jobs_follow_the_kept_ones_shortest_first():
+    """Two documents lost from the start and a chat turn that became late: the turn goes first among the
+    late (in deadline order it waited for both documents), and equal work keeps deadline order."""
+    work = {"doc1": 12.0, "doc2": 13.0, "turn": 1.0, "ok": 0.5, "doc3": 12.0}
+    due = {"doc1": 4.0, "doc2": 4.1, "turn": 6.0, "ok": 9.0, "doc3": 3.0}
+    order = moore_hodgson(["doc1", "doc2", "turn", "ok", "doc3"], 6.5, work.get, due.get)
+    assert order == ["ok", "turn", "doc3", "doc1", "doc2"]
