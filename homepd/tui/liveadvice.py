@@ -11,9 +11,11 @@ import time
 from dataclasses import dataclass
 
 from homepd.advise.live.advisor import Advisor
-from homepd.advise.live.advice import LiveSettings, running_candidate
+from homepd.advise.live.advice import EvidenceRow, LiveSettings, Verdict, running_candidate
+from homepd.core.records import from_stored
 
 BANNER_KINDS = ("switch", "at-capacity", "unmeasured")   # the kinds the dashboard raises a banner for
+SWITCH_APPLIED = "switch-applied"                        # the event of an applied switch (serve.switch): not advice
 
 
 @dataclass(frozen=True)
@@ -45,24 +47,31 @@ class AdviceView:
         return f"{head} ({self.confidence} confidence) — press e for the evidence"
 
 
-def _row_line(r: dict) -> str:
-    cap = "no passing rate" if r.get("capacity_rps") is None else f"{r['capacity_rps']:.2f} req/s"
-    spread = (" or more" if r.get("capacity_rps") is not None else "") if r.get("spread_rps") is None \
-        else f" ± {r['spread_rps']:.2f}"
-    return f"run {r.get('run_id')} · {r.get('candidate')} on {r.get('mix')}: {cap}{spread}"
+def _row_line(r: EvidenceRow) -> str:
+    cap = "no passing rate" if r.capacity_rps is None else f"{r.capacity_rps:.2f} req/s"
+    spread = (" or more" if r.capacity_rps is not None else "") if r.spread_rps is None \
+        else f" ± {r.spread_rps:.2f}"
+    return f"run {r.run_id} · {r.candidate} on {r.mix}: {cap}{spread}"
+
+
+def view_of(verdict: Verdict) -> AdviceView:
+    """What the banner and the evidence screen show of a standing advice."""
+    live = verdict.live
+    live_line = (f"{live.rate_rps:.2f} req/s over {live.window_s:g} s, {live.n_requests} requests, long prompts "
+                 f"{(live.long_share or 0.0):.0%}") if live is not None else "no live figures"
+    return AdviceView(verdict.kind.value, verdict.candidate, verdict.running, verdict.mix, verdict.reason,
+                      verdict.confidence, verdict.margin_rps, tuple(_row_line(r) for r in verdict.evidence),
+                      live_line, verdict.offer)
 
 
 def advice_view(data: dict | None) -> AdviceView | None:
-    """The view of a standing advice (``GET /advice``'s ``advice``, an ``advice`` event); None for none."""
-    if not data or "kind" not in data or data["kind"] == "switch-applied":
+    """The view of a standing advice as the service sends it (``GET /advice``'s ``advice``, an ``advice``
+    event), decoded once into its ``Verdict``; None for none and for an applied switch (not advice).  A reply
+    of another shape raises ``RecordShapeError`` naming the field (a field it lacks that has a default, as from
+    an older service, takes the default)."""
+    if not data or "kind" not in data or data["kind"] == SWITCH_APPLIED:
         return None
-    live = data.get("live") or {}
-    live_line = (f"{live.get('rate_rps', 0.0):.2f} req/s over {live.get('window_s', 0):g} s, "
-                 f"{live.get('n_requests', 0)} requests, long prompts "
-                 f"{(live.get('long_share') or 0.0):.0%}") if live else "no live figures"
-    return AdviceView(str(data["kind"]), data.get("candidate"), data.get("running"), data.get("mix"),
-                      str(data.get("reason", "")), str(data.get("confidence", "low")), data.get("margin_rps"),
-                      tuple(_row_line(r) for r in data.get("evidence") or ()), live_line, data.get("offer"))
+    return view_of(from_stored(Verdict, data, "advice"))
 
 
 class LocalAdvisor(Advisor):
@@ -98,4 +107,4 @@ class LocalAdvisor(Advisor):
             return None
         self.judge_now(running_candidate(self.config, self.evidence))
         current = self.tracker.current
-        return advice_view(current.to_dict()) if current is not None else None
+        return view_of(current.verdict) if current is not None else None

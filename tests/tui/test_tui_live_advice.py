@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Static
 
+from homepd.advise.live.advice import AdviceKind, EvidenceRow, Verdict
+from homepd.measure.profile import WindowProfile
 from homepd.tui.app import HomepdApp
 from homepd.tui.screens.liveadvice import AdviceScreen
 from homepd.tui.sources import FakeSource
@@ -13,13 +15,17 @@ from pilot_helpers import settle
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
-SWITCH = {"kind": "switch", "candidate": "disaggregated-routed", "running": "colocated-adaptive", "mix": "long",
-          "reason": "the traffic looks like the long mix", "confidence": "high", "margin_rps": 28.0,
-          "evidence": [{"run_id": 7, "candidate": "disaggregated-routed", "mix": "long", "capacity_rps": 32.0,
-                        "spread_rps": 8.0},
-                       {"run_id": 7, "candidate": "colocated-adaptive", "mix": "long", "capacity_rps": 4.0,
-                        "spread_rps": 1.0}],
-          "live": {"rate_rps": 2.5, "window_s": 300.0, "n_requests": 40, "long_share": 1.0}, "offer": None}
+# what the service sends (``Verdict.to_dict``), built from its own records so the fake cannot drift from it
+SWITCH = Verdict(
+    AdviceKind.SWITCH, "disaggregated-routed", "colocated-adaptive", "long", "the traffic looks like the long mix",
+    confidence="high", margin_rps=28.0,
+    evidence=(EvidenceRow(7, "disaggregated-routed", "long", 32.0, 8.0, 64.0),
+              EvidenceRow(7, "colocated-adaptive", "long", 4.0, 1.0, 64.0)),
+    live=WindowProfile(window_s=300.0, span_s=300.0, n_requests=40, rate_rps=2.5, rate_by_class={"interactive": 2.5},
+                       prompt_tokens={"p50": 600.0, "p90": 640.0, "p99": 650.0},
+                       output_tokens={"p50": 48.0, "p90": 48.0, "p99": 48.0}, mean_prompt_tokens=610.0,
+                       mean_output_tokens=48.0, long_share=1.0, background_share=0.0, prefix_hit_share=0.0,
+                       prefill_decode_ratio=12.7, slo_attainment={"interactive": 0.8})).to_dict()
 
 
 async def test_switch_advice_raises_a_banner_and_e_opens_its_evidence():

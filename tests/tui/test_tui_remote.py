@@ -293,8 +293,11 @@ def test_the_attached_app_reads_the_service_s_standing_advice(monkeypatch):
     view = source.advice()
     assert view.kind == "switch" and view.candidate == "disaggregated-routed" and view.running == "colocated-adaptive"
     assert len(view.evidence) == 2
-    monkeypatch.setitem(globals(), "ADVICE", {"kind": "keep"})
+    monkeypatch.setitem(globals(), "ADVICE", {**SWITCH, "kind": "keep", "candidate": "colocated-adaptive"})
     assert source.advice().kind == "keep"
+    monkeypatch.setitem(globals(), "ADVICE", {"kind": "keep"})  # not what a service sends: named, not guessed
+    with pytest.raises(RecordShapeError, match="advice: missing field"):
+        source.advice()
 
 
 def test_switching_from_the_attached_app_posts_to_the_service_and_names_its_refusal():

@@ -37,3 +37,22 @@ def test_no_store_means_no_advice_and_applied_switches_are_not_advice(tmp_path):
     advisor.load()
     assert advisor.evaluate() is None
     assert advice_view({"kind": "switch-applied", "candidate": DI}) is None and advice_view(None) is None
+
+
+def test_an_advice_reply_is_decoded_once_into_its_verdict_and_a_bad_one_is_named():
+    import pytest
+
+    from homepd.advise.live.advice import AdviceKind, EvidenceRow, Verdict
+    from homepd.core.records import RecordShapeError
+
+    verdict = Verdict(AdviceKind.AT_CAPACITY, CO, CO, "short", "predicted to miss its SLO", confidence="medium",
+                      evidence=(EvidenceRow(3, CO, "short", 1.5, None, 2.0), EvidenceRow(3, DI, "short", None, None, 2.0)))
+    wire = {**verdict.to_dict(), "raised_unix_s": 1.0, "held_since_unix_s": 0.5, "seq": 4}  # an advice event
+    view = advice_view(wire)
+    assert (view.kind, view.running, view.confidence, view.live) == ("at-capacity", CO, "medium", "no live figures")
+    assert view.evidence == (f"run 3 · {CO} on short: 1.50 req/s or more", f"run 3 · {DI} on short: no passing rate")
+    older = {k: v for k, v in wire.items() if k not in ("offer", "headroom")}  # fields with defaults: taken
+    assert advice_view(older) == view
+    wire["evidence"][0]["capacity_rps"] = "fast"
+    with pytest.raises(RecordShapeError, match=r"advice\.evidence\[0\]\.capacity_rps"):
+        advice_view(wire)
