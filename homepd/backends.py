@@ -5,9 +5,9 @@ from __future__ import annotations
 def model_classes(backend: str):
     """(model class, context class) for ``backend`` ("llama" or "fake"); imported only when asked for."""
     if backend == "fake":
-        from homepd.fakellm import FakeContext, FakeModel
+        from homepd.fakellm import FakeContext, FakeModel  # why: numpy, for the fake only
 
         return FakeModel, FakeContext
-    from homepd.llm import LlamaContext, LlamaModel
+    from homepd.llm import LlamaContext, LlamaModel  # why: llama_cpp, for the llama backend only
 
     return LlamaModel, LlamaContext

@@ -27,6 +27,7 @@ import struct
 
 import numpy as np
 
+from homepd.core.gbnf import GbnfError, shortest
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.sampling import Grammar, ReferenceSampler, SamplingParams
 from homepd.core.special import SpecialToken
@@ -86,8 +87,6 @@ class FakeModel:
 
 def grammar_script(grammar: Grammar) -> list[int]:
     """The tokens the fake writes under ``grammar``: its shortest sentence, a byte a token, then EOS."""
-    from homepd.core.gbnf import GbnfError, shortest
-
     try:
         return [b + 3 for b in shortest(grammar.gbnf, grammar.root).encode("utf-8")] + [EOS]
     except GbnfError as exc:

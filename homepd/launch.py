@@ -15,6 +15,8 @@ from homepd.core.origin import config_origin as origin_of
 from homepd.core.protocol import EngineSetup, RolePlacement
 from homepd.engine.topology import topology_for
 from homepd.errors import EngineError
+from homepd.models.gguf import read_gguf_header
+from homepd.models.resolve import fingerprint, resolve_model
 
 KV_BYTES_PER_TOKEN_GUESS = 64 << 10  # placement plan's memory check when the GGUF header does not say
 
@@ -22,21 +24,20 @@ KV_BYTES_PER_TOKEN_GUESS = 64 << 10  # placement plan's memory check when the GG
 def prepare(config: EngineConfig, *, pull: bool = True, progress: bool = True, box=None) -> EngineSetup:
     """Resolve ``config.model`` (pulling a missing catalog model when ``pull``), fingerprint it and place
     the workers (``box``: a ``BoxProbe`` to plan on, else this box is probed when the plan is needed)."""
-    from homepd.models.resolve import fingerprint, resolve_model
-
     config = config.validated()
     if config.backend == "fake":
-        from homepd.fakellm import FAKE_MODEL_PATH
+        from homepd.fakellm import FAKE_MODEL_PATH  # why: `homepd --help` does not load the fake (1.5 ms)
 
         path, identity = FAKE_MODEL_PATH if config.model == EngineConfig.model else config.model, "f" * 64
     else:
-        from homepd.hw.isa import check_build
+        from homepd.hw.isa import check_build  # why: `homepd --help` does not load the build guard
 
         check_build()  # before any process loads llama.cpp: a build for another CPU is refused, not a SIGILL
         path = str(resolve_model(config.model, config.models_dir, pull=pull, progress=progress))
         identity = fingerprint(path)
     topology = topology_for(config.mode)
     if box is None and topology.needs_plan:
+        # why: psutil (the probe) loads only when a plan is needed
         from homepd.hw.probe import probe
 
         box = probe()  # once: the placements and the arena are planned on the same reading
@@ -55,9 +56,9 @@ def kv_store_bytes(config: EngineConfig, model_path: str, plan=None) -> int:
         return 0
     if plan is not None:
         return plan().store_bytes
+    # why: psutil (the probe) loads only when the store is sized here
     from homepd.hw.placement import store_bytes_for
     from homepd.hw.probe import probe_memory
-    from homepd.models.gguf import read_gguf_header
 
     header = read_gguf_header(model_path)
     per_token = header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS
@@ -81,14 +82,13 @@ def placement_plan(config: EngineConfig, model_path: str, box=None):
     """The placement plan for ``config`` on ``box`` (probed when None), sized from the model's GGUF header:
     the decode (and colocated) worker's KV for ``n_ctx``, the prefill worker's for its own context, and
     the KV arena (``--kv-arena``, else the plan's default)."""
+    # why: psutil (the probe) loads only when a plan is needed
     from homepd.hw.placement import plan_placement, prefill_context
     from homepd.hw.probe import probe
 
     if config.backend == "fake":
         model_bytes, per_token = 1 << 20, 1024
     else:
-        from homepd.models.gguf import read_gguf_header
-
         header = read_gguf_header(model_path)
         model_bytes, per_token = header.size_bytes, header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS
     return plan_placement(box if box is not None else probe(), model_bytes=model_bytes,

@@ -14,10 +14,16 @@ from pathlib import Path
 from homepd.advise.campaign.run import AdviseSettings, Campaign, Progress
 from homepd.advise.export.apply import advice_values, choose
 from homepd.advise.report.images import image_stem, write_run_images
+from homepd.advise.report.render import render_result
 from homepd.advise.report.result import result_dict
 from homepd.config import add_config_flags, config_from_args, write_config_file
-from homepd.errors import ConfigError
+from homepd.errors import ConfigError, HomepdError
+from homepd.hw.monitor import Sampler
+from homepd.launch import prepare
 from homepd.measure.report import add_slo_flags, slo_from_args
+from homepd.measure.trace.sources import parse_duration_s
+from homepd.models.resolve import resolve_model
+from homepd.store import Store, results_dir
 
 
 def register(subparsers) -> None:
@@ -81,7 +87,6 @@ def _settings(args, base) -> AdviseSettings:
     if args.recovery is not None:
         kw["recovery"] = args.recovery
     if args.budget is not None:
-        from homepd.measure.trace.sources import parse_duration_s
         kw["wall_budget_s"] = parse_duration_s(args.budget, "--budget")
     if args.candidates is not None:
         names = tuple(n.strip() for n in args.candidates.split(",") if n.strip())
@@ -102,11 +107,7 @@ def _progress_printer(stream=sys.stderr):
 
 
 def _advise(args) -> int:
-    from homepd.advise.report.render import render_result
-    from homepd.advise.campaign.traffic import given_sources
-    from homepd.hw.monitor import Sampler
-    from homepd.launch import prepare
-    from homepd.store import Store
+    from homepd.advise.campaign.traffic import given_sources  # why: `homepd --help` does not load it
 
     base = config_from_args(args)
     settings = _settings(args, base)
@@ -137,8 +138,6 @@ def _advise(args) -> int:
 
 
 def _write_result_file(result, db: str | None) -> Path:
-    from homepd.store import results_dir
-
     directory = results_dir(db)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"advise-{result.run_id or time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -158,9 +157,9 @@ def _write_images(result, json_path: Path) -> list[Path]:
 
 
 def _export(args) -> int:
-    from homepd.advise.export.plan import plan_from_run
+    # why: `homepd --help` does not load the export (6 ms)
     from homepd.advise.export.documents import export_files, write_export
-    from homepd.store import Store
+    from homepd.advise.export.plan import plan_from_run
 
     with Store.open(args.db, create=False) as store:
         run_id = store.resolve_run(args.run)
@@ -178,9 +177,6 @@ def _export(args) -> int:
 
 def _with_model_path(plan):
     """The plan with its catalog model as the GGUF's path where it is here (llama-server loads a path)."""
-    from homepd.errors import HomepdError
-    from homepd.models.resolve import resolve_model
-
     try:
         return dataclasses.replace(plan, model=str(resolve_model(plan.model, pull=False, progress=False)))
     except (HomepdError, OSError, ValueError):  # why: not pulled here; the README names the catalog model
@@ -188,8 +184,6 @@ def _with_model_path(plan):
 
 
 def _apply(args) -> int:
-    from homepd.store import Store
-
     with Store.open(args.db, create=False) as store:
         run_id = store.resolve_run(args.run)
         run = store.load_run(run_id, timelines=False)

@@ -7,9 +7,13 @@ import json
 import os
 import sys
 
-from homepd.config import DEFAULT_MODEL_NAME, parse_chunk
+from homepd.advise.report.slobench import render_table
+from homepd.config import DEFAULT_MODEL_NAME, EngineConfig, parse_chunk
+from homepd.errors import ConfigError
 from homepd.measure.bench import BUSY_BOX_WAIT_SHARE, ENGINE_FLOOR, bench_engine
 from homepd.measure.llamabench import BUILD_HINT
+from homepd.measure.report import add_slo_flags, slo_from_args
+from homepd.measure.trace import MIXES
 
 
 def register(subparsers) -> None:
@@ -92,9 +96,6 @@ def _run_engine(args: argparse.Namespace) -> int:
 
 
 def _register_slo(sub) -> None:
-    from homepd.measure.report import add_slo_flags
-    from homepd.measure.trace import MIXES
-
     p = sub.add_parser("slo", help="SLO capacity of any OpenAI-compatible server (homepd, llama-server, vLLM, ...)",
                        description="Drives each --url in turn (never two at once; each warmed with one request) "
                                    "with a seeded homepd trace, open loop, timed by this client on the streamed "
@@ -149,10 +150,8 @@ def _register_slo(sub) -> None:
 def _slo_settings(args: argparse.Namespace):
     import dataclasses
 
+    # why: httpx loads for `bench slo` only
     from homepd.bench.slo import FULL_SEARCH, QUICK_SEARCH, BenchSettings
-    from homepd.config import EngineConfig
-    from homepd.errors import ConfigError
-    from homepd.measure.report import slo_from_args
 
     slo = slo_from_args(args, EngineConfig().class_budgets)
     search = QUICK_SEARCH if args.quick else FULL_SEARCH
@@ -193,7 +192,7 @@ def _slo_settings(args: argparse.Namespace):
 
 
 def _source(args: argparse.Namespace):
-    from homepd.advise.campaign.traffic import file_source, traffic_source
+    from homepd.advise.campaign.traffic import file_source, traffic_source  # why: `homepd --help` does not load it
 
     if args.traffic is not None:
         return traffic_source(args.traffic, args.db)  # why no tokenizer: the server's model is not known here
@@ -205,7 +204,7 @@ def _source(args: argparse.Namespace):
 def _run_slo(args: argparse.Namespace) -> int:
     import asyncio
 
-    from homepd.advise.report.slobench import render_table
+    # why: httpx and sqlite_utils (the store) load for `bench slo` only
     from homepd.bench.slo import Server, bench_servers
     from homepd.store import Store
 

@@ -15,9 +15,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from homepd.advise.report.slobench import KIND as BENCH_SLO_KIND
+from homepd.advise.report.images import write_run_images
+from homepd.advise.report.slobench import KIND as BENCH_SLO_KIND, render_table
 from homepd.errors import HomepdError
 from homepd.hw.probe import fmt_bytes
+from homepd.store import RunNotFoundError, Store, default_db_path, results_dir
 from homepd.store.records import Run, decode_run
 
 MIB = 2 ** 20
@@ -53,8 +55,6 @@ def register(subparsers) -> None:
 
 def _open(args: argparse.Namespace, ref: str | None = None):
     """(store, path); store is None when the database does not exist and no run (``ref``) was asked for."""
-    from homepd.store import RunNotFoundError, Store, default_db_path
-
     path = Path(args.db) if args.db else default_db_path()
     if not path.exists():
         if ref is not None:
@@ -97,9 +97,6 @@ def show_command(args: argparse.Namespace) -> int:
 def write_pictures(run: Run, out: str | None, db: str | None = None) -> list[Path]:
     """Draw a stored run to ``out`` (a suffix .svg or .png is dropped) or next to the advise result files of
     the database ``db``."""
-    from homepd.advise.report.images import write_run_images
-    from homepd.store import results_dir
-
     if out is None:
         stem = results_dir(db) / f"advise-{run.id}"
     else:
@@ -247,7 +244,7 @@ def render_run(run: dict) -> str:
         rec = run["recommendations"][-1]
         data = rec["data"] if isinstance(rec["data"], dict) else {}
         if run["kind"] == BENCH_SLO_KIND and isinstance(data.get("servers"), list):
-            from homepd.advise.report.slobench import render_table  # a bench-slo run: its capacity table and curves
+            # a bench-slo run: its capacity table and curves
             return "\n".join([*lines, render_table(data["servers"], data.get("slo") or "")])
         lines.append(f"recommendation: {rec['headline'] or '(no headline)'}")
         scalars = {k: v for k, v in data.items() if k != "headline" and isinstance(v, (str, int, float, bool))}

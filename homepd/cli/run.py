@@ -13,23 +13,23 @@ import json
 import sys
 
 from homepd.config import add_config_flags, config_from_args
+from homepd.core.sampling import SamplingParams
+from homepd.engine.streams import EventKind
+from homepd.hw.monitor import Sampler
+from homepd.launch import prepare
 from homepd.measure.replay import run_trace
 from homepd.measure.report import add_slo_flags, fmt, render_run, slo_from_args
-from homepd.core.sampling import SamplingParams
 from homepd.measure.trace import PRESETS, make_trace, read_trace
-from homepd.engine.streams import EventKind
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from homepd.hw.monitor import Sampler
-
     with Sampler(period_s=0.5) as sampler:
         return await _run_sampled(args, sampler)
 
 
 async def _run_sampled(args: argparse.Namespace, sampler) -> int:
+    # why: jinja2 (the engine's chat templates) loads only when the engine runs
     from homepd.engine.controller import Engine
-    from homepd.launch import prepare
 
     config = config_from_args(args)
     slo = slo_from_args(args, config.class_budgets)  # bad --slo-* flags fail before the engine starts

@@ -167,7 +167,7 @@ def probe_llama_cpp(build: BuildInfo | None = None) -> LlamaCppInfo:
     """
     if build is None:
         try:
-            from homepd.llm import build_info
+            from homepd.llm import build_info  # why: llama_cpp loads (or fails to) only when asked about
             build = build_info()
         except Exception as exc:  # ImportError, or OSError from a broken shared library
             return LlamaCppInfo(False, None, None, None, f"llama_cpp not importable: {exc}")

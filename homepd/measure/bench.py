@@ -25,14 +25,19 @@ from pathlib import Path
 
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
+from homepd.engine.specs import worker_specs
+from homepd.engine.streams import EventKind
 from homepd.hw.threads import ThreadUse, read_tasks, thread_use
 from homepd.kv.header import ExtentExpectation, ExtentHeader
 from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.kv.ring import RingAllocator
+from homepd.launch import prepare
+from homepd.llm import LlamaContext, LlamaModel
 from homepd.measure.llamabench import LlamaBenchRun, find_llama_bench
 from homepd.measure.llamabench import run_round as run_llama_bench
 from homepd.measure.refproc import ReferenceProcess
-from homepd.engine.streams import EventKind
+from homepd.measure.trace import make_trace
+from homepd.models.resolve import resolve_model
 
 FILLER = ("The history of computing is a story of people, ideas and machines. Early mechanical "
           "calculators gave way to electronic computers, and those to the personal machines of today. ")
@@ -87,6 +92,7 @@ async def _generate(engine, prompt_text: str, n_gen: int) -> tuple[int, float, l
 
 async def _engine_round(config: EngineConfig, setup, prompt_text: str, n_gen: int) -> MeasuredRun:
     """Start the engine, warm it up, measure one request, stop it (its worker is gone when this returns)."""
+    # why: jinja2 (the engine's chat templates) loads only when the engine runs
     from homepd.engine.controller import Engine
 
     async with Engine(config, setup) as engine:
@@ -121,9 +127,6 @@ def _interleaved_runs(config: EngineConfig, prompt_ids: list[int], prompt_text: 
     the order rotates from round to round so a drift on the box hits all alike.
     Also returns the CPU seconds the idle loop process burned during the engine runs (~0).
     """
-    from homepd.engine.specs import worker_specs
-    from homepd.launch import prepare
-
     setup = prepare(config, pull=False)
     spec = worker_specs(config, setup)["colocated"]
     engine_runs, raw_runs, lb_runs, idle_cpu_s = [], [], [], 0.0
@@ -170,8 +173,6 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
     ``np.copyto`` of the same bytes between two warm buffers.  Best of ``repeat``.
     """
     import numpy as np
-
-    from homepd.llm import LlamaContext
 
     # why: room for the source sequence and its imported copy side by side
     ctx = LlamaContext(model, n_ctx=2 * n_tokens + 64, n_batch=512, n_seq_max=2, n_threads=n_threads)
@@ -228,14 +229,14 @@ def bench_handoff(model, n_tokens: int, n_threads: int, repeat: int) -> dict:
 def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed: int = 0) -> dict:
     """The KV arena on the default mixed trace (``n_requests`` requests), disaggregated with the default
     chunk and arena: its size, its peak use, and the KV payload bytes in transit at that peak."""
+    # why: psutil (hw.monitor, via the replay) loads only for the arena figures
     from homepd.measure.replay import run_trace
-    from homepd.measure.trace import make_trace
 
     config = EngineConfig(model=model_path, mode="disaggregated", n_ctx=n_ctx).validated()
 
     async def replay() -> dict:
+        # why: jinja2 (the engine's chat templates) loads only when the engine runs
         from homepd.engine.controller import Engine
-        from homepd.launch import prepare
 
         async with Engine(config, prepare(config, pull=False)) as engine:
             record = await run_trace(engine, make_trace("mixed", n_requests=n_requests, seed=seed), trace_name="mixed")
@@ -257,9 +258,6 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
     and the Python loop; return a flat dict of figures (medians over ``repeat``, with their min and max),
     the checks on the references, and the guard's verdicts (engine / llama-bench; UNCHECKED without it)."""
     lb_binary = find_llama_bench(llama_bench)
-    from homepd.llm import LlamaModel
-    from homepd.models.resolve import resolve_model
-
     path = str(resolve_model(model))
     # why no prefix cache: the warm-up sends the measured prompt first, and a cached prefix would make the engine's
     # "prompt speed" its cache's (8,288 tok/s against the loop's 94 at 1 thread), and its KV would stay beside the

@@ -23,7 +23,8 @@ from multiprocessing.connection import Connection
 from homepd.core.protocol import WorkerSpec
 from homepd.engine.handles import spawn_worker
 from homepd.hw.threads import ThreadUse, read_tasks, thread_use
-from homepd.measure.reference import AloneRun
+from homepd.llm import LlamaContext, LlamaModel
+from homepd.measure.reference import AloneRun, greedy_on
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,6 @@ class ReferenceProcess:
 
 def reference_main(spec: WorkerSpec, conn: Connection) -> None:
     """The child: place itself and build its context as ``worker_main`` does, then serve ``RefRun``s."""
-    from homepd.llm import LlamaContext, LlamaModel
-    from homepd.measure.reference import greedy_on
-
     if spec.cpu_cores:
         os.sched_setaffinity(0, spec.cpu_cores)
     model = LlamaModel(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.cuda_visible_devices else 0)

@@ -49,6 +49,7 @@ class LiveAdvisor(Advisor):
     def _box(self):
         """This box, as the evidence must have been measured on it (probed once; blocking)."""
         if self._identity is None:
+            # why: psutil (the probe) loads when the box is first needed
             from homepd.hw.probe import identity, probe
 
             self._identity = identity(probe())
@@ -56,6 +57,7 @@ class LiveAdvisor(Advisor):
 
     def load(self, restore: bool = True) -> None:
         """Read the evidence (and, at start, the recorded traffic of the longest window).  Blocking."""
+        # why: sqlite_utils (the store) loads with the first reading of the evidence
         from homepd.advise.live.evidence import load_live_evidence
         from homepd.store import Store, StoreError
         from homepd.store.traffic import traffic_since

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
+from homepd.advise.live.advice import AdviceKind
 from homepd.serve.errors import APIError
 
 router = APIRouter(tags=["advice"])
@@ -43,7 +44,7 @@ async def evaluate(request: Request):
 async def apply(request: Request, body: ApplyRequest):
     """Drain, restart the workers in the advised (or the named) candidate's configuration and resume; returns
     the switch's record.  Requests that arrive meanwhile wait and are served by the new configuration."""
-    from homepd.advise.live.advice import AdviceKind
+    # why: numpy (the switch's launch) stays out of the routes' own imports
     from homepd.serve.switch import SwitchError, switch_to
 
     advisor = _advisor(request)

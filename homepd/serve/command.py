@@ -15,6 +15,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
 
 
 def serve(args: argparse.Namespace) -> int:
+    # why: the HTTP stack (fastapi, uvicorn), llama_cpp, numpy and psutil load for `serve` only
     from homepd.hw.monitor import Sampler
     from homepd.launch import config_origin
     from homepd.serve.server import run_server
@@ -32,7 +33,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def install(args: argparse.Namespace) -> int:
-    from homepd.serve.install import install_service
+    from homepd.serve.install import install_service  # why: `homepd --help` does not load it
 
     return install_service(dry_run=args.dry_run, unit_dir=args.unit_dir, config_dir=args.config_dir)
 

@@ -23,14 +23,17 @@ from homepd.core.lifecycle import Lifecycle
 from homepd.core.origin import ConfigOrigin
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
+from homepd.engine.controller import Engine
 from homepd.engine.topology import topology_for
+from homepd.launch import config_origin, prepare
 from homepd.measure.stepstream import StepSample, StepSampler, TokenGaps
 from homepd.measure.trace.traffic import Route
-from homepd.launch import config_origin
+from homepd.serve.advice import AdviceCollector, LiveAdvisor
 from homepd.serve.errors import APIError, unavailable
 from homepd.serve.generation import DEFAULTS
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.settings import ServeSettings
+from homepd.serve.switch import SwitchError, switch_to
 from homepd.serve.systemd import Notifier
 from homepd.serve.traffic import TrafficCollector, TrafficRecorder, prompt_text
 
@@ -82,6 +85,7 @@ class Service:
         self.on_exit = lambda: None                   # set by the server: make uvicorn exit
         self.traffic: TrafficRecorder | None = None   # the traffic recording (off with --no-record-traffic)
         if settings.record_traffic:
+            # why: sqlite_utils (the store) loads only when traffic is recorded
             from homepd.store import Store
 
             self.traffic = TrafficRecorder(lambda: Store.open(settings.db), record_text=settings.record_text,
@@ -90,16 +94,12 @@ class Service:
             self.metrics.registry.register(TrafficCollector(self.traffic))
         self.advisor = None                           # live advice (off with --no-advice)
         if settings.advice:
-            from homepd.serve.advice import AdviceCollector, LiveAdvisor
-
             self.advisor = LiveAdvisor(self)
             self.metrics.registry.register(AdviceCollector(self.advisor))
 
     # start-up ----------------------------------------------------------------------
     async def start(self) -> None:
         """Load and warm the engine (the HTTP port is already open: /ready says 503 meanwhile)."""
-        from homepd.launch import prepare
-
         if self.traffic is not None:
             self.traffic.start()
         if self.advisor is not None:  # why: before any request ends, so the restored traffic is all from before
@@ -281,8 +281,6 @@ class Service:
 
     def new_engine(self, config: EngineConfig, setup):
         """The service's engine for ``config`` (not started): its sampler, and its steps feeding ``/events``."""
-        from homepd.engine.controller import Engine
-
         engine = Engine(config, setup, sampler=self.sampler)
         engine.step_listeners.append(self._on_step)
         return engine
@@ -302,8 +300,6 @@ class Service:
 
     def spawn_switch(self, candidate: str, why: str) -> None:
         """Switch to ``candidate`` in the background (``--auto-apply``); a switch that cannot be done is logged."""
-        from homepd.serve.switch import SwitchError, switch_to
-
         async def switch() -> None:
             try:
                 await switch_to(self, candidate, why)

@@ -154,6 +154,7 @@ class TrafficRecorder:
     def _flush(self, batch: list[RecordedRequest]) -> None:
         if not batch:
             return
+        # why: sqlite_utils (the store) loads with the first batch written
         from homepd.store.traffic import add_traffic, prune_traffic
 
         try:

@@ -29,6 +29,7 @@ def register(subparsers) -> None:
 
 def make_source(args: argparse.Namespace):
     """The data source the flags ask for: remote when attached (or a local service answers), else embedded."""
+    # why: the engine's libraries (jinja2, numpy), httpx and sqlite load for `app` only
     from homepd.tui.sources.embedded import EmbeddedSource
     from homepd.tui.sources.remote import RemoteSource, find_service, service_address
 
@@ -42,6 +43,7 @@ def make_source(args: argparse.Namespace):
 
 
 def run_app(args: argparse.Namespace) -> int:
+    # why: textual loads for `app` only
     from homepd.tui.app import HomepdApp
 
     source = make_source(args)

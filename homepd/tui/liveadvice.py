@@ -86,6 +86,7 @@ class LocalAdvisor(Advisor):
 
     def load(self, config=None) -> None:
         """Read the latest advise run of the model (none: no advice); ``config``: a new one (switched)."""
+        # why: sqlite_utils (the store) loads with the first reading of the evidence
         from homepd.advise.live.evidence import load_live_evidence
         from homepd.store import Store
 

@@ -13,6 +13,7 @@ import select
 import time
 import traceback
 
+from homepd.backends import model_classes
 from homepd.core import modes
 from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixcache import ReuseMode
@@ -43,8 +44,6 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         os.sched_setaffinity(0, spec.cpu_cores)
     try:
         t0 = time.monotonic()
-        from homepd.backends import model_classes
-
         model_cls, context_cls = model_classes(spec.backend)
         before_model = anon_intervals()
         model = model_cls(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.cuda_visible_devices else 0)

@@ -48,6 +48,7 @@ from homepd.engine.controller import Engine
 from homepd.errors import ConfigError
 from homepd.engine.topology import topology_for
 from homepd.engine.topology.colocated import chunk_candidate
+from homepd.hw.probe import probe, to_dict
 from homepd.launch import placement_plan, prepare
 from homepd.measure.metrics import SLO, SLOTarget
 from homepd.measure.replay import RunRecord, run_trace
@@ -229,8 +230,6 @@ class Campaign:
         self._n_probes = 0  # probes replayed so far: each one's requests are tagged with its number
 
     async def run(self) -> AdviseResult:
-        from homepd.hw.probe import probe, to_dict
-
         self._t0 = time.monotonic()
         setup = await asyncio.to_thread(prepare, self.base, pull=False)
         # one reading of the box for the plan and every candidate's placement

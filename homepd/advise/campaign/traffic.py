@@ -12,6 +12,7 @@ import datetime
 import time
 from pathlib import Path
 
+from homepd.backends import model_classes
 from homepd.errors import ConfigError
 from homepd.measure.trace import read_trace
 from homepd.measure.trace.sources import RecordedTraffic, TraceFileSource, parse_since
@@ -35,6 +36,7 @@ def parse_traffic(spec: str, now_unix_s: float | None = None) -> float | None:
 def traffic_source(spec: str, db: str | Path | None = None, units: TextUnits | None = None,
                    now_unix_s: float | None = None) -> RecordedTraffic:
     """The recorded traffic ``spec`` names, from the store at ``db`` (default: the default store)."""
+    # why: sqlite_utils (the store) loads only when recorded traffic is replayed
     from homepd.store import Store, default_db_path
     from homepd.store.traffic import traffic_extent, traffic_since
 
@@ -79,8 +81,6 @@ def given_sources(db: str | Path | None, backend: str, model_path: str, *, traff
 
 def units_of(backend: str, model_path: str) -> TextUnits:
     """The one-token text units of the model the campaign replays on (its tokenizer, vocabulary only)."""
-    from homepd.backends import model_classes
-
     tokenizer = model_classes(backend)[0](model_path, 0, True)
     try:
         return one_token_units(tokenizer)

@@ -22,6 +22,7 @@ def image_stem(json_path: Path) -> Path:
 def write_run_images(run: Run, stem: Path) -> list[Path]:
     """Draw ``run`` to ``stem``.svg and ``stem``.png (read with timelines: the gaps need every token); the
     paths written."""
+    # why: matplotlib loads only when a picture is drawn
     from homepd.advise.report.figure import write
 
     ttft_ms, itl_ms = run.config.budgets_ms

@@ -8,6 +8,7 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Header, ProgressBar, Static
 
 from homepd.tui.screens.base import StateScreen
+from homepd.tui.screens.liveadvice import AdviceScreen
 from homepd.tui.state import AppState
 from homepd.tui.widgets.architecture import ArchitecturePanel
 from homepd.tui.widgets.charts import ChartGrid
@@ -60,8 +61,6 @@ class DashboardScreen(StateScreen):
         notice.display = pulling or bool(state.error) or not state.is_ready
 
     def action_evidence(self) -> None:
-        from homepd.tui.screens.liveadvice import AdviceScreen
-
         advice = self.app.state.advice
         if advice is None:
             self.notify("no live advice now")

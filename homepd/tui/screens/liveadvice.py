@@ -9,6 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from homepd.tui.liveadvice import AdviceView
+from homepd.tui.screens.confirm import ConfirmScreen
 
 
 def evidence_text(view: AdviceView) -> Text:
@@ -38,8 +39,6 @@ class AdviceScreen(ModalScreen):
         self.view = view
 
     def action_switch(self) -> None:
-        from homepd.tui.screens.confirm import ConfirmScreen
-
         if self.view.kind != "switch" or not self.view.candidate:
             self.notify("this advice names nothing to switch to", severity="warning")
             return

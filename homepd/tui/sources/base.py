@@ -20,9 +20,14 @@ import os
 import threading
 from typing import Callable
 
-from homepd.config import EngineConfig
+from homepd.advise.campaign.traffic import given_sources
+from homepd.config import EngineConfig, write_config_file
 from homepd.core.reply import Delta
 from homepd.errors import HomepdError
+from homepd.hw.monitor import Sampler
+from homepd.launch import prepare
+from homepd.measure.trace import make_trace
+from homepd.store import Store, default_db_path
 from homepd.tui.records import AdviseView, ChatStats, RunListRow, Tick
 
 Emit = Callable[[object], object]
@@ -35,8 +40,6 @@ ADVISE_STOP_TIMEOUT_S = 60.0       # a cancelled campaign stops its engine withi
 
 def long_prompt(n_tokens: int, seed: int = 0) -> list[dict]:
     """The background prompt: a passage of about ``n_tokens`` from the trace corpus to summarise (chat messages)."""
-    from homepd.measure.trace import make_trace
-
     request = make_trace("long", 1, 1.0, max_tokens=BACKGROUND_MAX_TOKENS, long_tokens=max(32, n_tokens), seed=seed)
     return [dict(m) for m in request.requests[0].messages]
 
@@ -102,18 +105,14 @@ class DataSource(abc.ABC):
     def run_advise(self, quick: bool, emit: Emit, traffic: str | None = None) -> AdviseView:
         """Run an advise campaign here (it starts its own engines), storing its evidence; emit progress.
         ``traffic``: ``service[:SINCE]`` replays the service's recorded traffic instead of the built-in mixes."""
+        # why: jinja2 (the engine) and textual (the progress message) load only when a campaign runs
         from homepd.advise.campaign.run import AdviseSettings, Campaign
-        from homepd.hw.monitor import Sampler
-        from homepd.store import Store
         from homepd.tui.evidence import from_result, step_from_progress
         from homepd.tui.messages import AdviseProgress
 
         settings = AdviseSettings.quick_settings() if quick else AdviseSettings()
         base = self.config
         if traffic is not None:
-            from homepd.advise.campaign.traffic import given_sources
-            from homepd.launch import prepare
-
             sources = given_sources(self.db, base.backend, prepare(base, pull=False, progress=False).model_path,
                                     traffic=traffic, n_ctx=base.n_ctx)
             settings = dataclasses.replace(settings, mixes=tuple(sources))
@@ -156,8 +155,6 @@ class DataSource(abc.ABC):
 
     def list_runs(self, limit: int = 50) -> list[RunListRow]:
         """The newest runs of the store (none when there is no database yet)."""
-        from homepd.store import Store, default_db_path
-
         path = self.db or default_db_path()
         if str(path) != ":memory:" and not os.path.exists(path):
             return []
@@ -170,7 +167,7 @@ class DataSource(abc.ABC):
 
     def open_run(self, run_id: int) -> AdviseView:
         """One stored run as an advise view (evidence, recommendation)."""
-        from homepd.store import Store
+        # why: jinja2 (the engine, via the advise report) loads only when a run is opened
         from homepd.tui.evidence import from_stored_run
 
         with Store.open(self.db, create=False) as store:
@@ -178,6 +175,4 @@ class DataSource(abc.ABC):
 
     def apply(self, values: dict) -> str:
         """Write a recommended configuration to the config file; return where it went."""
-        from homepd.config import write_config_file
-
         return str(write_config_file(values, self.config_file))

@@ -65,6 +65,7 @@ def engine_chat(fmt: ChatFormat | None, messages: list[dict], offer_tool: bool) 
 @lru_cache(maxsize=4)
 def demo_grammar(fmt: ChatFormat) -> Grammar | None:
     """The grammar of a call to the demo tool in ``fmt``'s syntax (lazy for auto: free text until a call)."""
+    # why: llama_cpp loads for the embedded engine's chats only; the remote app never loads it
     from homepd.llm.grammar import tool_grammar
 
     return tool_grammar(fmt, (DEMO_TOOL,), DEMO_CHOICE, True)

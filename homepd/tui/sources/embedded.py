@@ -23,16 +23,24 @@ from homepd.config import EngineConfig
 from homepd.core.admission import RequestClass
 from homepd.core.reply import Delta, DeltaKind
 from homepd.core.sampling import SamplingParams
+from homepd.engine.controller import Engine
+from homepd.engine.streams import EventKind
 from homepd.engine.topology import topology_for
-from homepd.errors import EngineError
+from homepd.errors import EngineError, PromptTooLongError
+from homepd.hw.monitor import Sampler
+from homepd.hw.probe import identity, probe
+from homepd.launch import RestartFailed, config_origin, prepare, replace_engine
 from homepd.measure.stepstream import StepSample, TokenGaps
+from homepd.models.catalog import load_catalog
+from homepd.models.pull import PARTIAL_PREFIX
+from homepd.models.resolve import is_present, models_dir
 from homepd.tui import derive
+from homepd.tui.liveadvice import LocalAdvisor
 from homepd.tui.records import ChatStats, Tick
-from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
+from homepd.tui.sources.base import BACKGROUND_MAX_TOKENS, CHAT_MAX_TOKENS, DataSource, Emit, OnDelta, long_prompt
 from homepd.tui.sources.chatrequest import EngineChat, engine_chat
 from homepd.tui.sources.loop import LoopThread
 from homepd.tui.stepwindow import StepWindow
-from homepd.engine.streams import EventKind
 
 PULL_POLL_S = 0.25
 
@@ -44,9 +52,6 @@ def describe(config: EngineConfig, model_path: str, why: str = "switched in the 
 
 def pending_pull(config: EngineConfig):
     """The catalog entry ``prepare`` will have to pull for ``config``, or None (present, a path, fake)."""
-    from homepd.models.catalog import load_catalog
-    from homepd.models.resolve import is_present, models_dir
-
     if config.backend == "fake":
         return None
     entry = load_catalog().get(str(config.model))
@@ -55,8 +60,6 @@ def pending_pull(config: EngineConfig):
 
 def partial_bytes(directory: Path, file_name: str) -> int:
     """Bytes assembled so far by a pull of ``file_name`` in progress in ``directory`` (this process's)."""
-    from homepd.models.pull import PARTIAL_PREFIX
-
     total = 0
     for path in directory.glob(f"{PARTIAL_PREFIX}{os.getpid()}-{file_name}-*"):
         try:
@@ -86,11 +89,6 @@ class EmbeddedSource(DataSource):
 
     # start and stop ---------------------------------------------------------------------------
     def start(self, emit: Emit) -> str:
-        from homepd.engine.controller import Engine
-        from homepd.hw.monitor import Sampler
-        from homepd.hw.probe import probe
-        from homepd.launch import config_origin
-
         if self._box is None:
             self._box = probe(self._nvml_module)
         with self._lock:
@@ -110,17 +108,13 @@ class EmbeddedSource(DataSource):
             self._started.set()
         self._last_t = time.monotonic()
         self.description = describe(self.config, setup.model_path, config_origin(self.config).why)
-        from homepd.hw.probe import identity
-        from homepd.tui.liveadvice import LocalAdvisor
-
         advisor = LocalAdvisor(self.config, self.db, box=identity(self._box))
         advisor.load()
         self._advisor = advisor
         return self.description
 
     def _prepare(self, config: EngineConfig, emit: Emit):
-        from homepd.launch import prepare
-        from homepd.models.resolve import models_dir
+        # why: textual (the app's messages) stays out of the data source's own imports
         from homepd.tui.messages import PullProgress
 
         entry = pending_pull(config)
@@ -218,10 +212,6 @@ class EmbeddedSource(DataSource):
 
     async def _fit(self, n_tokens: int, seed: int) -> list[dict]:
         """Halve the passage until the tokenized chat fits the context with room for the answer."""
-        from homepd.tui.sources.base import BACKGROUND_MAX_TOKENS, long_prompt
-
-        from homepd.errors import PromptTooLongError
-
         room = self.config.n_ctx - BACKGROUND_MAX_TOKENS - 1
         while True:
             messages = long_prompt(n_tokens, seed)
@@ -255,9 +245,6 @@ class EmbeddedSource(DataSource):
         return description
 
     async def _switch(self, config: EngineConfig) -> str:
-        from homepd.engine.controller import Engine
-        from homepd.launch import RestartFailed, prepare, replace_engine
-
         new = config.validated()
         # placement first: an infeasible mode is refused while the old engine still serves
         setup = await asyncio.to_thread(prepare, new, pull=False, progress=False, box=self._box)

@@ -18,6 +18,7 @@ from homepd.core.reply import Delta, DeltaKind
 from homepd.core.modes import Mode, Role
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.records import WorkerSnapshot
+from homepd.tui.liveadvice import advice_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
                                 EvidenceRow, HardwareView, ProcessView, RecommendationView, RequestRow, RunListRow, Tick)
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
@@ -127,8 +128,6 @@ class FakeSource(DataSource):
             gate.set()
 
     def advice(self):
-        from homepd.tui.liveadvice import advice_view
-
         return advice_view(self.advice_data)
 
     def tick(self) -> Tick:
@@ -194,6 +193,7 @@ class FakeSource(DataSource):
         return f"{candidate} (switched by live advice)"
 
     def run_advise(self, quick: bool, emit: Emit, traffic: str | None = None) -> AdviseView:
+        # why: textual (the app's messages) stays out of the data source's own imports
         from homepd.tui.messages import AdviseProgress
 
         self.advise_traffic.append(traffic)

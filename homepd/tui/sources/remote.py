@@ -34,8 +34,11 @@ from homepd.core.lifecycle import RequestTimings
 from homepd.core.origin import ConfigOrigin
 from homepd.core.records import EngineSnapshot, RecordShapeError
 from homepd.errors import HomepdError
+from homepd.hw.monitor import Sampler
+from homepd.hw.probe import probe
 from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui import derive
+from homepd.tui.liveadvice import advice_view
 from homepd.tui.records import ChatStats, Tick
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
 from homepd.tui.sources.chatrequest import chunk_deltas, openai_tool_fields
@@ -158,9 +161,6 @@ class RemoteSource(DataSource):
         self._status = status
         self.model = (status.models or ("default",))[0]
         if self._sample_hardware:
-            from homepd.hw.monitor import Sampler
-            from homepd.hw.probe import probe
-
             self._box = probe()
             self.sampler = Sampler(period_s=0.5).start()
         self._reader = threading.Thread(target=self._read_events, name="homepd-events", daemon=True)
@@ -193,8 +193,6 @@ class RemoteSource(DataSource):
     def advice(self):
         """The service's standing live advice (``GET /advice``), None when there is none, live advice is off
         (404) or the service cannot be reached."""
-        from homepd.tui.liveadvice import advice_view
-
         try:
             response = self._client.get("/advice", timeout=2.0)
         except httpx.HTTPError:
