@@ -69,7 +69,9 @@ def test_background_is_deferred_behind_queued_interactive_work_and_predictions_a
             await asyncio.gather(*(s.collect() for s in warm))
             assert engine.gate.estimate("colocated") is not None
             doc = await engine.submit("doc " * 300, params=SamplingParams(max_tokens=4), request_class="background")
-            chat = await engine.submit("word " * 40, params=SamplingParams(max_tokens=4))
+            # why not the warm-up's text: a chat the prefix cache holds is one step of work, and it could be
+            # decoding already when the late background request arrives (nothing queued: admitted, 1 run in 10)
+            chat = await engine.submit("talk " * 40, params=SamplingParams(max_tokens=4))
             late = await engine.submit("doc " * 10, params=SamplingParams(max_tokens=4), request_class="background")
             snap = engine.snapshot().admission
             await asyncio.gather(doc.collect(), chat.collect(), late.collect())
