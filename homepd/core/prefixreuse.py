@@ -132,10 +132,15 @@ class PrefixReuse:
             # the store only; counted as its whole prompt, the deadline order judged a 33-token turn late and
             # set it behind two documents (it waited 24 s at 1 thread, chat_bench --kind mix)
             hit = self.store.peek(seq.prompt_ids, self.mode, seq.n_prompt - 1)
-            if hit is not None and hit.n_tokens >= max(n_context + 1, MIN_PARTIAL_MATCH_TOKENS) \
-                    and self.store.is_faster(hit, n_context):
+            if self._store_wins(hit, n_context):
                 return hit.n_tokens
         return n_context
+
+    def _store_wins(self, hit, n_context: int) -> bool:
+        """Whether the store's ``hit`` is taken over the context's match of ``n_context`` tokens: it holds more
+        (and not a mere shared head), and restoring it beats prefilling what it adds."""
+        return hit is not None and hit.n_tokens >= max(n_context + 1, MIN_PARTIAL_MATCH_TOKENS) \
+            and self.store.is_faster(hit, n_context)
 
     def _context_match(self, seq: Sequence):
         """The cached entry seq's prompt would take (all but its last token at most), or None: nothing, or a
@@ -155,8 +160,7 @@ class PrefixReuse:
         if self.store is not None:
             hit = self.store.lookup(seq.prompt_ids, self.mode, seq.n_prompt - 1)
             n_context = match.n_tokens if match is not None else 0
-            if hit is not None and hit.n_tokens >= max(n_context + 1, MIN_PARTIAL_MATCH_TOKENS) \
-                    and self.store.is_faster(hit, n_context) and self._restore(seq, hit, n_cells):
+            if self._store_wins(hit, n_context) and self._restore(seq, hit, n_cells):
                 return True
             if match is not None and self.index.entry_of(match.entry.seq_id) is not match.entry:
                 match = None  # evicted making room for a restore that failed

@@ -81,12 +81,13 @@ class ContextStore:
     def lookup(self, prompt_ids, mode: ReuseMode, max_tokens: int) -> StoreHit | None:
         """The longest match, made the most recently used entry: # why: making room in the context for its
         restore saves other prefixes into the store, which must not evict this one first."""
-        hit = self.segment.index.longest_match(prompt_ids, mode, max_tokens) if self.segment is not None else None
+        hit = self.peek(prompt_ids, mode, max_tokens)
         if hit is not None:
             self.segment.index.touch(hit.entry)
         return hit
 
     def peek(self, prompt_ids, mode: ReuseMode, max_tokens: int) -> StoreHit | None:
+        """The longest match, the entries' recency left as it is."""
         return self.segment.index.longest_match(prompt_ids, mode, max_tokens) if self.segment is not None else None
 
     def is_faster(self, hit: StoreHit, n_context_tokens: int) -> bool:
