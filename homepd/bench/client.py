@@ -24,6 +24,7 @@ from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams
 from homepd.errors import ConfigError
+from homepd.measure.trace.model import tag_user_turns
 
 CLASS_HEADER = "X-Homepd-Class"  # homepd's class header; other servers ignore it
 ERROR_CHARS = 300
@@ -100,9 +101,8 @@ class HttpTarget:
         if params.ignore_eos:
             common["ignore_eos"] = True  # why: vLLM, SGLang, llama-server and homepd all read this extension
         if messages is not None:
-            if tag:  # why the user turns only: the chat template's own prefix stays shared, as it would be
-                messages = [dict(m, content=tag + m["content"]) if m.get("role") == "user" else dict(m)
-                            for m in messages]
+            if tag:
+                messages = tag_user_turns(messages, tag)
             path, body = "/v1/chat/completions", {**common, "messages": messages}
         else:
             path, body = "/v1/completions", {**common, "prompt": tag + (prompt or "")}

@@ -232,6 +232,12 @@ class Trace:
                 "concurrency": self.concurrency, "generator": dict(self.generator)}
 
 
+def tag_user_turns(messages, tag: str) -> list[dict]:
+    """``messages`` with ``tag`` before every user turn's text; the other turns copied as they are (the chat
+    template's own head and the system prompt stay shared between tagged prompts, as they would be)."""
+    return [dict(m, content=tag + m["content"]) if m.get("role") == "user" else dict(m) for m in messages]
+
+
 def tagged(trace: "Trace", tag: str) -> "Trace":
     """``trace`` with ``tag`` before every raw prompt and every user message.  A benchmark that replays one
     trace at several rates on one engine tags each replay apart, so that no replay is served from the KV an
@@ -240,8 +246,7 @@ def tagged(trace: "Trace", tag: str) -> "Trace":
     def one(r: TraceRequest) -> TraceRequest:
         if r.prompt is not None:
             return replace(r, prompt=tag + r.prompt)
-        return replace(r, messages=tuple(dict(m, content=tag + m["content"]) if m["role"] == "user" else dict(m)
-                                         for m in r.messages))
+        return replace(r, messages=tuple(tag_user_turns(r.messages, tag)))
     return replace(trace, requests=tuple(one(r) for r in trace.requests))
 
 
