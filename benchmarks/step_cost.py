@@ -22,16 +22,9 @@ import time
 from homepd.config import DEFAULT_MODEL_NAME
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.models.resolve import resolve_model
+from kv_layout import _fill  # the same filler: benchmarks/ is on sys.path when a script of it runs
 
 DOC = 0  # the document's sequence id; the streams take 1..decodes
-
-
-def _fill(ctx: LlamaContext, seq_id: int, n_tokens: int, n_batch: int = 256) -> None:
-    tokens = [(7 * i + seq_id) % 1000 + 100 for i in range(n_tokens)]
-    for start in range(0, n_tokens, n_batch):
-        stop = min(n_tokens, start + n_batch)
-        ctx.decode(tokens[start:stop], list(range(start, stop)), [seq_id] * (stop - start),
-                   [False] * (stop - start - 1) + [True])
 
 
 def _step_ms(ctx: LlamaContext, n_decode: int, stream_depth: int, chunk: int, doc_depth: int) -> float:
@@ -78,7 +71,7 @@ def main() -> None:
     n_ctx = max(depths) + max(chunks) + (args.decodes + 1) * (args.stream_depth + 1) + 256
     ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=512, n_seq_max=args.decodes + 1, n_threads=args.threads)
     for s in range(1, args.decodes + 1):
-        _fill(ctx, s, args.stream_depth)
+        _fill(ctx, s, args.stream_depth, 256)
     print(f"threads {args.threads}; {args.decodes} streams {args.stream_depth} cells deep; step ms, median (p10..p90) "
           f"of {args.repeats}")
     print(f"{'document depth':>15s} {'chunk':>6s} {'chunk alone':>18s} {'beside the decodes':>20s} "
@@ -86,7 +79,7 @@ def main() -> None:
     for depth in depths:
         ctx.seq_rm(DOC)
         if depth:
-            _fill(ctx, DOC, depth)
+            _fill(ctx, DOC, depth, 256)
         for chunk in chunks:
             alone, beside, decodes = [], [], []
             for _ in range(args.repeats):  # interleaved, so that the box's drift hits all three alike

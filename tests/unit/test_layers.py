@@ -121,8 +121,9 @@ def test_the_fresh_interpreter_check_sees_a_loaded_library():
 
 # ---- one owner per library -------------------------------------------------------------
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+def module_name(path: Path, root: Path = REPO) -> str:
+    """The dotted name of the module at ``path`` under ``root`` (a package is its ``__init__``)."""
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from test_layers import module_name
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "homepd"
 
@@ -41,11 +43,6 @@ class LocalImport:
     @property
     def target(self) -> str:
         return max(self.targets, key=len)
-
-
-def module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def is_type_checking(node: ast.If) -> bool:
