@@ -203,10 +203,11 @@ class EngineConfig:
     ttft_budget_ms: float = field(default=4000.0, metadata=_opt(
         "ttft-budget", float, "interactive requests: budget (ms) to the first token"))
     # why 3: a stream that hiccups once by 300 ms reads on; a document's first answer 19 s late is a request lost
-    gap_ceiling: float = field(default=3.0, metadata=_opt(
+    gap_ceiling: float = field(default=2.0, metadata=_opt(
         "gap-ceiling", float, "adaptive chunk: when the ITL budget would make an interactive prompt miss its TTFT "
                               "budget, a step may run longer (so streams see one longer gap) if that keeps more "
-                              "requests within both budgets, up to this many ITL budgets (0: never)"))
+                              "requests within both budgets, and a prompt whose budget is lost anyway runs in "
+                              "steps this long; at most this many ITL budgets (0: never)"))
     background_ttft_ms: float = field(default=120_000.0, metadata=_opt(
         "background-ttft-budget", float, "background requests: budget (ms) to the first token"))
     local_prefill: bool = field(default=True, metadata=_opt(

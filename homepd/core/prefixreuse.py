@@ -176,6 +176,10 @@ class PrefixReuse:
             self.evict(others[0])
         self.index.remove(entry)
         if n_keep < entry.n_cells:
+            if self.store is not None:
+                # why: the trim drops the entry's tail for good; a chat turn sharing only the system prompt
+                # took a paused document's 400 computed tokens (and other conversations' histories) this way
+                self.store.save(entry.seq_id, entry.tokens)
             kept = self.kv.trim(entry.seq_id, n_keep)
             if kept is None:
                 self.kv.drop(entry.seq_id)

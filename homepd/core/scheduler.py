@@ -28,6 +28,10 @@ from homepd.core.prefixreuse import KVOps, PrefixReuse, StoreOps
 from homepd.core.sequence import Sequence
 from homepd.core.steppolicy import DeadlineGrant, StepPolicy
 
+# why: a paused prefill's KV is kept as a cached prefix, and one evicted goes to the KV store only from 64
+# tokens (homepd.worker.storekv.MIN_STORE_TOKENS); below that it would be recomputed, and costs little anyway
+MIN_PAUSED_TOKENS = 64
+
 
 @dataclass(frozen=True)
 class PrefillSlice:
@@ -62,6 +66,7 @@ class StepPlan:
     evicted: tuple[Eviction, ...] = ()  # applied by the worker before the step (also when it is empty)
     reused: tuple[Sequence, ...] = ()  # admitted this step from a cached prefix (``Sequence.n_reused`` tokens)
     grant: DeadlineGrant | None = None  # the step is past the ITL budget for this prompt's TTFT deadline
+    paused: tuple[Sequence, ...] = ()  # prefills that gave their sequence id to a prompt ahead (KV kept, cached)
 
     @property
     def n_decode_tokens(self) -> int:
@@ -172,18 +177,23 @@ class Scheduler:
             # why: a prompt always advances, even when decodes fill the chunk
             budget = max(budget, 1)
         ordered = self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget)
+        paused = self._pause_for(ordered)
         grant = self.policy.grant(ordered, decode, now_s, budget, kv_in_use) if ordered and self.decodes else None
         if grant is not None:
             budget = grant.budget
         planned = budget
         slices: list[PrefillSlice] = []
         reused: list[Sequence] = []
+        blocked = False  # a waiting prompt did not fit: the waiting ones after it wait too (no starving it)
         for seq in ordered:
             if budget <= 0:
                 break
-            if seq.seq_id is None:  # waiting: admit it if its KV fits, else it (and all after it) wait
-                if evicted or not self.can_admit(seq):
-                    break
+            if seq.seq_id is None:  # waiting: admit it if its KV fits, else it (and all waiting after it) wait
+                if blocked or evicted or not self.can_admit(seq):
+                    # why not stop: a prompt already admitted after it in the order would idle for nothing (a
+                    # document's prefill stood still for 0.9 s while a chat turn waited for a sequence id)
+                    blocked = True
+                    continue
                 self.waiting.remove(seq)
                 if self.admit(seq):
                     reused.append(seq)
@@ -196,9 +206,40 @@ class Scheduler:
                 budget = budget if tail is None else min(budget, tail)
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
                         kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices) + sum(s.n_reused for s in reused),
-                        evicted=evicted, reused=tuple(reused),
+                        evicted=evicted, reused=tuple(reused), paused=paused,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
                         else None)
+
+    def _pause_for(self, ordered: list[Sequence]) -> tuple[Sequence, ...]:
+        """A prompt waiting for a sequence id while one served after it holds one: the latter's prefill pauses.
+
+        Its KV stays as a cached prefix of its own prompt (saved to the KV store if evicted), and it waits
+        again expecting to take those tokens back, so nothing is recomputed.  Only with a KV store (without
+        one an evicted pause would be lost work), only for a prompt set behind an interactive one that needs
+        just an id (its cells fit), and only for a paused part long enough to be stored."""
+        if self.prefixes is None or self.prefixes.store is None or not self.decodes:
+            return ()
+        if self.allocator.free_seq_ids or self.allocator.n_cached:
+            return ()  # an id is free or reclaimable: nobody needs to give one back
+        blocked = next((s for s in ordered if s.seq_id is None), None)
+        if blocked is None or blocked.request_class == RequestClass.BACKGROUND:
+            return ()
+        after = ordered[ordered.index(blocked) + 1:]
+        victim = next((s for s in reversed(after) if s.seq_id is not None and s.is_prefilling
+                       and s.n_prefilled >= MIN_PAUSED_TOKENS), None)
+        if victim is None:
+            return ()
+        headroom = kvpolicy.admission_headroom(len(self.running) - 1)
+        if self.allocator.n_cells_reserved - self.allocator.n_cells_of(victim.seq_id) + self.cells_needed(blocked) \
+                + headroom > self.allocator.n_ctx:
+            return ()  # it waits for cells too: pausing would not let it in
+        self.running.remove(victim)
+        if not self.prefixes.keep(victim):
+            self.running.append(victim)
+            return ()
+        victim.pause()
+        self.waiting.append(victim)
+        return (victim,)
 
     def _reserve_decode_cells(self) -> tuple[Eviction, ...]:
         """Grow the reservation of every decode whose next token needs a cell, oldest first; when the

@@ -31,6 +31,7 @@ class Sequence:
     n_expected_reuse: int = 0
     last_token_s: float | None = None  # when its newest token was sampled (the worker's clock)
     gap_broken: bool = False         # a gap between two of its tokens went over its ITL budget here
+    n_pauses: int = 0                # times its prefill gave its sequence id to a prompt ahead of it (its KV kept)
 
     def __post_init__(self):
         self.request_class = RequestClass(self.request_class)
@@ -57,6 +58,16 @@ class Sequence:
     def n_kv_tokens(self) -> int:
         """Tokens currently held in this sequence's KV cache."""
         return self.n_prefilled if self.is_prefilling else self.n_prompt + max(0, len(self.output_ids) - 1)
+
+    def pause(self) -> None:
+        """Its prefill stops and its sequence id goes (its KV stays, as a cached prefix of its own prompt): it
+        waits again, expecting to take back the ``n_prefilled`` tokens it computed."""
+        self.n_expected_reuse = self.n_prefilled
+        self.n_prefilled = 0
+        self.n_reused = 0
+        self.is_restored = False
+        self.seq_id = None
+        self.n_pauses += 1
 
     def restart_for_recompute(self) -> None:
         """Its KV is gone (preempted): the prompt and the output so far become one prompt to prefill again,

@@ -127,6 +127,7 @@ class DeadlineGrant:
     budget: int
     step_ms: float
     n_gaps_broken: int
+    lost: bool = False  # the deadline is lost anyway: the step shortens the prompt's TTFT and its hold on an id
 
 
 def prompt_work_tokens(seq: Sequence) -> int:
@@ -194,6 +195,40 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     return DeadlineGrant(head.request_id, chosen, predicted, n_broken)
 
 
+def lost_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence], now_s: float,
+               gap_ceiling_ms: float, budget: int, max_budget: int, kv_in_use: int = 0) -> DeadlineGrant | None:
+    """A step at the gap ceiling for an interactive prompt whose TTFT deadline is lost, or None.
+
+    ``deadline_grant`` breaks no gap for a prompt that is late anyway; but a late prompt still counts in every
+    mean TTFT, and while it prefills it holds a sequence id that the prompts behind it wait for.  So once
+    such a prompt is admitted (it holds an id, is prefilling, and even steps at the ceiling from now on would
+    not keep its deadline), while interactive streams decode, every step it is served in may be as long as
+    the gap ceiling (less twice the model's recent error) and no longer: the streams beside it see gaps
+    up to the ceiling for the few seconds it takes, instead of the prompt taking four to five times longer at
+    the ITL budget's steps (docs/scheduling.md, "Deadlines against gaps").  A prompt that is only waiting
+    gets nothing here: it is admitted when an id and its turn in the order come."""
+    interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
+    if not interactive or budget >= max_budget:
+        return None
+    n_decode, margin_ms = len(decode), 2.0 * est.error_ms
+    ceiling = est.chunk_for_itl(gap_ceiling_ms, n_decode, kv_in_use, lo=budget, hi=max_budget)
+    if ceiling <= budget:
+        return None
+
+    def is_lost(seq: Sequence) -> bool:
+        left = prompt_work_tokens(seq)
+        at_ceiling_ms = est.predict_ms(ceiling, n_decode, kv_in_use + left // 2) + margin_ms
+        return now_s + math.ceil(left / ceiling) * at_ceiling_ms / 1e3 > seq.deadline_s
+
+    # why only admitted ones: a prompt that still can be kept is deadline_grant's decision, with its own trade
+    lost = next((s for s in prompts if s.request_class != RequestClass.BACKGROUND and s.deadline_s is not None
+                 and s.seq_id is not None and s.is_prefilling and is_lost(s)), None)
+    if lost is None:
+        return None
+    step_ms = est.predict_ms(ceiling, n_decode, kv_in_use) + margin_ms
+    return DeadlineGrant(lost.request_id, ceiling, step_ms, sum(1 for s in interactive if not s.gap_broken), lost=True)
+
+
 class StepPolicy:
     """A worker's step policy: the prompt budget of each step (fixed ``chunk``, or adaptive from the ITL
     budget) and the order of prompts.  ``estimate``: the worker's online step-time model, read per step."""
@@ -245,9 +280,13 @@ class StepPolicy:
         est = self.estimate() if self.adaptive and self.gap_ceiling_ms else None
         if est is None:
             return None
-        itl = self._step_itl_ms()
-        return deadline_grant(est, prompts, decode, now_s, itl, self.gap_ceiling_ms - self.between_steps_ms,
-                              budget, self.n_batch - len(decode), kv_in_use)
+        itl, ceiling_ms = self._step_itl_ms(), self.gap_ceiling_ms - self.between_steps_ms
+        max_budget = self.n_batch - len(decode)
+        kept = deadline_grant(est, prompts, decode, now_s, itl, ceiling_ms, budget, max_budget, kv_in_use)
+        if kept is not None:
+            return kept
+        # why at the step's share: a client sees the step after delivery, as with the ITL budget's own steps
+        return lost_grant(est, prompts, decode, now_s, ceiling_ms * STEP_SHARE_OF_ITL, budget, max_budget, kv_in_use)
 
     def after_first_token(self, kv_in_use: int = 0) -> int | None:
         """The prompt tokens a step may still carry after an interactive prompt completes in it: what one ITL

@@ -206,6 +206,8 @@ class WorkerLoop:
         claimed = self._claim_prefix_hits(plan) if self.spec.fault == "claim_prefix_hits" else None
         t_start = time.monotonic()
         for seq in plan.reused:
+            if seq.n_pauses:
+                continue  # it takes back its own paused prefill: what it was served from a cache is already said
             self.conn.send(PrefixReused(seq.request_id, seq.n_reused,
                                         CacheSource.STORE if seq.is_restored else CacheSource.CONTEXT, t_start))
         try:
