@@ -13,7 +13,7 @@ from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import StepEstimate
-from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy, deadline_grant
+from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy, deadline_grant, lost_grant
 
 # a 2-core CPU's step: 12 ms, 4.5 ms a prompt token, 2 ms a decode (no KV term: the arithmetic stays readable)
 EST = StepEstimate(base_ms=12.0, ms_per_prompt_token=4.5, ms_per_decode_token=2.0, ms_per_kv_ktoken=0.0,
@@ -212,3 +212,52 @@ def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
     assert step.granted_to == "doc" and set(step.decode_request_ids) == {"chat-0", "chat-1", "chat-2"}
     assert dict(step.prefill)["doc"] == step.budget > ITL_CHUNK
     out.close()
+
+
+# a prompt whose deadline is lost anyway: lost_grant
+def admitted(n=300, deadline=0.5, n_prefilled=40, rid="doc"):
+    """An interactive prompt that holds a sequence id and is part-way through its prefill."""
+    p = prompt(rid=rid, n=n, deadline=deadline)
+    p.seq_id, p.n_prefilled = 7, n_prefilled
+    return p
+
+
+def test_an_admitted_prompt_past_saving_runs_in_steps_as_long_as_the_ceiling_and_no_longer():
+    g = lost_grant(EST, [admitted()], streams(), 0.0, CEILING_MS, ITL_CHUNK, 512)
+    assert g is not None and g.lost and g.request_id == "doc"
+    assert g.budget == 62 > ITL_CHUNK  # the ceiling's own chunk: 12 + 3·2 + 62·4.5 = 297 ms <= 300 < 63 tokens
+    assert g.step_ms == pytest.approx(EST.predict_ms(62, 3)) and g.step_ms <= CEILING_MS
+    assert g.n_gaps_broken == 0  # these streams already missed a gap
+    fresh = lost_grant(EST, [admitted()], streams(broken=False), 0.0, CEILING_MS, ITL_CHUNK, 512)
+    assert fresh == g.__class__(**{**g.__dict__, "n_gaps_broken": 3})  # named, not weighed: the same step
+
+
+def test_nothing_for_a_prompt_that_can_still_be_kept_only_waits_or_beside_no_interactive_stream():
+    # 260 tokens left at 62 a step: 5 steps of 297 ms, 1.485 s: a deadline at 1.6 s is deadline_grant's to weigh
+    assert lost_grant(EST, [admitted(deadline=1.6)], streams(), 0.0, CEILING_MS, ITL_CHUNK, 512) is None
+    waiting = prompt(deadline=0.5)  # lost too, but holds no sequence id: it is admitted in its turn
+    assert lost_grant(EST, [waiting], streams(), 0.0, CEILING_MS, ITL_CHUNK, 512) is None
+    assert lost_grant(EST, [admitted()], [], 0.0, CEILING_MS, ITL_CHUNK, 512) is None
+    assert lost_grant(EST, [admitted()], streams(klass="background"), 0.0, CEILING_MS, ITL_CHUNK, 512) is None
+    # a ceiling no larger than the ITL budget's step gives nothing more
+    assert lost_grant(EST, [admitted()], streams(), 0.0, EST.predict_ms(ITL_CHUNK, 3), ITL_CHUNK, 512) is None
+
+
+def test_a_kept_prompt_ahead_does_not_hide_the_lost_one_behind_it():
+    kept = admitted(n=40, deadline=3.0, n_prefilled=0, rid="turn")
+    g = lost_grant(EST, [kept, admitted()], streams(), 0.0, CEILING_MS, ITL_CHUNK, 512)
+    assert g is not None and g.request_id == "doc" and g.budget == 62
+
+
+def test_the_scheduler_steps_a_lost_prompt_at_the_ceiling_share_once_it_holds_an_id():
+    sched = scheduler(CEILING_MS)
+    run_streams(sched)
+    sched.add(prompt(deadline=0.3))  # 300 tokens due in 0.3 s: lost from the start
+    plan = sched.schedule(0.0)  # admitted in an ITL-sized step: waiting, it had no claim on a larger one
+    assert plan.grant is None and plan.prefill[0].n_tokens == ITL_CHUNK
+    sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=0.08)
+    plan = sched.schedule(0.08)
+    assert plan.grant is not None and plan.grant.lost and plan.grant.request_id == "doc"
+    # the policy aims the step at the ceiling's share, as the ITL budget's own steps aim at theirs
+    assert plan.prefill[0].n_tokens == plan.budget == EST.chunk_for_itl(CEILING_MS * STEP_SHARE_OF_ITL, 3)
+    assert len(plan.decode) == 3 and EST.predict_ms(plan.budget, 3) <= CEILING_MS

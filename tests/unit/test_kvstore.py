@@ -21,7 +21,7 @@ from homepd.kv.storeindex import StoreIndex
 from homepd.worker.prefixkv import ContextKV
 from homepd.worker.storekv import MIN_STORE_TOKENS, ContextStore
 
-from test_prefixreuse import finish, request
+from test_prefixreuse import finish, request, step
 
 PAYLOAD = 3 * PAGE_BYTES  # every entry below: a header page and three payload pages
 EXTENT = extent_bytes_for(PAYLOAD)
@@ -268,3 +268,70 @@ def test_a_worker_whose_controller_died_unlinks_its_store_segment():
     store.abandon()  # what the worker loop does when its controller is gone
     assert not os.path.exists(f"/dev/shm/{name}") and store.n_entries == 0
     book.close()  # the owner's close after that is harmless
+
+
+def test_a_prefill_gives_its_id_to_an_interactive_prompt_ahead_and_takes_back_what_it_computed(store_and_scheduler):
+    s, ctx, store, sent, book = store_and_scheduler
+    chats = [request(f"chat-{i}", range(1000 * (i + 1), 1000 * (i + 1) + 5), max_tokens=40) for i in range(3)]
+    doc = request("doc", range(5000, 5300), max_tokens=2)
+    doc.request_class = "background"  # served after every interactive prompt
+    for q in (*chats, doc):
+        s.add(q)
+    while doc.n_prefilled < 100:
+        step(s, ctx)
+    assert len(s.running) == 4 and not s.allocator.free_seq_ids and doc.is_prefilling  # every id held
+    computed = doc.n_prefilled
+    turn = request("turn", range(9000, 9010), max_tokens=2)
+    s.add(turn)
+    plan = step(s, ctx)
+    assert plan.paused == (doc,) and doc.seq_id is None and doc.n_expected_reuse == computed
+    assert [sl.seq for sl in plan.prefill] == [turn]  # admitted at once, in the id the doc gave back
+    # its KV went to the store when the turn's admission took its id, and comes back from there: nothing recomputed
+    plans = []
+    while not doc.is_finished:
+        plans.append(step(s, ctx))
+    resumed = next(sl for p in plans for sl in p.prefill if sl.seq is doc)
+    assert doc.n_reused == computed == resumed.start and doc.is_restored
+    assert sum(sl.n_tokens for p in plans for sl in p.prefill if sl.seq is doc) == doc.n_prompt - computed
+
+
+def test_without_a_store_a_prefill_keeps_its_id_and_the_prompt_ahead_waits():
+    from test_prefixreuse import make
+    s, ctx = make(n_ctx=1024, n_seq_max=4, max_cached_cells=512)
+    chats = [request(f"chat-{i}", range(1000 * (i + 1), 1000 * (i + 1) + 5), max_tokens=40) for i in range(3)]
+    doc = request("doc", range(5000, 5300), max_tokens=2)
+    doc.request_class = "background"
+    for q in (*chats, doc):
+        s.add(q)
+    while doc.n_prefilled < 100:
+        step(s, ctx)
+    s.add(request("turn", range(9000, 9010), max_tokens=2))
+    plan = step(s, ctx)  # without a store an evicted pause would be lost work: the doc goes on
+    assert plan.paused == () and any(sl.seq is doc for sl in plan.prefill) and s.waiting[0].request_id == "turn"
+
+
+def test_a_cached_entry_trimmed_for_a_shorter_match_is_saved_to_the_store_first():
+    ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
+    sent: list = []
+    book = StoreBook({"colocated": 1 << 20})
+    store = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
+    store.attach(book.attach_message("colocated"))
+    try:
+        s = Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, kv_ops=ContextKV(ctx),
+                      reuse_mode=ReuseMode.PREFIX, max_cached_cells=400, store=store)
+        head = list(range(10, 40))  # a shared system prompt
+        a_tokens = [*head, *range(100, 170)]
+        finish(s, ctx, request("a", a_tokens))  # a's conversation stays cached in the context
+        assert s.allocator.n_cached == 1 and not sent
+        for i in range(3):  # every other id held by running streams: the next prompt must take a's id
+            s.add(request(f"x{i}", range(2000 + 100 * i, 2000 + 100 * i + 5), max_tokens=50))
+        step(s, ctx)
+        b = request("b", [*head, *range(300, 320)])
+        s.add(b)
+        step(s, ctx)
+        assert b.n_reused == len(head)  # it took the shared head, trimming a's entry
+        (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
+        assert saved.tokens[:len(a_tokens)] == tuple(a_tokens)  # a's conversation is in the store, whole
+    finally:
+        store.segment.close()
+        book.close()

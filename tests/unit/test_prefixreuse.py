@@ -238,3 +238,17 @@ def test_a_step_in_which_an_interactive_prompt_completes_carries_only_an_itl_sha
         s.add(doc)
         plan = s.schedule(0.0)
         assert [(sl.seq.request_id, sl.n_tokens) for sl in plan.prefill] == [("q", 8), ("doc", tail)], klass
+
+
+def test_an_admitted_prompt_goes_on_while_one_ahead_of_it_waits_for_a_sequence_id():
+    s = Scheduler(n_seq_max=2, n_ctx=1024, n_batch=64, chunk=64)
+    stream = request("stream", range(10, 15), max_tokens=100)
+    doc = request("doc", range(100, 400))
+    doc.request_class = "background"
+    s.add(stream), s.add(doc)
+    plan = s.schedule()
+    s.postprocess(plan, {"stream": 7})
+    assert doc.seq_id is not None and stream.seq_id is not None  # both ids held
+    s.add(request("turn", range(600, 620)))  # interactive: served before the doc, but no id is free
+    plan = s.schedule()
+    assert [sl.seq.request_id for sl in plan.prefill] == ["doc"] and s.waiting[0].request_id == "turn"
