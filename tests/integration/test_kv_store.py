@@ -167,3 +167,42 @@ def test_teacher_forced_check_catches_an_off_by_one_in_a_store_restore(default_m
         model.close()
     # the first answer token is chosen after the wrong country; a correct restore stays within MARGIN_LOGITS
     assert deficits[0] > 2 * MARGIN_LOGITS, deficits
+
+
+def test_real_model_prefill_paused_for_an_interactive_turn_resumes_from_the_store_without_recompute(
+        default_model_path):
+    """Two sequence ids: a chat decodes and a background document prefills in chunks; an interactive turn
+    arrives with no id free, so the document's prefill pauses (its KV kept, then saved to the store when the
+    turn takes its id), and resumes from the store once an id is free: every document token is computed
+    once, and its answer agrees with a fresh prefill of the whole prompt (teacher-forced)."""
+    document = DOCUMENT + " " + PROMPTS[3] + " " + PROMPTS[2] + QUESTIONS[0]  # ~190 tokens
+    cfg = coloc(default_model_path, n_threads=1, kv_store_bytes=64 << 20, n_seq_max=2, chunk=16)
+
+    async def scenario():
+        async with make_engine(cfg) as engine:
+            chat = await engine.submit(PROMPTS[1], params=SamplingParams(max_tokens=48, ignore_eos=True))
+            doc = await engine.submit(document, params=REAL_GREEDY, request_class="background")
+            while doc.lifecycle.n_prefilled < 80:  # part-way through its prefill, both ids held
+                await asyncio.sleep(0.01)
+            turn = await engine.submit(PROMPTS[0], params=REAL_GREEDY)
+            results = await asyncio.gather(chat.collect(), doc.collect(), turn.collect())
+            steps = engine.steps_since()
+            return chat, doc, turn, results[1][0], steps, engine.cache_stats()["colocated"]
+
+    chat, doc, turn, doc_events, steps, stats = run(scenario())
+    assert doc_events[-1].kind == "done", doc_events[-1]
+    doc_steps = [i for i, s in enumerate(steps) if any(rid == doc.request_id for rid, _ in s.prefill)]
+    turn_steps = [i for i, s in enumerate(steps) if any(rid == turn.request_id for rid, _ in s.prefill)]
+    chat_steps = [i for i, s in enumerate(steps) if chat.request_id in s.decode_request_ids]
+    # the turn prefilled while the chat still decoded and the document was part-way: it had the document's id
+    assert doc_steps[0] < turn_steps[0] < min(doc_steps[-1], chat_steps[-1])
+    computed = sum(n for s in steps for rid, n in s.prefill if rid == doc.request_id)
+    assert computed == len(doc.prompt_ids)  # nothing recomputed: the paused part came back from the store
+    assert stats.n_store_hits >= 1
+    model = LlamaModel(default_model_path)
+    try:
+        generated = [e.token_id for e in doc_events if e.kind == "token"]
+        deficits = teacher_forced_deficits(model, list(doc.prompt_ids), generated, n_threads=1)
+        assert max(deficits) <= MARGIN_LOGITS, deficits
+    finally:
+        model.close()
