@@ -48,6 +48,11 @@ class WorkerSpec:
         return self.n_ctx if self.chunk is None else max(min(self.chunk, self.n_ctx), self.n_seq_max)
 
     @property
+    def offload_layers(self) -> int:
+        """The layers its model offloads: ``n_gpu_layers`` where it is given a GPU, else 0 (a CPU worker)."""
+        return self.n_gpu_layers if self.cuda_visible_devices else 0
+
+    @property
     def decodes(self) -> bool:
         """Whether this worker decodes (a prefill worker only prefills, then hands the KV off)."""
         return self.role != Role.PREFILL

@@ -233,10 +233,9 @@ class Scheduler:
         if self.allocator.n_cells_reserved - self.allocator.n_cells_of(victim.seq_id) + self.cells_needed(blocked) \
                 + headroom > self.allocator.n_ctx:
             return ()  # it waits for cells too: pausing would not let it in
-        self.running.remove(victim)
         if not self.prefixes.keep(victim):
-            self.running.append(victim)
             return ()
+        self.running.remove(victim)
         victim.pause()
         self.waiting.append(victim)
         return (victim,)

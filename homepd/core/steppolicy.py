@@ -130,6 +130,25 @@ class DeadlineGrant:
     lost: bool = False  # the deadline is lost anyway: the step shortens the prompt's TTFT and its hold on an id
 
 
+@dataclass(frozen=True)
+class PromptPace:
+    """How long the steps of one prompt's remaining ``left`` tokens take, by the step-time model: each step
+    beside ``n_decode`` decodes, priced at the context it will have half-way (its own cells join it as it
+    goes), with twice the model's recent error as margin on every step (as the ITL budget's steps have)."""
+    est: StepEstimate
+    n_decode: int
+    kv_in_use: int
+    left: int
+
+    def step_ms(self, b: int) -> float:
+        """One step carrying ``b`` of its tokens."""
+        return self.est.predict_ms(b, self.n_decode, self.kv_in_use + self.left // 2) + 2.0 * self.est.error_ms
+
+    def done_s(self, start_s: float, n_left: int, b: int) -> float:
+        """When ``n_left`` of its tokens are done from ``start_s``, at ``b`` a step."""
+        return start_s + math.ceil(n_left / b) * self.step_ms(b) / 1e3
+
+
 def prompt_work_tokens(seq: Sequence) -> int:
     """The prompt tokens ``seq`` still has to compute (a waiting prompt's expected cached prefix is not work)."""
     done = seq.n_prefilled if seq.seq_id is not None else max(seq.n_prefilled, seq.n_expected_reuse)
@@ -161,15 +180,8 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     left = prompt_work_tokens(head)
     if left <= budget:
         return None  # this step completes it anyway
-    n_decode, margin_ms = len(decode), 2.0 * est.error_ms
-    kv_mid = kv_in_use + left // 2  # why: the prompt's own cells join the context as it goes
-
-    def step_ms(b: int) -> float:
-        return est.predict_ms(b, n_decode, kv_mid) + margin_ms
-
-    def done_s(start_s: float, n_left: int, b: int) -> float:
-        return start_s + math.ceil(n_left / b) * step_ms(b) / 1e3
-
+    pace = PromptPace(est, len(decode), kv_in_use, left)
+    step_ms, done_s = pace.step_ms, pace.done_s
     if done_s(now_s, left, budget) <= head.deadline_s:
         return None  # the ITL budget keeps it: the deadline is far enough
     ceiling = min(max_budget, int((gap_ceiling_ms - step_ms(0)) // max(step_ms(1) - step_ms(0), 1e-6)))
@@ -210,22 +222,21 @@ def lost_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence],
     interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
     if not interactive or budget >= max_budget:
         return None
-    n_decode, margin_ms = len(decode), 2.0 * est.error_ms
+    n_decode = len(decode)
     ceiling = est.chunk_for_itl(gap_ceiling_ms, n_decode, kv_in_use, lo=budget, hi=max_budget)
     if ceiling <= budget:
         return None
 
     def is_lost(seq: Sequence) -> bool:
         left = prompt_work_tokens(seq)
-        at_ceiling_ms = est.predict_ms(ceiling, n_decode, kv_in_use + left // 2) + margin_ms
-        return now_s + math.ceil(left / ceiling) * at_ceiling_ms / 1e3 > seq.deadline_s
+        return PromptPace(est, n_decode, kv_in_use, left).done_s(now_s, left, ceiling) > seq.deadline_s
 
     # why only admitted ones: a prompt that still can be kept is deadline_grant's decision, with its own trade
     lost = next((s for s in prompts if s.request_class != RequestClass.BACKGROUND and s.deadline_s is not None
                  and s.seq_id is not None and s.is_prefilling and is_lost(s)), None)
     if lost is None:
         return None
-    step_ms = est.predict_ms(ceiling, n_decode, kv_in_use) + margin_ms
+    step_ms = est.predict_ms(ceiling, n_decode, kv_in_use) + 2.0 * est.error_ms
     return DeadlineGrant(lost.request_id, ceiling, step_ms, sum(1 for s in interactive if not s.gap_broken), lost=True)
 
 

@@ -96,7 +96,7 @@ def reference_main(spec: WorkerSpec, conn: Connection) -> None:
     """The child: place itself and build its context as ``worker_main`` does, then serve ``RefRun``s."""
     if spec.cpu_cores:
         os.sched_setaffinity(0, spec.cpu_cores)
-    model = LlamaModel(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.cuda_visible_devices else 0)
+    model = LlamaModel(spec.model_path, n_gpu_layers=spec.offload_layers)
     ctx = LlamaContext(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
                        n_threads=spec.n_threads)
     conn.send(RefReady(os.getpid(), tuple(sorted(os.sched_getaffinity(0))), ctx.n_threads))

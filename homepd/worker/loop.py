@@ -46,7 +46,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         t0 = time.monotonic()
         model_cls, context_cls = model_classes(spec.backend)
         before_model = anon_intervals()
-        model = model_cls(spec.model_path, n_gpu_layers=spec.n_gpu_layers if spec.cuda_visible_devices else 0)
+        model = model_cls(spec.model_path, n_gpu_layers=spec.offload_layers)
         after_model = anon_intervals()
         ctx = context_cls(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
                            n_threads=spec.n_threads)

@@ -3,6 +3,7 @@ budget, superseded entries, a rebuild after a restart), the restore-or-recompute
 saving an evicted entry and restoring it, on the fake context over a real store segment."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 
@@ -94,19 +95,29 @@ def test_the_store_is_used_only_when_its_measured_restore_beats_the_predicted_pr
     assert not store_is_faster(200, 0, None, None)  # nothing to gain
 
 
-@pytest.fixture
-def store_and_scheduler():
-    """A scheduler whose prefix cache holds 100 cells, over the fake context and a real 1 MiB store segment."""
+@contextlib.contextmanager
+def store_scheduler(max_cached_cells: int):
+    """A scheduler whose prefix cache holds ``max_cached_cells`` cells, over the fake context and a real 1 MiB
+    store segment: (scheduler, context, store, messages sent, the controller's book)."""
     ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
     sent: list = []
     book = StoreBook({"colocated": 1 << 20})
     store = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
     store.attach(book.attach_message("colocated"))
-    s = Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, kv_ops=ContextKV(ctx), reuse_mode=ReuseMode.PREFIX,
-                  max_cached_cells=100, store=store)
-    yield s, ctx, store, sent, book
-    store.segment.close()
-    book.close()
+    try:
+        yield (Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, kv_ops=ContextKV(ctx),
+                         reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells, store=store),
+               ctx, store, sent, book)
+    finally:
+        store.segment.close()
+        book.close()
+
+
+@pytest.fixture
+def store_and_scheduler():
+    """A scheduler whose prefix cache holds 100 cells, over the fake context and a real 1 MiB store segment."""
+    with store_scheduler(100) as parts:
+        yield parts
 
 
 def test_an_entry_evicted_for_room_is_saved_and_a_later_prompt_restores_it(store_and_scheduler):
@@ -311,14 +322,7 @@ def test_without_a_store_a_prefill_keeps_its_id_and_the_prompt_ahead_waits():
 
 
 def test_a_cached_entry_trimmed_for_a_shorter_match_is_saved_to_the_store_first():
-    ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
-    sent: list = []
-    book = StoreBook({"colocated": 1 << 20})
-    store = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
-    store.attach(book.attach_message("colocated"))
-    try:
-        s = Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, kv_ops=ContextKV(ctx),
-                      reuse_mode=ReuseMode.PREFIX, max_cached_cells=400, store=store)
+    with store_scheduler(400) as (s, ctx, store, sent, book):  # a's whole conversation fits the context's cache
         head = list(range(10, 40))  # a shared system prompt
         a_tokens = [*head, *range(100, 170)]
         finish(s, ctx, request("a", a_tokens))  # a's conversation stays cached in the context
@@ -332,6 +336,3 @@ def test_a_cached_entry_trimmed_for_a_shorter_match_is_saved_to_the_store_first(
         assert b.n_reused == len(head)  # it took the shared head, trimming a's entry
         (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
         assert saved.tokens[:len(a_tokens)] == tuple(a_tokens)  # a's conversation is in the store, whole
-    finally:
-        store.segment.close()
-        book.close()
