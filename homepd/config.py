@@ -33,6 +33,7 @@ DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"
 FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits", "reuse_off_by_one", "store_off_by_one")
 # "llama": llama.cpp; "fake": a deterministic stand-in for tests of logic that does not need the model
 BACKENDS = ("llama", "fake")
+FLASH_ATTN = ("auto", "on", "off")
 
 
 def parse_chunk(text: str) -> int | None:
@@ -208,6 +209,12 @@ class EngineConfig:
                               "budget, a step may run longer (so streams see one longer gap) if that keeps more "
                               "requests within both budgets, and a prompt whose budget is lost anyway runs in "
                               "steps this long; at most this many ITL budgets (0: never)"))
+    # why a choice, not llama.cpp's auto: auto is on everywhere it can be, and on a CPU its kernel is 1.6-2.4x
+    # slower for the small steps the adaptive chunk makes (homepd.llm.flash_attn_type)
+    flash_attn: str = field(default="auto", metadata=_opt(
+        "flash-attn", help="llama.cpp's flash attention: auto = on where a worker offloads to a GPU, off on a "
+                           "CPU (its CPU kernel is slower for steps under 64 tokens); on; off",
+        choices=FLASH_ATTN))
     background_ttft_ms: float = field(default=120_000.0, metadata=_opt(
         "background-ttft-budget", float, "background requests: budget (ms) to the first token"))
     local_prefill: bool = field(default=True, metadata=_opt(
@@ -262,6 +269,8 @@ class EngineConfig:
             cores = getattr(self, name)
             if cores is not None and (not cores or set(cores) - usable):
                 raise ConfigError(f"{name} {list(cores)} not usable here (usable: {sorted(usable)})")
+        if self.flash_attn not in FLASH_ATTN:
+            raise ConfigError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.fault is not None and self.fault not in FAULTS:

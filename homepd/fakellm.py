@@ -124,7 +124,7 @@ class FakeContext:
     """``n_seq_max`` sequences over ``n_ctx`` cells; ``decode`` validates positions like llama.cpp would."""
 
     def __init__(self, model: FakeModel, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
-                 n_ubatch: int | None = None, kv_unified: bool = True):
+                 n_ubatch: int | None = None, kv_unified: bool = True, flash_attn: bool | None = None):
         self.model = model
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self._seqs: dict[int, list[int]] = {}

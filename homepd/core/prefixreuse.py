@@ -61,6 +61,10 @@ class StoreOps(Protocol):
     """The KV store tier, as the prefix cache uses it (``homepd.worker.storekv`` gives it)."""
     n_entries: int
     used_bytes: int
+    # milliseconds its saves and restores have taken so far: they run between two steps, so a decoding
+    # stream waits for them as for a step (a conversation 900 cells deep took 170 ms to save without flash
+    # attention, whose transposed V cache llama.cpp copies one row and run of cells at a time)
+    busy_ms: float
 
     def save(self, seq_id: int, tokens: tuple[int, ...]) -> None:
         """``seq_id``'s KV (holding ``tokens``) is about to be dropped from the context: keep it if worth it."""

@@ -40,6 +40,9 @@ class WorkerSpec:
     gap_ceiling_ms: float | None = None
     # prefix reuse (homepd.core.prefixreuse): finished sequences' KV kept up to this many cells (0: off)
     max_cached_cells: int = 0
+    # llama.cpp's flash attention, one setting for every worker of an engine (the V cache's layout follows it,
+    # and workers trade KV state): homepd.engine.specs.flash_attn
+    flash_attn: bool = False
 
     @property
     def n_batch(self) -> int:

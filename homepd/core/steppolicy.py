@@ -299,6 +299,13 @@ class StepPolicy:
         # why at the step's share: a client sees the step after delivery, as with the ITL budget's own steps
         return lost_grant(est, prompts, decode, now_s, ceiling_ms * STEP_SHARE_OF_ITL, budget, max_budget, kv_in_use)
 
+    def tokens_in_ms(self, ms: float, kv_in_use: int = 0) -> int:
+        """The prompt tokens a step computes in ``ms`` (at least what ``ms`` holds; 0 unmeasured or fixed)."""
+        est = self.estimate() if self.adaptive else None
+        if est is None or ms <= 0:
+            return 0
+        return math.ceil(ms / max(est.ms_per_prompt_token + est.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3))
+
     def after_first_token(self, kv_in_use: int = 0) -> int | None:
         """The prompt tokens a step may still carry after an interactive prompt completes in it: what one ITL
         budget's share holds (its first token waits for the whole step; on a GPU that is thousands of tokens).

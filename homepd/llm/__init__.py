@@ -49,6 +49,8 @@ class LlamaModel:
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
+        # whether any layer can run on a GPU (a CPU-only build keeps every layer on the CPU whatever it is asked)
+        self.offloads = n_gpu_layers != 0 and bool(C.llama_supports_gpu_offload())
         params.use_mmap = True
         self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
@@ -141,11 +143,25 @@ class LlamaModel:
         C.llama_sampler_free(grammar_sampler(self._vocab, grammar))
 
 
+# why off on a CPU, not llama.cpp's auto (which turns it on): the CPU kernel for a step of fewer than 64 tokens
+# (GGML_FA_TILE_Q) reads the KV cells one query row at a time, so a 4..32-token chunk of a document 600 cells
+# deep cost 2.4x a token of it without (9.7 against 4.0 ms at 2 threads) and three decodes 1,500 cells deep
+# 1.6-1.8x (77 against 42-49 ms); only whole 128-token steps gained from it (benchmarks/step_cost.py
+# --flash-attn on|off).  homepd's steps are small by design (the adaptive chunk).
+# The V cache's layout follows the setting (transposed when off), so contexts that trade KV state (the
+# disaggregated handoff, the KV store) must agree: the engine resolves it once, ``WorkerSpec.flash_attn``.
+def flash_attn_type(flash_attn: bool) -> int:
+    """llama.cpp's flash-attention setting for a context: on, or off."""
+    return C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
 class LlamaContext:
-    """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache."""
+    """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache.  ``flash_attn``: None is
+    on where the model offloads to a GPU and off on a CPU (``flash_attn_type``)."""
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, n_seq_max: int,
-                 n_threads: int, n_ubatch: int | None = None, kv_unified: bool = True):
+                 n_threads: int, n_ubatch: int | None = None, kv_unified: bool = True,
+                 flash_attn: bool | None = None):
         self.model = model
         params = C.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -157,6 +173,7 @@ class LlamaContext:
         # why: without kv_unified, llama.cpp splits n_ctx into n_seq_max equal
         # streams and a long prompt fails with llama_decode() == 1 (benchmarks/kv_layout.py measures both).
         params.kv_unified = kv_unified
+        params.flash_attn_type = flash_attn_type(model.offloads if flash_attn is None else flash_attn)
         params.no_perf = True
         self._ctx = C.llama_init_from_model(model._model, params)
         if not self._ctx:

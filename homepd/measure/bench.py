@@ -139,8 +139,9 @@ def _interleaved_runs(config: EngineConfig, prompt_ids: list[int], prompt_text: 
                     continue
                 if side == "llama-bench":
                     lb_runs.append(run_llama_bench(llama_bench, spec.model_path, spec.n_threads, len(prompt_ids),
-                                                   # why offload: the reference runs where the worker does
-                                                   n_gen, config.chunk, spec.offload_layers, spec.cpu_cores))
+                                                   # why: the reference runs where and as the worker does
+                                                   n_gen, config.chunk, spec.offload_layers, spec.cpu_cores,
+                                                   spec.flash_attn))
                     continue
                 before, t0 = read_tasks(ref.pid), time.monotonic()
                 engine_runs.append(asyncio.run(_engine_round(config, setup, prompt_text, n_gen)))

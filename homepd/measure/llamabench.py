@@ -45,11 +45,13 @@ def find_llama_bench(explicit: str | os.PathLike | None = None) -> Path | None:
 
 
 def llama_bench_argv(binary: Path, model: str, n_threads: int, n_prompt: int, n_gen: int, chunk: int | None,
-                     n_gpu_layers: int) -> list[list[str]]:
+                     n_gpu_layers: int, flash_attn: bool = False) -> list[list[str]]:
     """The two llama-bench invocations of one round: the prompt at depth 0 in batches of ``chunk`` (the
-    engine's; none: the whole prompt, as the engine's single step), and the decode after ``n_prompt`` tokens."""
+    engine's; none: the whole prompt, as the engine's single step), and the decode after ``n_prompt`` tokens;
+    offloaded and with flash attention as the engine's worker (``WorkerSpec``)."""
     n_batch = chunk or n_prompt
-    common = [str(binary), "-m", model, "-t", str(n_threads), "-ngl", str(n_gpu_layers), "-r", "1", "-o", "json"]
+    common = [str(binary), "-m", model, "-t", str(n_threads), "-ngl", str(n_gpu_layers),
+              "-fa", "1" if flash_attn else "0", "-r", "1", "-o", "json"]
     return [common + ["-p", str(n_prompt), "-n", "0", "-b", str(n_batch), "-ub", str(min(n_batch, 512))],
             common + ["-p", "0", "-n", str(n_gen), "-d", str(n_prompt)]]
 
@@ -71,14 +73,15 @@ def parse_tests(stdout: str) -> list[dict]:
 
 
 def run_round(binary: Path, model: str, n_threads: int, n_prompt: int, n_gen: int, chunk: int | None,
-              n_gpu_layers: int = 0, cpu_cores: tuple[int, ...] | None = None) -> LlamaBenchRun:
+              n_gpu_layers: int = 0, cpu_cores: tuple[int, ...] | None = None,
+              flash_attn: bool = False) -> LlamaBenchRun:
     """One round (prompt, then decode), each invocation pinned to ``cpu_cores`` (the engine worker's)."""
     def pin():
         if cpu_cores:
             os.sched_setaffinity(0, cpu_cores)
 
     speeds, threads = [], set()
-    for argv in llama_bench_argv(binary, model, n_threads, n_prompt, n_gen, chunk, n_gpu_layers):
+    for argv in llama_bench_argv(binary, model, n_threads, n_prompt, n_gen, chunk, n_gpu_layers, flash_attn):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=pin)
         if done.returncode != 0:
             raise LlamaBenchError(f"llama-bench exited {done.returncode}: {done.stderr[-500:]}")

@@ -98,7 +98,7 @@ def reference_main(spec: WorkerSpec, conn: Connection) -> None:
         os.sched_setaffinity(0, spec.cpu_cores)
     model = LlamaModel(spec.model_path, n_gpu_layers=spec.offload_layers)
     ctx = LlamaContext(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
-                       n_threads=spec.n_threads)
+                       n_threads=spec.n_threads, flash_attn=spec.flash_attn)
     conn.send(RefReady(os.getpid(), tuple(sorted(os.sched_getaffinity(0))), ctx.n_threads))
     try:
         while True:

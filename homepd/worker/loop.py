@@ -49,7 +49,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         model = model_cls(spec.model_path, n_gpu_layers=spec.offload_layers)
         after_model = anon_intervals()
         ctx = context_cls(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_seq_max,
-                           n_threads=spec.n_threads)
+                           n_threads=spec.n_threads, flash_attn=spec.flash_attn)
         # what llama.cpp allocated for the model and the context; the context's resident part now is its KV cache
         regions = tuple(("model", a, b) for a, b in new_intervals(before_model, after_model)) + \
             tuple(("context", a, b) for a, b in new_intervals(after_model, anon_intervals()))

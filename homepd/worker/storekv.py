@@ -33,9 +33,11 @@ class ContextStore:
     own (tests/integration/test_kv_store.py shows the teacher-forced check failing on it)."""
 
     def __init__(self, ctx, send: Callable[[object], None], model_fingerprint: str,
-                 estimate: Callable[[], StepEstimate | None], fault: str | None = None):
+                 estimate: Callable[[], StepEstimate | None], fault: str | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.ctx, self.send, self.model_fingerprint, self.estimate = ctx, send, model_fingerprint, estimate
-        self.fault = fault
+        self.fault, self.clock = fault, clock
+        self.busy_ms = 0.0  # saves and restores so far (StoreOps.busy_ms)
         self.segment: StoreSegment | None = None
         self.restore_ms_per_token: float | None = None  # measured (EMA); None until the first restore
         self.save_ms_per_token: float | None = None
@@ -64,14 +66,16 @@ class ContextStore:
         dropped = store.index.superseded_by(tokens)
         for old in dropped:
             store.drop(old)
-        t0 = time.monotonic()
+        t0 = self.clock()
         try:
             entry, evicted = store.save(tokens, self.ctx.state_size(seq_id),
                                         lambda view: self.ctx.state_get(seq_id, view))
         except HomepdError:
             entry, evicted = None, []  # not saved: the prefix is recomputed when it comes back
+        took_ms = (self.clock() - t0) * 1e3
+        self.busy_ms += took_ms
         if entry is not None:
-            self.save_ms_per_token = (time.monotonic() - t0) * 1e3 / len(tokens)
+            self.save_ms_per_token = took_ms / len(tokens)
         gone = tuple(e.offset for e in (*dropped, *evicted))
         if gone:
             self.send(StoreDropped(gone))
@@ -98,7 +102,7 @@ class ContextStore:
         store = self.segment
         if store.index.entry_at(hit.entry.offset) != hit.entry:
             return None  # evicted since the lookup (the store filled while room was made for it)
-        t0 = time.monotonic()
+        t0 = self.clock()
         try:
             store.read(hit.entry, lambda view, n_bytes: self.ctx.state_set(seq_id, view, n_bytes))
         except ExtentError:
@@ -107,8 +111,11 @@ class ContextStore:
             return None
         except HomepdError:
             return None  # the context refused it (no room for its cells now): the entry stays for later
+        finally:
+            took_ms = (self.clock() - t0) * 1e3
+            self.busy_ms += took_ms
         n_pos = self.ctx.seq_n_pos(seq_id)
-        ms = (time.monotonic() - t0) * 1e3 / max(1, n_pos)
+        ms = took_ms / max(1, n_pos)
         self.restore_ms_per_token = ms if self.restore_ms_per_token is None else \
             (1 - _EMA) * self.restore_ms_per_token + _EMA * ms
         n_keep = hit.n_tokens + 1 if self.fault == "store_off_by_one" else hit.n_tokens

@@ -14,6 +14,7 @@ from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import StoreDropped, StoreSaved
 from homepd.core.scheduler import Scheduler
 from homepd.core.stepmodel import StepEstimate
+from homepd.core.steppolicy import StepPolicy
 from homepd.fakellm import FakeContext, FakeModel
 from homepd.kv.pool import extent_bytes_for
 from homepd.kv.ring import PAGE_BYTES
@@ -96,16 +97,17 @@ def test_the_store_is_used_only_when_its_measured_restore_beats_the_predicted_pr
 
 
 @contextlib.contextmanager
-def store_scheduler(max_cached_cells: int):
-    """A scheduler whose prefix cache holds ``max_cached_cells`` cells, over the fake context and a real 1 MiB
-    store segment: (scheduler, context, store, messages sent, the controller's book)."""
+def store_scheduler(max_cached_cells: int, policy: StepPolicy | None = None):
+    """A scheduler whose prefix cache holds ``max_cached_cells`` cells (stepping by ``policy``, else a chunk of
+    64), over the fake context and a real 1 MiB store segment: (scheduler, context, store, messages sent, the
+    controller's book)."""
     ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
     sent: list = []
     book = StoreBook({"colocated": 1 << 20})
     store = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
     store.attach(book.attach_message("colocated"))
     try:
-        yield (Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, kv_ops=ContextKV(ctx),
+        yield (Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, policy=policy, kv_ops=ContextKV(ctx),
                          reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells, store=store),
                ctx, store, sent, book)
     finally:
@@ -336,3 +338,39 @@ def test_a_cached_entry_trimmed_for_a_shorter_match_is_saved_to_the_store_first(
         assert b.n_reused == len(head)  # it took the shared head, trimming a's entry
         (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
         assert saved.tokens[:len(a_tokens)] == tuple(a_tokens)  # a's conversation is in the store, whole
+
+
+@pytest.mark.parametrize("save_ms", [0.0, 150.0])
+def test_a_step_after_a_save_gives_up_the_prompt_tokens_the_save_took(save_ms):
+    """Streams wait for a save made between two steps as for a step: the step after it is shorter by what the
+    save took (without flash attention a long conversation's save takes 100-200 ms on a CPU)."""
+    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=2.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
+                       n_steps=50, error_ms=0.0)
+    policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
+    with store_scheduler(200, policy) as (s, ctx, store, sent, _):
+        now = [0.0]
+        store.clock = lambda: now[0]
+        get = ctx.state_get
+
+        def slow_get(seq_id, view):
+            now[0] += save_ms / 1e3
+            return get(seq_id, view)
+
+        ctx.state_get = slow_get
+        finish(s, ctx, request("a", range(10, 90)))  # cached: 83 cells under one id
+        streams = [request(f"s{i}", range(300 + 10 * i, 308 + 10 * i), max_tokens=50) for i in range(3)]
+        for q in streams:
+            s.add(q)
+        while any(q.is_prefilling or q.seq_id is None for q in streams):
+            step(s, ctx)
+        turn = request("b", range(500, 540))
+        s.add(turn)
+        full = policy.budget(streams)  # what the step would carry after no save
+        plan = s.schedule()
+        assert [m for m in sent if isinstance(m, StoreSaved)] and store.busy_ms == save_ms  # a's id was taken
+        (sl,) = plan.prefill
+        assert sl.seq is turn
+        if save_ms:
+            assert sl.n_tokens == max(1, full - policy.tokens_in_ms(save_ms)) == 1
+        else:
+            assert sl.n_tokens == full > 1

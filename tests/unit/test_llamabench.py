@@ -40,7 +40,9 @@ def test_the_prompt_runs_at_depth_zero_in_the_engine_s_chunk_and_the_decode_afte
     assert decode[decode.index("-p") + 1] == "0" and decode[decode.index("-n") + 1] == "128"
     assert decode[decode.index("-d") + 1] == "256"
     assert all(argv[argv.index("-t") + 1] == "1" and argv[argv.index("-o") + 1] == "json"
-               for argv in (prompt, decode))
+               and argv[argv.index("-fa") + 1] == "0" for argv in (prompt, decode))
+    on, _ = llama_bench_argv(tmp_path / "lb", "m.gguf", 1, 256, 8, 64, 99, flash_attn=True)  # as the worker
+    assert on[on.index("-fa") + 1] == "1" and on[on.index("-ngl") + 1] == "99"
     whole, _ = llama_bench_argv(tmp_path / "lb", "m.gguf", 1, 900, 8, None, 0)  # no chunk: one batch, ub <= 512
     assert whole[whole.index("-b") + 1] == "900" and whole[whole.index("-ub") + 1] == "512"
 

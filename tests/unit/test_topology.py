@@ -2,12 +2,14 @@
 recovery victim and description, built from the Mode enum by ``topology_for``."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 
 import pytest
 
 from homepd.config import MODES, EngineConfig
+from homepd.errors import ConfigError
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.engine.specs import worker_specs
 from homepd.engine.topology import topology_for
@@ -127,3 +129,30 @@ def test_the_app_names_the_chunk_of_a_colocated_engine():
         "disaggregated, every prompt handed off"
     adaptive = EngineConfig(chunk=256, adaptive_chunk=True)
     assert topology_for(Mode.COLOCATED).describe(adaptive) == "colocated, adaptive chunk (at most 256)"
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_flash_attention_is_one_setting_for_all_of_an_engine_s_workers_off_on_a_cpu_on_with_a_gpu(mode):
+    config = EngineConfig(backend="fake", mode=mode, n_ctx=4096)
+    cpu = prepare(config, box=make_box(n_cores=8))
+    assert {s.flash_attn for s in worker_specs(config, cpu).values()} == {False}
+
+    def placed(**where):
+        return {name: dataclasses.replace(p, **where) for name, p in cpu.placements.items()}
+
+    gpus = dataclasses.replace(cpu, placements=placed(cuda_visible_devices="0", n_gpu_layers=-1))
+    assert {s.flash_attn for s in worker_specs(config, gpus).values()} == {True}
+    told_not_to = dataclasses.replace(cpu, placements=placed(cuda_visible_devices="0", n_gpu_layers=0))
+    assert {s.flash_attn for s in worker_specs(config, told_not_to).values()} == {False}
+    # one worker on a GPU, the others on the CPU: one V layout for the KV they trade, so on for all
+    name = next(iter(cpu.placements))
+    mixed = dataclasses.replace(cpu, placements={**cpu.placements, name: gpus.placements[name]})
+    assert {s.flash_attn for s in worker_specs(config, mixed).values()} == {True}
+    for asked, setup in (("on", cpu), ("off", gpus)):
+        forced = dataclasses.replace(config, flash_attn=asked)
+        assert {s.flash_attn for s in worker_specs(forced, setup).values()} == {asked == "on"}
+
+
+def test_an_unknown_flash_attention_setting_is_refused():
+    with pytest.raises(ConfigError, match="flash_attn must be one of auto, on, off, got 'yes'"):
+        EngineConfig(flash_attn="yes").validated()
