@@ -8,6 +8,12 @@ decides per request from its own measured restore cost and its step-time model
 (``homepd.core.prefixreuse.store_is_faster``).
 
     python benchmarks/kv_store.py [--model PATH] [--threads 1] [--n-ctx 4096] [--repeats 3]
+                                  [--flash-attn auto|on|off] [--interleave 3]
+
+``--interleave K`` writes the prefix's second half one token per step beside ``K`` other streams, as a
+conversation's answers are written: its cells are then scattered between theirs, as in a serving worker.
+Without flash attention (homepd's default on a CPU) llama.cpp keeps the V cache transposed and copies a
+state one row and one run of cells at a time, so such a save costs many times a contiguous one.
 
 Figures go in the report, not in tests.
 """
@@ -38,12 +44,29 @@ def prefill(ctx: LlamaContext, seq_id: int, tokens: list[int], chunk: int) -> No
                    [False] * (stop - start - 1) + [True])
 
 
-def measure(ctx: LlamaContext, n_tokens: int, chunk: int, repeats: int) -> tuple[float, float, float, float, int]:
+def write(ctx: LlamaContext, tokens: list[int], chunk: int, interleave: int) -> None:
+    """Sequence 0 holds ``tokens``: prefilled, or with ``interleave`` its second half one token per step
+    beside that many other streams (sequences 2..), whose cells are then dropped (holes between its own)."""
+    if not interleave:
+        prefill(ctx, 0, tokens, chunk)
+        return
+    half = len(tokens) // 2
+    prefill(ctx, 0, tokens[:half], chunk)
+    others = list(range(2, 2 + interleave))
+    for pos in range(half, len(tokens)):
+        ctx.decode([tokens[pos]] * (1 + interleave), [pos] * (1 + interleave), [0, *others],
+                   [False] * interleave + [True])
+    for seq_id in others:
+        ctx.seq_rm(seq_id)
+
+
+def measure(ctx: LlamaContext, n_tokens: int, chunk: int, repeats: int,
+            interleave: int = 0) -> tuple[float, float, float, float, int]:
     """(recompute ms, first save ms, save ms, restore ms, state bytes) for a prefix of ``n_tokens``, medians.
     The first save writes fresh store pages (page faults); later ones reuse them, as a full store does."""
     tokens = [(7 * i) % 1000 + 100 for i in range(n_tokens)]
     ctx.seq_rm(0)
-    prefill(ctx, 0, tokens, chunk)
+    write(ctx, tokens, chunk, interleave)
     # room for one entry: every save wraps to the same extent, as saves into a full store reuse its pages
     book = StoreBook({"w": max(MIN_SEGMENT_BYTES, extent_bytes_for(ctx.state_size(0)) + PAGE_BYTES)})
     sent: list = []
@@ -56,6 +79,9 @@ def measure(ctx: LlamaContext, n_tokens: int, chunk: int, repeats: int) -> tuple
             t0 = time.perf_counter()
             prefill(ctx, 0, tokens, chunk)
             recompute.append((time.perf_counter() - t0) * 1e3)
+            if interleave:
+                ctx.seq_rm(0)
+                write(ctx, tokens, chunk, interleave)
             for entry in store.segment.index.entries():
                 store.segment.drop(entry)
             t0 = time.perf_counter()
@@ -84,19 +110,24 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                        help="auto: as homepd's engine (off on a CPU)")
+    parser.add_argument("--interleave", type=int, default=0,
+                        help="write the second half one token per step beside this many streams")
     args = parser.parse_args()
     model = LlamaModel(args.model)
-    ctx = LlamaContext(model, n_ctx=args.n_ctx, n_batch=512, n_seq_max=2, n_threads=args.threads)
+    ctx = LlamaContext(model, n_ctx=args.n_ctx, n_batch=512, n_seq_max=2 + args.interleave, n_threads=args.threads,
+                       flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn])
     try:
         prefill(ctx, 0, [100, 101], 2)  # warm up
         print(f"model {args.model}, {args.threads} thread(s), n_ctx {args.n_ctx}, chunk {args.chunk}, "
-              f"median of {args.repeats}")
+              f"flash attention {args.flash_attn}, interleave {args.interleave}, median of {args.repeats}")
         print(f"{'tokens':>7} {'KV MiB':>7} {'recompute ms':>13} {'1st save ms':>12} {'save ms':>8} "
               f"{'restore ms':>11} {'save us/tok':>12} {'restore us/tok':>15} {'recompute/restore':>18}")
         for n in LENGTHS:
-            if n >= args.n_ctx:
+            if n * (1 + args.interleave) >= args.n_ctx:
                 break
-            rec, first, save, rest, n_bytes = measure(ctx, n, args.chunk, args.repeats)
+            rec, first, save, rest, n_bytes = measure(ctx, n, args.chunk, args.repeats, args.interleave)
             print(f"{n:>7} {n_bytes / 2**20:>7.1f} {rec:>13.1f} {first:>12.2f} {save:>8.2f} {rest:>11.2f} "
                   f"{save * 1e3 / n:>12.1f} "
                   f"{rest * 1e3 / n:>15.1f} {rec / rest:>17.0f}x")

@@ -340,14 +340,16 @@ def test_a_cached_entry_trimmed_for_a_shorter_match_is_saved_to_the_store_first(
         assert saved.tokens[:len(a_tokens)] == tuple(a_tokens)  # a's conversation is in the store, whole
 
 
+@pytest.mark.parametrize("where", ["admission", "a request's end"])
 @pytest.mark.parametrize("save_ms", [0.0, 150.0])
-def test_a_step_after_a_save_gives_up_the_prompt_tokens_the_save_took(save_ms):
-    """Streams wait for a save made between two steps as for a step: the step after it is shorter by what the
+def test_a_step_after_a_save_gives_up_the_prompt_tokens_the_save_took(save_ms, where):
+    """Streams wait for a save made between two steps as for a step, whether a prompt's admission took an
+    entry's id or a request that ended kept its prefix over another: the next step is shorter by what the
     save took (without flash attention a long conversation's save takes 100-200 ms on a CPU)."""
     est = StepEstimate(base_ms=10.0, ms_per_prompt_token=2.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
                        n_steps=50, error_ms=0.0)
     policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
-    with store_scheduler(200, policy) as (s, ctx, store, sent, _):
+    with store_scheduler(200 if where == "admission" else 100, policy) as (s, ctx, store, sent, _):
         now = [0.0]
         store.clock = lambda: now[0]
         get = ctx.state_get
@@ -359,15 +361,22 @@ def test_a_step_after_a_save_gives_up_the_prompt_tokens_the_save_took(save_ms):
         ctx.state_get = slow_get
         finish(s, ctx, request("a", range(10, 90)))  # cached: 83 cells under one id
         streams = [request(f"s{i}", range(300 + 10 * i, 308 + 10 * i), max_tokens=50) for i in range(3)]
+        if where == "a request's end":
+            streams[0] = request("s0", range(100, 170), max_tokens=4)  # ends soon, keeping 73 cells: a goes
         for q in streams:
             s.add(q)
         while any(q.is_prefilling or q.seq_id is None for q in streams):
             step(s, ctx)
+        if where == "a request's end":
+            while not streams[0].is_finished:
+                step(s, ctx)
+            streams = streams[1:]
+            assert [m for m in sent if isinstance(m, StoreSaved)]  # saved as s0 ended, before the next plan
         turn = request("b", range(500, 540))
         s.add(turn)
         full = policy.budget(streams)  # what the step would carry after no save
         plan = s.schedule()
-        assert [m for m in sent if isinstance(m, StoreSaved)] and store.busy_ms == save_ms  # a's id was taken
+        assert [m for m in sent if isinstance(m, StoreSaved)] and store.busy_ms == save_ms  # a went to the store
         (sl,) = plan.prefill
         assert sl.seq is turn
         if save_ms:
