@@ -107,6 +107,7 @@ class WorkerSnapshot:
     in_flight: tuple[str, ...]
     backlog: int
     failed: str | None = None
+    flash_attn: bool = False  # llama.cpp's flash attention in its context (WorkerSpec.flash_attn)
 
     def to_dict(self) -> dict:
         return to_plain(self)

@@ -218,7 +218,8 @@ class WorkerHandle:
             restarts=max(self.restarts, 0), n_threads=self.spec.n_threads,
             cpu_cores=tuple(self.spec.cpu_cores) if self.spec.cpu_cores else None,
             cuda_visible_devices=self.spec.cuda_visible_devices, n_gpu_layers=self.spec.n_gpu_layers,
-            in_flight=tuple(sorted(self.in_flight)), backlog=len(self.backlog), failed=self.failed)
+            in_flight=tuple(sorted(self.in_flight)), backlog=len(self.backlog), failed=self.failed,
+            flash_attn=self.spec.flash_attn)
 
 
 async def watch_for_hangs(handles: dict[str, WorkerHandle], timeout_s: float, is_stopping) -> None:

@@ -85,6 +85,7 @@ def test_dead_worker_gives_503_while_it_restarts_then_serves_again(server, model
     with server.client() as client:
         status = client.get("/status").json()
         assert status["engine"]["workers"][0]["restarts"] >= 1 and status["engine"]["workers"][0]["pid"] != pid
+        assert status["engine"]["workers"][0]["flash_attn"] is False  # a CPU worker: off (docs/scheduling.md)
         ok = client.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2})
         assert ok.status_code == 200, ok.text
         assert "homepd_worker_restarts_total" in client.get("/metrics").text
