@@ -33,7 +33,7 @@ from homepd.kv.pool import KVArena, extent_bytes_for
 from homepd.kv.ring import RingAllocator
 from homepd.launch import prepare
 from homepd.llm import LlamaContext, LlamaModel
-from homepd.measure.llamabench import LlamaBenchRun, find_llama_bench
+from homepd.measure.llamabench import LlamaBenchRun, find_llama_bench, reference_n_ctx
 from homepd.measure.llamabench import run_round as run_llama_bench
 from homepd.measure.refproc import ReferenceProcess
 from homepd.measure.trace import make_trace
@@ -254,7 +254,7 @@ def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed:
 
 
 def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, chunk: int | None,
-                 repeat: int, n_ctx: int = 2048, kv_tokens: int = 0, arena_requests: int = 0,
+                 repeat: int, n_ctx: int | None = None, kv_tokens: int = 0, arena_requests: int = 0,
                  llama_bench: str | None = None) -> dict:
     """Run the engine against llama.cpp's own loop (``llama-bench``: ``llama_bench``, else the build cache's)
     and the Python loop; return a flat dict of figures (medians over ``repeat``, with their min and max),
@@ -267,6 +267,10 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
     # steps of ``chunk``, and this guards the engine's own cost; the adaptive chunk's idle cap (steps of ~500 ms,
     # ~40 tokens at 1 thread here) is a policy, which costs a lone prompt ~10 % at 1 thread (measured with this
     # benchmark before this line: 86 against 96 tok/s)
+    # why a context just large enough (``n_ctx`` None): llama-bench sizes its own to the test, and without flash
+    # attention the transposed V cache's rows lie n_ctx cells apart: a bare decode loop at depth 256 made 48.8
+    # tok/s in 512 cells and 46.4 in 4,096, which the guard read as the engine's cost
+    n_ctx = n_ctx or reference_n_ctx(n_prompt, n_gen)
     config = EngineConfig(model=path, n_ctx=n_ctx, n_seq_max=4, chunk=chunk, adaptive_chunk=False,
                           n_threads=n_threads, prefix_cache=False).validated()
     llm = LlamaModel(path)

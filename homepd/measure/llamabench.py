@@ -44,6 +44,12 @@ def find_llama_bench(explicit: str | os.PathLike | None = None) -> Path | None:
     return REPO_CACHE if REPO_CACHE.is_file() else None
 
 
+def reference_n_ctx(n_prompt: int, n_gen: int) -> int:
+    """The context the engine is measured in: as small as llama-bench's own for the round's decode (it sizes it
+    to the test's prompt and generated tokens; llama.cpp pads a context to 256 cells)."""
+    return -(-(n_prompt + n_gen + 1) // 256) * 256
+
+
 def llama_bench_argv(binary: Path, model: str, n_threads: int, n_prompt: int, n_gen: int, chunk: int | None,
                      n_gpu_layers: int, flash_attn: bool = False) -> list[list[str]]:
     """The two llama-bench invocations of one round: the prompt at depth 0 in batches of ``chunk`` (the

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from homepd.measure.llamabench import (LlamaBenchError, find_llama_bench, llama_bench_argv, parse_tests,
-                                       run_round)
+                                       reference_n_ctx, run_round)
 
 STAND_IN = """#!{python}
 import json, os, sys
@@ -71,3 +71,10 @@ def test_output_it_cannot_read_is_named(stdout, names):
 def test_an_explicit_path_without_a_binary_is_an_error_naming_how_to_build_it(tmp_path):
     with pytest.raises(LlamaBenchError, match="build_llama_server.py"):
         find_llama_bench(tmp_path / "nothing-here")
+
+
+def test_the_engine_is_measured_in_a_context_as_small_as_llama_bench_s():
+    # llama-bench's decode test at depth 256 with 128 tokens has 384 cells, padded to 512 by llama.cpp
+    assert reference_n_ctx(256, 128) == 512
+    assert reference_n_ctx(255, 0) == 256 and reference_n_ctx(256, 0) == 512  # room for the sampled token
+    assert reference_n_ctx(1900, 100) == 2048 and reference_n_ctx(2000, 48) == 2048 + 256
