@@ -158,6 +158,7 @@ class StepRecord:
     budget: int = 0                       # the prompt-token budget the step policy gave this step
     kv_in_use: int = 0                    # KV cells of every running sequence (its tokens attend over them)
     granted_to: str | None = None         # a step past the ITL budget: the prompt whose TTFT deadline needed it
+    grant_lost: bool = False              # that prompt's deadline was lost anyway: a step at the gap ceiling
 
     @property
     def n_decode_tokens(self) -> int:

@@ -8,7 +8,9 @@ request's own worker that ran in the gap and carried prompt tokens holds it
 mode the decode worker's steps carry no prompt tokens; the prefill worker's
 steps that overlap the gap are named instead, as concurrent contenders.  A
 step the policy granted past the ITL budget to a prompt's TTFT deadline
-(``StepRecord.granted_to``) says so: that gap was chosen, not suffered.
+(``StepRecord.granted_to``) says so: that gap was chosen, not suffered; and
+so does one run at the gap ceiling for a prompt whose deadline was lost
+anyway (``StepRecord.grant_lost``).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Culprit:
     held_ms: float           # time of the steps (in the gap) that carried them
     same_step: bool          # True: computed in the stalled stream's own steps; False: a concurrent worker
     deadline_grant: bool = False  # a step of them ran past the ITL budget so that this prompt kept its TTFT
+    deadline_lost: bool = False   # ... or, its TTFT lost anyway, at the gap ceiling (steppolicy.lost_grant)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culpri
     own = _role_of(by_role, ends, request_id, t1)
     held: dict[tuple[str, bool], list] = {}
     granted: set[str] = set()
+    lost: set[str] = set()
     for role, ss in by_role.items():
         same_step = role == own
         if not same_step and role != Role.PREFILL:
@@ -98,14 +102,14 @@ def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culpri
             if overlap_ms <= 0:
                 continue
             if s.granted_to is not None and s.granted_to != request_id:
-                granted.add(s.granted_to)
+                (lost if s.grant_lost else granted).add(s.granted_to)
             for rid, n in s.prefill:
                 if rid == request_id:
                     continue  # its own prompt (a resume by recompute): not someone else's stall
                 acc = held.setdefault((rid, same_step), [0, 0.0])
                 acc[0] += n
                 acc[1] += overlap_ms
-    return sorted((Culprit(rid, int(n), ms, same, rid in granted) for (rid, same), (n, ms) in held.items()),
+    return sorted((Culprit(rid, int(n), ms, same, rid in granted, rid in lost) for (rid, same), (n, ms) in held.items()),
                   key=lambda c: -c.held_ms)
 
 

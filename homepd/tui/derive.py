@@ -112,7 +112,8 @@ def _event_text(e: WorkerEvent) -> str:
 def stall_text(stall: Stall | None) -> str:
     """'412 ms ← req-7 (256 tok, same step)': the longest gap and the prompt whose prefill held it most
     ('beside': on the prefill worker, concurrently; 'granted to its deadline': a step the policy ran past the
-    ITL budget so that req-7 kept its TTFT budget); '' when the request never stalled."""
+    ITL budget so that req-7 kept its TTFT budget; 'at the gap ceiling, its deadline lost': one it ran as long
+    as the ceiling for a req-7 late anyway); '' when the request never stalled."""
     if stall is None:
         return ""
     worst = stall.worst
@@ -121,6 +122,8 @@ def stall_text(stall: Stall | None) -> str:
     where = "same step" if worst.same_step else "beside"
     if worst.deadline_grant:
         where += ", granted to its deadline"
+    elif worst.deadline_lost:
+        where += ", at the gap ceiling, its deadline lost"
     more = f" +{len(stall.culprits) - 1}" if len(stall.culprits) > 1 else ""
     return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}"
 

@@ -227,7 +227,8 @@ class WorkerLoop:
             worker_role=self.spec.role, index=self.n_steps, t_start_s=t_start, t_end_s=t_end,
             decode_request_ids=tuple(s.request_id for s in plan.decode),
             prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill), budget=plan.budget,
-            kv_in_use=plan.kv_in_use, granted_to=plan.grant.request_id if plan.grant is not None else None)
+            kv_in_use=plan.kv_in_use, granted_to=plan.grant.request_id if plan.grant is not None else None,
+            grant_lost=plan.grant is not None and plan.grant.lost)
         outs, done = [], []
         for seq in got_token:
             out, fin = self.emit(seq, t_end)

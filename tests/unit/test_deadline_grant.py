@@ -185,6 +185,12 @@ def test_a_gap_granted_to_a_deadline_is_counted_and_named_in_the_stall_it_made()
     # a gap that no grant made says nothing of one
     plain = attribute_gaps([("chat-0", gaps_over([0.0, 0.08, 0.30, 0.38], 50.0))], steps)
     assert [s.worst.deadline_grant for s in plain] == [True, False, False]
+    # a ceiling step for a prompt whose deadline was lost anyway is named as such, not as kept
+    late = [steps[0], StepRecord("colocated", 2, 0.08, 0.28, ("chat-0",), (("doc", 40),), budget=40,
+                                 granted_to="doc", grant_lost=True)]
+    (stall,) = attribute_gaps([("chat-0", gaps_over([0.0, 0.08, 0.28], 100.0))], late)
+    assert stall.worst.deadline_lost and not stall.worst.deadline_grant
+    assert stall_text(stall) == "200 ms ← doc (40 tok, same step, at the gap ceiling, its deadline lost)"
 
 
 def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
@@ -210,7 +216,33 @@ def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
     loop.step(loop.scheduler.schedule(0.0))
     step = out.of_type(StepReport)[-1].step
     assert step.granted_to == "doc" and set(step.decode_request_ids) == {"chat-0", "chat-1", "chat-2"}
-    assert dict(step.prefill)["doc"] == step.budget > ITL_CHUNK
+    assert dict(step.prefill)["doc"] == step.budget > ITL_CHUNK and not step.grant_lost
+    out.close()
+
+
+def test_a_worker_names_a_lost_prompt_s_ceiling_steps_as_lost_in_its_step_record():
+    from homepd.core.protocol import StepReport, SubmitRequest, WorkerSpec
+    from homepd.fakellm import FakeContext, FakeModel
+    from homepd.worker.loop import WorkerLoop
+    from worker_fakes import Outbox
+
+    spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=4096, n_seq_max=4, chunk=512, n_threads=1,
+                      backend="fake", itl_budget_ms=ITL_MS, gap_ceiling_ms=CEILING_MS)
+    model, out = FakeModel(), Outbox()
+    loop = WorkerLoop(spec, model, FakeContext(model, n_ctx=4096, n_batch=spec.n_batch, n_seq_max=4, n_threads=1),
+                      out)
+    loop.scheduler.policy.estimate = lambda: EST
+    for i in range(3):
+        loop.handle(SubmitRequest(f"chat-{i}", tuple(model.tokenize("hi")), SamplingParams(max_tokens=64)))
+    loop.step(loop.scheduler.schedule(0.0))
+    loop.handle(SubmitRequest("late", tuple(model.tokenize("y" * 400)), SamplingParams(max_tokens=4),
+                              deadline_s=0.2))  # 400 tokens due in 0.2 s: lost from the start
+    for _ in range(3):
+        loop.step(loop.scheduler.schedule(0.1))
+    steps = [r.step for r in out.of_type(StepReport)]
+    lost = [st for st in steps if st.granted_to == "late"]
+    assert lost and all(st.grant_lost and dict(st.prefill)["late"] > ITL_CHUNK for st in lost)
+    assert not any(st.grant_lost for st in steps if st.granted_to is None)
     out.close()
 
 
