@@ -109,7 +109,8 @@ def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culpri
                 acc = held.setdefault((rid, same_step), [0, 0.0])
                 acc[0] += n
                 acc[1] += overlap_ms
-    return sorted((Culprit(rid, int(n), ms, same, rid in granted, rid in lost) for (rid, same), (n, ms) in held.items()),
+    return sorted((Culprit(rid, int(n), ms, same, rid in granted, rid in lost)
+                   for (rid, same), (n, ms) in held.items()),
                   key=lambda c: -c.held_ms)
 
 
