@@ -193,8 +193,10 @@ def test_a_gap_granted_to_a_deadline_is_counted_and_named_in_the_stall_it_made()
     assert stall_text(stall) == "200 ms ← doc (40 tok, same step, at the gap ceiling, its deadline lost)"
 
 
-def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
-    from homepd.core.protocol import StepReport, SubmitRequest, WorkerSpec
+def worker_with_three_chats():
+    """A worker on the fake backend whose step model prices steps as EST, with three chats decoding:
+    (model, loop, outbox)."""
+    from homepd.core.protocol import SubmitRequest, WorkerSpec
     from homepd.fakellm import FakeContext, FakeModel
     from homepd.worker.loop import WorkerLoop
     from worker_fakes import Outbox
@@ -208,6 +210,13 @@ def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
     for i in range(3):
         loop.handle(SubmitRequest(f"chat-{i}", tuple(model.tokenize("hi")), SamplingParams(max_tokens=64)))
     loop.step(loop.scheduler.schedule(0.0))
+    return model, loop, out
+
+
+def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
+    from homepd.core.protocol import StepReport, SubmitRequest
+
+    model, loop, out = worker_with_three_chats()
     assert len(loop.scheduler.running) == 3 and not any(s.is_prefilling for s in loop.scheduler.running)
     for s in loop.scheduler.running:
         s.gap_broken = True  # each already missed a gap (a slow step before)
@@ -221,20 +230,9 @@ def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
 
 
 def test_a_worker_names_a_lost_prompt_s_ceiling_steps_as_lost_in_its_step_record():
-    from homepd.core.protocol import StepReport, SubmitRequest, WorkerSpec
-    from homepd.fakellm import FakeContext, FakeModel
-    from homepd.worker.loop import WorkerLoop
-    from worker_fakes import Outbox
+    from homepd.core.protocol import StepReport, SubmitRequest
 
-    spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=4096, n_seq_max=4, chunk=512, n_threads=1,
-                      backend="fake", itl_budget_ms=ITL_MS, gap_ceiling_ms=CEILING_MS)
-    model, out = FakeModel(), Outbox()
-    loop = WorkerLoop(spec, model, FakeContext(model, n_ctx=4096, n_batch=spec.n_batch, n_seq_max=4, n_threads=1),
-                      out)
-    loop.scheduler.policy.estimate = lambda: EST
-    for i in range(3):
-        loop.handle(SubmitRequest(f"chat-{i}", tuple(model.tokenize("hi")), SamplingParams(max_tokens=64)))
-    loop.step(loop.scheduler.schedule(0.0))
+    model, loop, out = worker_with_three_chats()
     loop.handle(SubmitRequest("late", tuple(model.tokenize("y" * 400)), SamplingParams(max_tokens=4),
                               deadline_s=0.2))  # 400 tokens due in 0.2 s: lost from the start
     for _ in range(3):
