@@ -169,7 +169,6 @@ class Scheduler:
         The policy gives the prompt budget and the order prompts are served in (``now_s``: the clock its
         deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving).
         First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``."""
-        store = self.prefixes.store if self.prefixes is not None else None
         evicted = self._reserve_decode_cells() if self.decodes else ()
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
         kv_in_use = sum(s.n_kv_tokens for s in self.running)
@@ -183,13 +182,7 @@ class Scheduler:
         grant = self.policy.grant(ordered, decode, now_s, budget, kv_in_use) if ordered and self.decodes else None
         if grant is not None:
             budget = grant.budget
-        busy_ms = self._store_ms_seen
-        if store is not None and store.busy_ms > busy_ms:
-            # why: streams wait for the saves and restores made since the last step (a request ending kept its
-            # prefix by saving another's) as for a step; this one gives up the prompt tokens that time took (a
-            # 150 ms save before a 170 ms ceiling step had made a 340 ms gap)
-            budget = self._less_store_time(budget, store.busy_ms - busy_ms, kv_in_use)
-            busy_ms = store.busy_ms
+        budget = self._less_store_time(budget, kv_in_use)  # saves and restores since the last step
         planned = budget
         slices: list[PrefillSlice] = []
         reused: list[Sequence] = []
@@ -206,9 +199,7 @@ class Scheduler:
                 self.waiting.remove(seq)
                 if self.admit(seq):
                     reused.append(seq)
-                if store is not None and store.busy_ms > busy_ms:  # its admission saved or restored: as above
-                    budget = self._less_store_time(budget, store.busy_ms - busy_ms, kv_in_use)
-                    busy_ms = store.busy_ms
+                budget = self._less_store_time(budget, kv_in_use)  # what its admission saved or restored
             slices.append(self._slice(seq, budget))
             budget -= slices[-1].n_tokens
             if slices[-1].completes_prompt and seq.request_class != RequestClass.BACKGROUND:
@@ -216,16 +207,24 @@ class Scheduler:
                 # holds (a RAG follow-up shared its step with 500 ms of another document)
                 tail = self.policy.after_first_token(kv_in_use)
                 budget = budget if tail is None else min(budget, tail)
-        self._store_ms_seen = busy_ms
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
                         kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices) + sum(s.n_reused for s in reused),
                         evicted=evicted, reused=tuple(reused), paused=paused,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
                         else None)
 
-    def _less_store_time(self, budget: int, store_ms: float, kv_in_use: int) -> int:
-        """``budget`` less the prompt tokens ``store_ms`` would have computed; a prompt still advances."""
-        return max(min(budget, 1), budget - self.policy.tokens_in_ms(store_ms, kv_in_use))
+    def _less_store_time(self, budget: int, kv_in_use: int) -> int:
+        """``budget`` less the prompt tokens the KV store's saves and restores since the last call would have
+        computed; a prompt still advances.
+
+        # why: they run between two steps, and the streams wait for them as for a step (a request ending kept
+        # its prefix by saving another's; an admission took a cached entry's id or restored one): a 150 ms save
+        # before a 170 ms ceiling step had made a 340 ms gap."""
+        store = self.prefixes.store if self.prefixes is not None else None
+        if store is None or store.busy_ms <= self._store_ms_seen:
+            return budget
+        spent_ms, self._store_ms_seen = store.busy_ms - self._store_ms_seen, store.busy_ms
+        return max(min(budget, 1), budget - self.policy.tokens_in_ms(spent_ms, kv_in_use))
 
     def _pause_for(self, ordered: list[Sequence]) -> tuple[Sequence, ...]:
         """A prompt waiting for a sequence id while one served after it holds one: the latter's prefill pauses.
