@@ -49,8 +49,11 @@ class StepEstimate:
         """Largest prompt budget (clamped to [lo, hi]) with predicted step time + ``margin_sd`` × recent
         error within ``itl_budget_ms``; ``lo`` when even a step without prompt tokens would be over."""
         room = itl_budget_ms - margin_sd * self.error_ms - self.predict_ms(0, n_decode, kv_in_use)
-        per = max(self.ms_per_prompt_token + self.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
-        return int(max(lo, min(hi, math.floor(room / per))))
+        return int(max(lo, min(hi, math.floor(room / self.prompt_token_ms(kv_in_use)))))
+
+    def prompt_token_ms(self, kv_in_use: int = 0) -> float:
+        """What one more prompt token adds to a step with ``kv_in_use`` cells in use (at least 1 µs)."""
+        return max(self.ms_per_prompt_token + self.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
 
     def prefill_tok_s(self, n_decode: int = 0, chunk: int = 256) -> float:
         """Prompt tokens per second when steps of ``chunk`` prompt tokens run beside ``n_decode`` decodes."""

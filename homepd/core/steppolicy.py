@@ -304,7 +304,7 @@ class StepPolicy:
         est = self.estimate() if self.adaptive else None
         if est is None or ms <= 0:
             return 0
-        return math.ceil(ms / max(est.ms_per_prompt_token + est.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3))
+        return math.ceil(ms / est.prompt_token_ms(kv_in_use))
 
     def after_first_token(self, kv_in_use: int = 0) -> int | None:
         """The prompt tokens a step may still carry after an interactive prompt completes in it: what one ITL
@@ -313,8 +313,7 @@ class StepPolicy:
         est = self.estimate() if self.adaptive else None
         if est is None:
             return None
-        per = max(est.ms_per_prompt_token + est.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
-        return int(self.itl_budget_ms * STEP_SHARE_OF_ITL // per)
+        return int(self.itl_budget_ms * STEP_SHARE_OF_ITL // est.prompt_token_ms(kv_in_use))
 
     def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0,
               tokens_per_step: int = 1) -> list[Sequence]:
@@ -323,6 +322,5 @@ class StepPolicy:
         est = self.estimate()
         if est is None:
             return prompt_order(prompts, now_s, None)
-        per_token = est.ms_per_prompt_token + est.ms_per_kv_ktoken * kv_in_use / 1000.0
-        return prompt_order(prompts, now_s, per_token, tokens_per_step=max(1, tokens_per_step),
+        return prompt_order(prompts, now_s, est.prompt_token_ms(kv_in_use), tokens_per_step=max(1, tokens_per_step),
                             step_ms=est.predict_ms(0, n_decode, kv_in_use))
