@@ -101,9 +101,7 @@ def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int 
                    f"(worst {min(n_stalls, len(record.stalls))}):")
         for st in record.stalls[:n_stalls]:
             who = ", ".join(f"{c.request_id} ({c.n_prompt_tokens} prompt tokens, {c.held_ms:.0f} ms"
-                            f"{'' if c.same_step else ', concurrent'}"
-                            f"{', granted to its deadline' if c.deadline_grant else ''}"
-                            f"{', at the gap ceiling, its deadline lost' if c.deadline_lost else ''})"
+                            f"{'' if c.same_step else ', concurrent'}{c.grant_note})"
                             for c in st.culprits[:3]) or "no prompt"
             out.append(f"  {st.request_id} token {st.token_index}: {st.gap_ms:.0f} ms gap, held by {who}")
     for ev in record.worker_events:

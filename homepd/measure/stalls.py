@@ -31,6 +31,14 @@ class Culprit:
     deadline_grant: bool = False  # a step of them ran past the ITL budget so that this prompt kept its TTFT
     deadline_lost: bool = False   # ... or, its TTFT lost anyway, at the gap ceiling (steppolicy.lost_grant)
 
+    @property
+    def grant_note(self) -> str:
+        """', granted to its deadline' or ', at the gap ceiling, its deadline lost' when a step of its was chosen
+        past the ITL budget for it; '' otherwise (the app's stall text and the run report both say it)."""
+        if self.deadline_grant:
+            return ", granted to its deadline"
+        return ", at the gap ceiling, its deadline lost" if self.deadline_lost else ""
+
 
 @dataclass(frozen=True)
 class Stall:

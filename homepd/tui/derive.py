@@ -119,11 +119,7 @@ def stall_text(stall: Stall | None) -> str:
     worst = stall.worst
     if worst is None:
         return f"{stall.gap_ms:.0f} ms gap (no prompt in it)"
-    where = "same step" if worst.same_step else "beside"
-    if worst.deadline_grant:
-        where += ", granted to its deadline"
-    elif worst.deadline_lost:
-        where += ", at the gap ceiling, its deadline lost"
+    where = ("same step" if worst.same_step else "beside") + worst.grant_note
     more = f" +{len(stall.culprits) - 1}" if len(stall.culprits) > 1 else ""
     return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}"
 
