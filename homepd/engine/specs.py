@@ -1,6 +1,9 @@
 """The ``WorkerSpec`` each worker of an engine is started with, from the config and the resolved setup."""
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+
 from homepd.config import EngineConfig, max_cached_cells
 from homepd.core.modes import Role
 from homepd.core.protocol import EngineSetup, WorkerSpec
@@ -11,7 +14,6 @@ from homepd.engine.topology import topology_for
 def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSpec]:
     """The spec of every worker the engine starts, by its name (its topology's ``worker_roles``)."""
     specs = {}
-    fa = flash_attn(config, setup)
     for name, role in topology_for(config.mode).worker_roles(config, setup).items():
         place = setup.placements[name]
         specs[name] = WorkerSpec(
@@ -22,17 +24,18 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
             idle_step_ms=idle_step_ms(config, role), gap_ceiling_ms=gap_ceiling_ms(config, role),
-            max_cached_cells=max_cached_cells(config, place.n_ctx or config.n_ctx), flash_attn=fa)
-    return specs
+            max_cached_cells=max_cached_cells(config, place.n_ctx or config.n_ctx))
+    fa = flash_attn(config, specs.values())
+    return {name: dataclasses.replace(spec, flash_attn=fa) for name, spec in specs.items()}
 
 
-def flash_attn(config: EngineConfig, setup: EngineSetup) -> bool:
+def flash_attn(config: EngineConfig, specs: Iterable[WorkerSpec]) -> bool:
     """Flash attention for every worker of the engine: ``--flash-attn on/off``, or auto: on where any worker
     offloads to a GPU, off when all run on the CPU (homepd.llm.flash_attn_type says why).  One setting for all,
     not one per worker: a disaggregated handoff between a GPU prefill and a CPU decode needs one V layout."""
     if config.flash_attn != "auto":
         return config.flash_attn == "on"
-    return any(p.cuda_visible_devices and p.n_gpu_layers != 0 for p in setup.placements.values())
+    return any(spec.offload_layers for spec in specs)
 
 
 def itl_budget_ms(config: EngineConfig, role: Role) -> float | None:
