@@ -23,6 +23,7 @@ import argparse
 import statistics
 import time
 
+from homepd.config import FLASH_ATTN, flash_attn_of
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.protocol import StoreSaved
 from homepd.kv.pool import extent_bytes_for
@@ -110,14 +111,14 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
                         help="auto: as homepd's engine (off on a CPU)")
     parser.add_argument("--interleave", type=int, default=0,
                         help="write the second half one token per step beside this many streams")
     args = parser.parse_args()
     model = LlamaModel(args.model)
     ctx = LlamaContext(model, n_ctx=args.n_ctx, n_batch=512, n_seq_max=2 + args.interleave, n_threads=args.threads,
-                       flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn])
+                       flash_attn=flash_attn_of(args.flash_attn))
     try:
         prefill(ctx, 0, [100, 101], 2)  # warm up
         print(f"model {args.model}, {args.threads} thread(s), n_ctx {args.n_ctx}, chunk {args.chunk}, "

@@ -19,7 +19,7 @@ import argparse
 import statistics
 import time
 
-from homepd.config import DEFAULT_MODEL_NAME
+from homepd.config import DEFAULT_MODEL_NAME, FLASH_ATTN, flash_attn_of
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.models.resolve import resolve_model
 from kv_layout import _fill  # the same filler: benchmarks/ is on sys.path when a script of it runs
@@ -64,14 +64,14 @@ def main() -> None:
     ap.add_argument("--depths", default="0,300,600,1200", help="the document's depth before its chunk")
     ap.add_argument("--chunks", default="4,32", help="prompt tokens of the document a step carries")
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto")
     args = ap.parse_args()
     depths = [int(x) for x in args.depths.split(",")]
     chunks = [int(x) for x in args.chunks.split(",")]
     model = LlamaModel(str(args.model or resolve_model(DEFAULT_MODEL_NAME)))
     n_ctx = max(depths) + max(chunks) + (args.decodes + 1) * (args.stream_depth + 1) + 256
     ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=512, n_seq_max=args.decodes + 1, n_threads=args.threads,
-                       flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn])
+                       flash_attn=flash_attn_of(args.flash_attn))
     for s in range(1, args.decodes + 1):
         _fill(ctx, s, args.stream_depth, 256)
     print(f"threads {args.threads}; {args.decodes} streams {args.stream_depth} cells deep; step ms, median (p10..p90) "

@@ -36,6 +36,11 @@ BACKENDS = ("llama", "fake")
 FLASH_ATTN = ("auto", "on", "off")
 
 
+def flash_attn_of(choice: str) -> bool | None:
+    """``--flash-attn``'s value as a context takes it: on True, off False, auto None (decided by placement)."""
+    return {"auto": None, "on": True, "off": False}[choice]
+
+
 def parse_chunk(text: str) -> int | None:
     """CLI form of chunk: an integer, or 'none'/'off' for the unchunked baseline."""
     if text.lower() in ("none", "off", "unchunked"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from homepd.config import EngineConfig, max_cached_cells
+from homepd.config import EngineConfig, flash_attn_of, max_cached_cells
 from homepd.core.modes import Role
 from homepd.core.protocol import EngineSetup, WorkerSpec
 from homepd.core.steppolicy import IDLE_STEP_SHARE_OF_TTFT
@@ -33,9 +33,8 @@ def flash_attn(config: EngineConfig, specs: Iterable[WorkerSpec]) -> bool:
     """Flash attention for every worker of the engine: ``--flash-attn on/off``, or auto: on where any worker
     offloads to a GPU, off when all run on the CPU (homepd.llm.flash_attn_type says why).  One setting for all,
     not one per worker: a disaggregated handoff between a GPU prefill and a CPU decode needs one V layout."""
-    if config.flash_attn != "auto":
-        return config.flash_attn == "on"
-    return any(spec.offload_layers for spec in specs)
+    asked = flash_attn_of(config.flash_attn)
+    return asked if asked is not None else any(spec.offload_layers for spec in specs)
 
 
 def itl_budget_ms(config: EngineConfig, role: Role) -> float | None:
