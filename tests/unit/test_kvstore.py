@@ -283,15 +283,22 @@ def test_a_worker_whose_controller_died_unlinks_its_store_segment():
     book.close()  # the owner's close after that is harmless
 
 
-def test_a_prefill_gives_its_id_to_an_interactive_prompt_ahead_and_takes_back_what_it_computed(store_and_scheduler):
-    s, ctx, store, sent, book = store_and_scheduler
+def three_chats_and_a_document_part_way(s: Scheduler, ctx: FakeContext):
+    """Three chats decoding and a 300-token background document (served after every interactive prompt)
+    stepped until 100 of its tokens are computed: the document."""
     chats = [request(f"chat-{i}", range(1000 * (i + 1), 1000 * (i + 1) + 5), max_tokens=40) for i in range(3)]
     doc = request("doc", range(5000, 5300), max_tokens=2)
-    doc.request_class = "background"  # served after every interactive prompt
+    doc.request_class = "background"
     for q in (*chats, doc):
         s.add(q)
     while doc.n_prefilled < 100:
         step(s, ctx)
+    return doc
+
+
+def test_a_prefill_gives_its_id_to_an_interactive_prompt_ahead_and_takes_back_what_it_computed(store_and_scheduler):
+    s, ctx, store, sent, book = store_and_scheduler
+    doc = three_chats_and_a_document_part_way(s, ctx)
     assert len(s.running) == 4 and not s.allocator.free_seq_ids and doc.is_prefilling  # every id held
     computed = doc.n_prefilled
     turn = request("turn", range(9000, 9010), max_tokens=2)
@@ -311,13 +318,7 @@ def test_a_prefill_gives_its_id_to_an_interactive_prompt_ahead_and_takes_back_wh
 def test_without_a_store_a_prefill_keeps_its_id_and_the_prompt_ahead_waits():
     from test_prefixreuse import make
     s, ctx = make(n_ctx=1024, n_seq_max=4, max_cached_cells=512)
-    chats = [request(f"chat-{i}", range(1000 * (i + 1), 1000 * (i + 1) + 5), max_tokens=40) for i in range(3)]
-    doc = request("doc", range(5000, 5300), max_tokens=2)
-    doc.request_class = "background"
-    for q in (*chats, doc):
-        s.add(q)
-    while doc.n_prefilled < 100:
-        step(s, ctx)
+    doc = three_chats_and_a_document_part_way(s, ctx)
     s.add(request("turn", range(9000, 9010), max_tokens=2))
     plan = step(s, ctx)  # without a store an evicted pause would be lost work: the doc goes on
     assert plan.paused == () and any(sl.seq is doc for sl in plan.prefill) and s.waiting[0].request_id == "turn"
