@@ -14,7 +14,8 @@ Per turn it records TTFT (client clock, first content chunk), every inter-token 
 the cached prompt tokens the server reports (``usage.prompt_tokens_details.cached_tokens``; llama-server also
 gives ``timings.cache_n``).  It prints, per server, TTFT mean and p90, the p90 of each turn's largest gap, a document's first question's
 TTFT, later turns' TTFT p50, prompt tokens computed (prompt - cached), and the turns meeting TTFT <= 4 s with every
-gap <= 100 ms and <= 200 ms.  ``--kind mix`` runs the chats and the documents at once.  Servers run one after another, interleaved over ``--repeats``; medians over repeats, with the
+gap <= 100 ms and <= 200 ms.  ``--kind mix`` runs the chats and the documents at once (``--doc-after-s``: the
+documents join the running chats that much later).  Servers run one after another, interleaved over ``--repeats``; medians over repeats, with the
 spread (min..max).
 
     uv run python benchmarks/build_llama_server.py
@@ -116,7 +117,7 @@ def conversations(kind: str, n: int, turns: int, rate: float, doc_tokens: int, m
 
 def workload_of(kind: str, args, seed: int) -> list[Conversation]:
     """The conversations of ``kind``: chat, rag, or mix (the chats and the documents at once, both starting
-    open loop at ``--rate`` each, numbered apart)."""
+    open loop at ``--rate`` each, numbered apart; the documents ``--doc-after-s`` after the chats)."""
     if kind == "chat":
         return conversations("chat", args.conversations, args.turns, args.rate, args.doc_tokens, args.max_tokens,
                              seed)
@@ -125,7 +126,8 @@ def workload_of(kind: str, args, seed: int) -> list[Conversation]:
                              seed)
     if kind == "mix":
         chats = workload_of("chat", args, seed)
-        docs = [replace(c, index=len(chats) + c.index) for c in workload_of("rag", args, seed)]
+        docs = [replace(c, index=len(chats) + c.index, start_s=c.start_s + args.doc_after_s)
+                for c in workload_of("rag", args, seed)]
         return chats + docs
     raise SystemExit(f"--kind: unknown kind {kind!r}; known: chat, rag, mix")
 
@@ -294,6 +296,9 @@ def main() -> None:
     ap.add_argument("--documents", type=int, default=2)
     ap.add_argument("--questions", type=int, default=3)
     ap.add_argument("--doc-tokens", type=int, default=600)
+    ap.add_argument("--doc-after-s", type=float, default=0.0,
+                    help="mix: the documents start this long after the chats (with --documents 1: a lone document "
+                         "arriving beside running chats)")
     ap.add_argument("--rate", type=float, default=0.5, help="conversations (documents) starting per second")
     ap.add_argument("--think-s", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=32)

@@ -180,6 +180,7 @@ class Scheduler:
         ordered = self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget)
         paused = self._pause_for(ordered)
         grant = self.policy.grant(ordered, decode, now_s, budget, kv_in_use) if ordered and self.decodes else None
+        itl_budget = budget
         if grant is not None:
             budget = grant.budget
         budget = self._less_store_time(budget, kv_in_use)  # saves and restores since the last step
@@ -195,6 +196,10 @@ class Scheduler:
                     # why not stop: a prompt already admitted after it in the order would idle for nothing (a
                     # document's prefill stood still for 0.9 s while a chat turn waited for a sequence id)
                     blocked = True
+                    if grant is not None and seq.request_id == grant.request_id:
+                        # the prompt the step was granted to waits: the others get what the ITL budget gave
+                        used, planned = planned - budget, min(planned, itl_budget)
+                        budget, grant = planned - used, None
                     continue
                 self.waiting.remove(seq)
                 if self.admit(seq):

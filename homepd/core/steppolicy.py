@@ -122,7 +122,8 @@ def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callab
 class DeadlineGrant:
     """A step larger than the ITL budget holds, granted so that ``request_id``'s prompt keeps its TTFT deadline:
     ``budget`` prompt tokens, a predicted ``step_ms`` within the gap ceiling, and ``n_gaps_broken`` streams
-    that were within their gap budget so far and this step puts over it (fewer than the prompts it keeps)."""
+    that were within their gap budget so far and this step puts over it (the prompt's ceiling steps would put
+    them over it anyway, once its deadline was lost)."""
     request_id: str
     budget: int
     step_ms: float
@@ -155,6 +156,11 @@ def prompt_work_tokens(seq: Sequence) -> int:
     return max(0, seq.n_prompt - done)
 
 
+def tokens_left(seq: Sequence) -> int:
+    """The tokens a decoding stream may still sample (``max_tokens`` less its output; it may stop sooner)."""
+    return max(0, seq.params.max_tokens - len(seq.output_ids))
+
+
 def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence], now_s: float,
                    itl_budget_ms: float, gap_ceiling_ms: float, budget: int, max_budget: int,
                    kv_in_use: int = 0) -> DeadlineGrant | None:
@@ -165,14 +171,18 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     * interactive streams decode (else the step is not bound by their gaps) and the prompt has a deadline;
     * at ``budget`` tokens a step the prompt would miss its deadline (a far deadline gets nothing);
     * a step within ``gap_ceiling_ms`` keeps it (one that cannot be saved within the ceiling gets nothing);
-    * its deadline needs the larger step now: after one more step at ``budget`` the ceiling could no longer
-      keep it (until then decode-only-sized steps run, and streams that finish meanwhile are spared);
-    * it keeps more requests within both budgets than it takes out: the prompt kept (1) against the
-      interactive streams still within their gap budget (``Sequence.gap_broken`` false) that the step puts
-      over it.  A stream that already missed a gap has nothing left to lose.
+    * no stream would be spared by waiting.  Refused, the prompt runs in ITL-sized steps until its deadline
+      is lost, and from then on in steps at the gap ceiling (``lost_grant``): every stream still decoding then
+      misses a gap anyway.  So the only streams a refusal or a wait spares are those within their gap budget so
+      far (``Sequence.gap_broken`` false) whose last token (``tokens_left``, at the ITL budget's steps) comes
+      before the last moment a ceiling step still keeps the deadline.  While there is one, and one more
+      ITL-sized step leaves the ceiling enough, not yet: decode-sized steps go on and it finishes within its
+      budget.  Otherwise the grant keeps one request more within both budgets (the prompt) and puts none over
+      that a refusal would not: it is granted.  A stream that already missed a gap has nothing left to lose.
 
-    The step granted is the smallest that keeps the deadline, with the model's recent error twice over as
-    margin on every step (as the ITL budget's steps have).  Every decode still takes its token in it."""
+    The step granted is at the ceiling (with the model's recent error twice over as margin, as the ITL budget's
+    own steps have): the gaps it puts over the ITL budget are missed whatever its size, and the prompt's first
+    token comes soonest.  Every decode still takes its token in it."""
     interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
     head = next((s for s in prompts if s.request_class != RequestClass.BACKGROUND), None)
     if not interactive or head is None or head.deadline_s is None or budget >= max_budget:
@@ -186,24 +196,17 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
         return None  # the ITL budget keeps it: the deadline is far enough
     ceiling = min(max_budget, int((gap_ceiling_ms - step_ms(0)) // max(step_ms(1) - step_ms(0), 1e-6)))
     if ceiling <= budget or done_s(now_s, left, ceiling) > head.deadline_s:
-        return None  # not even the ceiling keeps it: no gap is broken for a prompt that is late anyway
-    if done_s(now_s + step_ms(budget) / 1e3, left - budget, ceiling) <= head.deadline_s:
-        return None  # one more ITL-sized step and the ceiling still keeps it: not yet
-    # the smallest budget that keeps it: the fewest tokens a step over the most steps that still fit
+        return None  # not even the ceiling keeps it: lost_grant's case
+    # the streams a wait spares: within their gaps so far, and done before the last moment the ceiling keeps it
+    last_start_s = head.deadline_s - (done_s(now_s, left, ceiling) - now_s)
+    itl_step_s = step_ms(budget) / 1e3
+    spared = any(not s.gap_broken and tokens_left(s) * itl_step_s <= last_start_s - now_s for s in interactive)
+    if spared and done_s(now_s + itl_step_s, left - budget, ceiling) <= head.deadline_s:
+        return None  # not yet: one more ITL-sized step, and the streams finishing meanwhile stay within budget
     chosen = ceiling
-    for n_steps in range(math.ceil(left / budget), 0, -1):
-        b = math.ceil(left / n_steps)
-        if b > ceiling:
-            break  # fewer steps only need larger ones
-        if b > budget and done_s(now_s, left, b) <= head.deadline_s:
-            chosen = b
-            break
     predicted = step_ms(chosen)
     over = predicted > itl_budget_ms * STEP_SHARE_OF_ITL  # as the ITL budget's own steps aim
     n_broken = sum(1 for s in interactive if not s.gap_broken) if over else 0
-    n_kept = 1
-    if n_kept <= n_broken:
-        return None  # the streams it would put over their budget outweigh the prompt it keeps
     return DeadlineGrant(head.request_id, chosen, predicted, n_broken)
 
 
@@ -291,13 +294,13 @@ class StepPolicy:
         est = self.estimate() if self.adaptive and self.gap_ceiling_ms else None
         if est is None:
             return None
-        itl, ceiling_ms = self._step_itl_ms(), self.gap_ceiling_ms - self.between_steps_ms
+        # why at the step's share: a client sees the step after delivery, as with the ITL budget's own steps
+        itl, ceiling_ms = self._step_itl_ms(), (self.gap_ceiling_ms - self.between_steps_ms) * STEP_SHARE_OF_ITL
         max_budget = self.n_batch - len(decode)
         kept = deadline_grant(est, prompts, decode, now_s, itl, ceiling_ms, budget, max_budget, kv_in_use)
         if kept is not None:
             return kept
-        # why at the step's share: a client sees the step after delivery, as with the ITL budget's own steps
-        return lost_grant(est, prompts, decode, now_s, ceiling_ms * STEP_SHARE_OF_ITL, budget, max_budget, kv_in_use)
+        return lost_grant(est, prompts, decode, now_s, ceiling_ms, budget, max_budget, kv_in_use)
 
     def tokens_in_ms(self, ms: float, kv_in_use: int = 0) -> int:
         """The prompt tokens a step computes in ``ms`` (at least what ``ms`` holds; 0 unmeasured or fixed)."""
@@ -318,9 +321,14 @@ class StepPolicy:
     def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0,
               tokens_per_step: int = 1) -> list[Sequence]:
         """``prompts`` in serving order; ``tokens_per_step``: this step's prompt budget (``budget``), what the
-        deadline order assumes each step gives."""
+        deadline order assumes each step gives, or with a gap ceiling what a step at its share holds, if more
+        (a prompt whose deadline a grant keeps is not late: ``deadline_grant``)."""
         est = self.estimate()
         if est is None:
             return prompt_order(prompts, now_s, None)
+        if self.adaptive and self.gap_ceiling_ms:
+            ceiling_ms = (self.gap_ceiling_ms - self.between_steps_ms) * STEP_SHARE_OF_ITL
+            tokens_per_step = max(tokens_per_step, est.chunk_for_itl(ceiling_ms, n_decode, kv_in_use, lo=1,
+                                                                      hi=max(1, self.n_batch - n_decode)))
         return prompt_order(prompts, now_s, est.prompt_token_ms(kv_in_use), tokens_per_step=max(1, tokens_per_step),
                             step_ms=est.predict_ms(0, n_decode, kv_in_use))

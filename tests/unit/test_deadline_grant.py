@@ -27,10 +27,10 @@ def prompt(rid="doc", n=300, deadline=None, klass="interactive"):
                     request_class=klass, deadline_s=deadline)
 
 
-def streams(n=3, broken=True, klass="interactive"):
+def streams(n=3, broken=True, klass="interactive", tokens_left=31):
     out = []
     for i in range(n):
-        s = Sequence(request_id=f"chat-{i}", prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=32),
+        s = Sequence(request_id=f"chat-{i}", prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=1 + tokens_left),
                      request_class=klass, seq_id=i, n_prefilled=3, output_ids=[7], gap_broken=broken)
         out.append(s)
     return out
@@ -53,40 +53,47 @@ def test_the_itl_budget_s_steps_would_miss_the_deadline_that_a_ceiling_step_keep
     assert EST.predict_ms(62, 3) <= CEILING_MS < EST.predict_ms(63, 3) and done_s(62) == pytest.approx(1.485)
 
 
-def test_a_deadline_that_needs_it_now_gets_the_smallest_step_that_keeps_it():
+def test_a_deadline_that_needs_it_gets_a_step_at_the_ceiling():
     g = grant(1.5)
     assert g is not None and g.request_id == "doc" and g.n_gaps_broken == 0
-    assert ITL_CHUNK < g.budget <= 62 and g.step_ms == pytest.approx(EST.predict_ms(g.budget, 3))
-    assert done_s(g.budget) <= 1.5          # it keeps the deadline ...
-    assert done_s(g.budget - 1) > 1.5       # ... and one token less a step would not
-    assert g.step_ms <= CEILING_MS
+    assert g.budget == 62 and g.step_ms == pytest.approx(EST.predict_ms(62, 3)) and g.step_ms <= CEILING_MS
+    assert done_s(g.budget) <= 1.5  # it keeps the deadline, and its first token comes soonest
 
 
 def test_never_while_the_itl_budget_still_keeps_the_deadline():
     assert grant(1.8) is None and grant(60.0) is None
+    assert grant(1.8, decode=streams(3, broken=False)) is None
 
 
-def test_not_yet_when_one_more_itl_sized_step_leaves_the_ceiling_enough():
-    # 1.6 s: missed at 14 a step, kept at the ceiling even after one more 81 ms step: decode-sized steps go on
+def test_at_once_when_waiting_spares_no_stream():
+    # 1.6 s: missed at 14 a step, kept at the ceiling even after one more 81 ms step; but these streams run 31
+    # more tokens (2.5 s), so the prompt's ceiling steps would put them over their budget once it was lost anyway
     assert done_s(ITL_CHUNK) > 1.6 and 0.081 + done_s(62, 300 - ITL_CHUNK) <= 1.6
-    assert grant(1.6) is None
-    # the same prompt one step later, its deadline now 1.52 s away, 286 tokens left: granted
+    for decode in (streams(3, broken=True), streams(3, broken=False)):
+        g = grant(1.6, decode=decode)
+        assert g is not None and g.budget == 62
+    assert grant(1.6, decode=streams(3, broken=False)).n_gaps_broken == 3
+
+
+def test_not_yet_while_a_stream_within_its_budget_would_finish_first():
+    # the last moment the ceiling keeps it is 1.6 - 1.485 s away (115 ms): a stream with one token left (81 ms)
+    # finishes within its budget by then, so ITL-sized steps go on while one more leaves the ceiling enough
+    finishing = streams(3, broken=True)
+    finishing[0].gap_broken, finishing[0].params = False, SamplingParams(max_tokens=2)
+    assert grant(1.6, decode=finishing) is None
+    # the same prompt one step later, its deadline 1.52 s away with 286 tokens left: its last moment
     later = prompt(deadline=1.52)
     later.seq_id, later.n_prefilled = 9, ITL_CHUNK
-    assert grant(1.52, head=later) is not None
+    assert 0.081 + done_s(62, 300 - 2 * ITL_CHUNK) > 1.52
+    assert grant(1.52, head=later, decode=finishing) is not None
+    # a stream that already missed a gap is not waited for
+    finishing[0].gap_broken = True
+    assert grant(1.6, decode=finishing) is not None
 
 
 def test_never_for_a_prompt_that_not_even_the_ceiling_can_keep():
     assert done_s(62) > 1.4 and grant(1.4) is None
     assert grant(1.5, ceiling_ms=ITL_MS) is None  # a ceiling of one ITL budget grants nothing
-
-
-def test_streams_still_within_their_gaps_outweigh_the_one_prompt_kept():
-    assert grant(1.5, decode=streams(3, broken=False)) is None
-    one_clean = streams(3, broken=True)
-    one_clean[0].gap_broken = False
-    assert grant(1.5, decode=one_clean) is None  # one kept for one lost: no gain
-    assert grant(1.5, decode=streams(3, broken=True)) is not None
 
 
 def test_only_interactive_streams_and_prompts_count():
@@ -126,9 +133,9 @@ def scheduler(gap_ceiling_ms):
     return sched
 
 
-def run_streams(sched, n=3):
+def run_streams(sched, n=3, max_tokens=64):
     for s in streams(n, broken=False):
-        fresh = Sequence(request_id=s.request_id, prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=64))
+        fresh = Sequence(request_id=s.request_id, prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=max_tokens))
         sched.add(fresh)
     plan = sched.schedule(0.0)
     sched.postprocess(plan, {s.seq.request_id: 7 for s in plan.prefill}, t_s=0.0)
@@ -142,22 +149,39 @@ def test_the_scheduler_steps_with_the_grant_and_every_stream_still_takes_its_tok
     plan = sched.schedule(0.2)
     sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=0.2)
     assert all(s.gap_broken for s in sched.running)
-    sched.add(prompt(deadline=0.2 + 1.5))
+    sched.add(prompt(deadline=0.2 + 1.6))
     plan = sched.schedule(0.2)
     assert plan.grant is not None and plan.grant.request_id == "doc"
     assert len(plan.decode) == 3 and plan.prefill[0].n_tokens == plan.grant.budget == plan.budget > ITL_CHUNK
+    # the policy aims the step at the ceiling's share, as the ITL budget's own steps aim at theirs
+    assert plan.budget == EST.chunk_for_itl(CEILING_MS * STEP_SHARE_OF_ITL, 3)
 
 
-def test_the_scheduler_grants_nothing_without_a_ceiling_or_while_streams_keep_their_gaps():
+def test_the_scheduler_grants_nothing_without_a_ceiling_or_while_a_stream_within_its_budget_would_finish_first():
     for ceiling, gap_s in ((None, 0.2), (CEILING_MS, 0.05)):
         sched = scheduler(ceiling)
-        run_streams(sched)
+        run_streams(sched, max_tokens=3)  # one token left after the next step's: done in 81 ms
         plan = sched.schedule(gap_s)
         sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=gap_s)
         assert all(s.gap_broken is (gap_s > ITL_MS / 1e3) for s in sched.running)
-        sched.add(prompt(deadline=gap_s + 1.5))
+        sched.add(prompt(deadline=gap_s + 1.6))
         plan = sched.schedule(gap_s)
         assert plan.grant is None and plan.prefill[0].n_tokens == plan.budget == ITL_CHUNK
+
+
+def test_the_scheduler_gives_the_others_no_more_than_the_itl_budget_when_the_granted_prompt_waits():
+    sched = scheduler(CEILING_MS)
+    sched.allocator = type(sched.allocator)(n_seq_max=4, n_ctx=4096)  # three chats and one prefill: ids full
+    run_streams(sched)
+    part_way = prompt(rid="turn", n=300, deadline=30.0)  # a far deadline: admitted, ITL-sized steps
+    sched.add(part_way)
+    sched.postprocess(sched.schedule(0.0), {s.request_id: 7 for s in sched.running if not s.is_prefilling})
+    for s in sched.running:
+        s.gap_broken = True
+    sched.add(prompt(deadline=1.7))  # granted at the ceiling, but no sequence id is free for it
+    plan = sched.schedule(0.1)
+    assert plan.grant is None and [sl.seq.request_id for sl in plan.prefill] == ["turn"]
+    assert plan.prefill[0].n_tokens == plan.budget == ITL_CHUNK
 
 
 # its decisions are visible: the gate counts them for /status and /metrics, and the stall attribution names them
@@ -221,7 +245,7 @@ def test_a_worker_steps_the_grant_and_its_step_record_names_the_prompt():
     for s in loop.scheduler.running:
         s.gap_broken = True  # each already missed a gap (a slow step before)
     loop.handle(SubmitRequest("doc", tuple(model.tokenize("x" * 300)), SamplingParams(max_tokens=4),
-                              deadline_s=1.5))
+                              deadline_s=1.6))
     loop.step(loop.scheduler.schedule(0.0))
     step = out.of_type(StepReport)[-1].step
     assert step.granted_to == "doc" and set(step.decode_request_ids) == {"chat-0", "chat-1", "chat-2"}
