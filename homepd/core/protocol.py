@@ -159,6 +159,7 @@ class StepRecord:
     kv_in_use: int = 0                    # KV cells of every running sequence (its tokens attend over them)
     granted_to: str | None = None         # a step past the ITL budget: the prompt whose TTFT deadline needed it
     grant_lost: bool = False              # that prompt's deadline was lost anyway: a step at the gap ceiling
+    store_ms: float = 0.0                 # KV store saves and restores run since the previous step (streams waited)
 
     @property
     def n_decode_tokens(self) -> int:

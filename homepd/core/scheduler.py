@@ -67,6 +67,7 @@ class StepPlan:
     reused: tuple[Sequence, ...] = ()  # admitted this step from a cached prefix (``Sequence.n_reused`` tokens)
     grant: DeadlineGrant | None = None  # the step is past the ITL budget for this prompt's TTFT deadline
     paused: tuple[Sequence, ...] = ()  # prefills that gave their sequence id to a prompt ahead (KV kept, cached)
+    store_ms: float = 0.0  # the KV store's saves and restores since the last plan: the streams wait for them too
 
     @property
     def n_decode_tokens(self) -> int:
@@ -183,6 +184,7 @@ class Scheduler:
         itl_budget = budget
         if grant is not None:
             budget = grant.budget
+        store_ms_before = self._store_ms_seen
         budget = self._less_store_time(budget, kv_in_use)  # saves and restores since the last step
         planned = budget
         slices: list[PrefillSlice] = []
@@ -215,6 +217,7 @@ class Scheduler:
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
                         kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices) + sum(s.n_reused for s in reused),
                         evicted=evicted, reused=tuple(reused), paused=paused,
+                        store_ms=self._store_ms_seen - store_ms_before,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
                         else None)
 

@@ -103,7 +103,8 @@ def render_run(record: RunRecord, kinds: list[str] | None = None, n_stalls: int 
             who = ", ".join(f"{c.request_id} ({c.n_prompt_tokens} prompt tokens, {c.held_ms:.0f} ms"
                             f"{'' if c.same_step else ', concurrent'}{c.grant_note})"
                             for c in st.culprits[:3]) or "no prompt"
-            out.append(f"  {st.request_id} token {st.token_index}: {st.gap_ms:.0f} ms gap, held by {who}")
+            store = f", KV store saves and restores {st.store_ms:.0f} ms" if st.store_ms >= 1 else ""
+            out.append(f"  {st.request_id} token {st.token_index}: {st.gap_ms:.0f} ms gap, held by {who}{store}")
     for ev in record.worker_events:
         extra = f", back after {ev.recovery_s:.2f} s" if ev.recovery_s is not None else ""
         held = (f"; resumed {len(ev.resumed_from_extent)} from their extent, {len(ev.recomputed_requests)} by "

@@ -10,7 +10,9 @@ steps that overlap the gap are named instead, as concurrent contenders.  A
 step the policy granted past the ITL budget to a prompt's TTFT deadline
 (``StepRecord.granted_to``) says so: that gap was chosen, not suffered; and
 so does one run at the gap ceiling for a prompt whose deadline was lost
-anyway (``StepRecord.grant_lost``).
+anyway (``StepRecord.grant_lost``).  The KV store's saves and restores run between two steps
+(``StepRecord.store_ms``, before the step that records them), and a stream waits for them as for a step: a
+gap says how much of it they took.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class Stall:
     token_index: int         # the token that came late
     gap_ms: float
     culprits: tuple[Culprit, ...]
+    store_ms: float = 0.0    # the KV store's saves and restores between its worker's steps in the gap
 
     @property
     def worst(self) -> Culprit | None:
@@ -88,7 +91,8 @@ def attribute_gaps(gaps_by_request: list[tuple[str, list[Gap]]], steps: list[Ste
     for request_id, gaps in gaps_by_request:
         for g in gaps:
             culprits = _in_gap(by_role, ends, request_id, g.t_prev_s, g.t_s)
-            out.append(Stall(request_id, g.token_index, g.gap_ms, tuple(culprits)))
+            store_ms = _store_in_gap(by_role, ends, request_id, g.t_prev_s, g.t_s)
+            out.append(Stall(request_id, g.token_index, g.gap_ms, tuple(culprits), store_ms))
     out.sort(key=lambda st: -st.gap_ms)
     return out
 
@@ -120,6 +124,22 @@ def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culpri
     return sorted((Culprit(rid, int(n), ms, same, rid in granted, rid in lost)
                    for (rid, same), (n, ms) in held.items()),
                   key=lambda c: -c.held_ms)
+
+
+def _store_in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> float:
+    """The KV store's time on the stream's own worker between ``t0`` and ``t1``: the ``store_ms`` of the steps
+    that started in the gap (their saves and restores ran just before them), at most the gap."""
+    own = _role_of(by_role, ends, request_id, t1)
+    if own is None:
+        return 0.0
+    ss = by_role[own]
+    i = bisect.bisect_right(ends[own], t0)
+    ms = 0.0
+    while i < len(ss) and ss[i].t_start_s <= t1:
+        if ss[i].t_start_s > t0:
+            ms += ss[i].store_ms
+        i += 1
+    return min(ms, (t1 - t0) * 1e3)
 
 
 def _role_of(by_role, ends, request_id: str, t_token: float) -> str | None:

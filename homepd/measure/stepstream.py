@@ -12,8 +12,10 @@ gap and the gaps over the ITL target (the ``limit`` largest), which
 ``homepd.measure.stalls.attribute_gaps`` attributes on the sampled steps.
 
 The JSON is compact (a step is a list, not an object; the step policy's
-budget and KV fill are left out) and decoded once, here, with
-``RecordShapeError`` naming what is wrong.
+budget and KV fill are left out; what stall attribution names — a grant, the
+KV store's time before the step — is kept, and a step of an older service
+without it reads as none) and decoded once, here, with ``RecordShapeError``
+naming what is wrong.
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ class StepSample:
         return {"t_s": self.t_s, "n_steps": self.n_steps, "n_decode_tokens": self.n_decode_tokens,
                 "max_decode_step_ms": self.max_decode_step_ms,
                 "steps": [[s.worker_role, s.index, s.t_start_s, s.t_end_s, list(s.decode_request_ids),
-                           [[rid, n] for rid, n in s.prefill]] for s in self.steps]}
+                           [[rid, n] for rid, n in s.prefill], s.granted_to, s.grant_lost, s.store_ms]
+                          for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "StepSample":
@@ -77,11 +80,14 @@ class StepSample:
 
 
 def _step(v: list) -> StepRecord:
-    role, index, t_start_s, t_end_s, decode_ids, prefill = v
-    if not isinstance(role, str) or not all(isinstance(r, str) for r in decode_ids):
+    role, index, t_start_s, t_end_s, decode_ids, prefill, *attribution = v
+    granted_to, grant_lost, store_ms = attribution if attribution else (None, False, 0.0)  # an older service's
+    if not isinstance(role, str) or not all(isinstance(r, str) for r in decode_ids) or \
+            not (granted_to is None or isinstance(granted_to, str)) or not isinstance(grant_lost, bool):
         raise TypeError(f"step {v!r:.60}")
     return StepRecord(role, int(index), float(t_start_s), float(t_end_s), tuple(decode_ids),
-                      tuple((str(rid), int(n)) for rid, n in prefill))
+                      tuple((str(rid), int(n)) for rid, n in prefill), granted_to=granted_to,
+                      grant_lost=grant_lost, store_ms=float(store_ms))
 
 
 class StepSampler:

@@ -113,15 +113,18 @@ def stall_text(stall: Stall | None) -> str:
     """'412 ms ← req-7 (256 tok, same step)': the longest gap and the prompt whose prefill held it most
     ('beside': on the prefill worker, concurrently; 'granted to its deadline': a step the policy ran past the
     ITL budget so that req-7 kept its TTFT budget; 'at the gap ceiling, its deadline lost': one it ran as long
-    as the ceiling for a req-7 late anyway); '' when the request never stalled."""
+    as the ceiling for a req-7 late anyway; 'KV store 150 ms': saves and restores between steps in the gap);
+    '' when the request never stalled."""
     if stall is None:
         return ""
+    store = f"KV store {stall.store_ms:.0f} ms" if stall.store_ms >= 1 else ""
     worst = stall.worst
     if worst is None:
-        return f"{stall.gap_ms:.0f} ms gap (no prompt in it)"
+        return f"{stall.gap_ms:.0f} ms ← {store}" if store else f"{stall.gap_ms:.0f} ms gap (no prompt in it)"
     where = ("same step" if worst.same_step else "beside") + worst.grant_note
     more = f" +{len(stall.culprits) - 1}" if len(stall.culprits) > 1 else ""
-    return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}"
+    return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}" + \
+        (f", {store}" if store else "")
 
 
 def request_row(t: RequestTimings, itl_max_ms: float | None = None, stall: Stall | None = None) -> RequestRow:

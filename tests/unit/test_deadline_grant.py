@@ -217,6 +217,27 @@ def test_a_gap_granted_to_a_deadline_is_counted_and_named_in_the_stall_it_made()
     assert stall_text(stall) == "200 ms ← doc (40 tok, same step, at the gap ceiling, its deadline lost)"
 
 
+def test_the_kv_store_s_time_between_two_steps_is_named_in_the_gap_it_made():
+    from homepd.measure.stalls import attribute_gaps, gaps_over
+    from homepd.tui.derive import stall_text
+
+    # a restore of 150 ms before the step at 0.23: chat-0 waited 0.05 -> 0.28 for its token
+    steps = [StepRecord("colocated", 1, 0.00, 0.05, ("chat-0",), ()),
+             StepRecord("colocated", 2, 0.20, 0.28, ("chat-0",), (("turn", 1),), store_ms=150.0),
+             StepRecord("colocated", 3, 0.28, 0.33, ("chat-0",), (("turn", 9),))]
+    (stall,) = attribute_gaps([("chat-0", gaps_over([0.05, 0.28, 0.33], 100.0))], steps)
+    assert stall.store_ms == 150.0 and stall.worst.request_id == "turn"
+    assert stall_text(stall) == "230 ms ← turn (1 tok, same step), KV store 150 ms"
+    # a gap with the store's time and no prompt in it
+    alone = [steps[0], StepRecord("colocated", 2, 0.20, 0.28, ("chat-0",), (), store_ms=150.0)]
+    (bare,) = attribute_gaps([("chat-0", gaps_over([0.05, 0.28], 100.0))], alone)
+    assert bare.worst is None and stall_text(bare) == "230 ms ← KV store 150 ms"
+    # store time before a step outside the gap is not this gap's
+    (none,) = attribute_gaps([("chat-0", gaps_over([0.28, 0.45], 100.0))],
+                             [*steps[:2], StepRecord("colocated", 3, 0.30, 0.45, ("chat-0",), ())])
+    assert none.store_ms == 0.0 and stall_text(none) == "170 ms gap (no prompt in it)"
+
+
 def worker_with_three_chats():
     """A worker on the fake backend whose step model prices steps as EST, with three chats decoding:
     (model, loop, outbox)."""

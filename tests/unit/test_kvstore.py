@@ -378,6 +378,7 @@ def test_a_step_after_a_save_gives_up_the_prompt_tokens_the_save_took(save_ms, w
         full = policy.budget(streams)  # what the step would carry after no save
         plan = s.schedule()
         assert [m for m in sent if isinstance(m, StoreSaved)] and store.busy_ms == save_ms  # a went to the store
+        assert plan.store_ms == save_ms  # the step log says what the streams waited for before it
         (sl,) = plan.prefill
         assert sl.seq is turn
         if save_ms:

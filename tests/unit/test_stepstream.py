@@ -58,9 +58,15 @@ def test_under_the_bound_every_step_is_sent():
 
 def test_a_sample_survives_its_json_and_a_mistyped_one_is_refused_by_name():
     steps = [StepRecord("prefill", 3, 1.5, 1.75, (), (("r1", 64), ("r2", 8))),
-             StepRecord("decode", 9, 1.5, 1.52, ("r0", "r3"), ())]
+             StepRecord("decode", 9, 1.5, 1.52, ("r0", "r3"), ()),
+             StepRecord("colocated", 4, 1.6, 1.77, ("r0",), (("doc", 40),), granted_to="doc", grant_lost=True,
+                        store_ms=152.5)]
     sample = StepSample.of(steps, 2.0)
     assert StepSample.from_dict(json.loads(json.dumps(sample.to_dict()))) == sample
+    # an older service's step (no grant, no store time) reads as neither
+    old = sample.to_dict()
+    old["steps"] = [s[:6] for s in old["steps"]]
+    assert [(s.granted_to, s.grant_lost, s.store_ms) for s in StepSample.from_dict(old).steps] == [(None, False, 0.0)] * 3
     body = sample.to_dict()
     body["steps"][0][4] = [7]                                       # a decode id that is not a string
     with pytest.raises(RecordShapeError, match="steps event"):
