@@ -209,6 +209,8 @@ class AdmissionSnapshot:
     route_reused_tokens: int = 0               # ... and the tokens those workers reported reusing
     # steps granted past the ITL budget so that a prompt kept its TTFT deadline (a gap granted to a deadline)
     deadline_grants_by_worker: dict[str, int] = field(default_factory=dict)
+    # steps run at the gap ceiling for a prompt whose TTFT deadline was lost anyway (steppolicy.lost_grant)
+    lost_grants_by_worker: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ class AdmissionGate:
         self.estimates: dict[str, StepEstimate | None] = {}
         self.last_budget: dict[str, int] = {}
         self.deadline_grants: dict[str, int] = {}  # steps granted past the ITL budget to a TTFT deadline
+        self.lost_grants: dict[str, int] = {}  # steps at the gap ceiling for a prompt whose deadline was lost
         self.counts: dict[RequestClass, Counter[str]] = {c: Counter() for c in RequestClass}
         self.errors_ms: deque[float] = deque(maxlen=MAX_ERRORS)
         self.handoff_ms_per_token: float | None = None
@@ -88,7 +89,8 @@ class AdmissionGate:
         if step.budget:
             self.last_budget[worker] = step.budget
         if step.granted_to is not None:
-            self.deadline_grants[worker] = self.deadline_grants.get(worker, 0) + 1
+            grants = self.lost_grants if step.grant_lost else self.deadline_grants
+            grants[worker] = grants.get(worker, 0) + 1
 
     def estimate(self, worker: str) -> StepEstimate | None:
         """The worker's published step-time estimate, once its model has seen enough steps with prompt tokens
@@ -218,4 +220,5 @@ class AdmissionGate:
             route_threshold_tokens=self.route_threshold,
             routed_by_reason={r.value: n for r, n in sorted(self.route_reasons.items())},
             route_predicted_cached_tokens=self.route_predicted_cached_tokens,
-            route_reused_tokens=self.route_reused_tokens, deadline_grants_by_worker=dict(self.deadline_grants))
+            route_reused_tokens=self.route_reused_tokens, deadline_grants_by_worker=dict(self.deadline_grants),
+            lost_grants_by_worker=dict(self.lost_grants))

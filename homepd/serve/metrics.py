@@ -190,6 +190,12 @@ def _admission_metrics(adm):
     for role, n in sorted(adm.deadline_grants_by_worker.items()):
         grants.add_metric([role], n)
     yield grants
+    lost = CounterMetricFamily("homepd_lost_deadline_steps", "Steps run as long as --gap-ceiling for an interactive "
+                               "prompt whose TTFT budget was lost anyway (it still counts in the mean TTFT and holds "
+                               "a sequence id): a gap given to a late prompt", labels=["role"])
+    for role, n in sorted(adm.lost_grants_by_worker.items()):
+        lost.add_metric([role], n)
+    yield lost
     if adm.ttft_error_mean_ms is not None:
         yield _gauge("homepd_ttft_prediction_error_mean_seconds", "Mean |predicted - actual| TTFT of finished "
                      "requests", adm.ttft_error_mean_ms / 1e3)

@@ -95,6 +95,8 @@ def admission_lines(adm: AdmissionSnapshot | None) -> dict:
         text += f" · TTFT predicted ±{adm.ttft_error_mean_ms:.0f} ms (p90 {adm.ttft_error_p90_ms:.0f})"
     if n_grants := sum(adm.deadline_grants_by_worker.values()):
         text += f" · {n_grants} gap{'s' if n_grants > 1 else ''} granted to a deadline"
+    if n_lost := sum(adm.lost_grants_by_worker.values()):
+        text += f" · {n_lost} at the ceiling for a lost deadline"
     if adm.routed_local or adm.routed_remote:
         text += f" · routed local {adm.routed_local} / remote {adm.routed_remote}"
     return {"classes": tuple(classes), "budgets": text.lstrip(" ·")}

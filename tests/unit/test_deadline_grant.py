@@ -190,18 +190,24 @@ def test_a_gap_granted_to_a_deadline_is_counted_and_named_in_the_stall_it_made()
     from homepd.engine.gate import AdmissionGate, WorkerLoad
     from homepd.measure.stalls import attribute_gaps, gaps_over
     from homepd.serve.metrics import _admission_metrics
-    from homepd.tui.derive import stall_text
+    from homepd.tui.derive import admission_lines, stall_text
 
     steps = [StepRecord("colocated", 1, 0.00, 0.08, ("chat-0",), (("doc", 14),), budget=14),
              StepRecord("colocated", 2, 0.08, 0.30, ("chat-0",), (("doc", 43),), budget=43, granted_to="doc"),
              StepRecord("colocated", 3, 0.30, 0.38, ("chat-0",), (("other", 14),), budget=14)]
     gate = AdmissionGate(EngineConfig(backend="fake"))
-    for s in steps:
+    lost_steps = [StepRecord("colocated", 4 + i, 0.38 + 0.2 * i, 0.58 + 0.2 * i, ("chat-0",), (("late", 40),),
+                             budget=40, granted_to="late", grant_lost=True) for i in range(2)]
+    for s in [*steps, *lost_steps]:
         gate.observe("colocated", s, None)
     snap = gate.snapshot(WorkerLoad({}, {}, 0, 0), {})
-    assert snap.deadline_grants_by_worker == {"colocated": 1}
-    family = next(f for f in _admission_metrics(snap) if f.name == "homepd_deadline_grants")
-    assert [(s.labels["role"], s.value) for s in family.samples if s.name.endswith("_total")] == [("colocated", 1)]
+    # a lost prompt's ceiling steps are counted apart: no deadline was kept by them
+    assert snap.deadline_grants_by_worker == {"colocated": 1} and snap.lost_grants_by_worker == {"colocated": 2}
+    metrics = {f.name: f for f in _admission_metrics(snap)}
+    for name, n in (("homepd_deadline_grants", 1), ("homepd_lost_deadline_steps", 2)):
+        assert [(s.labels["role"], s.value) for s in metrics[name].samples if s.name.endswith("_total")] == \
+            [("colocated", n)]
+    assert "1 gap granted to a deadline · 2 at the ceiling for a lost deadline" in admission_lines(snap)["budgets"]
 
     stalls = attribute_gaps([("chat-0", gaps_over([0.0, 0.08, 0.30, 0.38], 100.0))], steps)
     assert len(stalls) == 1 and stalls[0].worst.request_id == "doc" and stalls[0].worst.deadline_grant
