@@ -34,6 +34,9 @@ def register(subparsers) -> None:
     e.add_argument("--llama-bench", metavar="PATH", default=None,
                    help="llama-bench binary, the reference row (default: the one benchmarks/build_llama_server.py "
                         "builds into .cache/llama-server)")
+    e.add_argument("--gpu", type=int, default=None, metavar="INDEX",
+                   help="offload the engine's worker (and so the references) to this GPU (needs a CUDA build); "
+                        "default: the CPU, every GPU hidden")
     e.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     e.set_defaults(func=_run_engine)
     _register_slo(sub)
@@ -42,7 +45,8 @@ def register(subparsers) -> None:
 
 def _run_engine(args: argparse.Namespace) -> int:
     out = bench_engine(args.model, args.threads, args.prompt_tokens, args.gen_tokens, args.chunk, args.repeat,
-                       kv_tokens=args.kv_tokens, arena_requests=args.arena_requests, llama_bench=args.llama_bench)
+                       kv_tokens=args.kv_tokens, arena_requests=args.arena_requests, llama_bench=args.llama_bench,
+                       gpu_index=args.gpu)
     print(f"model {out['model']}  n_threads={out['n_threads']}  chunk={out['chunk']}  "
           f"prompt={out['n_prompt_tokens']} tok  gen={out['n_gen_tokens']} tok, decoded after the prompt "
           f"(median [min-max] of {out['repeat']} interleaved rounds, each run alone)")

@@ -141,7 +141,7 @@ def _interleaved_runs(config: EngineConfig, prompt_ids: list[int], prompt_text: 
                     lb_runs.append(run_llama_bench(llama_bench, spec.model_path, spec.n_threads, len(prompt_ids),
                                                    # why: the reference runs where and as the worker does
                                                    n_gen, config.chunk, spec.offload_layers, spec.cpu_cores,
-                                                   spec.flash_attn))
+                                                   spec.flash_attn, spec.cuda_visible_devices))
                     continue
                 before, t0 = read_tasks(ref.pid), time.monotonic()
                 engine_runs.append(asyncio.run(_engine_round(config, setup, prompt_text, n_gen)))
@@ -255,7 +255,7 @@ def bench_arena_trace(model_path: str, n_requests: int, n_ctx: int = 4096, seed:
 
 def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, chunk: int | None,
                  repeat: int, n_ctx: int | None = None, kv_tokens: int = 0, arena_requests: int = 0,
-                 llama_bench: str | None = None) -> dict:
+                 llama_bench: str | None = None, gpu_index: int | None = None) -> dict:
     """Run the engine against llama.cpp's own loop (``llama-bench``: ``llama_bench``, else the build cache's)
     and the Python loop; return a flat dict of figures (medians over ``repeat``, with their min and max),
     the checks on the references, and the guard's verdicts (engine / llama-bench; UNCHECKED without it)."""
@@ -272,7 +272,7 @@ def bench_engine(model: str, n_threads: int | None, n_prompt: int, n_gen: int, c
     # tok/s in 512 cells and 46.4 in 4,096, which the guard read as the engine's cost
     n_ctx = n_ctx or reference_n_ctx(n_prompt, n_gen)
     config = EngineConfig(model=path, n_ctx=n_ctx, n_seq_max=4, chunk=chunk, adaptive_chunk=False,
-                          n_threads=n_threads, prefix_cache=False).validated()
+                          n_threads=n_threads, prefix_cache=False, gpu_index=gpu_index).validated()
     llm = LlamaModel(path)
     try:
         prompt_ids = make_prompt(llm, n_prompt)

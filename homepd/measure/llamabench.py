@@ -80,15 +80,20 @@ def parse_tests(stdout: str) -> list[dict]:
 
 def run_round(binary: Path, model: str, n_threads: int, n_prompt: int, n_gen: int, chunk: int | None,
               n_gpu_layers: int = 0, cpu_cores: tuple[int, ...] | None = None,
-              flash_attn: bool = False) -> LlamaBenchRun:
-    """One round (prompt, then decode), each invocation pinned to ``cpu_cores`` (the engine worker's)."""
+              flash_attn: bool = False, cuda_visible_devices: str | None = None) -> LlamaBenchRun:
+    """One round (prompt, then decode), each invocation pinned to ``cpu_cores`` and seeing the GPUs of
+    ``cuda_visible_devices`` (the engine worker's; None: this process's)."""
+    # why the worker's GPUs too: a CUDA build runs a large batch's matrix products on a visible GPU even with
+    # -ngl 0, so on an H200 a CPU worker's reference read 14,002 prompt tok/s against the worker's 2,308
+    env = None if cuda_visible_devices is None else {**os.environ, "CUDA_VISIBLE_DEVICES": cuda_visible_devices}
+
     def pin():
         if cpu_cores:
             os.sched_setaffinity(0, cpu_cores)
 
     speeds, threads = [], set()
     for argv in llama_bench_argv(binary, model, n_threads, n_prompt, n_gen, chunk, n_gpu_layers, flash_attn):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=pin)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=pin, env=env)
         if done.returncode != 0:
             raise LlamaBenchError(f"llama-bench exited {done.returncode}: {done.stderr[-500:]}")
         (test,) = parse_tests(done.stdout)

@@ -13,6 +13,8 @@ from homepd.measure.llamabench import (LlamaBenchError, find_llama_bench, llama_
 STAND_IN = """#!{python}
 import json, os, sys
 a = sys.argv[1:]
+if os.environ.get("LB_ENV_OUT"):
+    open(os.environ["LB_ENV_OUT"], "a").write(repr(os.environ.get("CUDA_VISIBLE_DEVICES")) + "\\n")
 if os.environ.get("LB_FAIL"):
     sys.stderr.write("error: failed to load model\\n"); sys.exit(1)
 v = lambda flag: int(a[a.index(flag) + 1])
@@ -53,6 +55,17 @@ def test_a_round_reads_each_invocation_s_speed_on_the_given_cores(stand_in):
     assert run.prompt_tok_s == 132.0                      # 100 + the batch it was given
     assert run.decode_tok_s == 10.0 + 2.56 + core         # at depth 256, pinned to ``core``
     assert run.n_threads == 2 and run.cpu_affinity == (core,)
+
+
+def test_a_round_sees_the_gpus_the_worker_sees(stand_in, monkeypatch, tmp_path):
+    # a CPU worker hides every GPU (""); a CUDA build would still run a large batch on a visible one
+    seen = tmp_path / "env"
+    monkeypatch.setenv("LB_ENV_OUT", str(seen))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    run_round(stand_in, "m.gguf", 1, 16, 4, None, cuda_visible_devices="")
+    run_round(stand_in, "m.gguf", 1, 16, 4, None, cuda_visible_devices="GPU-1b78")
+    run_round(stand_in, "m.gguf", 1, 16, 4, None)  # this process's
+    assert seen.read_text().split() == ["''"] * 2 + ["'GPU-1b78'"] * 2 + ["'0'"] * 2
 
 
 def test_a_failing_llama_bench_is_an_error_with_its_message(stand_in, monkeypatch):
