@@ -109,6 +109,7 @@ class PrefixReuse:
         self.index = PrefixIndex()
         self.n_lookups = self.n_hits = self.n_lookup_tokens = self.n_hit_tokens = self.n_evictions = 0
         self.n_store_hits = self.n_store_hit_tokens = 0
+        self.n_pauses = self.n_pause_resumed_tokens = 0  # prefills paused here; what they took back resuming
 
     def keep(self, seq: Sequence) -> bool:
         """seq (running, holding its sequence id) leaves: keep its KV as an entry.  False if nothing to keep
@@ -124,6 +125,14 @@ class PrefixReuse:
         self.index.insert(seq.seq_id, tokens)
         while self.allocator.n_cells_cached_only > self.max_cached_cells and self.evict_lru():
             pass
+        return True
+
+    def pause(self, seq: Sequence) -> bool:
+        """seq's prefill gives its sequence id to a prompt ahead: its computed KV is kept as an entry (``keep``),
+        which it takes back when it resumes.  False if nothing could be kept."""
+        if not self.keep(seq):
+            return False
+        self.n_pauses += 1
         return True
 
     def expected_reuse(self, seq: Sequence) -> int:
@@ -158,8 +167,9 @@ class PrefixReuse:
         """Give waiting seq (nothing prefilled) the cached entry matching its prompt longest, reserving
         ``n_cells`` under that entry's id, and mark the kept prefix as prefilled.  False: nothing matched
         (or the context refused the trim); seq has no id then."""
-        self.n_lookups += 1
-        self.n_lookup_tokens += seq.n_prompt
+        if not seq.n_pauses:  # a paused prefill resuming is not a new prompt looked up
+            self.n_lookups += 1
+            self.n_lookup_tokens += seq.n_prompt
         match = self._context_match(seq)
         if self.store is not None:
             hit = self.store.lookup(seq.prompt_ids, self.mode, seq.n_prompt - 1)
@@ -224,12 +234,16 @@ class PrefixReuse:
             return False
         self._reused(seq, seq_id, min(n_got, seq.n_prompt - 1))
         seq.is_restored = True
-        self.n_store_hits += 1
-        self.n_store_hit_tokens += seq.n_reused
+        if not seq.n_pauses:
+            self.n_store_hits += 1
+            self.n_store_hit_tokens += seq.n_reused
         return True
 
     def _reused(self, seq: Sequence, seq_id: int, n_keep: int) -> None:
         seq.seq_id, seq.n_prefilled, seq.n_reused = seq_id, n_keep, n_keep
+        if seq.n_pauses:  # it takes back what it computed itself before its pause: no cache hit
+            self.n_pause_resumed_tokens += n_keep
+            return
         self.n_hits += 1
         self.n_hit_tokens += n_keep
 
@@ -266,4 +280,5 @@ class PrefixReuse:
             n_store_entries=self.store.n_entries if self.store is not None else 0,
             store_bytes=self.store.used_bytes if self.store is not None else 0,
             n_store_hits=self.n_store_hits, n_store_hit_tokens=self.n_store_hit_tokens,
-            n_store_no_room=self.store.n_no_room if self.store is not None else 0)
+            n_store_no_room=self.store.n_no_room if self.store is not None else 0,
+            n_pauses=self.n_pauses, n_pause_resumed_tokens=self.n_pause_resumed_tokens)

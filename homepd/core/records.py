@@ -85,6 +85,8 @@ class PrefixCacheStats:
     n_store_hits: int = 0         # of the hits, prompts restored from the store
     n_store_hit_tokens: int = 0   # tokens they restored
     n_store_no_room: int = 0      # saves refused because /dev/shm had no room for their pages
+    n_pauses: int = 0             # prefills that gave their sequence id to an interactive prompt ahead (KV kept)
+    n_pause_resumed_tokens: int = 0  # prompt tokens those took back resuming (not computed, and not hits)
     mode: ReuseMode = ReuseMode.OFF  # what llama.cpp allows for this cache type (off, any prefix, exact)
 
     @property

@@ -257,7 +257,7 @@ class Scheduler:
         if self.allocator.n_cells_reserved - self.allocator.n_cells_of(victim.seq_id) + self.cells_needed(blocked) \
                 + headroom > self.allocator.n_ctx:
             return ()  # it waits for cells too: pausing would not let it in
-        if not self.prefixes.keep(victim):
+        if not self.prefixes.pause(victim):
             return ()
         self.running.remove(victim)
         victim.pause()

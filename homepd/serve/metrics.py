@@ -227,6 +227,10 @@ PREFIX_CACHE_SERIES = (
      "Prompt tokens restored from the KV store (not computed)"),
     ("homepd_kv_store_no_room", "counter", "n_store_no_room",
      "Saves to the KV store refused because /dev/shm had no room for their pages"),
+    ("homepd_prefill_pauses", "counter", "n_pauses",
+     "Prefills that gave their sequence id to an interactive prompt ahead, their computed KV kept"),
+    ("homepd_prefill_pause_resumed_tokens", "counter", "n_pause_resumed_tokens",
+     "Prompt tokens paused prefills took back when they resumed (not computed again; not cache hits)"),
 )
 
 

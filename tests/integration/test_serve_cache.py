@@ -76,7 +76,7 @@ def test_metrics_have_prefix_cache_series_per_worker_with_help(client):
     for name in ("homepd_prefix_cache_lookups", "homepd_prefix_cache_hits", "homepd_prefix_cache_hit_tokens",
                  "homepd_prefix_cache_lookup_tokens", "homepd_prefix_cache_evictions", "homepd_prefix_cache_bytes",
                  "homepd_prefix_cache_entries", "homepd_prefix_cache_hit_ratio", "homepd_kv_store_bytes",
-                 "homepd_kv_store_entries"):
+                 "homepd_kv_store_entries", "homepd_prefill_pauses", "homepd_prefill_pause_resumed_tokens"):
         family = families[name]
         assert family.documentation, name
         assert [s.labels for s in family.samples if not s.name.endswith("_created")] == [{"worker": "colocated"}]

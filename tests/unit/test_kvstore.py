@@ -301,6 +301,7 @@ def test_a_prefill_gives_its_id_to_an_interactive_prompt_ahead_and_takes_back_wh
     doc = three_chats_and_a_document_part_way(s, ctx)
     assert len(s.running) == 4 and not s.allocator.free_seq_ids and doc.is_prefilling  # every id held
     computed = doc.n_prefilled
+    before = s.prefixes.stats()
     turn = request("turn", range(9000, 9010), max_tokens=2)
     s.add(turn)
     plan = step(s, ctx)
@@ -313,6 +314,13 @@ def test_a_prefill_gives_its_id_to_an_interactive_prompt_ahead_and_takes_back_wh
     resumed = next(sl for p in plans for sl in p.prefill if sl.seq is doc)
     assert doc.n_reused == computed == resumed.start and doc.is_restored
     assert sum(sl.n_tokens for p in plans for sl in p.prefill if sl.seq is doc) == doc.n_prompt - computed
+    # counted as a pause and its resume, not as a prompt looked up and served from the cache or the store
+    after = s.prefixes.stats()
+    assert (after.n_pauses, after.n_pause_resumed_tokens) == (1, computed)
+    turn_lookup = len(turn.prompt_ids)
+    assert (after.n_lookups, after.n_lookup_tokens) == (before.n_lookups + 1, before.n_lookup_tokens + turn_lookup)
+    assert (after.n_hits, after.n_hit_tokens, after.n_store_hits, after.n_store_hit_tokens) == \
+        (before.n_hits, before.n_hit_tokens, before.n_store_hits, before.n_store_hit_tokens)
 
 
 def test_without_a_store_a_prefill_keeps_its_id_and_the_prompt_ahead_waits():
