@@ -282,6 +282,11 @@ class StepPolicy:
                    prompt_budget(self.estimate(), n_decode, n_interactive_decode, itl, kv_in_use,
                                  min_chunk=self.min_chunk, max_chunk=self.n_batch, idle_step_ms=self.idle_step_ms))
 
+    def _step_ceiling_ms(self) -> float:
+        """The longest step the gap ceiling allows: the ceiling less the time between steps, at the step's share
+        (a client sees the step after delivery, as with the ITL budget's own steps)."""
+        return (self.gap_ceiling_ms - self.between_steps_ms) * STEP_SHARE_OF_ITL
+
     def _step_itl_ms(self) -> float:
         """The ITL budget a step may use: the budget less the time spent between steps (at the step's share)."""
         return max(1.0, self.itl_budget_ms - self.between_steps_ms / STEP_SHARE_OF_ITL)
@@ -294,8 +299,7 @@ class StepPolicy:
         est = self.estimate() if self.adaptive and self.gap_ceiling_ms else None
         if est is None:
             return None
-        # why at the step's share: a client sees the step after delivery, as with the ITL budget's own steps
-        itl, ceiling_ms = self._step_itl_ms(), (self.gap_ceiling_ms - self.between_steps_ms) * STEP_SHARE_OF_ITL
+        itl, ceiling_ms = self._step_itl_ms(), self._step_ceiling_ms()
         max_budget = self.n_batch - len(decode)
         kept = deadline_grant(est, prompts, decode, now_s, itl, ceiling_ms, budget, max_budget, kv_in_use)
         if kept is not None:
@@ -327,8 +331,7 @@ class StepPolicy:
         if est is None:
             return prompt_order(prompts, now_s, None)
         if self.adaptive and self.gap_ceiling_ms:
-            ceiling_ms = (self.gap_ceiling_ms - self.between_steps_ms) * STEP_SHARE_OF_ITL
-            tokens_per_step = max(tokens_per_step, est.chunk_for_itl(ceiling_ms, n_decode, kv_in_use, lo=1,
-                                                                      hi=max(1, self.n_batch - n_decode)))
+            tokens_per_step = max(tokens_per_step, est.chunk_for_itl(self._step_ceiling_ms(), n_decode, kv_in_use,
+                                                                      lo=1, hi=max(1, self.n_batch - n_decode)))
         return prompt_order(prompts, now_s, est.prompt_token_ms(kv_in_use), tokens_per_step=max(1, tokens_per_step),
                             step_ms=est.predict_ms(0, n_decode, kv_in_use))
