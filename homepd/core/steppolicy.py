@@ -203,11 +203,10 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     spared = any(not s.gap_broken and tokens_left(s) * itl_step_s <= last_start_s - now_s for s in interactive)
     if spared and done_s(now_s + itl_step_s, left - budget, ceiling) <= head.deadline_s:
         return None  # not yet: one more ITL-sized step, and the streams finishing meanwhile stay within budget
-    chosen = ceiling
-    predicted = step_ms(chosen)
+    predicted = step_ms(ceiling)
     over = predicted > itl_budget_ms * STEP_SHARE_OF_ITL  # as the ITL budget's own steps aim
     n_broken = sum(1 for s in interactive if not s.gap_broken) if over else 0
-    return DeadlineGrant(head.request_id, chosen, predicted, n_broken)
+    return DeadlineGrant(head.request_id, ceiling, predicted, n_broken)
 
 
 def lost_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence], now_s: float,

@@ -90,15 +90,16 @@ def attribute_gaps(gaps_by_request: list[tuple[str, list[Gap]]], steps: list[Ste
     out = []
     for request_id, gaps in gaps_by_request:
         for g in gaps:
-            culprits = _in_gap(by_role, ends, request_id, g.t_prev_s, g.t_s)
-            store_ms = _store_in_gap(by_role, ends, request_id, g.t_prev_s, g.t_s)
+            own = _role_of(by_role, ends, request_id, g.t_s)
+            culprits = _in_gap(by_role, ends, own, request_id, g.t_prev_s, g.t_s)
+            store_ms = _store_in_gap(by_role, ends, own, g.t_prev_s, g.t_s)
             out.append(Stall(request_id, g.token_index, g.gap_ms, tuple(culprits), store_ms))
     out.sort(key=lambda st: -st.gap_ms)
     return out
 
 
-def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culprit]:
-    own = _role_of(by_role, ends, request_id, t1)
+def _in_gap(by_role, ends, own: str | None, request_id: str, t0: float, t1: float) -> list[Culprit]:
+    """The prompts computed in the gap (t0, t1] of ``request_id``, whose token came from worker ``own``."""
     held: dict[tuple[str, bool], list] = {}
     granted: set[str] = set()
     lost: set[str] = set()
@@ -126,10 +127,9 @@ def _in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> list[Culpri
                   key=lambda c: -c.held_ms)
 
 
-def _store_in_gap(by_role, ends, request_id: str, t0: float, t1: float) -> float:
-    """The KV store's time on the stream's own worker between ``t0`` and ``t1``: the ``store_ms`` of the steps
-    that started in the gap (their saves and restores ran just before them), at most the gap."""
-    own = _role_of(by_role, ends, request_id, t1)
+def _store_in_gap(by_role, ends, own: str | None, t0: float, t1: float) -> float:
+    """The KV store's time on the stream's own worker ``own`` between ``t0`` and ``t1``: the ``store_ms`` of the
+    steps that started in the gap (their saves and restores ran just before them), at most the gap."""
     if own is None:
         return 0.0
     ss = by_role[own]
