@@ -18,7 +18,7 @@ from homepd.measure.metrics import interference
 from homepd.measure.stalls import Stall
 from homepd.measure.stepstream import StepSample
 from homepd.tui.records import (ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats, GpuView, HardwareView,
-                                ProcessView, RequestRow)
+                                ProcessView, RequestRow, short_id)
 
 MB = 1e6
 
@@ -116,7 +116,7 @@ def stall_text(stall: Stall | None) -> str:
     ('beside': on the prefill worker, concurrently; 'granted to its deadline': a step the policy ran past the
     ITL budget so that req-7 kept its TTFT budget; 'at the gap ceiling, its deadline lost': one it ran as long
     as the ceiling for a req-7 late anyway; 'KV store 150 ms': saves and restores between steps in the gap);
-    '' when the request never stalled."""
+    the prompt named as the request table names requests (``short_id``); '' when the request never stalled."""
     if stall is None:
         return ""
     store = f"KV store {stall.store_ms:.0f} ms" if stall.store_ms >= 1 else ""
@@ -125,7 +125,7 @@ def stall_text(stall: Stall | None) -> str:
         return f"{stall.gap_ms:.0f} ms ← {store}" if store else f"{stall.gap_ms:.0f} ms gap (no prompt in it)"
     where = ("same step" if worst.same_step else "beside") + worst.grant_note
     more = f" +{len(stall.culprits) - 1}" if len(stall.culprits) > 1 else ""
-    return f"{stall.gap_ms:.0f} ms ← {worst.request_id} ({worst.n_prompt_tokens} tok, {where}){more}" + \
+    return f"{stall.gap_ms:.0f} ms ← {short_id(worst.request_id)} ({worst.n_prompt_tokens} tok, {where}){more}" + \
         (f", {store}" if store else "")
 
 

@@ -14,6 +14,13 @@ from homepd.advise.report.pictures import Pictures
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.records import WorkerSnapshot
 
+SHORT_ID_CHARS = 12  # a request id as the app shows it: its tail (an OpenAI-style id's 29 characters fill a column)
+
+
+def short_id(request_id: str) -> str:
+    """``request_id`` as the app shows it, in its request table and in the stall it names."""
+    return request_id[-SHORT_ID_CHARS:]
+
 
 @dataclass(frozen=True)
 class GpuView:

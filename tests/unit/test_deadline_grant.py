@@ -242,6 +242,12 @@ def test_the_kv_store_s_time_between_two_steps_is_named_in_the_gap_it_made():
     (none,) = attribute_gaps([("chat-0", gaps_over([0.28, 0.45], 100.0))],
                              [*steps[:2], StepRecord("colocated", 3, 0.30, 0.45, ("chat-0",), ())])
     assert none.store_ms == 0.0 and stall_text(none) == "170 ms gap (no prompt in it)"
+    # a server's request id is named by its tail, as the request table names it, so the store's time still shows
+    long_id = "chatcmpl-01c840fa2c29476cb4d98693655e3baf"
+    named = [StepRecord(s.worker_role, s.index, s.t_start_s, s.t_end_s, s.decode_request_ids,
+                        tuple((long_id, n) for _, n in s.prefill), store_ms=s.store_ms) for s in steps]
+    (long_stall,) = attribute_gaps([("chat-0", gaps_over([0.05, 0.28, 0.33], 100.0))], named)
+    assert stall_text(long_stall) == "230 ms ← 8693655e3baf (1 tok, same step), KV store 150 ms"
 
 
 def worker_with_three_chats():

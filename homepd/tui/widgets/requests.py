@@ -5,7 +5,7 @@ from typing import Iterable
 
 from textual.widgets import DataTable
 
-from homepd.tui.records import RequestRow
+from homepd.tui.records import RequestRow, short_id
 from homepd.tui.widgets.text import num, size
 
 COLUMNS = ("request", "tok in/out", "TTFT ms", "TPOT ms", "ITL max", "KV", "stall: gap ← prompt that held it")
@@ -21,5 +21,5 @@ class RecentRequests(DataTable):
         self.clear()
         for r in reversed(list(rows)):
             stall = (r.stall or "-") if r.state == "finished" else f"{r.state}{': ' + r.stall if r.stall else ''}"
-            self.add_row(r.request_id[-12:], f"{r.n_prompt_tokens}/{r.n_output_tokens}", num(r.ttft_ms),
+            self.add_row(short_id(r.request_id), f"{r.n_prompt_tokens}/{r.n_output_tokens}", num(r.ttft_ms),
                          num(r.tpot_ms, ".1f"), num(r.itl_max_ms), size(r.kv_bytes) if r.kv_bytes else "-", stall)
