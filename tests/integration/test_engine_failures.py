@@ -167,10 +167,14 @@ def test_killed_controller_leaves_no_worker_behind():
     assert len(words) == 1 and not alive
 
 
-def test_worker_that_cannot_restart_refuses_new_work_clearly(default_model_path, tmp_path):
+def test_worker_that_cannot_restart_refuses_new_work_clearly(default_model_path, tmp_path, monkeypatch):
     import shutil
 
+    from homepd.engine import recovery
     from homepd.errors import EngineError
+
+    # the three attempts still run, with a tenth of the back-off (0.5 + 1 + 2 s of waiting otherwise)
+    monkeypatch.setattr(recovery, "RESTART_BACKOFF_S", 0.05)
 
     copy = tmp_path / "model.gguf"
     shutil.copy(default_model_path, copy)

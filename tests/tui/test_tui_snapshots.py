@@ -30,6 +30,15 @@ async def ready(app, pilot) -> None:
         await settle(app, pilot)
 
 
+async def type_text(pilot, text: str) -> None:
+    """``text`` into the focused field at once (a pilot key press waits for idle twice: ~50 ms a character);
+    typing key by key is test_tui_app's subject, not these pictures'."""
+    field = pilot.app.focused
+    assert isinstance(field, Input), field
+    field.insert_text_at_cursor(text)
+    await pilot.pause()
+
+
 async def quiet(app, pilot) -> None:
     """No toast and no blinking cursor in the picture."""
     app.clear_notifications()
@@ -72,11 +81,14 @@ def test_advise_with_evidence(snap_compare, size):
 def test_chat_after_two_turns(snap_compare, size):
     async def before(pilot):
         await ready(pilot.app, pilot)
-        await pilot.press("c", *"what is a KV cache?", "enter")
+        await pilot.press("c")
+        await type_text(pilot, "what is a KV cache?")
+        await pilot.press("enter")
         await settle(pilot.app, pilot)
         await pilot.press("ctrl+t")
         await settle(pilot.app, pilot)
-        await pilot.press(*"and now?", "enter")
+        await type_text(pilot, "and now?")
+        await pilot.press("enter")
         await settle(pilot.app, pilot)
         await quiet(pilot.app, pilot)
     assert snap_compare(make_app(), terminal_size=size, run_before=before)
@@ -86,7 +98,9 @@ def test_chat_after_two_turns(snap_compare, size):
 def test_chat_reply_with_reasoning_and_a_tool_call(snap_compare, size):
     async def before(pilot):
         await ready(pilot.app, pilot)
-        await pilot.press("c", "ctrl+o", *"what time is it?", "enter")
+        await pilot.press("c", "ctrl+o")
+        await type_text(pilot, "what time is it?")
+        await pilot.press("enter")
         await settle(pilot.app, pilot)
         await quiet(pilot.app, pilot)
     assert snap_compare(make_app(thinking=True), terminal_size=size, run_before=before)
