@@ -247,16 +247,27 @@ def summarize(turns: list[Turn]) -> dict:
             "errors": sum(t.error is not None for t in turns)}
 
 
-def server_configs(threads: int, parallel: int, n_ctx: int, llama_batches: tuple[int, ...] = ()) -> list[ServerConfig]:
+def server_configs(threads: int, parallel: int, n_ctx: int, llama_batches: tuple[int, ...] = (),
+                   homepd_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> list[ServerConfig]:
     """llama-server with its defaults, and with each of ``llama_batches`` as its -b and -ub (a smaller batch
-    shortens the steps a prompt shares with running decodes); homepd with and without prefix reuse."""
+    shortens the steps a prompt shares with running decodes); homepd with and without prefix reuse, and with
+    each of ``homepd_variants`` (name, extra ``homepd serve`` arguments)."""
     ls = ("-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(parallel), "--jinja")
     hp = ("--threads", str(threads), "--n-ctx", str(n_ctx), "--n-seq-max", str(parallel))
     return [ServerConfig("llama-server", "llama-server", ls),
             *(ServerConfig(f"llama-server-b{b}", "llama-server", (*ls, "-b", str(b), "-ub", str(b)))
               for b in llama_batches),
             ServerConfig("homepd", "homepd", hp),
-            ServerConfig("homepd-no-cache", "homepd", (*hp, "--no-prefix-cache"))]
+            ServerConfig("homepd-no-cache", "homepd", (*hp, "--no-prefix-cache")),
+            *(ServerConfig(f"homepd-{name}", "homepd", (*hp, *extra)) for name, extra in homepd_variants)]
+
+
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """``NAME=ARGS`` (``g3=--gap-ceiling 3``): a homepd server named homepd-NAME, served with ARGS."""
+    name, sep, extra = text.partition("=")
+    if not sep or not name.strip() or not extra.split():
+        raise argparse.ArgumentTypeError(f"--homepd-variant wants NAME=ARGS (e.g. g3=--gap-ceiling 3), got {text!r}")
+    return name.strip(), tuple(extra.split())
 
 
 def print_table(per_repeat: dict[str, list[dict[str, list[Turn]]]], kinds: list[str]) -> None:
@@ -291,6 +302,9 @@ def main() -> None:
     ap.add_argument("--kind", default="chat,rag", help="chat, rag, or mix (the chats and the documents at once); "
                                                        "comma-separated, each run as its own workload")
     ap.add_argument("--llama-batches", default="", help="also llama-server with each of these -b/-ub, e.g. 64,128")
+    ap.add_argument("--homepd-variant", type=parse_variant, action="append", default=[], metavar="NAME=ARGS",
+                    help="also homepd-NAME: homepd serve with these extra arguments (repeatable), e.g. "
+                         "'g3=--gap-ceiling 3'")
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--documents", type=int, default=2)
@@ -313,7 +327,7 @@ def main() -> None:
     if args.model is None:
         args.model = str(resolve_model(DEFAULT_MODEL_NAME))
     configs = server_configs(args.threads, args.parallel, args.n_ctx,
-                             tuple(int(b) for b in args.llama_batches.split(",") if b))
+                             tuple(int(b) for b in args.llama_batches.split(",") if b), tuple(args.homepd_variant))
     if args.only:
         wanted = set(args.only.split(","))
         if wanted - {c.name for c in configs}:

@@ -208,7 +208,10 @@ class EngineConfig:
         "itl-budget", float, "interactive requests: budget (ms) between two tokens"))
     ttft_budget_ms: float = field(default=4000.0, metadata=_opt(
         "ttft-budget", float, "interactive requests: budget (ms) to the first token"))
-    # why 3: a stream that hiccups once by 300 ms reads on; a document's first answer 19 s late is a request lost
+    # why 2: a stream that hiccups by 200 ms reads on, and a prompt whose TTFT is lost runs in steps this long, so
+    # every stream beside a late document sees such gaps for its whole prefill; at 3 the mix benchmark
+    # (docs/scheduling.md, "The gap ceiling at 3") gave no lower TTFT mean, and 4-5 of 32 turns within 200 ms
+    # against 14-22
     gap_ceiling: float = field(default=2.0, metadata=_opt(
         "gap-ceiling", float, "adaptive chunk: when the ITL budget would make an interactive prompt miss its TTFT "
                               "budget, a step may run longer (so streams see one longer gap) if that keeps more "
