@@ -36,7 +36,13 @@ class HealthProbe(threading.Thread):
     def __init__(self, url: str):
         super().__init__(daemon=True)
         self.url, self.latencies_s, self.failures = url, [], 0
-        self._done = threading.Event()
+        self._done, self._answered = threading.Event(), threading.Event()
+
+    def start(self) -> None:
+        """Returns once the first probe is answered: the request under test then runs beside a live probe (a
+        request refused at once had ended before the thread's first GET, and the probe had nothing to report)."""
+        super().start()
+        assert self._answered.wait(30), "the /health probe got no answer within 30 s"
 
     def run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as client:
@@ -48,6 +54,7 @@ class HealthProbe(threading.Thread):
                     ok = False
                 self.latencies_s.append(time.monotonic() - started)
                 self.failures += not ok
+                self._answered.set()
                 self._done.wait(0.01)
 
     def stop(self) -> float:
