@@ -14,3 +14,14 @@ async def settle_group(app, pilot, group: str) -> None:
     if workers:  # why: wait_for_complete([]) waits for every worker
         await app.workers.wait_for_complete(workers)
     await pilot.pause()
+
+
+async def type_text(pilot, text: str) -> None:
+    """``text`` into the focused field at once.  A pilot key press waits for the app to idle twice (~50 ms a
+    character here); typing key by key is test_tui_app's subject, not that of tests about what a turn shows."""
+    from textual.widgets import Input
+
+    field = pilot.app.focused
+    assert isinstance(field, Input), field
+    field.insert_text_at_cursor(text)
+    await pilot.pause()

@@ -15,7 +15,7 @@ from homepd.tui.screens.chat import ChatScreen
 from homepd.tui.sources.embedded import EmbeddedSource
 from homepd.tui.sources.remote import RemoteSource
 
-from pilot_helpers import settle
+from pilot_helpers import settle, type_text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -40,7 +40,9 @@ async def test_a_chat_round_trip_on_the_real_model_shows_ttft_and_tpot_under_the
     async with app.run_test(size=(120, 40)) as pilot, stopped_at_end(source):
         await settle(app, pilot)
         assert app.state.is_ready, app.state.error
-        await pilot.press("c", *"What is the capital of France?", "enter")
+        await pilot.press("c")
+        await type_text(pilot, "What is the capital of France?")
+        await pilot.press("enter")
         await settle(app, pilot)
         turn = app.state.turns[0]
         assert turn.error is None and turn.reply.strip()
@@ -51,7 +53,8 @@ async def test_a_chat_round_trip_on_the_real_model_shows_ttft_and_tpot_under_the
                 f"TPOT {turn.stats.tpot_ms:.1f} ms · colocated") in shown
         # later turns resend the conversation: the worker reuses what it kept of the earlier turns
         for question in ("And of Spain?", "And of Italy?"):
-            await pilot.press(*question, "enter")
+            await type_text(pilot, question)
+            await pilot.press("enter")
             await settle(app, pilot)
         later = app.state.turns[2].stats
         assert app.state.turns[2].error is None and later.n_prompt_tokens > turn.stats.n_prompt_tokens

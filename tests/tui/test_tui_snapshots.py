@@ -12,6 +12,8 @@ from homepd.config import EngineConfig
 from homepd.tui.app import HomepdApp
 from homepd.tui.sources import FakeSource
 
+from pilot_helpers import type_text
+
 pytestmark = pytest.mark.timeout(60)
 SIZES = [(80, 24), (120, 40)]
 N_TICKS = 6
@@ -28,15 +30,6 @@ async def ready(app, pilot) -> None:
     for _ in range(N_TICKS):
         app.request_tick()
         await settle(app, pilot)
-
-
-async def type_text(pilot, text: str) -> None:
-    """``text`` into the focused field at once (a pilot key press waits for idle twice: ~50 ms a character);
-    typing key by key is test_tui_app's subject, not these pictures'."""
-    field = pilot.app.focused
-    assert isinstance(field, Input), field
-    field.insert_text_at_cursor(text)
-    await pilot.pause()
 
 
 async def quiet(app, pilot) -> None:
