@@ -34,6 +34,7 @@ FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits", "reuse_off_by_one", "s
 # "llama": llama.cpp; "fake": a deterministic stand-in for tests of logic that does not need the model
 BACKENDS = ("llama", "fake")
 FLASH_ATTN = ("auto", "on", "off")
+LLAMA_MAX_SEQ = 256  # llama.cpp's sequence ids a context (src/llama-cparams.h)
 
 
 def flash_attn_of(choice: str) -> bool | None:
@@ -242,6 +243,10 @@ class EngineConfig:
     prefix_cache_cells: int | None = field(default=None, metadata=_opt(
         "prefix-cache-cells", int, "KV cells cached prefixes may hold at most; idle cached cells slow every "
                                    "running step on the unified KV cache (default: n_ctx/4)"))
+    cached_seqs: int | None = field(default=None, metadata=_opt(
+        "cached-seqs", int, "sequence ids beyond --n-seq-max that only hold cached prefixes (finished "
+                            "conversations, paused prefills), so that these stay in the context while every "
+                            "running id is taken (default: as many as --n-seq-max; 0: they share the running ids)"))
     # the KV store tier (homepd.kv.store): prefixes evicted from a context are saved to host shared memory
     kv_store_bytes: int | None = field(default=None, metadata=_opt(
         "kv-store", parse_size_or_off, "bytes of host shared memory for prefixes evicted from the workers' contexts, "
@@ -264,6 +269,8 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_seq_max > LLAMA_MAX_SEQ:
+            raise ConfigError(f"n_seq_max={self.n_seq_max} is more than llama.cpp's {LLAMA_MAX_SEQ} sequences a context")
         if self.n_ctx < 16:
             raise ConfigError(f"n_ctx={self.n_ctx} is too small (at least 16)")
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
@@ -286,6 +293,8 @@ class EngineConfig:
         if self.prefix_cache_cells is not None and (not isinstance(self.prefix_cache_cells, int)
                                                     or self.prefix_cache_cells < 0):
             raise ConfigError(f"prefix_cache_cells must be an integer >= 0, got {self.prefix_cache_cells!r}")
+        if self.cached_seqs is not None and (not isinstance(self.cached_seqs, int) or self.cached_seqs < 0):
+            raise ConfigError(f"cached_seqs must be an integer >= 0, got {self.cached_seqs!r}")
         if self.kv_store_bytes is not None and (not isinstance(self.kv_store_bytes, int) or self.kv_store_bytes < 0):
             raise ConfigError(f"kv_store_bytes must be an integer >= 0 (0 = off), got {self.kv_store_bytes!r}")
         if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
@@ -488,6 +497,15 @@ def max_cached_cells(config: EngineConfig, n_ctx: int) -> int:
     if not config.prefix_cache:
         return 0
     return cached_cells_for(n_ctx, config.prefix_cache_cells)
+
+
+def cached_ids(config: EngineConfig, max_cached_cells: int) -> int:
+    """Sequence ids a worker keeps for cached prefixes only, beyond its ``n_seq_max`` running ones (none without
+    a prefix cache), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context."""
+    if not max_cached_cells:
+        return 0
+    asked = config.n_seq_max if config.cached_seqs is None else config.cached_seqs
+    return max(0, min(asked, LLAMA_MAX_SEQ - config.n_seq_max))
 
 
 def cached_cells_for(n_ctx: int, prefix_cache_cells: int | None) -> int:

@@ -11,6 +11,15 @@ are counted apart (``n_cells_cached``) until it is evicted (``uncache``) or a ne
 (``take``).  Cached cells are reclaimable: ``can_allocate_evicting`` answers whether a request would fit
 once every cached sequence is gone, so a cached prefix never blocks a request.
 
+**Running and cached ids.**  At most ``n_seq_max`` ids run (hold a reservation) at once; ``n_cached_ids``
+more exist only so that cached prefixes (finished conversations, paused prefills) can stay in the context
+while every running id is taken.  A cached entry then leaves the context when the cells are wanted, not
+because a new request needs its id.
+
+# why: with as many ids as running requests, six conversations over four ids sent most histories to the KV
+# store between turns, and a paused prefill's to the store and back; without flash attention (the CPU
+# default) a save or restore of scattered cells takes 100-230 ms at 1 thread, during which every stream waits
+
 **Shared cells.**  A request can start from a copy of a cached sequence's first cells
 (``allocate_sharing``: ``llama_memory_seq_cp`` on a unified cache adds the new id to those cells, it copies
 nothing).  Each id then records the one id it shares its first cells with and how many (a forest); a cell
@@ -26,16 +35,19 @@ from __future__ import annotations
 
 
 class KVAllocator:
-    """``n_seq_max`` llama.cpp sequence ids over a unified KV cache of ``n_ctx`` cells."""
+    """``n_seq_max`` running sequences (``n_seq_max + n_cached_ids`` llama.cpp sequence ids) over a unified KV
+    cache of ``n_ctx`` cells."""
 
-    def __init__(self, n_seq_max: int, n_ctx: int):
-        assert n_seq_max >= 1 and n_ctx >= 1
+    def __init__(self, n_seq_max: int, n_ctx: int, n_cached_ids: int = 0):
+        assert n_seq_max >= 1 and n_ctx >= 1 and n_cached_ids >= 0
         self.n_seq_max = n_seq_max
+        self.n_ids = n_seq_max + n_cached_ids
         self.n_ctx = n_ctx
         # why: a stack, lowest id on top, so ids are handed out 0, 1, 2… and a freed id is reused first
-        self.free_seq_ids: list[int] = list(range(n_seq_max - 1, -1, -1))
+        self.free_seq_ids: list[int] = list(range(self.n_ids - 1, -1, -1))
+        self.n_running = 0  # ids holding a reservation (allocated or taken, not yet cached or freed)
         self.n_cells_reserved = 0
-        self._n_cells_of: list[int | None] = [None] * n_seq_max  # cells reserved by each allocated id
+        self._n_cells_of: list[int | None] = [None] * self.n_ids  # cells reserved by each allocated id
         self.n_cells_cached = 0
         self._n_cached_of: dict[int, int] = {}  # cached id -> the cells its KV holds
         self._shares: dict[int, tuple[int, int]] = {}  # id -> (id it shares its first cells with, how many)
@@ -68,13 +80,24 @@ class KVAllocator:
         """(the id ``seq_id`` shares its first cells with, how many), or None."""
         return self._shares.get(seq_id)
 
+    @property
+    def can_run_more(self) -> bool:
+        """Fewer than ``n_seq_max`` sequences run."""
+        return self.n_running < self.n_seq_max
+
+    @property
+    def id_available(self) -> bool:
+        """A new request could run under an id now: one runs fewer than ``n_seq_max``, and an id is free or
+        held by a cached entry (evictable)."""
+        return self.can_run_more and bool(self.free_seq_ids or self._n_cached_of)
+
     def can_allocate(self, n_cells: int) -> bool:
-        """True if a sequence id is free and ``n_cells`` more cells fit in ``n_ctx``."""
-        return bool(self.free_seq_ids) and n_cells <= self.n_cells_free
+        """True if another sequence may run, an id is free and ``n_cells`` more cells fit in ``n_ctx``."""
+        return self.can_run_more and bool(self.free_seq_ids) and n_cells <= self.n_cells_free
 
     def can_allocate_evicting(self, n_cells: int) -> bool:
         """True if ``n_cells`` would fit under some id once every cached sequence is evicted."""
-        if not (self.free_seq_ids or self._n_cached_of):
+        if not self.id_available:
             return False
         shares = self._shares_without(set(self._n_cached_of))
         return self.n_cells_reserved - sum(n for _, n in shares.values()) + n_cells <= self.n_ctx
@@ -85,10 +108,11 @@ class KVAllocator:
         seq_id = self.free_seq_ids.pop()
         self._n_cells_of[seq_id] = n_cells
         self.n_cells_reserved += n_cells
+        self.n_running += 1
         return seq_id
 
     def can_allocate_sharing(self, n_cells: int, n_shared: int) -> bool:
-        return bool(self.free_seq_ids) and n_cells - n_shared <= self.n_cells_free
+        return self.can_run_more and bool(self.free_seq_ids) and n_cells - n_shared <= self.n_cells_free
 
     def allocate_sharing(self, n_cells: int, src_id: int, n_shared: int) -> int:
         """Reserve ``n_cells`` under a free id whose first ``n_shared`` of them are ``src_id``'s first cells."""
@@ -96,6 +120,7 @@ class KVAllocator:
         seq_id = self.free_seq_ids.pop()
         self._n_cells_of[seq_id] = n_cells
         self.n_cells_reserved += n_cells
+        self.n_running += 1
         self._shares[seq_id] = (src_id, n_shared)
         return seq_id
 
@@ -127,6 +152,7 @@ class KVAllocator:
         self._unlink(seq_id)
         self._n_cells_of[seq_id] = None
         self.n_cells_reserved -= n_cells
+        self.n_running -= 1
         self.free_seq_ids.append(seq_id)
 
     # cached sequences (homepd.core.prefixreuse) -------------------------------------
@@ -136,6 +162,7 @@ class KVAllocator:
         assert 0 < n_cells <= held, (n_cells, held)
         self._n_cells_of[seq_id] = None
         self.n_cells_reserved -= held
+        self.n_running -= 1
         self._n_cached_of[seq_id] = n_cells
         self.n_cells_cached += n_cells
         self._cap_shares(seq_id, n_cells)
@@ -159,7 +186,7 @@ class KVAllocator:
 
     def can_take(self, seq_id: int, n_cells: int) -> bool:
         """True if cached ``seq_id`` can become a request's with ``n_cells`` reserved (its kept cells included)."""
-        return self.n_cells_in_use - self._n_cached_of[seq_id] + n_cells <= self.n_ctx
+        return self.can_run_more and self.n_cells_in_use - self._n_cached_of[seq_id] + n_cells <= self.n_ctx
 
     def take(self, seq_id: int, n_cells: int) -> None:
         """Cached ``seq_id`` becomes a request's, reserving ``n_cells`` (the prefix it keeps among them)."""
@@ -167,6 +194,7 @@ class KVAllocator:
         self.n_cells_cached -= self._n_cached_of.pop(seq_id)
         self._n_cells_of[seq_id] = n_cells
         self.n_cells_reserved += n_cells
+        self.n_running += 1
 
     # the sharing forest --------------------------------------------------------------
     def _unlink(self, seq_id: int) -> None:

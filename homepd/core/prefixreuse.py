@@ -15,7 +15,7 @@ Pure policy (no llama_cpp, no clock); the scheduler calls it, and it acts on the
   is free, the request takes the entry and drops its tail (``KVOps.trim``).  If the context refuses to
   drop the tail (``trim`` is None), the entry is dropped whole and the prompt prefilled from its start.
 * **evict**: least recently used first, whenever a request needs a sequence id or cells that cached
-  entries hold, and whenever the entries hold more than ``max_cached_cells`` (a budget: idle cached
+  entries hold (the allocator's cached ids let entries outlast the running ids), and whenever the entries hold more than ``max_cached_cells`` (a budget: idle cached
   cells cost every running step on a unified KV cache, ``benchmarks/kv_layout.py``).
 * **store** (optional, ``StoreOps``: the host-memory KV store tier, ``homepd.kv.store``): an entry evicted for
   room is saved there first; a prompt whose longest match in the store is longer than in the context is
@@ -167,6 +167,7 @@ class PrefixReuse:
         """Give waiting seq (nothing prefilled) the cached entry matching its prompt longest, reserving
         ``n_cells`` under that entry's id, and mark the kept prefix as prefilled.  False: nothing matched
         (or the context refused the trim); seq has no id then."""
+        assert self.allocator.can_run_more, "take() for a request that may not run yet"
         if not seq.n_pauses:  # a paused prefill resuming is not a new prompt looked up
             self.n_lookups += 1
             self.n_lookup_tokens += seq.n_prompt
@@ -267,6 +268,8 @@ class PrefixReuse:
     def make_room(self, n_cells: int) -> None:
         """Evict (LRU) until a sequence id is free and ``n_cells`` more cells are unreserved, as far as
         cached entries allow."""
+        if not self.allocator.can_run_more:
+            return  # no eviction gives an id that may run
         while not self.allocator.can_allocate(n_cells) and self.evict_lru():
             pass
 

@@ -40,6 +40,8 @@ class WorkerSpec:
     gap_ceiling_ms: float | None = None
     # prefix reuse (homepd.core.prefixreuse): finished sequences' KV kept up to this many cells (0: off)
     max_cached_cells: int = 0
+    # sequence ids beyond n_seq_max that only hold cached prefixes (homepd.core.allocator)
+    n_cached_ids: int = 0
     # llama.cpp's flash attention, one setting for every worker of an engine (the V cache's layout follows it,
     # and workers trade KV state): homepd.engine.specs.flash_attn
     flash_attn: bool = False
@@ -49,6 +51,11 @@ class WorkerSpec:
         # why: llama.cpp clamps n_batch to the n_ctx asked for; a larger plan would abort llama_decode
         # (a prefill worker's context can be smaller than the chunk)
         return self.n_ctx if self.chunk is None else max(min(self.chunk, self.n_ctx), self.n_seq_max)
+
+    @property
+    def n_ids(self) -> int:
+        """The llama.cpp context's sequence ids: the running ones and those for cached prefixes."""
+        return self.n_seq_max + self.n_cached_ids
 
     @property
     def offload_layers(self) -> int:

@@ -87,13 +87,14 @@ class Scheduler:
 
     def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True,
                  policy: StepPolicy | None = None, kv_ops: KVOps | None = None,
-                 reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0, store: StoreOps | None = None):
+                 reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0, store: StoreOps | None = None,
+                 n_cached_ids: int = 0):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
         self.policy = policy or StepPolicy(chunk, n_batch)  # the chunk lives in the policy
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
-        self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx)
+        self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx, n_cached_ids=n_cached_ids)
         # None: no prefix cache (off, or the context cannot keep a finished sequence)
         self.prefixes = PrefixReuse(self.allocator, kv_ops, ReuseMode(reuse_mode), max_cached_cells, store) \
             if kv_ops is not None and reuse_mode != ReuseMode.OFF and max_cached_cells > 0 else None
@@ -243,8 +244,8 @@ class Scheduler:
         just an id (its cells fit), and only for a paused part long enough to be stored."""
         if self.prefixes is None or self.prefixes.store is None or not self.decodes:
             return ()
-        if self.allocator.free_seq_ids or self.allocator.n_cached:
-            return ()  # an id is free or reclaimable: nobody needs to give one back
+        if self.allocator.id_available:
+            return ()  # another sequence may run, under an id free or reclaimable: nobody needs to give one back
         blocked = next((s for s in ordered if s.seq_id is None), None)
         if blocked is None or blocked.request_class == RequestClass.BACKGROUND:
             return ()

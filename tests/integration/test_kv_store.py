@@ -169,14 +169,18 @@ def test_teacher_forced_check_catches_an_off_by_one_in_a_store_restore(default_m
     assert deficits[0] > 2 * MARGIN_LOGITS, deficits
 
 
-def test_real_model_prefill_paused_for_an_interactive_turn_resumes_from_the_store_without_recompute(
-        default_model_path):
-    """Two sequence ids: a chat decodes and a background document prefills in chunks; an interactive turn
-    arrives with no id free, so the document's prefill pauses (its KV kept, then saved to the store when the
-    turn takes its id), and resumes from the store once an id is free: every document token is computed
-    once, and its answer agrees with a fresh prefill of the whole prompt (teacher-forced)."""
+@pytest.mark.parametrize("cached_seqs", [0, None], ids=["through-the-store", "in-the-context"])
+def test_real_model_prefill_paused_for_an_interactive_turn_resumes_without_recompute(default_model_path,
+                                                                                      cached_seqs):
+    """Two running sequences: a chat decodes and a background document prefills in chunks; an interactive
+    turn arrives while both run, so the document's prefill pauses (its KV kept as a cached prefix) and
+    resumes once one ends: every document token is computed once, and its answer agrees with a fresh prefill
+    of the whole prompt (teacher-forced).  With no ids for cached prefixes (``--cached-seqs 0``) the turn
+    takes the document's id, so its KV goes to the store and comes back from there; with them (the default)
+    it stays in the context and the store is never written."""
     document = DOCUMENT + " " + PROMPTS[3] + " " + PROMPTS[2] + QUESTIONS[0]  # ~190 tokens
-    cfg = coloc(default_model_path, n_threads=1, kv_store_bytes=64 << 20, n_seq_max=2, chunk=16)
+    cfg = coloc(default_model_path, n_threads=1, kv_store_bytes=64 << 20, n_seq_max=2, chunk=16,
+                cached_seqs=cached_seqs)
 
     async def scenario():
         async with make_engine(cfg) as engine:
@@ -200,6 +204,7 @@ def test_real_model_prefill_paused_for_an_interactive_turn_resumes_from_the_stor
     assert computed == len(doc.prompt_ids)  # nothing recomputed: the paused part came back from the store
     # counted as a pause and its resume (not as a store hit: no prompt was served from another's KV)
     assert stats.n_pauses >= 1 and stats.n_pause_resumed_tokens >= 80
+    assert (stats.n_store_entries > 0) == (cached_seqs == 0)
     model = LlamaModel(default_model_path)
     try:
         generated = [e.token_id for e in doc_events if e.kind == "token"]

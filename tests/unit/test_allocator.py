@@ -65,3 +65,32 @@ def test_a_reservation_grows_while_the_cells_are_there_and_never_shrinks():
         a.grow(second, 69)  # past n_ctx
     a.free(first)
     assert a.n_cells_reserved == 64 and a.can_grow(second, 100)
+
+
+def test_cached_ids_hold_finished_sequences_but_never_a_running_one_past_n_seq_max():
+    a = KVAllocator(n_seq_max=2, n_ctx=1000, n_cached_ids=2)
+    assert a.n_ids == 4
+    first, second = a.allocate(10), a.allocate(10)
+    assert a.n_running == 2 and a.free_seq_ids  # two ids are free, but two sequences already run
+    assert not a.can_allocate(1) and not a.can_allocate_evicting(1) and not a.can_allocate_sharing(10, 5)
+    assert not a.id_available
+    with pytest.raises(AssertionError):
+        a.allocate(1)
+    a.cache(first, 10)  # it finished: its KV stays, and another sequence may run under a free id
+    assert a.n_running == 1 and a.id_available and a.can_allocate(1)
+    third = a.allocate(10)
+    assert third not in (first, second) and a.n_cached == 1
+    assert not a.can_take(first, 10)  # the cached one may not run again while two do
+    a.free(second)
+    assert a.can_take(first, 10)
+    a.take(first, 10)
+    assert a.n_running == 2 and a.n_cached == 0
+
+
+def test_without_cached_ids_a_cached_sequence_holds_one_of_the_running_ids():
+    a = KVAllocator(n_seq_max=2, n_ctx=1000)
+    first = a.allocate(10)
+    a.allocate(10)
+    a.cache(first, 10)
+    assert not a.free_seq_ids and a.id_available  # its id comes back only by evicting it
+    assert not a.can_allocate(1) and a.can_allocate_evicting(1)

@@ -97,18 +97,19 @@ def test_the_store_is_used_only_when_its_measured_restore_beats_the_predicted_pr
 
 
 @contextlib.contextmanager
-def store_scheduler(max_cached_cells: int, policy: StepPolicy | None = None):
-    """A scheduler whose prefix cache holds ``max_cached_cells`` cells (stepping by ``policy``, else a chunk of
-    64), over the fake context and a real 1 MiB store segment: (scheduler, context, store, messages sent, the
-    controller's book)."""
-    ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4, n_threads=1)
+def store_scheduler(max_cached_cells: int, policy: StepPolicy | None = None, n_cached_ids: int = 0):
+    """A scheduler of four running ids (and ``n_cached_ids`` for cached prefixes) whose prefix cache holds
+    ``max_cached_cells`` cells (stepping by ``policy``, else a chunk of 64), over the fake context and a real
+    1 MiB store segment: (scheduler, context, store, messages sent, the controller's book)."""
+    ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4 + n_cached_ids, n_threads=1)
     sent: list = []
     book = StoreBook({"colocated": 1 << 20})
     store = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
     store.attach(book.attach_message("colocated"))
     try:
         yield (Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, policy=policy, kv_ops=ContextKV(ctx),
-                         reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells, store=store),
+                         reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells, store=store,
+                         n_cached_ids=n_cached_ids),
                ctx, store, sent, book)
     finally:
         store.segment.close()
@@ -321,6 +322,28 @@ def test_a_prefill_gives_its_id_to_an_interactive_prompt_ahead_and_takes_back_wh
     assert (after.n_lookups, after.n_lookup_tokens) == (before.n_lookups + 1, before.n_lookup_tokens + turn_lookup)
     assert (after.n_hits, after.n_hit_tokens, after.n_store_hits, after.n_store_hit_tokens) == \
         (before.n_hits, before.n_hit_tokens, before.n_store_hits, before.n_store_hit_tokens)
+
+
+def test_with_cached_ids_a_paused_prefill_stays_in_the_context_and_resumes_without_the_store():
+    with store_scheduler(400, n_cached_ids=4) as (s, ctx, store, sent, book):
+        doc = three_chats_and_a_document_part_way(s, ctx)
+        assert len(s.running) == 4 and s.allocator.free_seq_ids  # ids are free, but four sequences run
+        computed, doc_id = doc.n_prefilled, doc.seq_id
+        turn = request("turn", range(9000, 9010), max_tokens=2)
+        s.add(turn)
+        plan = step(s, ctx)
+        assert plan.paused == (doc,) and [sl.seq for sl in plan.prefill] == [turn]
+        assert turn.seq_id != doc_id and s.allocator.n_cached == 1  # the turn ran under a cached-prefix id...
+        assert ctx._seqs[doc_id] == doc.prompt_ids[:computed]  # ...and the document's KV stayed where it was
+        plans = []
+        while not doc.is_finished:
+            plans.append(step(s, ctx))
+        resumed = next(sl for p in plans for sl in p.prefill if sl.seq is doc)
+        assert resumed.start == computed == doc.n_reused and not doc.is_restored
+        assert doc.seq_id == doc_id  # it took its own id back
+        # no save, no restore: the store was never touched
+        assert not [m for m in sent if isinstance(m, StoreSaved)] and store.n_entries == 0 and store.busy_ms == 0
+        assert s.prefixes.stats().n_pause_resumed_tokens == computed
 
 
 def test_without_a_store_a_prefill_keeps_its_id_and_the_prompt_ahead_waits():

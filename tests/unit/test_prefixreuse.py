@@ -2,6 +2,8 @@
 the fake context (homepd.fakellm), which checks positions like llama.cpp and counts the cells in use."""
 from __future__ import annotations
 
+import pytest
+
 from homepd.core.allocator import KVAllocator
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.sampling import SamplingParams
@@ -11,12 +13,12 @@ from homepd.fakellm import FakeContext, FakeModel
 from homepd.worker.prefixkv import ContextKV
 
 
-def make(n_ctx=256, n_seq_max=4, max_cached_cells=256, chunk=64, can_share=True):
-    ctx = FakeContext(FakeModel(), n_ctx=n_ctx, n_batch=chunk, n_seq_max=n_seq_max, n_threads=1)
+def make(n_ctx=256, n_seq_max=4, max_cached_cells=256, chunk=64, can_share=True, n_cached_ids=0):
+    ctx = FakeContext(FakeModel(), n_ctx=n_ctx, n_batch=chunk, n_seq_max=n_seq_max + n_cached_ids, n_threads=1)
     kv = ContextKV(ctx)
     kv.can_share = can_share
     s = Scheduler(n_seq_max=n_seq_max, n_ctx=n_ctx, n_batch=chunk, chunk=chunk, kv_ops=kv,
-                  reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells)
+                  reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells, n_cached_ids=n_cached_ids)
     return s, ctx
 
 
@@ -252,3 +254,19 @@ def test_an_admitted_prompt_goes_on_while_one_ahead_of_it_waits_for_a_sequence_i
     s.add(request("turn", range(600, 620)))  # interactive: served before the doc, but no id is free
     plan = s.schedule()
     assert [sl.seq.request_id for sl in plan.prefill] == ["doc"] and s.waiting[0].request_id == "turn"
+
+
+@pytest.mark.parametrize("n_cached_ids, evicted", [(0, 1), (2, 0)])
+def test_cached_ids_keep_more_conversations_than_running_ids_in_the_context(n_cached_ids, evicted):
+    """Two running ids and three conversations, one turn at a time: with two ids for cached prefixes the first
+    two conversations' histories stay cached while the third runs (without, its admission evicts the first),
+    and the first one's next turn takes its own back."""
+    s, ctx = make(n_ctx=1024, n_seq_max=2, max_cached_cells=512, n_cached_ids=n_cached_ids)
+    firsts = [request(f"c{i}", range(1000 * i + 100, 1000 * i + 140)) for i in range(1, 4)]
+    for q in firsts:
+        finish(s, ctx, q)
+    assert s.prefixes.stats().n_evictions == evicted
+    again = request("c1-next", [*firsts[0].prompt_ids, *firsts[0].output_ids, 7, 8, 9])
+    finish(s, ctx, again)
+    assert again.n_reused == (43 if n_cached_ids else 0)  # the whole first turn (40 + 4 answer tokens, the last
+    # of which was never computed), or nothing
