@@ -91,6 +91,7 @@ def test_the_embedded_source_splits_a_thinking_model_s_reasoning_from_its_answer
     assert stats.finish_reason == "stop" and stats.error is None
     messages, params, extras = engine.submitted[0]
     assert messages == [{"role": "user", "content": "hi"}] and params.grammar is None and extras.tools is None
+    assert (params.temperature, params.top_p, params.max_tokens) == (0.7, 0.9, 32)  # as chat clients sample
 
 
 def test_an_engine_without_a_chat_format_streams_plain_text():

@@ -204,6 +204,7 @@ def test_a_chat_turn_streams_and_carries_the_service_timings():
         stats = source.chat([{"role": "user", "content": "hi"}], pieces.append, max_tokens=8)
         assert pieces == [Delta(DeltaKind.CONTENT, "Hel"), Delta(DeltaKind.CONTENT, "lo")]
         assert "tools" not in CHAT_BODIES[-1]
+        assert (CHAT_BODIES[-1]["temperature"], CHAT_BODIES[-1]["top_p"]) == (0.7, 0.9)  # as chat clients sample
         assert (stats.ttft_ms, round(stats.tpot_ms), stats.mode, stats.finish_reason) == \
             (pytest.approx(120.0), 50, "colocated", "stop")
         assert (stats.n_prompt_tokens, stats.n_output_tokens, stats.kv_bytes) == (9, 2, None)

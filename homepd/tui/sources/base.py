@@ -33,6 +33,9 @@ from homepd.tui.records import AdviseView, ChatStats, RunListRow, Tick
 Emit = Callable[[object], object]
 OnDelta = Callable[[Delta], object]   # a piece of a reply: content, reasoning or a tool call's
 CHAT_MAX_TOKENS = 256
+# why: the chat tester shows what users will see, and chat clients (Open WebUI, SillyTavern, Continue) sample;
+# greedily, SmolLM2 repeated one phrase thirty times in a 256-token reply
+CHAT_TEMPERATURE, CHAT_TOP_P = 0.7, 0.9
 BACKGROUND_MAX_TOKENS = 48
 BACKGROUND_PROMPT_TOKENS = 1200   # capped at half the context
 ADVISE_STOP_TIMEOUT_S = 60.0       # a cancelled campaign stops its engine within this

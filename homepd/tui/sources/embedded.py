@@ -37,7 +37,8 @@ from homepd.models.resolve import is_present, models_dir
 from homepd.tui import derive
 from homepd.tui.liveadvice import LocalAdvisor
 from homepd.tui.records import ChatStats, Tick
-from homepd.tui.sources.base import BACKGROUND_MAX_TOKENS, CHAT_MAX_TOKENS, DataSource, Emit, OnDelta, long_prompt
+from homepd.tui.sources.base import (BACKGROUND_MAX_TOKENS, CHAT_MAX_TOKENS, CHAT_TEMPERATURE, CHAT_TOP_P, DataSource,
+                                     Emit, OnDelta, long_prompt)
 from homepd.tui.sources.chatrequest import EngineChat, engine_chat
 from homepd.tui.sources.loop import LoopThread
 from homepd.tui.stepwindow import StepWindow
@@ -188,7 +189,8 @@ class EmbeddedSource(DataSource):
         engine = self.engine
         if engine is None:
             raise EngineError("the engine is restarting; try again in a moment")
-        params = SamplingParams(max_tokens=max_tokens, grammar=request.grammar)
+        params = SamplingParams(max_tokens=max_tokens, grammar=request.grammar, temperature=CHAT_TEMPERATURE,
+                                top_p=CHAT_TOP_P)
         extras = {} if request.extras is None else {"chat": request.extras}  # why: an engine without chat formats
         stream = await engine.submit(messages=request.messages, params=params, **extras)
         parser = request.parser()

@@ -40,7 +40,7 @@ from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui import derive
 from homepd.tui.liveadvice import advice_view
 from homepd.tui.records import ChatStats, Tick
-from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
+from homepd.tui.sources.base import CHAT_MAX_TOKENS, CHAT_TEMPERATURE, CHAT_TOP_P, DataSource, Emit, OnDelta
 from homepd.tui.sources.chatrequest import chunk_deltas, openai_tool_fields
 from homepd.tui.stepwindow import StepWindow
 
@@ -294,7 +294,7 @@ class RemoteSource(DataSource):
     def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
              offer_tool: bool = False) -> ChatStats:
         body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": max_tokens,
-                "temperature": 0, **(openai_tool_fields() if offer_tool else {})}
+                "temperature": CHAT_TEMPERATURE, "top_p": CHAT_TOP_P, **(openai_tool_fields() if offer_tool else {})}
         served: tuple[str, RequestTimings] | None = None
         finish = error = None
         started: set[int] = set()
