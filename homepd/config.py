@@ -270,7 +270,8 @@ class EngineConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.n_seq_max > LLAMA_MAX_SEQ:
-            raise ConfigError(f"n_seq_max={self.n_seq_max} is more than llama.cpp's {LLAMA_MAX_SEQ} sequences a context")
+            raise ConfigError(f"n_seq_max={self.n_seq_max} is more than the {LLAMA_MAX_SEQ} sequences of a llama.cpp "
+                              "context")
         if self.n_ctx < 16:
             raise ConfigError(f"n_ctx={self.n_ctx} is too small (at least 16)")
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):

@@ -15,8 +15,9 @@ Pure policy (no llama_cpp, no clock); the scheduler calls it, and it acts on the
   is free, the request takes the entry and drops its tail (``KVOps.trim``).  If the context refuses to
   drop the tail (``trim`` is None), the entry is dropped whole and the prompt prefilled from its start.
 * **evict**: least recently used first, whenever a request needs a sequence id or cells that cached
-  entries hold (the allocator's cached ids let entries outlast the running ids), and whenever the entries hold more than ``max_cached_cells`` (a budget: idle cached
-  cells cost every running step on a unified KV cache, ``benchmarks/kv_layout.py``).
+  entries hold (the allocator's ids for cached prefixes let entries outlast the running ids), and whenever
+  the entries hold more than ``max_cached_cells`` (a budget: idle cached cells cost every running step on a
+  unified KV cache, ``benchmarks/kv_layout.py``).
 * **store** (optional, ``StoreOps``: the host-memory KV store tier, ``homepd.kv.store``): an entry evicted for
   room is saved there first; a prompt whose longest match in the store is longer than in the context is
   restored from it (and only the rest prefilled) when ``store_is_faster`` says so.
