@@ -244,9 +244,9 @@ class EngineConfig:
         "prefix-cache-cells", int, "KV cells cached prefixes may hold at most; idle cached cells slow every "
                                    "running step on the unified KV cache (default: n_ctx/4)"))
     cached_seqs: int | None = field(default=None, metadata=_opt(
-        "cached-seqs", int, "sequence ids beyond --n-seq-max that only hold cached prefixes (finished "
-                            "conversations, paused prefills), so that these stay in the context while every "
-                            "running id is taken (default: as many as --n-seq-max; 0: they share the running ids)"))
+        "cached-seqs", int, "sequence ids beyond --n-seq-max for prefills paused for an interactive prompt, "
+                            "whose KV then stays in the context instead of going to the KV store and back "
+                            "(default: as many as --n-seq-max; 0: a pause gives up its id)"))
     # the KV store tier (homepd.kv.store): prefixes evicted from a context are saved to host shared memory
     kv_store_bytes: int | None = field(default=None, metadata=_opt(
         "kv-store", parse_size_or_off, "bytes of host shared memory for prefixes evicted from the workers' contexts, "

@@ -12,13 +12,12 @@ are counted apart (``n_cells_cached``) until it is evicted (``uncache``) or a ne
 once every cached sequence is gone, so a cached prefix never blocks a request.
 
 **Running and cached ids.**  At most ``n_seq_max`` ids run (hold a reservation) at once; ``n_cached_ids``
-more exist only so that cached prefixes (finished conversations, paused prefills) can stay in the context
-while every running id is taken.  A cached entry then leaves the context when the cells are wanted, not
-because a new request needs its id.
+more exist so that a cached prefix can keep its id while every running id is taken.  Which cached entries
+may (paused prefills, which resume for certain) is the prefix cache's policy (``homepd.core.prefixreuse``).
 
-# why: with as many ids as running requests, six conversations over four ids sent most histories to the KV
-# store between turns, and a paused prefill's to the store and back; without flash attention (the CPU
-# default) a save or restore of scattered cells takes 100-230 ms at 1 thread, during which every stream waits
+# why: with as many ids as running requests, a prefill paused for a chat turn gave its id to it, so its KV
+# went to the KV store and back; without flash attention (the CPU default) a save or restore of scattered
+# cells takes 100-230 ms at 1 thread, during which every stream waits (a document was paused 15 times)
 
 **Shared cells.**  A request can start from a copy of a cached sequence's first cells
 (``allocate_sharing``: ``llama_memory_seq_cp`` on a unified cache adds the new id to those cells, it copies

@@ -15,9 +15,10 @@ Pure policy (no llama_cpp, no clock); the scheduler calls it, and it acts on the
   is free, the request takes the entry and drops its tail (``KVOps.trim``).  If the context refuses to
   drop the tail (``trim`` is None), the entry is dropped whole and the prompt prefilled from its start.
 * **evict**: least recently used first, whenever a request needs a sequence id or cells that cached
-  entries hold (the allocator's ids for cached prefixes let entries outlast the running ids), and whenever
-  the entries hold more than ``max_cached_cells`` (a budget: idle cached cells cost every running step on a
-  unified KV cache, ``benchmarks/kv_layout.py``).
+  entries hold, and whenever the entries hold more than ``max_cached_cells`` (a budget: idle cached cells
+  cost every running step on a unified KV cache, ``benchmarks/kv_layout.py``).  Finished sequences' entries
+  share the ``n_seq_max`` running ids' places with the running requests; only paused prefills hold the
+  allocator's ids beyond them (``_slot_room``).
 * **store** (optional, ``StoreOps``: the host-memory KV store tier, ``homepd.kv.store``): an entry evicted for
   room is saved there first; a prompt whose longest match in the store is longer than in the context is
   restored from it (and only the rest prefilled) when ``store_is_faster`` says so.
@@ -111,6 +112,9 @@ class PrefixReuse:
         self.n_lookups = self.n_hits = self.n_lookup_tokens = self.n_hit_tokens = self.n_evictions = 0
         self.n_store_hits = self.n_store_hit_tokens = 0
         self.n_pauses = self.n_pause_resumed_tokens = 0  # prefills paused here; what they took back resuming
+        # ids of the cached entries that are paused prefills (``pause``): they may hold the allocator's ids kept
+        # for cached prefixes; a finished sequence's entry holds one of the n_seq_max running ids' places
+        self._paused: set[int] = set()
 
     def keep(self, seq: Sequence) -> bool:
         """seq (running, holding its sequence id) leaves: keep its KV as an entry.  False if nothing to keep
@@ -133,7 +137,31 @@ class PrefixReuse:
         which it takes back when it resumes.  False if nothing could be kept."""
         if not self.keep(seq):
             return False
+        self._paused.add(seq.seq_id)
         self.n_pauses += 1
+        return True
+
+    @property
+    def n_finished_cached(self) -> int:
+        """Cached entries of finished sequences (not paused prefills)."""
+        return self.allocator.n_cached - len(self._paused)
+
+    def _slot_room(self, keep=None) -> bool:
+        """Evict finished entries (LRU, never ``keep``) until one more sequence may run beside the running ones
+        and the finished entries: those share the ``n_seq_max`` places, as when no ids were kept for cached
+        prefixes; only paused prefills hold the ids beyond them.  False if that cannot be done.
+
+        # why: a finished request's KV kept in the context costs every step (llama.cpp attends over every cell of
+        # the unified cache up to the highest in use) and may never be asked for again; with every finished
+        # sequence kept under the extra ids, one-shot traffic (every prompt its own) met its SLO for 12 of 24
+        # requests at 0.5 req/s against 24 of 24 (benchmarks/slo_capacity.py, 2 threads); a paused prefill
+        # resumes for certain, and soon"""
+        a = self.allocator
+        while a.n_running + self.n_finished_cached >= a.n_seq_max:
+            finished = [e for e in self.index.lru() if e.seq_id not in self._paused and e is not keep]
+            if not finished:
+                return False
+            self.evict(finished[0])
         return True
 
     def expected_reuse(self, seq: Sequence) -> int:
@@ -190,7 +218,10 @@ class PrefixReuse:
             if not others:
                 return False
             self.evict(others[0])
+        if entry.seq_id in self._paused and not self._slot_room(keep=entry):
+            return False
         self.index.remove(entry)
+        self._paused.discard(entry.seq_id)
         if n_keep < entry.n_cells:
             if self.store is not None:
                 # why: the trim drops the entry's tail for good; a chat turn sharing only the system prompt
@@ -211,6 +242,8 @@ class PrefixReuse:
     def _copy(self, seq: Sequence, entry, n_keep: int, n_cells: int) -> bool:
         """seq gets the entry's first ``n_keep`` cells under a new id (the entry stays cached), evicting
         other entries (LRU) as far as an id and the cells need; False if that cannot be done."""
+        if not self._slot_room(keep=entry):
+            return False
         while not self.allocator.can_allocate_sharing(n_cells, n_keep):
             others = [e for e in self.index.lru() if e is not entry]
             if not others:
@@ -252,6 +285,7 @@ class PrefixReuse:
     def evict(self, entry, save: bool = True) -> None:
         """Drop ``entry`` from the context; with a store and ``save``, it is saved there first."""
         self.index.remove(entry)
+        self._paused.discard(entry.seq_id)
         self.allocator.uncache(entry.seq_id)
         if save and self.store is not None:
             self.store.save(entry.seq_id, entry.tokens)
@@ -269,7 +303,7 @@ class PrefixReuse:
     def make_room(self, n_cells: int) -> None:
         """Evict (LRU) until a sequence id is free and ``n_cells`` more cells are unreserved, as far as
         cached entries allow."""
-        if not self.allocator.can_run_more:
+        if not self.allocator.can_run_more or not self._slot_room():
             return  # no eviction gives an id that may run
         while not self.allocator.can_allocate(n_cells) and self.evict_lru():
             pass

@@ -256,17 +256,19 @@ def test_an_admitted_prompt_goes_on_while_one_ahead_of_it_waits_for_a_sequence_i
     assert [sl.seq.request_id for sl in plan.prefill] == ["doc"] and s.waiting[0].request_id == "turn"
 
 
-@pytest.mark.parametrize("n_cached_ids, evicted", [(0, 1), (2, 0)])
-def test_cached_ids_keep_more_conversations_than_running_ids_in_the_context(n_cached_ids, evicted):
-    """Two running ids and three conversations, one turn at a time: with two ids for cached prefixes the first
-    two conversations' histories stay cached while the third runs (without, its admission evicts the first),
-    and the first one's next turn takes its own back."""
+@pytest.mark.parametrize("n_cached_ids", [0, 2])
+def test_finished_sequences_share_the_running_ids_places_whatever_ids_are_kept_for_paused_prefills(n_cached_ids):
+    """Two running ids and three one-turn requests: the first two stay cached, and the third's admission
+    evicts the least recently used, with or without ids kept for cached prefixes (those are for paused
+    prefills; a finished request's cells cost every step and may never be asked for again)."""
     s, ctx = make(n_ctx=1024, n_seq_max=2, max_cached_cells=512, n_cached_ids=n_cached_ids)
     firsts = [request(f"c{i}", range(1000 * i + 100, 1000 * i + 140)) for i in range(1, 4)]
-    for q in firsts:
+    for q in firsts[:2]:
         finish(s, ctx, q)
-    assert s.prefixes.stats().n_evictions == evicted
-    again = request("c1-next", [*firsts[0].prompt_ids, *firsts[0].output_ids, 7, 8, 9])
+    assert s.prefixes.stats().n_evictions == 0 and s.allocator.n_cached == 2
+    finish(s, ctx, firsts[2])
+    assert s.prefixes.stats().n_evictions == 1 and s.allocator.n_cached == 2
+    assert sorted(e.tokens[0] for e in s.prefixes.index.lru()) == [2100, 3100]  # the first, least recently used, went
+    again = request("c2-next", [*firsts[1].prompt_ids, *firsts[1].output_ids, 7, 8, 9])
     finish(s, ctx, again)
-    assert again.n_reused == (43 if n_cached_ids else 0)  # the whole first turn (40 + 4 answer tokens, the last
-    # of which was never computed), or nothing
+    assert again.n_reused == 43  # the second's whole first turn (40 + 4 answer tokens, the last never computed)
