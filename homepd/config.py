@@ -243,10 +243,13 @@ class EngineConfig:
     prefix_cache_cells: int | None = field(default=None, metadata=_opt(
         "prefix-cache-cells", int, "KV cells cached prefixes may hold at most; idle cached cells slow every "
                                    "running step on the unified KV cache (default: n_ctx/4)"))
-    cached_seqs: int | None = field(default=None, metadata=_opt(
+    # why 0 by default: on one-shot SLO traffic (benchmarks/slo_capacity.py) a paused document kept in the context
+    # cost more than its trip through the store (16-17 of 24 requests within the SLO at 0.5-0.6 req/s against
+    # 24); on conversations it lowers the gaps (docs/scheduling.md, "Cached-prefix ids")
+    cached_seqs: int = field(default=0, metadata=_opt(
         "cached-seqs", int, "sequence ids beyond --n-seq-max for prefills paused for an interactive prompt, "
                             "whose KV then stays in the context instead of going to the KV store and back "
-                            "(default: as many as --n-seq-max; 0: a pause gives up its id)"))
+                            "(default 0: a pause gives up its id)"))
     # the KV store tier (homepd.kv.store): prefixes evicted from a context are saved to host shared memory
     kv_store_bytes: int | None = field(default=None, metadata=_opt(
         "kv-store", parse_size_or_off, "bytes of host shared memory for prefixes evicted from the workers' contexts, "
@@ -294,7 +297,7 @@ class EngineConfig:
         if self.prefix_cache_cells is not None and (not isinstance(self.prefix_cache_cells, int)
                                                     or self.prefix_cache_cells < 0):
             raise ConfigError(f"prefix_cache_cells must be an integer >= 0, got {self.prefix_cache_cells!r}")
-        if self.cached_seqs is not None and (not isinstance(self.cached_seqs, int) or self.cached_seqs < 0):
+        if not isinstance(self.cached_seqs, int) or self.cached_seqs < 0:
             raise ConfigError(f"cached_seqs must be an integer >= 0, got {self.cached_seqs!r}")
         if self.kv_store_bytes is not None and (not isinstance(self.kv_store_bytes, int) or self.kv_store_bytes < 0):
             raise ConfigError(f"kv_store_bytes must be an integer >= 0 (0 = off), got {self.kv_store_bytes!r}")
@@ -505,8 +508,7 @@ def cached_ids(config: EngineConfig, max_cached_cells: int) -> int:
     a prefix cache), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context."""
     if not max_cached_cells:
         return 0
-    asked = config.n_seq_max if config.cached_seqs is None else config.cached_seqs
-    return max(0, min(asked, LLAMA_MAX_SEQ - config.n_seq_max))
+    return max(0, min(config.cached_seqs, LLAMA_MAX_SEQ - config.n_seq_max))
 
 
 def cached_cells_for(n_ctx: int, prefix_cache_cells: int | None) -> int:

@@ -169,15 +169,15 @@ def test_teacher_forced_check_catches_an_off_by_one_in_a_store_restore(default_m
     assert deficits[0] > 2 * MARGIN_LOGITS, deficits
 
 
-@pytest.mark.parametrize("cached_seqs", [0, None], ids=["through-the-store", "in-the-context"])
+@pytest.mark.parametrize("cached_seqs", [0, 2], ids=["through-the-store", "in-the-context"])
 def test_real_model_prefill_paused_for_an_interactive_turn_resumes_without_recompute(default_model_path,
                                                                                       cached_seqs):
     """Two running sequences: a chat decodes and a background document prefills in chunks; an interactive
     turn arrives while both run, so the document's prefill pauses (its KV kept as a cached prefix) and
     resumes once one ends: every document token is computed once, and its answer agrees with a fresh prefill
-    of the whole prompt (teacher-forced).  With no ids for cached prefixes (``--cached-seqs 0``) the turn
-    takes the document's id, so its KV goes to the store and comes back from there; with them (the default)
-    it stays in the context and the store is never written."""
+    of the whole prompt (teacher-forced).  With no ids beyond the running ones (``--cached-seqs 0``, the
+    default) the turn takes the document's id, so its KV goes to the store and comes back from there; with
+    them (``--cached-seqs 2``) it stays in the context and the store is never written."""
     document = DOCUMENT + " " + PROMPTS[3] + " " + PROMPTS[2] + QUESTIONS[0]  # ~190 tokens
     cfg = coloc(default_model_path, n_threads=1, kv_store_bytes=64 << 20, n_seq_max=2, chunk=16,
                 cached_seqs=cached_seqs)

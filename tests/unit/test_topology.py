@@ -165,11 +165,11 @@ def test_every_worker_gets_ids_for_cached_prefixes_beyond_its_running_ones():
         config = EngineConfig(backend="fake", n_ctx=4096, **kw)
         return {(s.n_cached_ids, s.n_ids) for s in worker_specs(config, prepare(config, box=box)).values()}
 
-    assert cached_ids(n_seq_max=4) == {(4, 8)}  # as many as run, by default
-    assert cached_ids(n_seq_max=4, cached_seqs=0) == {(0, 4)}  # they share the running ids, as before
+    assert cached_ids(n_seq_max=4) == {(0, 4)}  # none by default: a pause gives up its id
+    assert cached_ids(n_seq_max=4, cached_seqs=4) == {(4, 8)}
     assert cached_ids(n_seq_max=4, cached_seqs=12) == {(12, 16)}
-    assert cached_ids(n_seq_max=200) == {(56, 256)}  # llama.cpp's ids a context
-    assert cached_ids(n_seq_max=4, prefix_cache=False) == {(0, 4)}  # nothing to keep
+    assert cached_ids(n_seq_max=200, cached_seqs=200) == {(56, 256)}  # llama.cpp's ids a context
+    assert cached_ids(n_seq_max=4, cached_seqs=4, prefix_cache=False) == {(0, 4)}  # nothing to keep
     with pytest.raises(ConfigError, match="cached_seqs must be an integer >= 0, got -1"):
         EngineConfig(cached_seqs=-1).validated()
     with pytest.raises(ConfigError, match="n_seq_max=257 is more than the 256 sequences"):
