@@ -504,8 +504,8 @@ def max_cached_cells(config: EngineConfig, n_ctx: int) -> int:
 
 
 def cached_ids(config: EngineConfig, max_cached_cells: int) -> int:
-    """Sequence ids a worker keeps for cached prefixes only, beyond its ``n_seq_max`` running ones (none without
-    a prefix cache), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context."""
+    """Sequence ids a worker keeps beyond its ``n_seq_max`` running ones for paused prefills (``--cached-seqs``;
+    none without a prefix cache), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context."""
     if not max_cached_cells:
         return 0
     return max(0, min(config.cached_seqs, LLAMA_MAX_SEQ - config.n_seq_max))

@@ -40,7 +40,7 @@ class WorkerSpec:
     gap_ceiling_ms: float | None = None
     # prefix reuse (homepd.core.prefixreuse): finished sequences' KV kept up to this many cells (0: off)
     max_cached_cells: int = 0
-    # sequence ids beyond n_seq_max that only hold cached prefixes (homepd.core.allocator)
+    # sequence ids beyond n_seq_max, which only paused prefills hold (homepd.core.allocator, --cached-seqs)
     n_cached_ids: int = 0
     # llama.cpp's flash attention, one setting for every worker of an engine (the V cache's layout follows it,
     # and workers trade KV state): homepd.engine.specs.flash_attn
