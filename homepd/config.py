@@ -34,6 +34,12 @@ FAULTS = ("swap_seq", "stale_token", "claim_prefix_hits", "reuse_off_by_one", "s
 # "llama": llama.cpp; "fake": a deterministic stand-in for tests of logic that does not need the model
 BACKENDS = ("llama", "fake")
 FLASH_ATTN = ("auto", "on", "off")
+# the KV cache's layout in a worker's llama.cpp context (``kv_unified``): one pool of n_ctx cells every sequence
+# draws from, or one stream of n_ctx / ids cells per sequence id (homepd.core.allocator)
+KV_LAYOUTS = ("auto", "unified", "streams")
+# why: streams cap every request at one stream; auto splits the cache only where a stream still holds a long
+# conversation or a document with its answer (the defaults, 4096 cells over 8 sequences, stay unified)
+AUTO_STREAM_CELLS = 2048
 LLAMA_MAX_SEQ = 256  # llama.cpp's sequence ids a context (src/llama-cparams.h)
 
 
@@ -246,6 +252,15 @@ class EngineConfig:
     # why 0 by default: on one-shot SLO traffic (benchmarks/slo_capacity.py) a paused document kept in the context
     # cost more than its trip through the store (16-17 of 24 requests within the SLO at 0.5-0.6 req/s against
     # 24); on conversations it lowers the gaps (docs/scheduling.md, "Cached-prefix ids")
+    # why auto: streams are faster (a step attends only over its own sequence's cells, and a cached conversation
+    # costs the others nothing: docs/scheduling.md, "KV layout"), but cap every request at n_ctx / ids
+    kv_layout: str = field(default="auto", metadata=_opt(
+        "kv-layout", help="the KV cache's layout: unified = one pool of --n-ctx cells any request may fill; "
+                          "streams = one stream of n_ctx / ids cells per sequence (as llama-server -np), each "
+                          "step attending only over its own sequence's cells, every request capped at one stream; "
+                          f"auto = streams where each holds at least {AUTO_STREAM_CELLS} cells (colocated and "
+                          "replicas modes), else unified",
+        choices=KV_LAYOUTS))
     cached_seqs: int = field(default=0, metadata=_opt(
         "cached-seqs", int, "sequence ids beyond --n-seq-max for prefills paused for an interactive prompt, "
                             "whose KV then stays in the context instead of going to the KV store and back "
@@ -299,6 +314,17 @@ class EngineConfig:
             raise ConfigError(f"prefix_cache_cells must be an integer >= 0, got {self.prefix_cache_cells!r}")
         if not isinstance(self.cached_seqs, int) or self.cached_seqs < 0:
             raise ConfigError(f"cached_seqs must be an integer >= 0, got {self.cached_seqs!r}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
+        if self.kv_layout == "streams":
+            # why: a prefill worker's context is smaller than the decode worker's, and its streams would not hold
+            # what the decode worker's take; the handoff is written for one pool on either side
+            if not _streams_fit_mode(self.mode):
+                raise ConfigError("kv_layout 'streams' is for the colocated and replicas modes (a disaggregated "
+                                  "handoff moves KV between contexts of different sizes)")
+            if request_n_ctx(self) < 16:
+                raise ConfigError(f"kv_layout 'streams' gives each sequence {request_n_ctx(self)} cells of n_ctx "
+                                  f"{self.n_ctx} (at least 16): raise n_ctx or lower n_seq_max")
         if self.kv_store_bytes is not None and (not isinstance(self.kv_store_bytes, int) or self.kv_store_bytes < 0):
             raise ConfigError(f"kv_store_bytes must be an integer >= 0 (0 = off), got {self.kv_store_bytes!r}")
         if not isinstance(self.hang_timeout_s, (int, float)) or self.hang_timeout_s < 0:
@@ -500,15 +526,52 @@ def max_cached_cells(config: EngineConfig, n_ctx: int) -> int:
     """KV cells a worker's cached prefixes may hold (0: no prefix cache), for a worker of ``n_ctx`` cells."""
     if not config.prefix_cache:
         return 0
+    if kv_streams(config) and config.prefix_cache_cells is None:
+        # why: a cached entry keeps its own stream, which no other sequence attends over: idle cells cost nothing
+        return n_ctx
     return cached_cells_for(n_ctx, config.prefix_cache_cells)
+
+
+def _streams_fit_mode(mode) -> bool:
+    return mode is not Mode.DISAGGREGATED
+
+
+def _stream_cells(config: EngineConfig, n_ctx: int) -> int:
+    """The cells of one stream were the cache split: ``n_ctx`` over the context's sequence ids."""
+    return n_ctx // (config.n_seq_max + _extra_ids(config))
+
+
+def _extra_ids(config: EngineConfig) -> int:
+    """``--cached-seqs`` within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context; none without a prefix cache."""
+    if not config.prefix_cache or config.prefix_cache_cells == 0:
+        return 0
+    return max(0, min(config.cached_seqs, LLAMA_MAX_SEQ - config.n_seq_max))
+
+
+def kv_streams(config: EngineConfig) -> bool:
+    """Whether the workers' KV caches are split into one stream per sequence id (``--kv-layout``; auto: where a
+    stream holds ``AUTO_STREAM_CELLS``, in a mode whose workers can)."""
+    if config.kv_layout == "auto":
+        return _streams_fit_mode(config.mode) and _stream_cells(config, config.n_ctx) >= AUTO_STREAM_CELLS
+    return config.kv_layout == "streams"
+
+
+def kv_layout_text(config: EngineConfig) -> str:
+    """For a startup line: ", KV in streams of N cells" when split, else nothing."""
+    return f", KV in streams of {request_n_ctx(config)} cells" if kv_streams(config) else ""
+
+
+def request_n_ctx(config: EngineConfig, n_ctx: int | None = None) -> int:
+    """The KV cells one request may fill in a worker of ``n_ctx`` cells (default ``config.n_ctx``): all of them on
+    a unified cache; one stream, ``n_ctx`` over the context's sequence ids, when split (``kv_streams``)."""
+    n_ctx = config.n_ctx if n_ctx is None else n_ctx
+    return _stream_cells(config, n_ctx) if kv_streams(config) else n_ctx
 
 
 def cached_ids(config: EngineConfig, max_cached_cells: int) -> int:
     """Sequence ids a worker keeps beyond its ``n_seq_max`` running ones for paused prefills (``--cached-seqs``;
     none without a prefix cache), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context."""
-    if not max_cached_cells:
-        return 0
-    return max(0, min(config.cached_seqs, LLAMA_MAX_SEQ - config.n_seq_max))
+    return _extra_ids(config) if max_cached_cells else 0
 
 
 def cached_cells_for(n_ctx: int, prefix_cache_cells: int | None) -> int:

@@ -33,10 +33,13 @@ class AdmissionRejected(RequestError):
 class PromptTooLongError(RequestError):
     """A prompt that does not fit the context (never truncated silently)."""
 
-    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+    def __init__(self, n_prompt_tokens: int, n_ctx: int, streams: bool = False):
         self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
-        super().__init__(f"prompt is {n_prompt_tokens} tokens; the context holds {n_ctx} (n_ctx) including at "
-                         f"least one generated token — shorten it or raise n_ctx")
+        where = (f"a request's stream holds {n_ctx} (n_ctx / sequence ids, --kv-layout streams)" if streams
+                 else f"the context holds {n_ctx} (n_ctx)")
+        fix = "raise n_ctx, lower n_seq_max or use --kv-layout unified" if streams else "raise n_ctx"
+        super().__init__(f"prompt is {n_prompt_tokens} tokens; {where} including at least one generated token — "
+                         f"shorten it or {fix}")
 
 
 class WorkerError(HomepdError):

@@ -121,12 +121,15 @@ def next_token(tokens: list[int]) -> int:
 
 
 class FakeContext:
-    """``n_seq_max`` sequences over ``n_ctx`` cells; ``decode`` validates positions like llama.cpp would."""
+    """``n_seq_max`` sequences over ``n_ctx`` cells (unified) or over streams of ``n_ctx / n_seq_max`` cells each;
+    ``decode`` validates positions like llama.cpp would."""
 
     def __init__(self, model: FakeModel, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
                  n_ubatch: int | None = None, kv_unified: bool = True, flash_attn: bool | None = None):
         self.model = model
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
+        self.kv_unified = kv_unified
+        self.n_ctx_seq = n_ctx if kv_unified else n_ctx // n_seq_max
         self._seqs: dict[int, list[int]] = {}
         self._cells: dict[int, list[int]] = {}  # per sequence, the cell of each position (shared by seq_copy)
         self._next_cell = 0
@@ -146,6 +149,9 @@ class FakeContext:
             if not 0 <= sid < self.n_seq_max:
                 raise WorkerError(f"sequence id {sid} out of range")
             seq = self._seqs.setdefault(sid, [])
+            if not self.kv_unified and len(seq) >= self.n_ctx_seq:
+                raise WorkerError(f"llama_decode returned 1 for a batch of {n} tokens (1 = no KV slot: sequence "
+                                  f"{sid}'s stream of {self.n_ctx_seq} cells is full)")
             if pos != len(seq):
                 raise WorkerError(f"fake decode: sequence {sid} holds {len(seq)} tokens, got position {pos}")
             seq.append(int(token))
@@ -173,7 +179,9 @@ class FakeContext:
         self._cells.pop(seq_id, None)
 
     reuse_mode = ReuseMode.PREFIX
-    can_share = True
+    @property
+    def can_share(self) -> bool:
+        return self.kv_unified
 
     def seq_copy(self, src_id: int, dst_id: int, n_cells: int) -> int:
         assert not self._seqs.get(dst_id)

@@ -12,7 +12,7 @@ import asyncio
 import json
 import sys
 
-from homepd.config import add_config_flags, config_from_args
+from homepd.config import add_config_flags, config_from_args, kv_layout_text
 from homepd.core.sampling import SamplingParams
 from homepd.engine.streams import EventKind
 from homepd.hw.monitor import Sampler
@@ -36,7 +36,7 @@ async def _run_sampled(args: argparse.Namespace, sampler) -> int:
     trace = None if args.prompt is not None else _trace_from_args(args)  # a bad trace file: before any engine
     setup = await asyncio.to_thread(prepare, config)
     print(f"homepd: starting {config.mode} engine on {config.model} (chunk={config.chunk}, "
-          f"n_ctx={config.n_ctx}) ...", file=sys.stderr)
+          f"n_ctx={config.n_ctx}{kv_layout_text(config)}) ...", file=sys.stderr)
     async with Engine(config, setup, sampler=sampler) as engine:
         for w in engine.snapshot().workers:
             where = f"GPU {w.cuda_visible_devices}" if w.cuda_visible_devices else "CPU"

@@ -19,6 +19,11 @@ may (paused prefills, which resume for certain) is the prefix cache's policy (``
 # went to the KV store and back; without flash attention (the CPU default) a save or restore of scattered
 # cells takes 100-230 ms at 1 thread, during which every stream waits (a document was paused 15 times)
 
+**Streams.**  With ``--kv-layout streams`` (``kv_unified`` off) llama.cpp gives each id its own stream of
+``stream_cells`` = n_ctx / ids cells: a step's tokens attend only over their own sequence's stream, and no id
+may hold more than one stream (``fits_stream``); the streams add up to the pool, so the pool's count holds too.
+No cells are shared across streams (llama.cpp copies whole streams only).
+
 **Shared cells.**  A request can start from a copy of a cached sequence's first cells
 (``allocate_sharing``: ``llama_memory_seq_cp`` on a unified cache adds the new id to those cells, it copies
 nothing).  Each id then records the one id it shares its first cells with and how many (a forest); a cell
@@ -35,13 +40,18 @@ from __future__ import annotations
 
 class KVAllocator:
     """``n_seq_max`` running sequences (``n_seq_max + n_cached_ids`` llama.cpp sequence ids) over a unified KV
-    cache of ``n_ctx`` cells."""
+    cache of ``n_ctx`` cells, or over one stream of ``stream_cells`` per id (the pool's count still holds: the
+    streams add up to at most ``n_ctx``)."""
 
-    def __init__(self, n_seq_max: int, n_ctx: int, n_cached_ids: int = 0):
+    def __init__(self, n_seq_max: int, n_ctx: int, n_cached_ids: int = 0, stream_cells: int | None = None):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_cached_ids >= 0
         self.n_seq_max = n_seq_max
         self.n_ids = n_seq_max + n_cached_ids
         self.n_ctx = n_ctx
+        # None: one unified pool; else each id's own stream of that many cells (``--kv-layout streams``), and no
+        # id holds more whatever the pool has free
+        assert stream_cells is None or 1 <= stream_cells * self.n_ids <= n_ctx
+        self.stream_cells = stream_cells
         # why: a stack, lowest id on top, so ids are handed out 0, 1, 2… and a freed id is reused first
         self.free_seq_ids: list[int] = list(range(self.n_ids - 1, -1, -1))
         self.n_running = 0  # ids holding a reservation (allocated or taken, not yet cached or freed)
@@ -90,13 +100,18 @@ class KVAllocator:
         held by a cached entry (evictable)."""
         return self.can_run_more and bool(self.free_seq_ids or self._n_cached_of)
 
+    def fits_stream(self, n_cells: int) -> bool:
+        """``n_cells`` fit under one id: always on a unified cache, within one stream on a split one."""
+        return self.stream_cells is None or n_cells <= self.stream_cells
+
     def can_allocate(self, n_cells: int) -> bool:
         """True if another sequence may run, an id is free and ``n_cells`` more cells fit in ``n_ctx``."""
-        return self.can_run_more and bool(self.free_seq_ids) and n_cells <= self.n_cells_free
+        return self.can_run_more and bool(self.free_seq_ids) and n_cells <= self.n_cells_free \
+            and self.fits_stream(n_cells)
 
     def can_allocate_evicting(self, n_cells: int) -> bool:
         """True if ``n_cells`` would fit under some id once every cached sequence is evicted."""
-        if not self.id_available:
+        if not self.id_available or not self.fits_stream(n_cells):
             return False
         shares = self._shares_without(set(self._n_cached_of))
         return self.n_cells_reserved - sum(n for _, n in shares.values()) + n_cells <= self.n_ctx
@@ -111,7 +126,8 @@ class KVAllocator:
         return seq_id
 
     def can_allocate_sharing(self, n_cells: int, n_shared: int) -> bool:
-        return self.can_run_more and bool(self.free_seq_ids) and n_cells - n_shared <= self.n_cells_free
+        return self.can_run_more and bool(self.free_seq_ids) and n_cells - n_shared <= self.n_cells_free \
+            and self.fits_stream(n_cells)
 
     def allocate_sharing(self, n_cells: int, src_id: int, n_shared: int) -> int:
         """Reserve ``n_cells`` under a free id whose first ``n_shared`` of them are ``src_id``'s first cells."""
@@ -136,7 +152,7 @@ class KVAllocator:
 
     def can_grow(self, seq_id: int, n_cells: int) -> bool:
         """True if ``seq_id``'s reservation can become ``n_cells`` (at least what it holds)."""
-        return self.n_cells_in_use - self.n_cells_of(seq_id) + n_cells <= self.n_ctx
+        return self.n_cells_in_use - self.n_cells_of(seq_id) + n_cells <= self.n_ctx and self.fits_stream(n_cells)
 
     def grow(self, seq_id: int, n_cells: int) -> None:
         """Make ``seq_id``'s reservation ``n_cells``; a reservation never shrinks while the id is held."""
@@ -185,7 +201,8 @@ class KVAllocator:
 
     def can_take(self, seq_id: int, n_cells: int) -> bool:
         """True if cached ``seq_id`` can become a request's with ``n_cells`` reserved (its kept cells included)."""
-        return self.can_run_more and self.n_cells_in_use - self._n_cached_of[seq_id] + n_cells <= self.n_ctx
+        return self.can_run_more and self.n_cells_in_use - self._n_cached_of[seq_id] + n_cells <= self.n_ctx \
+            and self.fits_stream(n_cells)
 
     def take(self, seq_id: int, n_cells: int) -> None:
         """Cached ``seq_id`` becomes a request's, reserving ``n_cells`` (the prefix it keeps among them)."""

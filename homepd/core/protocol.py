@@ -42,6 +42,8 @@ class WorkerSpec:
     max_cached_cells: int = 0
     # sequence ids beyond n_seq_max, which only paused prefills hold (homepd.core.allocator, --cached-seqs)
     n_cached_ids: int = 0
+    # the KV layout (--kv-layout): one pool every sequence draws from, or one stream of n_ctx / n_ids cells per id
+    kv_unified: bool = True
     # llama.cpp's flash attention, one setting for every worker of an engine (the V cache's layout follows it,
     # and workers trade KV state): homepd.engine.specs.flash_attn
     flash_attn: bool = False

@@ -235,6 +235,7 @@ class EngineSnapshot:
     memory: MemoryBreakdown | None = None  # as last measured (Engine.measure_memory: at start, after each trace)
     admission: AdmissionSnapshot | None = None
     cache: dict[str, PrefixCacheStats] = dataclasses.field(default_factory=dict)  # worker -> its prefix cache
+    kv_stream_cells: int | None = None  # each sequence's stream of the KV cache (--kv-layout); None: one pool
 
     @property
     def n_running(self) -> int:

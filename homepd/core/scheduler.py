@@ -26,7 +26,7 @@ from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixcache import ReuseMode
 from homepd.core.prefixreuse import KVOps, PrefixReuse, StoreOps
 from homepd.core.sequence import Sequence
-from homepd.core.steppolicy import DeadlineGrant, StepPolicy
+from homepd.core.steppolicy import DeadlineGrant, StepPolicy, attended_cells
 
 # why: a paused prefill's KV is kept as a cached prefix, and one evicted goes to the KV store only from 64
 # tokens (homepd.worker.storekv.MIN_STORE_TOKENS); below that it would be recomputed, and costs little anyway
@@ -62,7 +62,9 @@ class StepPlan:
     decode: tuple[Sequence, ...]
     prefill: tuple[PrefillSlice, ...]
     budget: int = 0  # the prompt-token budget the policy gave this step
-    kv_in_use: int = 0  # KV cells held by every running sequence once this step's prompt tokens are in
+    # KV cells each token attends over once this step's prompt tokens are in (``attended_cells``): every running
+    # sequence's on a unified cache, their mean with streams
+    kv_in_use: int = 0
     evicted: tuple[Eviction, ...] = ()  # applied by the worker before the step (also when it is empty)
     reused: tuple[Sequence, ...] = ()  # admitted this step from a cached prefix (``Sequence.n_reused`` tokens)
     grant: DeadlineGrant | None = None  # the step is past the ITL budget for this prompt's TTFT deadline
@@ -88,13 +90,15 @@ class Scheduler:
     def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True,
                  policy: StepPolicy | None = None, kv_ops: KVOps | None = None,
                  reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0, store: StoreOps | None = None,
-                 n_cached_ids: int = 0):
+                 n_cached_ids: int = 0, stream_cells: int | None = None):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
         self.policy = policy or StepPolicy(chunk, n_batch)  # the chunk lives in the policy
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
-        self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx, n_cached_ids=n_cached_ids)
+        # stream_cells: each id's own stream (--kv-layout streams), None: one unified pool
+        self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx, n_cached_ids=n_cached_ids,
+                                     stream_cells=stream_cells)
         # None: no prefix cache (off, or the context cannot keep a finished sequence)
         self.prefixes = PrefixReuse(self.allocator, kv_ops, ReuseMode(reuse_mode), max_cached_cells, store) \
             if kv_ops is not None and reuse_mode != ReuseMode.OFF and max_cached_cells > 0 else None
@@ -121,7 +125,8 @@ class Scheduler:
 
     def can_admit(self, seq: Sequence) -> bool:
         """A sequence id is free and seq's cells fit, leaving a block of headroom per running decode."""
-        headroom = kvpolicy.admission_headroom(len(self.running)) if self.decodes else 0
+        # why no headroom with streams: the running decodes grow in their own streams, not in this one's
+        headroom = kvpolicy.admission_headroom(len(self.running)) if self.decodes and not self.streams else 0
         # why evicting: cached prefixes are reclaimable, they never keep a request waiting
         return self.allocator.can_allocate_evicting(self.cells_needed(seq) + headroom)
 
@@ -161,6 +166,14 @@ class Scheduler:
         return None
 
     @property
+    def streams(self) -> bool:
+        """Each id has its own stream of the KV cache (``--kv-layout streams``)."""
+        return self.allocator.stream_cells is not None
+
+    def _attended(self, n_cells: int, n_seqs: int) -> int:
+        return attended_cells(n_cells, n_seqs, self.streams)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
@@ -173,7 +186,7 @@ class Scheduler:
         First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``."""
         evicted = self._reserve_decode_cells() if self.decodes else ()
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
-        kv_in_use = sum(s.n_kv_tokens for s in self.running)
+        kv_in_use = self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running))
         budget = self.policy.budget(decode, kv_in_use)
         prefilling = [s for s in self.running if s.is_prefilling]
         if prefilling or self.waiting:
@@ -216,7 +229,8 @@ class Scheduler:
                 tail = self.policy.after_first_token(kv_in_use)
                 budget = budget if tail is None else min(budget, tail)
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
-                        kv_in_use=kv_in_use + sum(sl.n_tokens for sl in slices) + sum(s.n_reused for s in reused),
+                        kv_in_use=self._attended(sum(s.n_kv_tokens for s in self.running)
+                                                 + sum(sl.n_tokens for sl in slices), len(self.running)),
                         evicted=evicted, reused=tuple(reused), paused=paused,
                         store_ms=self._store_ms_seen - store_ms_before,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)

@@ -45,6 +45,14 @@ MIN_IDLE_CHUNK = 32
 COLD_IDLE_CHUNK = 64
 
 
+def attended_cells(n_cells: int, n_seqs: int, streams: bool) -> int:
+    """The KV cells each token of a step attends over, with ``n_cells`` held by ``n_seqs`` running sequences:
+    all of them on a unified cache (llama.cpp attends over every cell in use); on a split cache (``--kv-layout
+    streams``) only its own sequence's, taken as their mean.  What the step-time model's KV term is fitted on
+    and asked with (``homepd.core.stepmodel``): the scheduler, the gate and advise say it the same way."""
+    return n_cells // max(1, n_seqs) if streams else n_cells
+
+
 def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,
                   itl_budget_ms: float | None, kv_in_use: int = 0, min_chunk: int = 4,
                   max_chunk: int = 512, idle_step_ms: float | None = None) -> int:

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from homepd.backends import model_classes
-from homepd.config import EngineConfig
+from homepd.config import EngineConfig, kv_streams, request_n_ctx
 from homepd.core.admission import RequestClass, Verdict
 from homepd.core.chatformat import ChatFormat, detect as detect_chat_format
 from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState
@@ -133,7 +133,8 @@ class Engine:
         """Render and tokenize a prompt or chat, and check it can run (``homepd.engine.prompt.request_tokens``)."""
         if self.tokenizer is None:
             raise EngineError("the engine is not started")
-        return request_tokens(self.tokenizer, self.config.n_ctx, prompt, messages, params, chat)
+        return request_tokens(self.tokenizer, request_n_ctx(self.config), prompt, messages, params, chat,
+                              streams=kv_streams(self.config))
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None,
@@ -160,7 +161,7 @@ class Engine:
         if failed:
             raise EngineError(f"the {failed[0].role} worker could not be restarted ({failed[0].failed}); "
                               "stop and start the engine")
-        room = self.config.n_ctx - len(ids) + 1
+        room = request_n_ctx(self.config) - len(ids) + 1
         if params.max_tokens > room:
             params = replace(params, max_tokens=room)  # ends with finish_reason 'length'
         rid = request_id or f"req-{os.getpid()}-{next(_ids)}"
@@ -238,7 +239,7 @@ class Engine:
         intact = self.handoff.recover(handle.spec.role, pid, wanted if self.config.resume and not crash_loop else set())
         plan = recovery.plan_recovery(recovery.WorkerDeath(
             role=handle.role, pid=pid, cause=cause, is_crash_loop=crash_loop, resume=self.config.resume,
-            n_ctx=self.config.n_ctx, entry_worker_failed=bool(self._entry_worker(avoid=handle).failed),
+            n_ctx=request_n_ctx(self.config), entry_worker_failed=bool(self._entry_worker(avoid=handle).failed),
             held=self.requests.held(held, intact)))
         self.worker_events.append(WorkerEvent(
             WorkerEventKind.DIED, handle.role, pid, now, exitcode=exitcode, cause=cause, crash_loop=crash_loop,
@@ -335,7 +336,8 @@ class Engine:
             requests=self.requests.by_state(), n_steps=len(self.requests.step_log),
             requests_by_class=by_class, worker_events=tuple(self.worker_events), t_s=time.monotonic(),
             memory=self.memory, admission=self.gate.snapshot(self.requests.load(self.requests.streams), by_class),
-            cache=self.cache_stats())
+            cache=self.cache_stats(),
+            kv_stream_cells=request_n_ctx(self.config) if kv_streams(self.config) else None)
 
     def measure_memory(self) -> MemoryBreakdown:
         """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept

@@ -23,7 +23,7 @@ from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.routing import RouteReason
 from homepd.core.stats import percentile
 from homepd.core.stepmodel import StepEstimate
-from homepd.core.steppolicy import StepPolicy
+from homepd.core.steppolicy import StepPolicy, attended_cells
 
 MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
 MAX_ERRORS = 2000
@@ -36,7 +36,12 @@ class WorkerLoad:
     queued_requests: dict[RequestClass, int]
     n_decode: int
     n_interactive_decode: int
-    kv_in_use: int = 0   # KV cells its running requests hold (what each step's tokens attend over)
+    kv_in_use: int = 0   # KV cells its running requests hold
+    n_seqs: int = 0      # its running requests (those holding KV)
+
+    def kv_attended(self, spec: WorkerSpec) -> int:
+        """What each token of the worker's next step attends over (``steppolicy.attended_cells``)."""
+        return attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified)
 
 
 def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
@@ -44,8 +49,9 @@ def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
     waiting for a first token, per class, and the decoding streams."""
     tokens: Counter = Counter()
     queued: Counter = Counter()
-    n_decode = n_interactive = kv_in_use = 0
+    n_decode = n_interactive = kv_in_use = n_seqs = 0
     for lc in lifecycles:
+        n_seqs += 1
         klass = RequestClass(lc.request_class)
         if lc.first_token_s is None:
             tokens[klass] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
@@ -55,7 +61,7 @@ def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
             n_decode += 1
             n_interactive += klass is RequestClass.INTERACTIVE
             kv_in_use += lc.n_prompt_tokens + len(lc.token_times_s) - 1
-    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive, kv_in_use)
+    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive, kv_in_use, n_seqs)
 
 
 class AdmissionGate:
@@ -129,7 +135,7 @@ class AdmissionGate:
                ) -> Decision | None:
         """Admission's verdict for a new request entering ``worker``; None while the worker's speed is unmeasured
         (then it is admitted: there is nothing to predict from)."""
-        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode, load.kv_in_use)
+        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode, load.kv_attended(spec))
         if rate is None:
             self.counts[klass]["admitted"] += 1
             return None
@@ -149,7 +155,7 @@ class AdmissionGate:
                           load: WorkerLoad) -> float | None:
         """``decide``'s TTFT prediction for ``n_uncached`` prompt tokens to compute on ``worker``, without a
         verdict or a count (routing compares workers with it); None while the worker's speed is unmeasured."""
-        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode, load.kv_in_use)
+        rate = self.prefill_rate(worker, spec, load.n_decode, load.n_interactive_decode, load.kv_attended(spec))
         if rate is None:
             return None
         q = QueueState(queued_interactive_tokens=load.queued_tokens.get(RequestClass.INTERACTIVE, 0),
@@ -174,7 +180,7 @@ class AdmissionGate:
             self.routed["remote"] += 1
             return False
         local = self.prefill_rate(Role.DECODE, decode, decode_load.n_decode, decode_load.n_interactive_decode,
-                                  decode_load.kv_in_use)
+                                  decode_load.kv_attended(decode))
         local_tok_s = local[0] if local is not None else remote[0] * decode.n_threads / max(prefill.n_threads, 1) \
             * 0.5  # why: beside its decodes it gets about half its time for prompts until measured
         decision = route(n_prompt, RouteState(
@@ -193,7 +199,7 @@ class AdmissionGate:
         would hold those streams for several steps: the interference disaggregation exists to remove."""
         est = self.estimate(Role.DECODE)
         budget = StepPolicy.of_spec(decode, lambda: est).budget_for(
-            decode_load.n_decode, decode_load.n_interactive_decode, decode_load.kv_in_use)
+            decode_load.n_decode, decode_load.n_interactive_decode, decode_load.kv_attended(decode))
         return max(0, budget)
 
     # what it did ------------------------------------------------------------------

@@ -256,10 +256,12 @@ def chat_tokens(tokenizer, messages: list[dict], add_generation_prompt: bool = T
 
 
 def request_tokens(tokenizer, n_ctx: int, prompt: str | None = None, messages: list | None = None,
-                   params: SamplingParams | None = None, chat: ChatExtras | None = None) -> list[int]:
+                   params: SamplingParams | None = None, chat: ChatExtras | None = None,
+                   streams: bool = False) -> list[int]:
     """A request's prompt ids: its raw prompt or chat rendered and tokenized, with what the sampler will need of
     this vocabulary checked (a grammar that llama.cpp parses, logit_bias ids); raise RequestError if it cannot
-    run (PromptTooLongError: it leaves no room in ``n_ctx``)."""
+    run (PromptTooLongError: it leaves no room in ``n_ctx``, the cells one request may fill: one stream with
+    ``streams``)."""
     if (prompt is None) == (messages is None):
         raise RequestError("give exactly one of prompt or messages")
     if messages is None and (not isinstance(prompt, str) or not prompt):
@@ -274,5 +276,5 @@ def request_tokens(tokenizer, n_ctx: int, prompt: str | None = None, messages: l
     if not ids:
         raise RequestError("prompt is empty after tokenization")
     if len(ids) >= n_ctx:
-        raise PromptTooLongError(len(ids), n_ctx)
+        raise PromptTooLongError(len(ids), n_ctx, streams)
     return ids

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from homepd.config import EngineConfig, cached_ids, flash_attn_of, max_cached_cells
+from homepd.config import EngineConfig, cached_ids, flash_attn_of, kv_streams, max_cached_cells
 from homepd.core.modes import Role
 from homepd.core.protocol import EngineSetup, WorkerSpec
 from homepd.core.steppolicy import IDLE_STEP_SHARE_OF_TTFT
@@ -25,7 +25,8 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
             idle_step_ms=idle_step_ms(config, role), gap_ceiling_ms=gap_ceiling_ms(config, role),
-            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config, cached_cells))
+            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config, cached_cells),
+            kv_unified=not kv_streams(config))
     fa = flash_attn(config, specs.values())
     return {name: dataclasses.replace(spec, flash_attn=fa) for name, spec in specs.items()}
 

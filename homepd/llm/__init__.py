@@ -156,8 +156,9 @@ def flash_attn_type(flash_attn: bool) -> int:
 
 
 class LlamaContext:
-    """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache.  ``flash_attn``: None is
-    on where the model offloads to a GPU and off on a CPU (``flash_attn_type``)."""
+    """One llama.cpp context: ``n_seq_max`` sequences sharing one unified KV cache, or (``kv_unified`` False) each
+    in its own stream of ``n_ctx_seq`` cells.  ``flash_attn``: None is on where the model offloads to a GPU and
+    off on a CPU (``flash_attn_type``)."""
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, n_seq_max: int,
                  n_threads: int, n_ubatch: int | None = None, kv_unified: bool = True,
@@ -170,8 +171,9 @@ class LlamaContext:
         params.n_seq_max = n_seq_max
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        # why: without kv_unified, llama.cpp splits n_ctx into n_seq_max equal
-        # streams and a long prompt fails with llama_decode() == 1 (benchmarks/kv_layout.py measures both).
+        # why: without kv_unified, llama.cpp splits n_ctx into n_seq_max equal streams, a prompt longer than one
+        # fails with llama_decode() == 1, and each step attends only over its own sequence's stream
+        # (benchmarks/kv_layout.py measures both; --kv-layout)
         params.kv_unified = kv_unified
         params.flash_attn_type = flash_attn_type(model.offloads if flash_attn is None else flash_attn)
         params.no_perf = True
@@ -179,6 +181,7 @@ class LlamaContext:
         if not self._ctx:
             raise ModelError(f"llama.cpp could not create a context (n_ctx={n_ctx}) for {model.path}")
         self.n_ctx = C.llama_n_ctx(self._ctx)
+        self.n_ctx_seq = C.llama_n_ctx_seq(self._ctx)  # the cells one sequence may hold: n_ctx, or one stream
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
         self.kv_unified = kv_unified

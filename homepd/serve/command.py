@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import sys
 
-from homepd.config import add_config_flags, add_option_flags, config_from_args
+from homepd.config import add_config_flags, add_option_flags, config_from_args, kv_layout_text
 from homepd.serve.settings import ServeSettings
 
 
@@ -25,7 +25,7 @@ def serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     origin = config_origin(config)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    print(f"homepd: serving {config.model} ({config.mode}) on http://{settings.host}:{settings.port}/v1 "
+    print(f"homepd: serving {config.model} ({config.mode}{kv_layout_text(config)}) on http://{settings.host}:{settings.port}/v1 "
           f"{'(API key required)' if settings.api_key else '(no API key)'}", file=sys.stderr)
     print(f"homepd: {origin.line}", file=sys.stderr)
     with Sampler(period_s=1.0) as sampler:

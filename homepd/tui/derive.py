@@ -67,7 +67,7 @@ def architecture_view(snap: EngineSnapshot, kv_mb_s: float | None = None, note: 
         mode=snap.mode, model=os.path.basename(snap.model or "?"), chunk=snap.chunk, n_ctx=snap.n_ctx,
         workers=snap.workers, by_state={state: len(ids) for state, ids in snap.requests.items()}, kv_arena=arena,
         kv_mb_s=kv_mb_s, events=tuple(_event_text(e) for e in snap.worker_events[-3:]), note=note,
-        caches=cache_views(snap.cache), **admission_lines(snap.admission))
+        caches=cache_views(snap.cache), kv_stream_cells=snap.kv_stream_cells, **admission_lines(snap.admission))
 
 
 def cache_views(stats_by_worker: dict) -> tuple[CacheView, ...]:

@@ -98,6 +98,7 @@ class ArchitectureView:
     note: str = ""                 # e.g. "remote: http://127.0.0.1:8439 (ready)"
     classes: tuple[str, ...] = ()  # two queues: one line per request class (queued, decisions, budgets)
     budgets: str = ""              # chosen prompt budget per worker, TTFT prediction error, routing
+    kv_stream_cells: int | None = None  # the KV cache split in one stream per sequence (--kv-layout streams)
     caches: tuple[CacheView, ...] = ()  # the workers that have a prefix cache
 
     @property

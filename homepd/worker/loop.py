@@ -49,7 +49,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         model = model_cls(spec.model_path, n_gpu_layers=spec.offload_layers)
         after_model = anon_intervals()
         ctx = context_cls(model, n_ctx=spec.n_ctx, n_batch=spec.n_batch, n_seq_max=spec.n_ids,
-                           n_threads=spec.n_threads, flash_attn=spec.flash_attn)
+                           n_threads=spec.n_threads, kv_unified=spec.kv_unified, flash_attn=spec.flash_attn)
         # what llama.cpp allocated for the model and the context; the context's resident part now is its KV cache
         regions = tuple(("model", a, b) for a, b in new_intervals(before_model, after_model)) + \
             tuple(("context", a, b) for a, b in new_intervals(after_model, anon_intervals()))
@@ -107,7 +107,8 @@ class WorkerLoop:
                                    kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,
                                    # why: that fault stands in for the cache; a real reuse would blur its claims
                                    max_cached_cells=0 if spec.fault == "claim_prefix_hits" else spec.max_cached_cells,
-                                   store=self.store, n_cached_ids=spec.n_cached_ids)
+                                   store=self.store, n_cached_ids=spec.n_cached_ids,
+                                   stream_cells=None if spec.kv_unified else ctx.n_ctx_seq)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us

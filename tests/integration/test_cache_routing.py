@@ -25,7 +25,8 @@ PINNED = StepEstimate(base_ms=10.0, ms_per_prompt_token=2.0, ms_per_decode_token
 
 def test_a_conversations_next_turn_goes_to_the_replica_that_served_it_unless_its_queue_breaks_the_budget():
     async def scenario():
-        config = EngineConfig(mode="replicas", backend="fake", n_ctx=8192, chunk=4, n_seq_max=4)
+        # one pool: the 4,000-token document would not fit a stream of 2,048 (--kv-layout auto's here)
+        config = EngineConfig(mode="replicas", backend="fake", n_ctx=8192, chunk=4, n_seq_max=4, kv_layout="unified")
         async with make_engine(config) as engine:
             engine.gate.estimate = lambda worker: PINNED
             a = await engine.submit("a", params=LONG)                  # replica-0 (both idle: the first)

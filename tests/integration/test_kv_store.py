@@ -102,24 +102,26 @@ def common_prefix(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("which", ["smollm2", "gemma3", "smollm2-streams"])
 def test_real_model_conversation_restored_from_the_store_agrees_with_a_fresh_prefill(
         which, default_model_path, request):
     """SmolLM2 (plain cache, mode 'prefix'): the store restores the longest matching prefix of an entry;
     Gemma 3 (sliding-window layers, mode 'exact'): ``llama_state_seq_get_data`` saves what its caches hold
     (the full layers' cells and the window's), so a whole saved sequence the prompt continues is restored,
-    as the context's own reuse allows.  After a kill -9 (SmolLM2) the replacement worker restores it too."""
+    as the context's own reuse allows.  After a kill -9 (SmolLM2) the replacement worker restores it too.
+    ``smollm2-streams``: the same with ``--kv-layout streams``, where a save and a restore are one stream's."""
     path = request.getfixturevalue("gemma_model_path") if which == "gemma3" else default_model_path
     first = DOCUMENT + QUESTIONS[0]
+    layout = "streams" if which.endswith("streams") else "unified"
 
     async def scenario():
-        async with make_engine(real_config(path)) as engine:
+        async with make_engine(real_config(path, kv_layout=layout)) as engine:
             t1 = await real_turn(engine, first)
             await real_turn(engine, PROMPTS[2] + " " + PROMPTS[1])  # the first exchange leaves for the store
             t2 = await real_turn(engine, first + t1[3] + " Question: and then?")
             stats = engine.cache_stats()["colocated"]
             t3 = after = None
-            if which == "smollm2":
+            if which.startswith("smollm2"):
                 pid = engine.workers["colocated"].pid
                 os.kill(pid, signal.SIGKILL)
                 await replaced(engine, "colocated", pid)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from homepd.core.sampling import SamplingParams
+from homepd.errors import PromptTooLongError
 from homepd.llm import LlamaModel
 from homepd.measure.reference import teacher_forced_deficits
 from homepd.core.prefixcache import ReuseMode
@@ -118,4 +119,37 @@ def test_gemma_sliding_window_cache_reuses_only_a_whole_kept_sequence(gemma_mode
         deficits = teacher_forced_deficits(gemma, p2, g2, n_threads=N_THREADS)
     finally:
         gemma.close()
+    assert max(deficits) <= MARGIN_LOGITS, deficits
+
+
+def test_with_streams_a_conversation_continues_in_its_own_stream_and_a_prompt_longer_than_one_is_refused(
+        default_model_path, model):
+    """``--kv-layout streams``: each of the 4 ids has its own stream of 2048 / 4 = 512 cells.  The next turn of a
+    conversation takes its own entry (its stream) and computes only what it adds, and agrees with a fresh prefill;
+    a prompt that fits the context but not one stream is refused by name before any worker sees it."""
+    first = DOCUMENT + QUESTIONS[0]
+
+    async def scenario():
+        async with make_engine(coloc(default_model_path, kv_layout="streams")) as engine:
+            results = []
+            for prompt in (first, None):
+                if prompt is None:
+                    prompt = first + results[0][3] + " Question: and then?"
+                stream = await engine.submit(prompt, params=GREEDY)
+                events, text = await stream.collect()
+                assert events[-1].kind == "done", events[-1]
+                results.append((list(stream.prompt_ids), [e.token_id for e in events if e.kind == "token"],
+                                stream.lifecycle.n_cached_tokens, text, stream.request_id))
+            with pytest.raises(PromptTooLongError, match="a request's stream holds 512"):
+                await engine.submit(" ".join([PROMPTS[3]] * 12), params=GREEDY)  # ~600 tokens
+            return results, engine.steps_since(), engine.snapshot()
+
+    results, steps, snap = run(scenario())
+    (p0, g0, c0, _, r0), (p2, g2, c2, _, r2) = results
+    assert snap.kv_stream_cells == 512 and c0 == 0
+    kept = p0 + g0[:-1]
+    common = next((i for i, (a, b) in enumerate(zip(p2, kept)) if a != b), min(len(p2), len(kept)))
+    assert c2 == min(common, len(p2) - 1) and c2 > len(p0)
+    assert sum(n for s in steps for q, n in s.prefill if q == r2) == len(p2) - c2
+    deficits = teacher_forced_deficits(model, p2, g2, n_threads=N_THREADS)
     assert max(deficits) <= MARGIN_LOGITS, deficits

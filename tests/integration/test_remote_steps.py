@@ -41,8 +41,9 @@ def stream_with_a_prompt_beside_it(proc: ServeProcess) -> tuple[str, str]:
 
 async def test_the_attached_app_shows_the_service_s_itl_max_interference_and_stalls(tmp_path):
     # an ITL budget of 1 µs makes every gap a stall the dashboard attributes
-    proc = ServeProcess(tmp_path, "--backend", "fake", "--n-ctx", "65536", "--max-tokens", "60000",
-                        "--no-adaptive-chunk", "--chunk", "32768", "--itl-budget", "0.001").wait_ready()
+    # one pool: b's 32,000-token prompt is longer than a stream of 65,536 / 8 (--kv-layout auto's here)
+    proc = ServeProcess(tmp_path, "--backend", "fake", "--n-ctx", "65536", "--max-tokens", "60000", "--kv-layout",
+                        "unified", "--no-adaptive-chunk", "--chunk", "32768", "--itl-budget", "0.001").wait_ready()
     source = RemoteSource(proc.url, EngineConfig(), api_key=proc.api_key, sample_hardware=False)
     app = HomepdApp(source, tick_interval_s=None)
     try:

@@ -94,3 +94,26 @@ def test_without_cached_ids_a_cached_sequence_holds_one_of_the_running_ids():
     a.cache(first, 10)
     assert not a.free_seq_ids and a.id_available  # its id comes back only by evicting it
     assert not a.can_allocate(1) and a.can_allocate_evicting(1)
+
+
+def test_streams_cap_each_id_at_its_stream_whatever_the_pool_has_free():
+    a = KVAllocator(n_seq_max=2, n_ctx=1000, stream_cells=500)
+    assert a.can_allocate(500) and not a.can_allocate(501)  # the pool has 1,000 free, a stream 500
+    assert not a.can_allocate_evicting(501) and not a.can_allocate_sharing(501, 10)
+    first = a.allocate(400)
+    assert a.can_grow(first, 500) and not a.can_grow(first, 501)
+    a.cache(first, 400)
+    assert a.can_take(first, 500) and not a.can_take(first, 501)
+    a.take(first, 500)
+    second = a.allocate(500)  # the other stream is whole: the pool's count agrees
+    assert a.n_cells_free == 0 and second != first
+
+
+def test_a_unified_pool_lets_one_id_fill_it():
+    a = KVAllocator(n_seq_max=2, n_ctx=1000)
+    assert a.stream_cells is None and a.can_allocate(1000) and a.fits_stream(10**6)
+
+
+def test_streams_cannot_add_up_to_more_than_the_context():
+    with pytest.raises(AssertionError):
+        KVAllocator(n_seq_max=2, n_ctx=1000, n_cached_ids=1, stream_cells=500)  # three ids of 500

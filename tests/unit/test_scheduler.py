@@ -244,3 +244,30 @@ def test_prefill_only_worker_reserves_the_prompt_not_the_outputs():
         assert not plan.decode  # a prefill worker never decodes
     assert len(s.running) == 4 and s.allocator.n_cells_reserved == 200  # all four fit: prompts only
     assert all(len(q.output_ids) == 1 for q in s.running)  # first tokens, waiting for hand-off
+
+
+def test_with_streams_a_request_fills_its_own_stream_and_the_step_model_sees_one_stream_s_depth():
+    def both(stream_cells: int | None) -> Scheduler:
+        s = Scheduler(n_seq_max=2, n_ctx=1024, n_batch=1024, chunk=1024, stream_cells=stream_cells)
+        s.add(seq("a", 500, max_tokens=12))  # 511 cells at most: a whole stream of 512
+        s.add(seq("b", 500, max_tokens=12))
+        return s
+    # one pool: the second waits, as a block of headroom must stay for the first one's growth
+    unified = both(None)
+    assert [sl.seq.request_id for sl in run_step(unified).prefill] == ["a"]
+    # two streams of 512: the first grows in its own stream, so the second is admitted beside it
+    streams = both(512)
+    assert [sl.seq.request_id for sl in run_step(streams).prefill] == ["a", "b"]
+    # each token attends over its own stream: the step model is told the sequences' mean, not their sum
+    plan = run_step(streams)
+    assert len(plan.decode) == 2 and plan.kv_in_use == 500  # each holds its 500 prompt cells when planned
+    plan = run_step(unified)
+    assert [q.request_id for q in plan.decode] == ["a"] and unified.waiting  # b still waits for cells
+    assert plan.kv_in_use == 500  # one sequence: its cells either way
+
+
+def test_with_streams_a_request_longer_than_its_stream_is_never_admitted():
+    s = Scheduler(n_seq_max=2, n_ctx=1024, n_batch=512, chunk=512, stream_cells=512)
+    s.add(seq("long", 600))
+    plan = run_step(s)
+    assert not plan.prefill and s.find("long").seq_id is None  # the controller refuses it before (one stream)

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from homepd.config import MODES, EngineConfig
+from homepd.config import MODES, EngineConfig, request_n_ctx
 from homepd.errors import ConfigError
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.engine.specs import worker_specs
@@ -174,3 +174,39 @@ def test_every_worker_gets_ids_for_cached_prefixes_beyond_its_running_ones():
         EngineConfig(cached_seqs=-1).validated()
     with pytest.raises(ConfigError, match="n_seq_max=257 is more than the 256 sequences"):
         EngineConfig(n_seq_max=257).validated()
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_the_kv_layout_splits_the_cache_where_a_stream_holds_a_long_request_and_the_mode_allows(mode):
+    box = make_box(n_cores=8)
+
+    def layout(**kw) -> tuple[set[bool], int, set[int]]:
+        config = EngineConfig(backend="fake", mode=mode, **kw).validated()
+        specs = worker_specs(config, prepare(config, box=box)).values()
+        return {s.kv_unified for s in specs}, request_n_ctx(config), {s.max_cached_cells for s in specs}
+
+    splits = mode is not Mode.DISAGGREGATED
+    # the defaults, 4096 cells over 8 sequences (512 a stream), stay one pool whatever the mode
+    unified, n_ctx, cached = layout()
+    assert (unified, n_ctx, max(cached)) == ({True}, 4096, 1024)  # a prefill worker's context is smaller
+    # 8192 over 4 (2048 a stream): split where the mode's workers can; a cached prefix then costs the others
+    # nothing, so it may keep its whole stream
+    unified, n_ctx, cached = layout(n_ctx=8192, n_seq_max=4)
+    assert (unified, n_ctx) == (({False}, 2048) if splits else ({True}, 8192))
+    assert (cached == {8192}) if splits else (max(cached) == 8192 // 4)  # unified: a quarter, as before
+    assert layout(n_ctx=8192, n_seq_max=4, kv_layout="unified")[:2] == ({True}, 8192)
+    # --cached-seqs adds ids: their streams come out of the same n_ctx
+    if splits:
+        assert layout(n_ctx=8192, n_seq_max=4, kv_layout="streams")[:2] == ({False}, 2048)
+        assert layout(n_ctx=8192, n_seq_max=4, kv_layout="streams", cached_seqs=4)[:2] == ({False}, 1024)
+        assert layout(n_ctx=4096, n_seq_max=8, kv_layout="streams")[:2] == ({False}, 512)  # asked for: honoured
+    else:
+        with pytest.raises(ConfigError, match="kv_layout 'streams' is for the colocated and replicas modes"):
+            EngineConfig(mode=mode, kv_layout="streams").validated()
+
+
+def test_a_kv_layout_that_is_none_or_too_small_is_refused():
+    with pytest.raises(ConfigError, match="kv_layout must be one of auto, unified, streams, got 'split'"):
+        EngineConfig(kv_layout="split").validated()
+    with pytest.raises(ConfigError, match="gives each sequence 8 cells of n_ctx 64"):
+        EngineConfig(kv_layout="streams", n_ctx=64, n_seq_max=8).validated()

@@ -21,7 +21,7 @@ import threading
 from typing import Callable
 
 from homepd.advise.campaign.traffic import given_sources
-from homepd.config import EngineConfig, write_config_file
+from homepd.config import EngineConfig, request_n_ctx, write_config_file
 from homepd.core.reply import Delta
 from homepd.errors import HomepdError
 from homepd.hw.monitor import Sampler
@@ -87,7 +87,7 @@ class DataSource(abc.ABC):
     def background_prompt(self) -> ChatStats:
         """A long prompt that prefills while the chat runs (to feel and see the interference)."""
         self._n_background += 1
-        n_tokens = min(BACKGROUND_PROMPT_TOKENS, self.config.n_ctx // 2)
+        n_tokens = min(BACKGROUND_PROMPT_TOKENS, request_n_ctx(self.config) // 2)
         return self.chat(self.fit_prompt(n_tokens, self._n_background), lambda delta: None,
                          max_tokens=BACKGROUND_MAX_TOKENS)
 

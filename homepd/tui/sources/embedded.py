@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import replace
 from pathlib import Path
 
-from homepd.config import EngineConfig
+from homepd.config import EngineConfig, request_n_ctx
 from homepd.core.admission import RequestClass
 from homepd.core.reply import Delta, DeltaKind
 from homepd.core.sampling import SamplingParams
@@ -214,7 +214,7 @@ class EmbeddedSource(DataSource):
 
     async def _fit(self, n_tokens: int, seed: int) -> list[dict]:
         """Halve the passage until the tokenized chat fits the context with room for the answer."""
-        room = self.config.n_ctx - BACKGROUND_MAX_TOKENS - 1
+        room = request_n_ctx(self.config) - BACKGROUND_MAX_TOKENS - 1
         while True:
             messages = long_prompt(n_tokens, seed)
             engine = self.engine
