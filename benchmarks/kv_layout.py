@@ -1,8 +1,8 @@
 """Step cost of a running request against idle cached prefixes, unified KV cache vs per-sequence streams.
 
-Prefix reuse keeps finished sequences' KV in the context.  With ``kv_unified=True`` (homepd's layout) every
+Prefix reuse keeps finished sequences' KV in the context.  With ``kv_unified=True`` (``--kv-layout unified``, and ``auto`` where a stream would be short) every
 step attends over every cell in use, so idle cached cells may slow a running request; with
-``kv_unified=False`` llama.cpp gives each of the ``n_seq_max`` sequences its own stream of
+``kv_unified=False`` (``--kv-layout streams``) llama.cpp gives each of the ``n_seq_max`` sequences its own stream of
 ``n_ctx / n_seq_max`` cells, so a step attends only over its own sequences' streams — but no prompt can be
 longer than one stream.  This measures, for each layout, a running sequence's decode step (one token) and a
 prompt chunk, with 0.. ``n_seq_max - 1`` idle sequences each holding a cached prefix, and prints a table.
