@@ -215,11 +215,12 @@ class EngineConfig:
         "itl-budget", float, "interactive requests: budget (ms) between two tokens"))
     ttft_budget_ms: float = field(default=4000.0, metadata=_opt(
         "ttft-budget", float, "interactive requests: budget (ms) to the first token"))
-    # why 2: a stream that hiccups by 200 ms reads on, and a prompt whose TTFT is lost runs in steps this long, so
-    # every stream beside a late document sees such gaps for its whole prefill; at 3 the mix benchmark
-    # (docs/scheduling.md, "The gap ceiling at 3") gave no lower TTFT mean, and 4-5 of 32 turns within 200 ms
-    # against 14-22
-    gap_ceiling: float = field(default=2.0, metadata=_opt(
+    # why 1.5: a prompt whose TTFT is lost runs in steps this long, so every stream beside a late document sees
+    # such gaps for its whole prefill.  At 3 the mix benchmark (docs/scheduling.md, "The gap ceiling at 3") gave no
+    # lower TTFT mean and 4-5 of 32 turns within 200 ms against 14-22; with per-sequence streams, 1.5 against 2
+    # took the max-gap p90 from 170 to 128 ms at 2 threads (a third of llama-server's) for documents 15 % slower,
+    # the TTFT mean still below llama-server's, one-shot SLO traffic the same ("Per-sequence streams")
+    gap_ceiling: float = field(default=1.5, metadata=_opt(
         "gap-ceiling", float, "adaptive chunk: when the ITL budget would make an interactive prompt miss its TTFT "
                               "budget, a step may run longer (so streams see one longer gap) if that keeps more "
                               "requests within both budgets, and a prompt whose budget is lost anyway runs in "
@@ -248,10 +249,8 @@ class EngineConfig:
         action=argparse.BooleanOptionalAction))
     prefix_cache_cells: int | None = field(default=None, metadata=_opt(
         "prefix-cache-cells", int, "KV cells cached prefixes may hold at most; idle cached cells slow every "
-                                   "running step on the unified KV cache (default: n_ctx/4)"))
-    # why 0 by default: on one-shot SLO traffic (benchmarks/slo_capacity.py) a paused document kept in the context
-    # cost more than its trip through the store (16-17 of 24 requests within the SLO at 0.5-0.6 req/s against
-    # 24); on conversations it lowers the gaps (docs/scheduling.md, "Cached-prefix ids")
+                                   "running step on the unified KV cache (default: n_ctx/4; n_ctx with --kv-layout streams, "
+                                   "where they cost the others nothing)"))
     # why auto: streams are faster (a step attends only over its own sequence's cells, and a cached conversation
     # costs the others nothing: docs/scheduling.md, "KV layout"), but cap every request at n_ctx / ids
     kv_layout: str = field(default="auto", metadata=_opt(
@@ -261,6 +260,9 @@ class EngineConfig:
                           f"auto = streams where each holds at least {AUTO_STREAM_CELLS} cells (colocated and "
                           "replicas modes), else unified",
         choices=KV_LAYOUTS))
+    # why 0 by default: on one-shot SLO traffic (benchmarks/slo_capacity.py) a paused document kept in the context
+    # cost more than its trip through the store (16-17 of 24 requests within the SLO at 0.5-0.6 req/s against
+    # 24); on conversations it lowers the gaps (docs/scheduling.md, "Cached-prefix ids")
     cached_seqs: int = field(default=0, metadata=_opt(
         "cached-seqs", int, "sequence ids beyond --n-seq-max for prefills paused for an interactive prompt, "
                             "whose KV then stays in the context instead of going to the KV store and back "
@@ -537,7 +539,7 @@ def _streams_fit_mode(mode) -> bool:
 
 
 def _stream_cells(config: EngineConfig, n_ctx: int) -> int:
-    """The cells of one stream were the cache split: ``n_ctx`` over the context's sequence ids."""
+    """The cells of one stream if the cache is split: ``n_ctx`` over the context's sequence ids."""
     return n_ctx // (config.n_seq_max + _extra_ids(config))
 
 
