@@ -22,6 +22,15 @@ QUESTIONS = (" Question: who walked into the forest? Answer:", " Question: what 
 FACTS = (" By the way, the capital of France is", " By the way, the capital of Italy is")
 
 
+async def exchange(engine, prompt: str, params: SamplingParams = GREEDY) -> tuple:
+    """One request to its end: (prompt ids, generated ids, cached prompt tokens, text, request id)."""
+    stream = await engine.submit(prompt, params=params)
+    events, text = await stream.collect()
+    assert events[-1].kind == "done", events[-1]
+    return (list(stream.prompt_ids), [e.token_id for e in events if e.kind == "token"],
+            stream.lifecycle.n_cached_tokens, text, stream.request_id)
+
+
 @pytest.fixture(scope="module")
 def model(default_model_path):
     m = LlamaModel(default_model_path)
@@ -40,11 +49,7 @@ def test_shared_document_and_next_turn_compute_only_new_tokens_and_agree_with_a_
             for i, prompt in enumerate(prompts):
                 if prompt is None:  # the conversation's next turn: the first exchange, then a follow-up
                     prompt = first + results[0][3] + " Question: and then?"
-                stream = await engine.submit(prompt, params=GREEDY)
-                events, text = await stream.collect()
-                assert events[-1].kind == "done", events[-1]
-                results.append((list(stream.prompt_ids), [e.token_id for e in events if e.kind == "token"],
-                                stream.lifecycle.n_cached_tokens, text, stream.request_id))
+                results.append(await exchange(engine, prompt))
             return results, engine.steps_since(), engine.cache_stats()
 
     results, steps, stats = run(scenario())
@@ -100,15 +105,11 @@ def test_gemma_sliding_window_cache_reuses_only_a_whole_kept_sequence(gemma_mode
             for prompt in (first, DOCUMENT + FACTS[1], None):
                 if prompt is None:
                     prompt = first + out[0][3] + " And the capital of Spain is"
-                stream = await engine.submit(prompt, params=params)
-                events, text = await stream.collect()
-                assert events[-1].kind == "done", events[-1]
-                out.append((list(stream.prompt_ids), [e.token_id for e in events if e.kind == "token"],
-                            stream.lifecycle.n_cached_tokens, text))
+                out.append(await exchange(engine, prompt, params))
             return out, engine.cache_stats()
 
     results, stats = run(scenario())
-    (p0, g0, _, _), (_, _, c1, _), (p2, g2, c2, _) = results
+    (p0, g0, _, _, _), (_, _, c1, _, _), (p2, g2, c2, _, _) = results
     assert stats["colocated"].mode is ReuseMode.EXACT
     assert c1 == 0  # the second question shares the document only: not a whole kept sequence
     kept = p0 + g0[:-1]
@@ -135,11 +136,7 @@ def test_with_streams_a_conversation_continues_in_its_own_stream_and_a_prompt_lo
             for prompt in (first, None):
                 if prompt is None:
                     prompt = first + results[0][3] + " Question: and then?"
-                stream = await engine.submit(prompt, params=GREEDY)
-                events, text = await stream.collect()
-                assert events[-1].kind == "done", events[-1]
-                results.append((list(stream.prompt_ids), [e.token_id for e in events if e.kind == "token"],
-                                stream.lifecycle.n_cached_tokens, text, stream.request_id))
+                results.append(await exchange(engine, prompt))
             with pytest.raises(PromptTooLongError, match="a request's stream holds 512"):
                 await engine.submit(" ".join([PROMPTS[3]] * 12), params=GREEDY)  # ~600 tokens
             return results, engine.steps_since(), engine.snapshot()
