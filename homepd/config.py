@@ -535,7 +535,8 @@ def max_cached_cells(config: EngineConfig, n_ctx: int) -> int:
 
 
 def _streams_fit_mode(mode) -> bool:
-    return mode is not Mode.DISAGGREGATED
+    """Whether a mode's workers may split their KV caches: not where one hands KV off to another."""
+    return not Mode(mode).traits.hands_off_kv
 
 
 def _stream_cells(config: EngineConfig, n_ctx: int) -> int:

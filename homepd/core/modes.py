@@ -77,4 +77,8 @@ class Candidate:
         out: dict = {"mode": self.mode, "chunk": self.chunk, "adaptive_chunk": self.adaptive_chunk}
         out.update({name: getattr(self, name) for name in self.mode.traits.config_fields
                     if getattr(self, name) is not None})
+        if self.mode.traits.hands_off_kv:
+            # why: its workers' KV is one pool (a handoff between contexts of different sizes); a base config asking
+            # for per-sequence streams would refuse this candidate
+            out["kv_layout"] = "unified"
         return out

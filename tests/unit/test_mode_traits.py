@@ -21,8 +21,10 @@ def test_only_the_disaggregated_mode_hands_kv_over_and_quick_asks_the_product_s_
 
 
 def test_a_candidate_reproduces_itself_from_its_mode_s_config_fields():
+    # a mode that hands KV off also sets the one pool its workers need (a base asking for streams would refuse it)
     assert Candidate("d", Mode.DISAGGREGATED, chunk=64, local_prefill=True).config_values() == {
-        "mode": Mode.DISAGGREGATED, "chunk": 64, "adaptive_chunk": False, "local_prefill": True}
+        "mode": Mode.DISAGGREGATED, "chunk": 64, "adaptive_chunk": False, "local_prefill": True,
+        "kv_layout": "unified"}
     assert Candidate("r", Mode.REPLICAS, chunk=32, n_replicas=2).config_values()["n_replicas"] == 2
     assert set(Candidate("c", Mode.COLOCATED, chunk=32, local_prefill=True).config_values()) == {
         "mode", "chunk", "adaptive_chunk"}  # a field another mode owns is not this mode's configuration

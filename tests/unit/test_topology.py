@@ -210,3 +210,14 @@ def test_a_kv_layout_that_is_none_or_too_small_is_refused():
         EngineConfig(kv_layout="split").validated()
     with pytest.raises(ConfigError, match="gives each sequence 8 cells of n_ctx 64"):
         EngineConfig(kv_layout="streams", n_ctx=64, n_seq_max=8).validated()
+
+
+def test_advise_s_candidates_run_under_a_config_that_asks_for_streams():
+    # a disaggregated candidate sets the one pool its handoff needs; the others keep what the user asked for
+    base = EngineConfig(backend="fake", n_ctx=8192, n_seq_max=4, kv_layout="streams").validated()
+    plan = types.SimpleNamespace(**{part: types.SimpleNamespace(feasible=True, reason="")
+                                    for part in ("colocated", "disaggregated", "replicas")})
+    for mode in Mode:
+        for cand in topology_for(mode).advise_candidates(base, plan, (None, 64)):
+            config = dataclasses.replace(base, **cand.config_values()).validated()
+            assert config.kv_layout == ("unified" if mode is Mode.DISAGGREGATED else "streams"), cand.name
