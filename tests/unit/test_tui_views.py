@@ -50,6 +50,19 @@ def test_architecture_view_reads_the_engine_snapshot():
     assert view.events == ("decode worker restarted after 1.2 s",)
 
 
+def test_the_architecture_panel_says_when_the_kv_cache_is_split_in_streams():
+    from homepd.tui.widgets.architecture import render_architecture
+
+    snap = EngineSnapshot(mode="colocated", model="m.gguf", n_ctx=8192, chunk=256,
+                          workers=(worker("colocated", 10, None),), kv_arena=None, requests={}, n_steps=0,
+                          worker_events=(), kv_stream_cells=2048)
+    head = render_architecture(derive.architecture_view(snap)).plain.splitlines()[0]
+    assert head.endswith("n_ctx 8192 in streams of 2048")
+    pooled = render_architecture(derive.architecture_view(replace(snap, kv_stream_cells=None))).plain
+    assert pooled.splitlines()[0].endswith("n_ctx 8192") and "streams" not in pooled
+    assert EngineSnapshot.from_dict(snap.to_dict()) == snap  # /status carries it to an attached app
+
+
 def test_a_stall_names_the_prompt_that_held_it_longest():
     stall = Stall("req-2", 5, 412.0, (Culprit("req-7", 256, 380.0, True), Culprit("req-8", 32, 20.0, True)))
     assert derive.stall_text(stall) == "412 ms ← req-7 (256 tok, same step) +1"
