@@ -541,14 +541,7 @@ def _streams_fit_mode(mode) -> bool:
 
 def _stream_cells(config: EngineConfig, n_ctx: int) -> int:
     """The cells of one stream if the cache is split: ``n_ctx`` over the context's sequence ids."""
-    return n_ctx // (config.n_seq_max + _extra_ids(config))
-
-
-def _extra_ids(config: EngineConfig) -> int:
-    """``--cached-seqs`` within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context; none without a prefix cache."""
-    if not config.prefix_cache or config.prefix_cache_cells == 0:
-        return 0
-    return max(0, min(config.cached_seqs, LLAMA_MAX_SEQ - config.n_seq_max))
+    return n_ctx // (config.n_seq_max + cached_ids(config))
 
 
 def kv_streams(config: EngineConfig) -> bool:
@@ -571,10 +564,13 @@ def request_n_ctx(config: EngineConfig, n_ctx: int | None = None) -> int:
     return _stream_cells(config, n_ctx) if kv_streams(config) else n_ctx
 
 
-def cached_ids(config: EngineConfig, max_cached_cells: int) -> int:
+def cached_ids(config: EngineConfig) -> int:
     """Sequence ids a worker keeps beyond its ``n_seq_max`` running ones for paused prefills (``--cached-seqs``;
-    none without a prefix cache), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context."""
-    return _extra_ids(config) if max_cached_cells else 0
+    none without a prefix cache, i.e. when ``max_cached_cells`` is 0), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a
+    context."""
+    if not config.prefix_cache or config.prefix_cache_cells == 0:
+        return 0
+    return max(0, min(config.cached_seqs, LLAMA_MAX_SEQ - config.n_seq_max))
 
 
 def cached_cells_for(n_ctx: int, prefix_cache_cells: int | None) -> int:

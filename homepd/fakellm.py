@@ -179,6 +179,7 @@ class FakeContext:
         self._cells.pop(seq_id, None)
 
     reuse_mode = ReuseMode.PREFIX
+
     @property
     def can_share(self) -> bool:
         return self.kv_unified

@@ -25,7 +25,7 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
             idle_step_ms=idle_step_ms(config, role), gap_ceiling_ms=gap_ceiling_ms(config, role),
-            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config, cached_cells),
+            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config),
             kv_unified=not kv_streams(config))
     fa = flash_attn(config, specs.values())
     return {name: dataclasses.replace(spec, flash_attn=fa) for name, spec in specs.items()}
