@@ -51,13 +51,14 @@ def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
     queued: Counter = Counter()
     n_decode = n_interactive = kv_in_use = n_seqs = 0
     for lc in lifecycles:
-        n_seqs += 1
         klass = RequestClass(lc.request_class)
         if lc.first_token_s is None:
             tokens[klass] += max(0, lc.n_prompt_tokens - lc.n_prefilled)
             queued[klass] += 1
             kv_in_use += lc.n_prefilled
+            n_seqs += lc.n_prefilled > 0  # a prompt still queued holds no KV yet
         else:
+            n_seqs += 1
             n_decode += 1
             n_interactive += klass is RequestClass.INTERACTIVE
             kv_in_use += lc.n_prompt_tokens + len(lc.token_times_s) - 1

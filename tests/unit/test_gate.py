@@ -156,3 +156,23 @@ def test_the_gate_predicts_the_chunk_the_worker_will_run_for_the_same_state():
         assert load.kv_in_use == kv_in_use
         rate, rest_ms = gate.prefill_rate("colocated", spec, load.n_decode, load.n_interactive_decode, load.kv_in_use)
         assert rate == pytest.approx(est.prefill_tok_s(len(decoding), worker)), (n_interactive, n_background)
+
+
+def test_with_streams_the_gate_prices_a_step_at_the_depth_of_the_sequences_holding_kv():
+    from dataclasses import replace
+
+    from homepd.core.lifecycle import Lifecycle
+    from homepd.core.protocol import WorkerSpec
+    from homepd.engine.gate import load_of
+
+    spec = WorkerSpec(role="colocated", model_path="fake://model", n_ctx=4096, n_seq_max=4, chunk=256, n_threads=1)
+    lifecycles = []
+    for k, n_prompt in enumerate((300, 500)):
+        lc = Lifecycle(f"d{k}", 0.0, n_prompt_tokens=n_prompt)
+        lc.add_token(0.0)
+        lifecycles.append(lc)
+    queued = Lifecycle("q", 0.0, n_prompt_tokens=900)  # waiting for its turn: no KV held
+    load = load_of([*lifecycles, queued])
+    assert load.kv_in_use == 800 and load.n_seqs == 2
+    assert load.kv_attended(spec) == 800  # one pool: every cell in use
+    assert load.kv_attended(replace(spec, kv_unified=False)) == 400  # streams: their mean
