@@ -143,8 +143,8 @@ class _Cursor:
         return text
 
 
-def _check_regular_file(path: Path) -> int:
-    """Return the size of ``path``, or raise if it is not a readable, non-empty regular file."""
+def _check_regular_file(path: Path) -> os.stat_result:
+    """Return the stat of ``path``, or raise if it is not a readable, non-empty regular file."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -158,7 +158,13 @@ def _check_regular_file(path: Path) -> int:
         raise ModelError(f"{path}: not a regular file, not a GGUF file")
     if st.st_size == 0:
         raise ModelError(f"{path}: empty file, not a GGUF file")
-    return st.st_size
+    return st
+
+
+# why: one engine start reads the header two or three times (the model's check, the placement plan, the
+# KV store's size), ~0.1 s each for a 49,000-token vocabulary; a file changed in place changes its key
+_HEADERS: dict[tuple, GgufHeader] = {}
+_HEADERS_KEPT = 8
 
 
 def read_gguf_header(path: str | os.PathLike) -> GgufHeader:
@@ -166,10 +172,22 @@ def read_gguf_header(path: str | os.PathLike) -> GgufHeader:
 
     Raises ``ModelError`` naming the file when it is missing, not a regular
     file, empty, unreadable, not GGUF, of an unknown version, or shorter than
-    its header says (truncated).  Reads only the header, via mmap.
+    its header says (truncated).  Reads only the header, via mmap, once per
+    version of the file (its device, inode, size and modification time).
     """
     path = Path(path)
-    size_bytes = _check_regular_file(path)
+    st = _check_regular_file(path)
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if (header := _HEADERS.get(key)) is not None:
+        return header
+    header = _read_header(path, st.st_size)
+    if len(_HEADERS) >= _HEADERS_KEPT:
+        _HEADERS.pop(next(iter(_HEADERS)))
+    _HEADERS[key] = header
+    return header
+
+
+def _read_header(path: Path, size_bytes: int) -> GgufHeader:
     try:
         with open(path, "rb") as f:
             magic = f.read(4)

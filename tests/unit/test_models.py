@@ -146,6 +146,21 @@ def test_bad_files_are_model_errors_naming_the_file(tmp_path, make, message):
     assert str(path) in str(info.value)
 
 
+def test_a_header_is_read_once_per_version_of_the_file(tmp_path, monkeypatch):
+    from homepd.models import gguf
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(gguf_bytes())
+    reads = []
+    monkeypatch.setattr(gguf, "_read_header", lambda *a, _read=gguf._read_header: reads.append(a) or _read(*a))
+    first = gguf.read_gguf_header(path)
+    assert gguf.read_gguf_header(path) is first and len(reads) == 1
+    path.write_bytes(gguf_bytes()[:-1])  # cut in place: the same path, a new version of the file
+    with pytest.raises(ModelError, match="truncated: header says at least"):
+        gguf.read_gguf_header(path)
+    assert len(reads) == 2
+
+
 def test_catalog_file_of_the_wrong_size_says_to_pull_again(tmp_path):
     path = tmp_path / f"{DEFAULT_MODEL}.gguf"
     path.write_bytes(gguf_bytes())
