@@ -16,12 +16,17 @@ what an ITL budget must hold).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 N_FEATURES = 4
 MIN_STEPS = 8            # steps seen before the model is trusted
 FORGET = 0.98            # weight of the past per step: ~50 steps of memory
 RIDGE = 1e-3
+ERROR_WEIGHT = 0.05      # the recent error: an exponentially weighted RMS, ~20 steps of memory
+ERROR_CLIP = 3.0         # no single step moves it by more than this many times its current value
+ERROR_FLOOR_MS = 2.0     # the least it is clipped from (an error of 0 would clip every later one to 0)
+N_FIRST_ERRORS = 5       # it starts from the median of this many
 
 
 def features(n_prompt: int, n_decode: int, kv_in_use: int) -> tuple[float, ...]:
@@ -37,7 +42,8 @@ class StepEstimate:
     ms_per_decode_token: float
     ms_per_kv_ktoken: float
     n_steps: int
-    error_ms: float           # exponentially weighted RMS of (actual - predicted), before each update
+    error_ms: float           # how much longer than predicted steps ran (before each update): one-sided, robust
+                              # (OnlineStepModel.observe); symmetric noise gives its RMS
     n_prompt_steps: int = 0   # steps with prompt tokens: what the prefill cost is measured from
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0) -> float:
@@ -70,6 +76,7 @@ class OnlineStepModel:
         self.n_steps = 0
         self.n_prompt_steps = 0
         self._err2 = 0.0
+        self._first_errors: list[float] = []
         self.coef = [0.0] * N_FEATURES
 
     def observe(self, n_prompt: int, n_decode: int, kv_in_use: int, step_ms: float) -> None:
@@ -78,8 +85,22 @@ class OnlineStepModel:
         x = features(n_prompt, n_decode, kv_in_use)
         if self.ready:
             err = step_ms - sum(c * xi for c, xi in zip(self.coef, x))
-            w = 0.05 if self._err2 else 1.0
-            self._err2 = (1 - w) * self._err2 + w * err * err
+            # why one-sided: the error is the margin a step keeps below its budget, against running longer than
+            # predicted; a step shorter than predicted needs none (its prediction already left room), and counting
+            # it twice starved the chunk.  Scaled by √2, symmetric noise gives its RMS.
+            late = math.sqrt(2.0) * max(0.0, err)
+            # why the median and the clip: one step the model could not know (a cold first prompt, a page fault, a
+            # neighbour's burst) was 240 ms off here, and at a 5 % weight it held the margin (twice the error) over
+            # 50 ms for ~60 steps: every chunk beside a decode fell to the minimum while the steps ran at half the
+            # ITL budget.  So the error starts from the median of the first few, and then no step moves it by more
+            # than ERROR_CLIP times its current value: a lasting change of the noise is followed within ~10 steps,
+            # and a single outlier moves it by ~20 %
+            if len(self._first_errors) < N_FIRST_ERRORS:
+                self._first_errors.append(late)
+                self._err2 = statistics.median(self._first_errors) ** 2
+            else:
+                late = min(late, ERROR_CLIP * max(self.error_ms, ERROR_FLOOR_MS))
+                self._err2 = (1 - ERROR_WEIGHT) * self._err2 + ERROR_WEIGHT * late * late
         lam = self.forget
         for i in range(N_FEATURES):
             self.xty[i] = lam * self.xty[i] + x[i] * step_ms
@@ -110,10 +131,14 @@ class OnlineStepModel:
     def ready(self) -> bool:
         return self.n_steps >= MIN_STEPS
 
+    @property
+    def error_ms(self) -> float:
+        return math.sqrt(self._err2)
+
     def estimate(self) -> StepEstimate | None:
         if not self.ready:
             return None
-        return StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=math.sqrt(self._err2),
+        return StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=self.error_ms,
                             n_prompt_steps=self.n_prompt_steps)
 
 

@@ -8,7 +8,7 @@ import pytest
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
-from homepd.core.stepmodel import OnlineStepModel, StepEstimate
+from homepd.core.stepmodel import ERROR_FLOOR_MS, OnlineStepModel, StepEstimate
 from homepd.core.steppolicy import (COLD_IDLE_CHUNK, MIN_IDLE_CHUNK, STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson,
                                    prompt_budget, prompt_order)
 
@@ -38,6 +38,46 @@ def test_online_model_recovers_the_step_cost_from_noisy_steps():
     assert est.base_ms == pytest.approx(TRUE["base"], abs=2.0)
     assert est.ms_per_kv_ktoken == pytest.approx(TRUE["kv"], abs=0.1)
     assert 0.5 < est.error_ms < 2.0            # the noise it saw
+
+
+def fitted(rng, n=200, noise_ms=1.0) -> OnlineStepModel:
+    m = OnlineStepModel()
+    for _ in range(n):
+        p, d, kv = rng.choice([0, 4, 16, 64]), rng.randint(0, 4), rng.randint(0, 500)
+        m.observe(p, d, kv, true_ms(p, d, kv) + rng.gauss(0, noise_ms))
+    return m
+
+
+def test_one_step_the_model_could_not_know_barely_moves_the_error_margin():
+    rng = random.Random(2)
+    m = fitted(rng)
+    before = m.estimate()
+    m.observe(4, 3, 100, true_ms(4, 3, 100) + 240.0)  # a page fault, a cold batch size, a neighbour's burst
+    after = m.estimate()
+    assert after.error_ms < before.error_ms + ERROR_FLOOR_MS  # one step moves it by at most ~its clip
+    # the chunk beside three decodes stays near what it was (the fit takes the step in too), not the minimum
+    assert prompt_budget(after, 3, 3, 100.0, kv_in_use=100) >= 0.8 * prompt_budget(before, 3, 3, 100.0, kv_in_use=100) > 4
+
+
+def test_a_lasting_change_of_the_noise_is_followed_within_a_few_dozen_steps():
+    rng = random.Random(3)
+    m = fitted(rng, noise_ms=1.0)
+    assert m.estimate().error_ms < 2.0
+    for _ in range(60):  # the box gets noisy: 10 ms of jitter on every step
+        p, d = rng.choice([0, 4, 16]), rng.randint(1, 4)
+        m.observe(p, d, 0, true_ms(p, d, 0) + rng.gauss(0, 10.0))
+    assert m.estimate().error_ms > 4.0
+
+
+def test_the_error_starts_from_the_median_of_the_first_ones_not_from_a_cold_outlier():
+    m = OnlineStepModel()
+    for _ in range(8):  # fitted on decodes alone, as after a worker's warm-up
+        m.observe(0, 1, 30, true_ms(0, 1, 30))
+    m.observe(0, 1, 31, true_ms(0, 1, 31) + 3.0)
+    m.observe(53, 0, 53, 2 * true_ms(53, 0, 53))   # the first prompt: cold, and the model had seen none
+    for i in range(3):
+        m.observe(4, 1, 60 + i, true_ms(4, 1, 60 + i) + 4.0)
+    assert m.estimate().error_ms < 10.0
 
 
 def test_online_model_follows_the_box_when_it_slows_down():
