@@ -93,8 +93,8 @@ class OnlineStepModel:
             # neighbour's burst) was 240 ms off here, and at a 5 % weight it held the margin (twice the error) over
             # 50 ms for ~60 steps: every chunk beside a decode fell to the minimum while the steps ran at half the
             # ITL budget.  So the error starts from the median of the first few, and then no step moves it by more
-            # than ERROR_CLIP times its current value: a lasting change of the noise is followed within ~10 steps,
-            # and a single outlier moves it by ~20 %
+            # than ERROR_CLIP times its current value (or the floor's): a lasting change of the noise is followed
+            # within a few dozen steps (1 → over 4 ms in 60 steps of 10 ms jitter), a single outlier barely moves it
             if len(self._first_errors) < N_FIRST_ERRORS:
                 self._first_errors.append(late)
                 self._err2 = statistics.median(self._first_errors) ** 2
