@@ -539,29 +539,34 @@ def _streams_fit_mode(mode) -> bool:
     return not Mode(mode).traits.hands_off_kv
 
 
-def _stream_cells(config: EngineConfig, n_ctx: int) -> int:
+def _stream_cells(config: EngineConfig) -> int:
     """The cells of one stream if the cache is split: ``n_ctx`` over the context's sequence ids."""
-    return n_ctx // (config.n_seq_max + cached_ids(config))
+    return config.n_ctx // (config.n_seq_max + cached_ids(config))
 
 
 def kv_streams(config: EngineConfig) -> bool:
     """Whether the workers' KV caches are split into one stream per sequence id (``--kv-layout``; auto: where a
     stream holds ``AUTO_STREAM_CELLS``, in a mode whose workers can)."""
     if config.kv_layout == "auto":
-        return _streams_fit_mode(config.mode) and _stream_cells(config, config.n_ctx) >= AUTO_STREAM_CELLS
+        return _streams_fit_mode(config.mode) and _stream_cells(config) >= AUTO_STREAM_CELLS
     return config.kv_layout == "streams"
+
+
+def kv_stream_cells(config: EngineConfig) -> int | None:
+    """The cells of each sequence's stream when the workers' KV caches are split (``kv_streams``); None: one pool."""
+    return _stream_cells(config) if kv_streams(config) else None
 
 
 def kv_layout_text(config: EngineConfig) -> str:
     """For a startup line: ", KV in streams of N cells" when split, else nothing."""
-    return f", KV in streams of {request_n_ctx(config)} cells" if kv_streams(config) else ""
+    cells = kv_stream_cells(config)
+    return "" if cells is None else f", KV in streams of {cells} cells"
 
 
-def request_n_ctx(config: EngineConfig, n_ctx: int | None = None) -> int:
-    """The KV cells one request may fill in a worker of ``n_ctx`` cells (default ``config.n_ctx``): all of them on
-    a unified cache; one stream, ``n_ctx`` over the context's sequence ids, when split (``kv_streams``)."""
-    n_ctx = config.n_ctx if n_ctx is None else n_ctx
-    return _stream_cells(config, n_ctx) if kv_streams(config) else n_ctx
+def request_n_ctx(config: EngineConfig) -> int:
+    """The KV cells one request may fill: ``n_ctx`` on a unified cache, one stream when split (``kv_streams``)."""
+    cells = kv_stream_cells(config)
+    return config.n_ctx if cells is None else cells
 
 
 def cached_ids(config: EngineConfig) -> int:

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from homepd.backends import model_classes
-from homepd.config import EngineConfig, kv_streams, request_n_ctx
+from homepd.config import EngineConfig, kv_stream_cells, kv_streams, request_n_ctx
 from homepd.core.admission import RequestClass, Verdict
 from homepd.core.chatformat import ChatFormat, detect as detect_chat_format
 from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState
@@ -337,7 +337,7 @@ class Engine:
             requests_by_class=by_class, worker_events=tuple(self.worker_events), t_s=time.monotonic(),
             memory=self.memory, admission=self.gate.snapshot(self.requests.load(self.requests.streams), by_class),
             cache=self.cache_stats(),
-            kv_stream_cells=request_n_ctx(self.config) if kv_streams(self.config) else None)
+            kv_stream_cells=kv_stream_cells(self.config))
 
     def measure_memory(self) -> MemoryBreakdown:
         """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept
