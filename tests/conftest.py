@@ -1,6 +1,10 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,3 +83,77 @@ def config_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr("homepd.config.SYSTEM_CONFIG_FILE", tmp_path / "etc" / "config.toml")
     return tmp_path
+
+
+# --- two test processes on two cores ---------------------------------------------------------------------
+# why: the suite is CPU-bound (real llama.cpp workers, two threads each by default), so two pytest-xdist
+# workers sharing both cores were slower than one (449 against 410 s): each worker's engines spun their
+# threads against the other's.  Each worker now has a core of its own, and so has every process it starts
+# (affinity is inherited); its engines default to one thread (every usable core).  A test that needs the whole
+# box (disaggregated prefill and decode on cores apart, replicas, pinning) is marked ``whole_box``: it waits
+# until no other test runs, and runs with every core.  Without xdist (``-n 0``, ``-p no:xdist``) none of this
+# happens: one process, every core.
+MAX_TEST_WORKERS = 4
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "whole_box: needs every core of the box (two or more), so runs alone")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(BoxShare(config.workerinput["workerid"], config.workerinput["testrunuid"]),
+                                      "homepd-box-share")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the modules with a ``whole_box`` test go last: there the workers take turns at the whole
+    box, instead of one waiting, idle, for each of the other's long tests to end (measured: 60-130 s idle)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # (the workers collect; addopts keep this order: no reorder)
+        module_of = lambda item: item.nodeid.split("::")[0]
+        boxed = {module_of(item) for item in items if item.get_closest_marker("whole_box")}
+        items.sort(key=lambda item: module_of(item) in boxed)  # stable: the rest keep their order
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per usable core, at most MAX_TEST_WORKERS (each may start a few processes)."""
+    return min(MAX_TEST_WORKERS, len(os.sched_getaffinity(0)))
+
+
+class BoxShare:
+    """One xdist worker's share of the box: a core of its own, and a readers-writer lock over the box's files
+    (a ``whole_box`` test is the writer).  A turnstile lock in front keeps a waiting whole-box test from being
+    starved by the other workers' tests one after another."""
+
+    def __init__(self, worker_id: str, run_id: str):
+        cores = sorted(os.sched_getaffinity(0))
+        self.every = set(cores)
+        self.own = {cores[int(worker_id.removeprefix("gw")) % len(cores)]}
+        base = Path(tempfile.gettempdir()) / f"homepd-tests-{run_id}"
+        self.paths = (Path(f"{base}.turnstile"), Path(f"{base}.room"))
+        # every worker opens both before its first test, so a worker that ends and unlinks them first leaves
+        # the others sharing the same two files
+        self.turnstile, self.room = (open(p, "a+") for p in self.paths)
+        os.sched_setaffinity(0, self.own)
+
+    def pytest_unconfigure(self, config):
+        for path in self.paths:
+            path.unlink(missing_ok=True)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        with self.held(item.get_closest_marker("whole_box") is not None):
+            yield
+
+    @contextlib.contextmanager
+    def held(self, whole: bool):
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.room, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        if whole:
+            os.sched_setaffinity(0, self.every)
+        try:
+            yield
+        finally:
+            if whole:
+                os.sched_setaffinity(0, self.own)
+            fcntl.flock(self.room, fcntl.LOCK_UN)

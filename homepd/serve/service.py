@@ -117,6 +117,8 @@ class Service:
             if self.settings.warmup:
                 stream = await self.engine.submit("Hello", params=SamplingParams(max_tokens=1))
                 await stream.collect()
+            if self.sampler is not None:  # why: so /metrics has every process's memory from its first scrape once
+                await asyncio.to_thread(self.sampler.sample_once)  # ready (the sampler's thread may not have run yet)
         except Exception as exc:
             self._fail(f"the engine could not start: {exc}")
             return

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode
 from homepd.core.records import to_plain
@@ -44,6 +46,7 @@ def one_reply(proc: ServeProcess, prompt: str) -> dict:
     return reply.json()["homepd"]
 
 
+@pytest.mark.whole_box  # the applied candidate is disaggregated
 def test_serve_runs_the_applied_candidate_and_says_so_at_start_up(tmp_path):
     db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
     run = stored_advise_run(db)

@@ -9,6 +9,10 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
+pytestmark = pytest.mark.whole_box  # advise measures every architecture (tests/conftest.py, BoxShare)
+
 SVG = "{http://www.w3.org/2000/svg}"
 
 

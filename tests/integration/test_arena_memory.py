@@ -13,6 +13,8 @@ from homepd.models.gguf import read_gguf_header
 
 from engine_helpers import PROMPTS, coloc, disagg, generate_all, make_engine, run
 
+pytestmark = pytest.mark.whole_box  # disaggregated: prefill and decode on cores apart (tests/conftest.py, BoxShare)
+
 MIB = 1 << 20
 
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from engine_helpers import fake_disagg, make_engine, run
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 from homepd.core.stepmodel import StepEstimate
+
+pytestmark = pytest.mark.whole_box  # replicas and disaggregated (tests/conftest.py, BoxShare)
 
 LONG = SamplingParams(max_tokens=100_000, ignore_eos=True)  # a stream that runs until cancelled
 ANSWER = SamplingParams(max_tokens=20, ignore_eos=True)

@@ -14,7 +14,7 @@ def homepd(*args: str, env: dict | None = None, timeout: int = 240) -> subproces
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+@pytest.mark.parametrize("mode", ["colocated", pytest.param("disaggregated", marks=pytest.mark.whole_box)])
 def test_run_replays_a_trace_and_reports_json(default_model_path, mode):
     out = homepd("run", "--mode", mode, "--model", str(default_model_path), "--requests", "3", "--rate", "50",
                  "--max-tokens", "6", "--n-ctx", "1024", "--chunk", "64", "--json")
@@ -38,6 +38,7 @@ def test_run_one_prompt_streams_text(default_model_path):
     assert "TTFT" in out.stderr
 
 
+@pytest.mark.whole_box  # some of its bad input is checked against cores 0 and 1
 def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_text("hello")

@@ -26,6 +26,8 @@ from homepd.worker.loop import WorkerLoop
 from engine_helpers import PROMPTS, fake_disagg, fake_text, make_engine, run, start_controller_and_kill_it
 from worker_fakes import Outbox
 
+pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (tests/conftest.py, BoxShare)
+
 
 def shm_segments_of_dead_owners() -> list[str]:
     out = []

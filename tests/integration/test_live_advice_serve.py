@@ -11,10 +11,14 @@ import json
 import threading
 import time
 
+import pytest
+
 from homepd.core.admission import RequestClass
 
 from live_evidence import CO, DI, store_evidence
 from test_serve_harness import ServeProcess
+
+pytestmark = pytest.mark.whole_box  # switches the service to disaggregated (tests/conftest.py, BoxShare)
 
 MODEL = "smollm2-135m-instruct-q4_1"
 WINDOW_S = 2.0

@@ -4,11 +4,14 @@ from __future__ import annotations
 import os
 
 import psutil
+import pytest
 
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 
 from engine_helpers import make_engine, PROMPTS, run
+
+pytestmark = pytest.mark.whole_box  # pins workers to cores apart (tests/conftest.py, BoxShare)
 
 
 def test_disaggregated_workers_are_pinned_to_split_cores(default_model_path):

@@ -11,12 +11,15 @@ import os
 import signal
 
 import psutil
+import pytest
 
 from engine_helpers import fake_text, make_engine, run
 from homepd.config import EngineConfig
 from homepd.core.records import WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.fakellm import FakeModel
+
+pytestmark = pytest.mark.whole_box  # two replicas, a core each (tests/conftest.py, BoxShare)
 
 
 def fake_replicas(**kw) -> EngineConfig:

@@ -26,6 +26,11 @@ N_OUT = 24
 NEVER = "\x00never"
 
 
+def whole_box(*values):
+    """A parameter set that needs every core (disaggregated, replicas): tests/conftest.py, BoxShare."""
+    return pytest.param(*values, marks=pytest.mark.whole_box)
+
+
 async def kill_mid_stream(cfg: EngineConfig, victim: str, n_out: int, late_prompt: str):
     """Three requests streaming (a fourth just submitted when the prefill worker is the victim); kill -9
     ``victim``; return (pid, streams, their ends, snapshot, streamed text per request)."""
@@ -64,8 +69,8 @@ def check_recovery(pid, victim, snap):
     return restarted, resumed
 
 
-@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), ("disaggregated", "decode"),
-                                         ("replicas", "replica-1")])
+@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), whole_box("disaggregated", "decode"),
+                                         whole_box("replicas", "replica-1")])
 def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation(default_model_path, mode, victim):
     """The real model, one test per architecture: what the replacement generates continues what was
     streamed (teacher-forced: every token is the model's choice after the prompt and the tokens before)."""
@@ -78,15 +83,17 @@ def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation
         assert events[-1].kind == "done"
         assert len(s.token_ids) == N_OUT
         assert texts[s.request_id] == model.detokenize(s.token_ids)  # nothing lost or doubled at the resume
-        if s.request_id in resumed:  # finished by the replacement (replicas: by whichever replica is up first)
-            assert s.lifecycle.n_resumes == 1 and (mode == "replicas" or events[-1].t_s > restarted.t_s)
+        if s.request_id in resumed:  # colocated: finished by the replacement; disaggregated and replicas: by
+            # whichever worker can take it first (the prefill worker recomputes it; the other replica), which on a
+            # loaded box can be before the replacement is up (seen with the suite on one core)
+            assert s.lifecycle.n_resumes == 1 and (mode != "colocated" or events[-1].t_s > restarted.t_s)
         deficits = teacher_forced_deficits(model, model.tokenize(prompt), s.token_ids, n_threads=2)
         assert max(deficits) <= MARGIN_LOGITS, (s.lifecycle.resumed_by, deficits)
     model.close()
 
 
-@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), ("disaggregated", "decode"),
-                                         ("disaggregated", "prefill")])  # replicas: test_replicas.py
+@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), whole_box("disaggregated", "decode"),
+                                         whole_box("disaggregated", "prefill")])  # replicas: test_replicas.py
 def test_kill_9_with_resume_continues_every_stream_exactly_on_the_fake_backend(mode, victim):
     """Whichever worker dies, every request ends with exactly the text it would have had undisturbed."""
     n_out = 2000  # why: at the fake's ~2000 tokens/s the streams are still running when the kill lands
@@ -102,6 +109,7 @@ def test_kill_9_with_resume_continues_every_stream_exactly_on_the_fake_backend(m
             assert s.lifecycle.n_resumes == 1 and events[-1].t_s > restarted.t_s
 
 
+@pytest.mark.whole_box  # disaggregated
 def test_prefill_death_resumes_a_request_waiting_for_an_extent():
     """One extent, one decode sequence: request 0 decodes, request 1 holds the extent, request 2 has its first
     token and waits for an extent inside the prefill worker (TRANSFERRING).  Kill the prefill worker:
@@ -154,7 +162,7 @@ def test_a_request_whose_worker_keeps_dying_is_failed_after_max_resumes():
 HANG_TIMEOUT_S = 2.0
 
 
-@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), ("disaggregated", "decode")])
+@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), whole_box("disaggregated", "decode")])
 def test_a_hung_worker_is_killed_restarted_and_its_requests_resumed(mode, victim):
     """SIGSTOP stands for a worker stuck in a step (a driver hang): alive, silent."""
     n_out = 3000
@@ -182,6 +190,7 @@ def test_a_hung_worker_is_killed_restarted_and_its_requests_resumed(mode, victim
         assert texts[s.request_id] == fake_text(prompt, n_out)
 
 
+@pytest.mark.whole_box  # disaggregated
 def test_a_worker_waiting_for_an_extent_is_not_mistaken_for_hung():
     """One extent, one decode sequence, a 2 s hang timeout: the prefill worker waits longer than that for an
     extent while request 0 decodes — it sends heartbeats and is left alone."""

@@ -15,7 +15,7 @@ from homepd.core.sampling import SamplingParams
 
 from engine_helpers import make_engine, run
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.whole_box]  # disaggregated (tests/conftest.py, BoxShare)
 
 
 def through_json(snap: EngineSnapshot) -> EngineSnapshot:
