@@ -91,8 +91,7 @@ def config_home(tmp_path, monkeypatch):
 # threads against the other's.  Each worker now has a core of its own, and so has every process it starts
 # (affinity is inherited); its engines default to one thread (every usable core).  A test that needs the whole
 # box (disaggregated prefill and decode on cores apart, replicas, pinning) is marked ``whole_box``: it waits
-# until no other test runs, and runs with every core.  Without xdist (``-n 0``, ``-p no:xdist``) none of this
-# happens: one process, every core.
+# until no other test runs, and runs with every core.  With ``-n 0`` none of this happens: one process, every core.
 MAX_TEST_WORKERS = 4
 
 
