@@ -15,6 +15,7 @@ what an ITL budget must hold).
 """
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ ERROR_WEIGHT = 0.05      # the recent error: an exponentially weighted RMS, ~20 
 ERROR_CLIP = 3.0         # no single step moves it by more than this many times its current value
 ERROR_FLOOR_MS = 2.0     # the least it is clipped from (an error of 0 would clip every later one to 0)
 N_FIRST_ERRORS = 5       # it starts from the median of this many
+N_CONFIRM = 3            # a lateness this many steps in a row show is a change of the box, not an outlier
 
 
 def features(n_prompt: int, n_decode: int, kv_in_use: int) -> tuple[float, ...]:
@@ -77,6 +79,7 @@ class OnlineStepModel:
         self.n_prompt_steps = 0
         self._err2 = 0.0
         self._first_errors: list[float] = []
+        self._recent_late: collections.deque[float] = collections.deque(maxlen=N_CONFIRM)
         self.coef = [0.0] * N_FEATURES
 
     def observe(self, n_prompt: int, n_decode: int, kv_in_use: int, step_ms: float) -> None:
@@ -94,12 +97,17 @@ class OnlineStepModel:
             # 50 ms for ~60 steps: every chunk beside a decode fell to the minimum while the steps ran at half the
             # ITL budget.  So the error starts from the median of the first few, and then no step moves it by more
             # than ERROR_CLIP times its current value (or the floor's): a lasting change of the noise is followed
-            # within a few dozen steps (1 → over 4 ms in 60 steps of 10 ms jitter), a single outlier barely moves it
+            # within a few dozen steps (1 → over 4 ms in 60 steps of 10 ms jitter), a single outlier barely moves it.
+            # But a lateness N_CONFIRM steps in a row show (the least of them) is taken whole: the box changed (a
+            # neighbour's load, a deeper context the fit has not seen), and at the clip alone the margin took ~10
+            # steps to follow one: gap-ceiling steps predicted at 114 ms ran 152-168 ms in a row (RAG, 1 thread)
+            self._recent_late.append(late)
             if len(self._first_errors) < N_FIRST_ERRORS:
                 self._first_errors.append(late)
                 self._err2 = statistics.median(self._first_errors) ** 2
             else:
-                late = min(late, ERROR_CLIP * max(self.error_ms, ERROR_FLOOR_MS))
+                confirmed = min(self._recent_late) if len(self._recent_late) == N_CONFIRM else 0.0
+                late = min(late, max(confirmed, ERROR_CLIP * max(self.error_ms, ERROR_FLOOR_MS)))
                 self._err2 = (1 - ERROR_WEIGHT) * self._err2 + ERROR_WEIGHT * late * late
         lam = self.forget
         for i in range(N_FEATURES):
