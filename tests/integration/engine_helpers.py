@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from homepd.config import EngineConfig
 from homepd.engine.controller import Engine
@@ -21,7 +22,9 @@ PROMPTS = [
 ]
 
 
-N_THREADS = 2  # a colocated worker's threads: this box's two cores
+# a colocated worker's threads: every core this test process may use (two here; one under the suite's xdist
+# workers, each pinned to a core: tests/conftest.py, BoxShare — never two threads on one core)
+N_THREADS = len(os.sched_getaffinity(0))
 
 
 def coloc(path, **kw) -> EngineConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 
-from engine_helpers import make_engine, PROMPTS, run
+from engine_helpers import N_THREADS, make_engine, PROMPTS, run
 
 
 def test_seeded_sampling_repeats_and_stop_strings_cut_text(default_model_path):
@@ -12,7 +12,7 @@ def test_seeded_sampling_repeats_and_stop_strings_cut_text(default_model_path):
         # why no prefix cache: the same seed repeats the same computation only; a second request served from
         # the first one's cached prompt computes its last prompt token alone, and llama.cpp is not batch-
         # invariant (without flash attention a step attends over a cell count that the cached cells change)
-        cfg = EngineConfig(model=str(default_model_path), n_ctx=512, n_seq_max=4, chunk=64, n_threads=2,
+        cfg = EngineConfig(model=str(default_model_path), n_ctx=512, n_seq_max=4, chunk=64, n_threads=N_THREADS,
                            prefix_cache=False)
         async with make_engine(cfg) as engine:
             async def text(params, prompt=PROMPTS[1]):

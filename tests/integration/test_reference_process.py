@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from homepd.core.protocol import WorkerSpec
 from homepd.llm import LlamaModel
 from homepd.measure.reference import greedy_alone
@@ -11,6 +13,7 @@ from homepd.measure.refproc import ReferenceProcess
 N_THREADS = 2
 
 
+@pytest.mark.whole_box  # two threads, a core each
 def test_the_reference_runs_in_its_own_process_on_the_specs_cores_with_the_asked_threads(default_model_path):
     # why: its own core per thread, so two threads never spin on one core waiting for each other
     cores = tuple(sorted(os.sched_getaffinity(0)))[-N_THREADS:]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine_helpers import make_engine, run
+from engine_helpers import N_THREADS, make_engine, run
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 from homepd.measure.replay import replay
@@ -86,7 +86,7 @@ def stall_run(path, chunk):
     """A request decoding alone, then a long prompt arrives; returns the run record and the long prompt's id."""
     async def scenario():
         # a fixed chunk (or none): the stall these tests measure is what the default adaptive chunk prevents
-        cfg = EngineConfig(model=str(path), n_ctx=2048, chunk=chunk, adaptive_chunk=False, n_threads=2)
+        cfg = EngineConfig(model=str(path), n_ctx=2048, chunk=chunk, adaptive_chunk=False, n_threads=N_THREADS)
         async with make_engine(cfg) as engine:
             short = await engine.submit("Count from one to fifty:", params=SamplingParams(max_tokens=40,
                                                                                          ignore_eos=True))

@@ -17,7 +17,7 @@ from homepd.llm import LlamaModel
 from homepd.measure.reference import teacher_forced_deficits
 from homepd.core.sampling import SamplingParams
 
-from engine_helpers import fake_coloc, fake_disagg, fake_text, make_engine, PROMPTS, run
+from engine_helpers import N_THREADS, fake_coloc, fake_disagg, fake_text, make_engine, PROMPTS, run
 from test_engine_correctness import MARGIN_LOGITS
 
 N_OUT = 24
@@ -74,7 +74,7 @@ def check_recovery(pid, victim, snap):
 def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation(default_model_path, mode, victim):
     """The real model, one test per architecture: what the replacement generates continues what was
     streamed (teacher-forced: every token is the model's choice after the prompt and the tokens before)."""
-    cfg = EngineConfig(model=str(default_model_path), mode=mode, n_ctx=2048, n_seq_max=4, chunk=64, n_threads=2,
+    cfg = EngineConfig(model=str(default_model_path), mode=mode, n_ctx=2048, n_seq_max=4, chunk=64, n_threads=N_THREADS,
                        prefill_threads=1, decode_threads=1)
     pid, streams, ends, snap, texts = run(kill_mid_stream(cfg, victim, N_OUT, PROMPTS[3]))
     restarted, resumed = check_recovery(pid, victim, snap)
@@ -87,7 +87,7 @@ def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation
             # whichever worker can take it first (the prefill worker recomputes it; the other replica), which on a
             # loaded box can be before the replacement is up (seen with the suite on one core)
             assert s.lifecycle.n_resumes == 1 and (mode != "colocated" or events[-1].t_s > restarted.t_s)
-        deficits = teacher_forced_deficits(model, model.tokenize(prompt), s.token_ids, n_threads=2)
+        deficits = teacher_forced_deficits(model, model.tokenize(prompt), s.token_ids, n_threads=N_THREADS)
         assert max(deficits) <= MARGIN_LOGITS, (s.lifecycle.resumed_by, deficits)
     model.close()
 
