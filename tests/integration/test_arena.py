@@ -15,7 +15,7 @@ from homepd.kv.pool import extent_bytes_for
 
 from engine_helpers import make_engine, run
 
-pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (tests/conftest.py, BoxShare)
+pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (conftest.py)
 
 LONG = "a long prompt about the sea " * 80   # 2241 fake tokens: 8976 bytes of KV state, 4 pages with its header
 SHORT = ["hi", "what is the weather like", "tell me a story about a cat", "one two three"]

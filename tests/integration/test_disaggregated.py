@@ -18,7 +18,7 @@ from homepd.core.sampling import SamplingParams
 from engine_helpers import PROMPTS, coloc, disagg, generate_all, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS
 
-pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (tests/conftest.py, BoxShare)
+pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (conftest.py)
 
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
 

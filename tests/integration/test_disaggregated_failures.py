@@ -26,7 +26,7 @@ from homepd.worker.loop import WorkerLoop
 from engine_helpers import PROMPTS, fake_disagg, fake_text, make_engine, run, start_controller_and_kill_it
 from worker_fakes import Outbox
 
-pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (tests/conftest.py, BoxShare)
+pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (conftest.py)
 
 
 def shm_segments_of_dead_owners() -> list[str]:

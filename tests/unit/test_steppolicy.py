@@ -56,7 +56,8 @@ def test_one_step_the_model_could_not_know_barely_moves_the_error_margin():
     after = m.estimate()
     assert after.error_ms < before.error_ms + ERROR_FLOOR_MS  # one step moves it by at most ~its clip
     # the chunk beside three decodes stays near what it was (the fit takes the step in too), not the minimum
-    assert prompt_budget(after, 3, 3, 100.0, kv_in_use=100) >= 0.8 * prompt_budget(before, 3, 3, 100.0, kv_in_use=100) > 4
+    budget_after, budget_before = (prompt_budget(e, 3, 3, 100.0, kv_in_use=100) for e in (after, before))
+    assert budget_after >= 0.8 * budget_before > 4
 
 
 def test_a_lasting_change_of_the_noise_is_followed_within_a_few_dozen_steps():
