@@ -91,12 +91,16 @@ def config_home(tmp_path, monkeypatch):
 # threads against the other's.  Each worker now has a core of its own, and so has every process it starts
 # (affinity is inherited); its engines default to one thread (every usable core).  A test that needs the whole
 # box (disaggregated prefill and decode on cores apart, replicas, pinning) is marked ``whole_box``: it waits
-# until no other test runs, and runs with every core.  With ``-n 0`` none of this happens: one process, every core.
+# until no other test runs, and runs with every core.  One that only needs two cores to place its workers on
+# and measures nothing of their speed (the fake backend's advise, whose assertions are the run's structure) is
+# marked ``two_cores``: it runs with every core, beside the other worker's tests.  With ``-n 0`` none of this
+# happens: one process, every core.
 MAX_TEST_WORKERS = 4
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "whole_box: needs every core of the box (two or more), so runs alone")
+    config.addinivalue_line("markers", "two_cores: needs every core in its affinity (two or more), not alone")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(BoxShare(config.workerinput["workerid"], config.workerinput["testrunuid"]),
                                       "homepd-box-share")
@@ -138,21 +142,24 @@ class BoxShare:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        with self.held(item.get_closest_marker("whole_box") is not None):
+        with self.held(item.get_closest_marker("whole_box") is not None,
+                       item.get_closest_marker("two_cores") is not None):
             yield
 
     @contextlib.contextmanager
-    def held(self, whole: bool):
+    def held(self, whole: bool, every_core: bool = False):
+        """``whole``: alone, with every core; ``every_core``: with every core, beside the others' tests."""
         fcntl.flock(self.turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(self.room, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
         finally:
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
-        if whole:
+        widen = whole or every_core
+        if widen:
             os.sched_setaffinity(0, self.every)
         try:
             yield
         finally:
-            if whole:
+            if widen:
                 os.sched_setaffinity(0, self.own)
             fcntl.flock(self.room, fcntl.LOCK_UN)

@@ -46,7 +46,7 @@ def one_reply(proc: ServeProcess, prompt: str) -> dict:
     return reply.json()["homepd"]
 
 
-@pytest.mark.whole_box  # the applied candidate is disaggregated
+@pytest.mark.two_cores  # the applied candidate is disaggregated (fake backend: what it runs, not its speed)
 def test_serve_runs_the_applied_candidate_and_says_so_at_start_up(tmp_path):
     db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
     run = stored_advise_run(db)

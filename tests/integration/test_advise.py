@@ -24,7 +24,7 @@ def homepd(*args, env=None, **kw):
                           env={**os.environ, **(env or {})}, timeout=300, **kw)
 
 
-@pytest.mark.whole_box  # every architecture: disaggregated and replicas too
+@pytest.mark.two_cores  # every architecture: disaggregated and replicas too (fake backend: structure, not speed)
 def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_stores_it_and_apply_writes_it(
         tmp_path):
     db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
@@ -78,7 +78,7 @@ def test_apply_without_a_terminal_or_yes_changes_nothing(tmp_path):
     assert missing.returncode == 1 and "42" in missing.stderr and not conf.exists()
 
 
-@pytest.mark.whole_box  # every architecture: disaggregated and replicas too
+@pytest.mark.two_cores  # every architecture: disaggregated and replicas too (fake backend: structure, not speed)
 def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(tmp_path):
     db = tmp_path / "runs.db"
     proc = subprocess.Popen([sys.executable, "-m", "homepd", "advise", "--quick", "--backend", "fake",

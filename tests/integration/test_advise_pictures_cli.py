@@ -11,7 +11,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-pytestmark = pytest.mark.whole_box  # advise measures every architecture (tests/conftest.py, BoxShare)
+# advise places every architecture (tests/conftest.py, BoxShare); the fake backend: the pictures, not the speed
+pytestmark = pytest.mark.two_cores
 
 SVG = "{http://www.w3.org/2000/svg}"
 
