@@ -169,6 +169,7 @@ class StepRecord:
     granted_to: str | None = None         # a step past the ITL budget: the prompt whose TTFT deadline needed it
     grant_lost: bool = False              # that prompt's deadline was lost anyway: a step at the gap ceiling
     store_ms: float = 0.0                 # KV store saves and restores run since the previous step (streams waited)
+    n_waiting_for_id: int = 0             # prompts left waiting by it because every sequence id was held
 
     @property
     def n_decode_tokens(self) -> int:

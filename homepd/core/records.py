@@ -213,6 +213,8 @@ class AdmissionSnapshot:
     deadline_grants_by_worker: dict[str, int] = field(default_factory=dict)
     # steps run at the gap ceiling for a prompt whose TTFT deadline was lost anyway (steppolicy.lost_grant)
     lost_grants_by_worker: dict[str, int] = field(default_factory=dict)
+    # prompt-seconds waited while every sequence id of the worker was held (--n-seq-max requests running)
+    id_wait_s_by_worker: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ class StepPlan:
     grant: DeadlineGrant | None = None  # the step is past the ITL budget for this prompt's TTFT deadline
     paused: tuple[Sequence, ...] = ()  # prefills that gave their sequence id to a prompt ahead (KV kept, cached)
     store_ms: float = 0.0  # the KV store's saves and restores since the last plan: the streams wait for them too
+    n_waiting_for_id: int = 0  # prompts left waiting while every sequence id was held (--n-seq-max running)
 
     @property
     def n_decode_tokens(self) -> int:
@@ -228,11 +229,14 @@ class Scheduler:
                 # holds (a RAG follow-up shared its step with 500 ms of another document)
                 tail = self.policy.after_first_token(kv_in_use)
                 budget = budget if tail is None else min(budget, tail)
+        # why count them: the ids, not the budget, are what a document waited for among chats (docs/scheduling.md);
+        # /metrics and the app name that wait, and raising --n-seq-max is its remedy
+        n_waiting_for_id = 0 if self.allocator.id_available else len(self.waiting)
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
                         kv_in_use=self._attended(sum(s.n_kv_tokens for s in self.running)
                                                  + sum(sl.n_tokens for sl in slices), len(self.running)),
                         evicted=evicted, reused=tuple(reused), paused=paused,
-                        store_ms=self._store_ms_seen - store_ms_before,
+                        store_ms=self._store_ms_seen - store_ms_before, n_waiting_for_id=n_waiting_for_id,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
                         else None)
 

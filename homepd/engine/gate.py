@@ -74,6 +74,7 @@ class AdmissionGate:
         self.last_budget: dict[str, int] = {}
         self.deadline_grants: dict[str, int] = {}  # steps granted past the ITL budget to a TTFT deadline
         self.lost_grants: dict[str, int] = {}  # steps at the gap ceiling for a prompt whose deadline was lost
+        self.id_wait_s: dict[str, float] = {}  # prompt-seconds waited while every sequence id was held
         self.counts: dict[RequestClass, Counter[str]] = {c: Counter() for c in RequestClass}
         self.errors_ms: deque[float] = deque(maxlen=MAX_ERRORS)
         self.handoff_ms_per_token: float | None = None
@@ -98,6 +99,8 @@ class AdmissionGate:
         if step.granted_to is not None:
             grants = self.lost_grants if step.grant_lost else self.deadline_grants
             grants[worker] = grants.get(worker, 0) + 1
+        if step.n_waiting_for_id:
+            self.id_wait_s[worker] = self.id_wait_s.get(worker, 0.0) + step.n_waiting_for_id * step.duration_ms / 1e3
 
     def estimate(self, worker: str) -> StepEstimate | None:
         """The worker's published step-time estimate, once its model has seen enough steps with prompt tokens
@@ -228,4 +231,4 @@ class AdmissionGate:
             routed_by_reason={r.value: n for r, n in sorted(self.route_reasons.items())},
             route_predicted_cached_tokens=self.route_predicted_cached_tokens,
             route_reused_tokens=self.route_reused_tokens, deadline_grants_by_worker=dict(self.deadline_grants),
-            lost_grants_by_worker=dict(self.lost_grants))
+            lost_grants_by_worker=dict(self.lost_grants), id_wait_s_by_worker=dict(self.id_wait_s))

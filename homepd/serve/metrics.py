@@ -196,6 +196,12 @@ def _admission_metrics(adm):
     for role, n in sorted(adm.lost_grants_by_worker.items()):
         lost.add_metric([role], n)
     yield lost
+    id_wait = CounterMetricFamily("homepd_prompt_id_wait_seconds", "Prompt-seconds spent waiting while every "
+                                  "sequence id of the worker was held (--n-seq-max requests running): a steady "
+                                  "rise says raise --n-seq-max", labels=["role"])
+    for role, s in sorted(adm.id_wait_s_by_worker.items()):
+        id_wait.add_metric([role], s)
+    yield id_wait
     if adm.ttft_error_mean_ms is not None:
         yield _gauge("homepd_ttft_prediction_error_mean_seconds", "Mean |predicted - actual| TTFT of finished "
                      "requests", adm.ttft_error_mean_ms / 1e3)

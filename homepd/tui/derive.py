@@ -97,6 +97,8 @@ def admission_lines(adm: AdmissionSnapshot | None) -> dict:
         text += f" · {n_grants} gap{'s' if n_grants > 1 else ''} granted to a deadline"
     if n_lost := sum(adm.lost_grants_by_worker.values()):
         text += f" · {n_lost} at the ceiling for a lost deadline"
+    if (id_wait_s := sum(adm.id_wait_s_by_worker.values())) >= 0.05:
+        text += f" · prompts waited {id_wait_s:.1f} s for a sequence id"
     if adm.routed_local or adm.routed_remote:
         text += f" · routed local {adm.routed_local} / remote {adm.routed_remote}"
     return {"classes": tuple(classes), "budgets": text.lstrip(" ·")}

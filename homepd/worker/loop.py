@@ -229,7 +229,8 @@ class WorkerLoop:
             decode_request_ids=tuple(s.request_id for s in plan.decode),
             prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill), budget=plan.budget,
             kv_in_use=plan.kv_in_use, granted_to=plan.grant.request_id if plan.grant is not None else None,
-            grant_lost=plan.grant is not None and plan.grant.lost, store_ms=plan.store_ms)
+            grant_lost=plan.grant is not None and plan.grant.lost, store_ms=plan.store_ms,
+            n_waiting_for_id=plan.n_waiting_for_id)
         outs, done = [], []
         for seq in got_token:
             out, fin = self.emit(seq, t_end)

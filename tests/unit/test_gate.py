@@ -2,6 +2,8 @@
 gate predicts from that estimate, and advise picks the chunk the serving policy would give (pure, fake backend)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from homepd.advise.campaign.run import MIN_PREDICTED_CHUNK, predicted_chunk
@@ -95,6 +97,37 @@ def test_the_worker_publishes_the_model_its_policy_budgets_with_and_the_gate_rea
     assert reports[-1].estimate.n_prompt_steps == sum(1 for r in reports if r.step.n_prompt_tokens)
     assert gate.estimate("colocated") == reports[-1].estimate
     out.close()
+
+
+def test_prompts_waiting_for_a_sequence_id_are_counted_in_prompt_seconds_and_named_in_metrics_and_the_app():
+    from homepd.serve.metrics import _admission_metrics
+    from homepd.tui.derive import admission_lines
+
+    worker_spec = WorkerSpec(role="colocated", model_path="fake", n_ctx=4096, n_seq_max=1, chunk=64, n_threads=1,
+                             backend="fake")
+    model, out = FakeModel(), Outbox()
+    ctx = FakeContext(model, n_ctx=4096, n_batch=worker_spec.n_batch, n_seq_max=1, n_threads=1)
+    loop = WorkerLoop(worker_spec, model, ctx, out)
+    for i in range(3):  # one id: r1 and r2 wait for r0's, then r2 for r1's
+        loop.handle(SubmitRequest(f"r{i}", tuple(model.tokenize("word " * 20)), SamplingParams(max_tokens=4)))
+    gate = AdmissionGate(EngineConfig(backend="fake"))
+    while loop.scheduler.has_work:
+        loop.step(loop.scheduler.schedule())
+        gate.observe("colocated", out.of_type(StepReport)[-1].step, None)
+    steps = [r.step for r in out.of_type(StepReport)]
+    out.close()
+    assert [s.n_waiting_for_id for s in steps if s.n_waiting_for_id] and steps[-1].n_waiting_for_id == 0
+    assert max(s.n_waiting_for_id for s in steps) == 2
+    waited = sum(s.n_waiting_for_id * (s.t_end_s - s.t_start_s) for s in steps)
+    snap = gate.snapshot(WorkerLoad({}, {}, 0, 0), {})
+    assert snap.id_wait_s_by_worker == {"colocated": pytest.approx(waited)} and waited > 0
+    metrics = {f.name: f for f in _admission_metrics(snap)}
+    assert [(s.labels["role"], s.value) for s in metrics["homepd_prompt_id_wait_seconds"].samples
+            if s.name.endswith("_total")] == [("colocated", pytest.approx(waited))]
+    assert "prompts waited 2.3 s for a sequence id" in \
+        admission_lines(replace(snap, id_wait_s_by_worker={"colocated": 2.34}))["budgets"]
+    none_waited = AdmissionGate(EngineConfig(backend="fake")).snapshot(WorkerLoad({}, {}, 0, 0), {})
+    assert none_waited.id_wait_s_by_worker == {} and "sequence id" not in admission_lines(none_waited)["budgets"]
 
 
 def decoding_steps(n_decode, kv_in_use, n=9):

@@ -68,10 +68,12 @@ def test_admission_respects_free_sequences():
     plan = run_step(s)
     assert {sl.seq.request_id for sl in plan.prefill} == {"r0", "r1"}
     assert [q.request_id for q in s.waiting] == ["r2"]
+    assert plan.n_waiting_for_id == 1  # the plan says what r2 waits for: a sequence id
     s.release(s.find("r0"))
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["r2"]
     assert s.find("r2").seq_id in (0, 1)
+    assert plan.n_waiting_for_id == 0
 
 
 def test_admission_respects_n_ctx_reservation():
@@ -81,6 +83,7 @@ def test_admission_respects_n_ctx_reservation():
     plan = run_step(s)
     assert [sl.seq.request_id for sl in plan.prefill] == ["a"]
     assert s.allocator.n_cells_reserved == 80
+    assert plan.n_waiting_for_id == 0  # b waits for cells, with ids free: not an id's wait
     s.release(s.find("a"))
     assert s.allocator.n_cells_reserved == 0
     plan = run_step(s)
