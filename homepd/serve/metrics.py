@@ -179,29 +179,17 @@ def _admission_metrics(adm):
     yield queued
     yield queued_tokens
     yield decisions
-    chunk = GaugeMetricFamily("homepd_step_prompt_budget_tokens", "Prompt-token budget of the worker's latest step "
-                              "(the chosen chunk)", labels=["role"])
-    for role, n in sorted(adm.chunk_by_worker.items()):
-        chunk.add_metric([role], n)
-    yield chunk
-    grants = CounterMetricFamily("homepd_deadline_grants", "Steps run past the ITL budget (within --gap-ceiling) "
-                                 "so that an interactive prompt kept its TTFT budget: a gap granted to a deadline",
-                                 labels=["role"])
-    for role, n in sorted(adm.deadline_grants_by_worker.items()):
-        grants.add_metric([role], n)
-    yield grants
-    lost = CounterMetricFamily("homepd_lost_deadline_steps", "Steps run as long as --gap-ceiling for an interactive "
-                               "prompt whose TTFT budget was lost anyway (it still counts in the mean TTFT and holds "
-                               "a sequence id): a gap given to a late prompt", labels=["role"])
-    for role, n in sorted(adm.lost_grants_by_worker.items()):
-        lost.add_metric([role], n)
-    yield lost
-    id_wait = CounterMetricFamily("homepd_prompt_id_wait_seconds", "Prompt-seconds spent waiting while every "
-                                  "sequence id of the worker was held (--n-seq-max requests running): a steady "
-                                  "rise says raise --n-seq-max", labels=["role"])
-    for role, s in sorted(adm.id_wait_s_by_worker.items()):
-        id_wait.add_metric([role], s)
-    yield id_wait
+    yield _by_role(GaugeMetricFamily, "homepd_step_prompt_budget_tokens", "Prompt-token budget of the worker's "
+                   "latest step (the chosen chunk)", adm.chunk_by_worker)
+    yield _by_role(CounterMetricFamily, "homepd_deadline_grants", "Steps run past the ITL budget (within "
+                   "--gap-ceiling) so that an interactive prompt kept its TTFT budget: a gap granted to a deadline",
+                   adm.deadline_grants_by_worker)
+    yield _by_role(CounterMetricFamily, "homepd_lost_deadline_steps", "Steps run as long as --gap-ceiling for an "
+                   "interactive prompt whose TTFT budget was lost anyway (it still counts in the mean TTFT and holds "
+                   "a sequence id): a gap given to a late prompt", adm.lost_grants_by_worker)
+    yield _by_role(CounterMetricFamily, "homepd_prompt_id_wait_seconds", "Prompt-seconds spent waiting while every "
+                   "sequence id of the worker was held (--n-seq-max requests running): a steady rise says raise "
+                   "--n-seq-max", adm.id_wait_s_by_worker)
     if adm.ttft_error_mean_ms is not None:
         yield _gauge("homepd_ttft_prediction_error_mean_seconds", "Mean |predicted - actual| TTFT of finished "
                      "requests", adm.ttft_error_mean_ms / 1e3)
@@ -268,3 +256,11 @@ def prefix_cache_metrics(stats_by_worker: dict):
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _by_role(family: type, name: str, documentation: str, by_role: dict[str, float]):
+    """A gauge or counter family with one series per worker role, in role order."""
+    metric = family(name, documentation, labels=["role"])
+    for role, value in sorted(by_role.items()):
+        metric.add_metric([role], value)
+    return metric
