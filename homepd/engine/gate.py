@@ -96,11 +96,12 @@ class AdmissionGate:
             self.estimates.setdefault(worker, None)
         if step.budget:
             self.last_budget[worker] = step.budget
+        # a series per worker from its first step, at 0 until something happens (a counter's absence is not a 0)
+        self.deadline_grants.setdefault(worker, 0)
+        self.lost_grants.setdefault(worker, 0)
         if step.granted_to is not None:
-            grants = self.lost_grants if step.grant_lost else self.deadline_grants
-            grants[worker] = grants.get(worker, 0) + 1
-        if step.n_waiting_for_id:
-            self.id_wait_s[worker] = self.id_wait_s.get(worker, 0.0) + step.n_waiting_for_id * step.duration_ms / 1e3
+            (self.lost_grants if step.grant_lost else self.deadline_grants)[worker] += 1
+        self.id_wait_s[worker] = self.id_wait_s.get(worker, 0.0) + step.n_waiting_for_id * step.duration_ms / 1e3
 
     def estimate(self, worker: str) -> StepEstimate | None:
         """The worker's published step-time estimate, once its model has seen enough steps with prompt tokens

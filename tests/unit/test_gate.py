@@ -126,8 +126,14 @@ def test_prompts_waiting_for_a_sequence_id_are_counted_in_prompt_seconds_and_nam
             if s.name.endswith("_total")] == [("colocated", pytest.approx(waited))]
     assert "prompts waited 2.3 s for a sequence id" in \
         admission_lines(replace(snap, id_wait_s_by_worker={"colocated": 2.34}))["budgets"]
-    none_waited = AdmissionGate(EngineConfig(backend="fake")).snapshot(WorkerLoad({}, {}, 0, 0), {})
-    assert none_waited.id_wait_s_by_worker == {} and "sequence id" not in admission_lines(none_waited)["budgets"]
+    fresh = AdmissionGate(EngineConfig(backend="fake"))
+    assert fresh.snapshot(WorkerLoad({}, {}, 0, 0), {}).id_wait_s_by_worker == {}  # no worker has stepped yet
+    fresh.observe("colocated", steps[-1], None)  # a step that left nothing waiting: the series is there, at 0
+    none_waited = fresh.snapshot(WorkerLoad({}, {}, 0, 0), {})
+    assert none_waited.id_wait_s_by_worker == {"colocated": 0.0}
+    assert [(s.labels["role"], s.value) for s in {f.name: f for f in _admission_metrics(none_waited)}[
+        "homepd_prompt_id_wait_seconds"].samples if s.name.endswith("_total")] == [("colocated", 0.0)]
+    assert "sequence id" not in admission_lines(none_waited)["budgets"]
 
 
 def decoding_steps(n_decode, kv_in_use, n=9):
