@@ -74,7 +74,9 @@ class AdmissionGate:
         self.last_budget: dict[str, int] = {}
         self.deadline_grants: dict[str, int] = {}  # steps granted past the ITL budget to a TTFT deadline
         self.lost_grants: dict[str, int] = {}  # steps at the gap ceiling for a prompt whose deadline was lost
-        self.id_wait_s: dict[str, float] = {}  # prompt-seconds waited while every sequence id was held
+        # prompt-seconds waited while every sequence id was held, over the steps' own time: a lower bound (what runs
+        # between two steps is not counted; on a real model that is a few ms a step, on the fake backend most)
+        self.id_wait_s: dict[str, float] = {}
         self.counts: dict[RequestClass, Counter[str]] = {c: Counter() for c in RequestClass}
         self.errors_ms: deque[float] = deque(maxlen=MAX_ERRORS)
         self.handoff_ms_per_token: float | None = None

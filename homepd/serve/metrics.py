@@ -188,8 +188,8 @@ def _admission_metrics(adm):
                    "interactive prompt whose TTFT budget was lost anyway (it still counts in the mean TTFT and holds "
                    "a sequence id): a gap given to a late prompt", adm.lost_grants_by_worker)
     yield _by_role(CounterMetricFamily, "homepd_prompt_id_wait_seconds", "Prompt-seconds spent waiting while every "
-                   "sequence id of the worker was held (--n-seq-max requests running): a steady rise says raise "
-                   "--n-seq-max", adm.id_wait_s_by_worker)
+                   "sequence id of the worker was held (--n-seq-max requests running), over its steps' own time "
+                   "(not the moments between them): a steady rise says raise --n-seq-max", adm.id_wait_s_by_worker)
     if adm.ttft_error_mean_ms is not None:
         yield _gauge("homepd_ttft_prediction_error_mean_seconds", "Mean |predicted - actual| TTFT of finished "
                      "requests", adm.ttft_error_mean_ms / 1e3)
