@@ -15,7 +15,8 @@ the cached prompt tokens the server reports (``usage.prompt_tokens_details.cache
 gives ``timings.cache_n``).  It prints, per server, TTFT mean and p90, the p90 of each turn's largest gap, a document's first question's
 TTFT, later turns' TTFT p50, prompt tokens computed (prompt - cached), and the turns meeting TTFT <= 4 s with every
 gap <= 100 ms and <= 200 ms.  ``--kind mix`` runs the chats and the documents at once (``--doc-after-s``: the
-documents join the running chats that much later).  Servers run one after another, interleaved over ``--repeats``; medians over repeats, with the
+documents join the running chats that much later).  Greedy by default; ``--temperature 0.7 --top-p 0.9`` samples as
+chat clients do.  Servers run one after another, interleaved over ``--repeats``; medians over repeats, with the
 spread (min..max).
 
     uv run python benchmarks/build_llama_server.py
@@ -132,9 +133,10 @@ def workload_of(kind: str, args, seed: int) -> list[Conversation]:
     raise SystemExit(f"--kind: unknown kind {kind!r}; known: chat, rag, mix")
 
 
-async def one_turn(client: httpx.AsyncClient, base: str, model_id: str, messages: list[dict], out: Turn) -> None:
+async def one_turn(client: httpx.AsyncClient, base: str, model_id: str, messages: list[dict], out: Turn,
+                   sampling: dict | None = None) -> None:
     body = {"model": model_id, "messages": messages, "max_tokens": out.max_tokens, "stream": True,
-            "temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True}, **(sampling or {})}
     # (llama-server's cache_prompt is on by default; homepd refuses fields it does not implement)
     t0 = last = time.monotonic()
     pieces: list[str] = []
@@ -175,7 +177,7 @@ async def one_turn(client: httpx.AsyncClient, base: str, model_id: str, messages
 
 
 async def run_conversation(client, base, model_id, conv: Conversation, think_s: float, t_start: float,
-                           turns: list[Turn]) -> None:
+                           turns: list[Turn], sampling: dict | None = None) -> None:
     delay = t_start + conv.start_s - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -186,7 +188,7 @@ async def run_conversation(client, base, model_id, conv: Conversation, think_s: 
         messages.append({"role": "user", "content": text})
         turn = Turn(conv.index, j, conv.kind, text, conv.max_tokens)
         turns.append(turn)
-        await one_turn(client, base, model_id, messages, turn)
+        await one_turn(client, base, model_id, messages, turn, sampling)
         if turn.error:
             return
         messages.append({"role": "assistant", "content": turn.answer})
@@ -206,8 +208,8 @@ async def bench_server(cfg: ServerConfig, args, workload: dict[str, list[Convers
             for kind, convs in workload.items():
                 turns: list[Turn] = []
                 t0 = time.monotonic()
-                await asyncio.gather(*(run_conversation(client, server.base, model_id, c, args.think_s, t0, turns)
-                                       for c in convs))
+                await asyncio.gather(*(run_conversation(client, server.base, model_id, c, args.think_s, t0, turns,
+                                                        sampling_of(args)) for c in convs))
                 results[kind] = turns
                 s = summarize(turns)
                 print(f"{cfg.name:22s} rep {repeat} {kind:4s}  TTFT mean/p90 {s['ttft_mean_ms']}/{s['ttft_p90_ms']} ms"
@@ -219,6 +221,15 @@ async def bench_server(cfg: ServerConfig, args, workload: dict[str, list[Convers
     finally:
         server.stop()
     return results
+
+
+def sampling_of(args) -> dict:
+    """The sampling fields every turn sends: greedy by default; ``--temperature 0.7 --top-p 0.9`` is what chat
+    clients send (the answers then differ between servers, and so do the histories resent after them)."""
+    out = {"temperature": args.temperature}
+    if args.top_p is not None:
+        out["top_p"] = args.top_p
+    return out
 
 
 def _ms(x):
@@ -317,6 +328,8 @@ def main() -> None:
     ap.add_argument("--think-s", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every turn (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=None, help="top_p of every turn (default: not sent)")
     ap.add_argument("--parallel", type=int, default=4, help="llama-server -np and homepd --n-seq-max")
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=1)
