@@ -560,7 +560,7 @@ def kv_stream_cells(config: EngineConfig) -> int | None:
 def kv_layout_text(config: EngineConfig) -> str:
     """For a startup line: ", KV in streams of N cells" when split, else nothing."""
     cells = kv_stream_cells(config)
-    return "" if cells is None else f", KV in streams of {cells} cells"
+    return "" if cells is None or cells >= config.n_ctx else f", KV in streams of {cells} cells"
 
 
 def request_n_ctx(config: EngineConfig) -> int:

@@ -129,7 +129,7 @@ def test_the_dashboard_follows_the_status_and_event_stream():
         assert source.wait_live(10)
         tick = source.tick()
         assert tick.architecture.mode == "colocated" and tick.architecture.n_running == 1
-        assert tick.architecture.note == "service ready; admitted 1/24"
+        assert tick.architecture.note == "service ready; 1 in flight of at most 24"
         (cache,) = tick.architecture.caches  # /status's typed cache stats, per worker
         assert (cache.worker, cache.hit_ratio, cache.cached_bytes) == ("colocated", pytest.approx(2 / 3), 3 << 20)
         assert [r.request_id for r in tick.requests] == ["chatcmpl-1"] and tick.requests[0].ttft_ms == pytest.approx(300.0)

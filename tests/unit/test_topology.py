@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from homepd.config import MODES, EngineConfig, request_n_ctx
+from homepd.config import MODES, EngineConfig, kv_layout_text, request_n_ctx
 from homepd.errors import ConfigError
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.engine.specs import worker_specs
@@ -200,6 +200,10 @@ def test_the_kv_layout_splits_the_cache_where_a_stream_holds_a_long_request_and_
         assert layout(n_ctx=8192, n_seq_max=4, kv_layout="streams")[:2] == ({False}, 2048)
         assert layout(n_ctx=8192, n_seq_max=4, kv_layout="streams", cached_seqs=4)[:2] == ({False}, 1024)
         assert layout(n_ctx=4096, n_seq_max=8, kv_layout="streams")[:2] == ({False}, 512)  # asked for: honoured
+        # the startup line names the split, and says nothing of one sequence's single stream
+        assert kv_layout_text(EngineConfig(mode=mode, n_ctx=8192, n_seq_max=4).validated()) == \
+            ", KV in streams of 2048 cells"
+        assert kv_layout_text(EngineConfig(mode=mode, n_ctx=8192, n_seq_max=1).validated()) == ""
     else:
         with pytest.raises(ConfigError, match="kv_layout 'streams' is for the colocated and replicas modes"):
             EngineConfig(mode=mode, kv_layout="streams").validated()

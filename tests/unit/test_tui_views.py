@@ -60,6 +60,9 @@ def test_the_architecture_panel_says_when_the_kv_cache_is_split_in_streams():
     assert head.endswith("n_ctx 8192 in streams of 2048")
     pooled = render_architecture(derive.architecture_view(replace(snap, kv_stream_cells=None))).plain
     assert pooled.splitlines()[0].endswith("n_ctx 8192") and "streams" not in pooled
+    # one sequence id: its "stream" is the whole cache, so nothing is said of streams
+    single = render_architecture(derive.architecture_view(replace(snap, kv_stream_cells=8192))).plain
+    assert single.splitlines()[0].endswith("n_ctx 8192") and "streams" not in single
     assert EngineSnapshot.from_dict(snap.to_dict()) == snap  # /status carries it to an attached app
 
 

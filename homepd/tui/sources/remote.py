@@ -284,7 +284,8 @@ class RemoteSource(DataSource):
         timings = [t for t, _ in finished]
         arch = None
         if status is not None and status.engine is not None:
-            note = f"service {status.state}; admitted {status.in_flight}/{status.capacity}"
+            # why not "admitted": the class lines count admissions since start; this is what is in flight now
+            note = f"service {status.state}; {status.in_flight} in flight of at most {status.capacity}"
             arch = derive.architecture_view(status.engine, derive.kv_mb_s(timings, interval_s), note)
         hardware = derive.hardware_view(self.sampler.latest(), self._box) if self.sampler is not None else None
         rows, point = self.steps.tick(now, interval_s, finished, samples)

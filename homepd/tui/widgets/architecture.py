@@ -90,7 +90,9 @@ def render_architecture(view: ArchitectureView | None) -> Text:
         return Text(f"mode {view.mode}: this app does not know it (update homepd)", style="yellow")
     body, shows_chunk = PANELS[view.mode]
     head = view.mode + (f" · chunk {view.chunk or 'none'}" if shows_chunk else "")
-    streams = f" in streams of {view.kv_stream_cells}" if view.kv_stream_cells else ""
+    # why only below n_ctx: a single sequence's "stream" is the whole cache, which says nothing
+    split = view.kv_stream_cells and view.kv_stream_cells < view.n_ctx
+    streams = f" in streams of {view.kv_stream_cells}" if split else ""
     lines = [Text.assemble((head, "bold magenta"), f" · n_ctx {view.n_ctx}{streams}")]
     if view.note:
         lines.append(Text(view.note, style="dim"))
