@@ -38,7 +38,7 @@ def test_run_one_prompt_streams_text(default_model_path):
     assert "TTFT" in out.stderr
 
 
-@pytest.mark.whole_box  # some of its bad input is checked against cores 0 and 1
+@pytest.mark.two_cores  # some of its bad input is checked against cores 0 and 1
 def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_text("hello")

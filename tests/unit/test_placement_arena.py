@@ -52,7 +52,7 @@ def test_the_default_arena_shrinks_to_fit_a_short_box_with_a_note():
     assert not tight.disaggregated.feasible  # under an eighth of the default: refused, not shrunk further
 
 
-@pytest.mark.whole_box  # cores 0 and 1, checked against this box's
+@pytest.mark.two_cores  # cores 0 and 1, checked against this box's
 def test_launch_refuses_a_disaggregated_engine_that_does_not_fit_the_injected_box():
     config = EngineConfig(backend="fake", mode="disaggregated", n_ctx=4096, kv_arena_bytes=8 << 30)
     with pytest.raises(EngineError, match=r"KV arena needs 8.0 GiB of shared memory; RAM has 4.0 GiB available"):
@@ -63,7 +63,7 @@ def test_launch_refuses_a_disaggregated_engine_that_does_not_fit_the_injected_bo
         prepare(by_hand, box=make_box(ram_gib=4))
 
 
-@pytest.mark.whole_box  # cores 0 and 1, checked against this box's
+@pytest.mark.two_cores  # cores 0 and 1, checked against this box's
 def test_launch_gives_the_prefill_worker_its_context_and_the_engine_the_arena():
     box = make_box(ram_gib=32)
     setup = prepare(EngineConfig(backend="fake", mode="disaggregated", n_ctx=4096), box=box)

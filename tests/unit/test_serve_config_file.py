@@ -22,7 +22,7 @@ def test_no_file_means_defaults(config_home):
     assert parse([]) == EngineConfig()
 
 
-@pytest.mark.whole_box  # its file names cores 0 and 1, checked against this box's
+@pytest.mark.two_cores  # its file names cores 0 and 1, checked against this box's
 def test_precedence_flag_then_environment_then_file_then_default(config_home, monkeypatch):
     path = config_home / "xdg" / "homepd" / "config.toml"
     path.parent.mkdir(parents=True)
@@ -68,7 +68,7 @@ def test_bad_file_is_a_clear_error(config_home, monkeypatch, text, match):
         parse([])
 
 
-@pytest.mark.whole_box  # its file names cores 0 and 1, checked against this box's
+@pytest.mark.two_cores  # its file names cores 0 and 1, checked against this box's
 def test_write_then_read_back_merges_and_keeps_tables(config_home):
     path = write_config_file({"mode": "disaggregated", "chunk": 128, "prefill_cores": (0, 1), "resume": False,
                               "serve": {"port": 9999, "host": "0.0.0.0"}})
