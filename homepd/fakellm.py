@@ -99,7 +99,7 @@ class FakeSampler:
     def __init__(self, ctx: "FakeContext", params: SamplingParams, history: tuple[int, ...] = ()):
         params.check_vocab(N_VOCAB)
         self.ctx, self.params = ctx, params
-        self.reference = ReferenceSampler(params, history)
+        self.reference = ReferenceSampler(params, history, eog_ids=(EOS,))
         grammar = params.grammar
         self.script = grammar_script(grammar)[len(history):] if grammar is not None and not grammar.is_lazy \
             else None

@@ -66,7 +66,7 @@ class SamplingParams:
     min_p: float = 0.0       # 0 = off
     seed: int | None = None
     stop: tuple[str, ...] = field(default=())
-    ignore_eos: bool = False
+    ignore_eos: bool = False         # never end: every end-of-generation token is banned (llama-server's meaning)
     repeat_penalty: float = 1.0      # 1 = off (llama.cpp's penalty_repeat)
     repeat_last_n: int = 64          # the penalties look at this many of the latest generated tokens (0 = off)
     presence_penalty: float = 0.0    # OpenAI's, -2..2
@@ -199,17 +199,20 @@ class ReferenceSampler:
     """The chain's semantics over a logits row, in numpy (the fake backend's sampler; the tests' reference).
 
     ``history``: tokens this request generated before this sampler existed (they count for the penalties).
+    ``eog_ids``: the vocabulary's end-of-generation tokens, banned under ``ignore_eos``.
     The grammar is not applied here: the fake backend drives a grammar itself (``homepd.fakellm``).
     """
 
-    def __init__(self, params: SamplingParams, history: tuple[int, ...] = ()):
+    def __init__(self, params: SamplingParams, history: tuple[int, ...] = (), eog_ids: tuple[int, ...] = ()):
         self.params = params
+        self.banned = list(eog_ids) if params.ignore_eos else []
         self.rng = np.random.default_rng(derived_seed(params.seed, len(history)))
         self.history: list[int] = list(history)
 
     def adjusted(self, logits: np.ndarray) -> np.ndarray:
-        """The logits after logit bias and penalties (what greedy takes the argmax of)."""
+        """The logits after ``ignore_eos``'s ban, logit bias and penalties (what greedy takes the argmax of)."""
         z = logits.astype(np.float64, copy=True)
+        z[self.banned] = -np.inf
         bias_and_penalize(z, self.params, self.history)
         return z
 

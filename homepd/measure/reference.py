@@ -7,7 +7,8 @@ Used by the tests and ``homepd bench engine``:
   its tokens must equal the engine's token for token;
 * ``teacher_forced_deficits`` re-evaluates prompt + generated tokens as one
   sequence alone and returns, per generated token, how far its logit is below
-  the best logit there (0 where it is the argmax).  Batch shape changes logits
+  the best logit there (0 where it is the argmax; under ``ignore_eos`` the best
+  of the tokens it allows, every end-of-generation token banned).  Batch shape changes logits
   by a little; a scheduling bug (a token in the wrong place or sequence,
   dropped or duplicated) changes them a lot.
 """
@@ -36,7 +37,8 @@ class AloneRun:
 
 def greedy_alone(model: LlamaModel, prompt_ids: list[int], max_tokens: int, chunk: int | None,
                  n_threads: int, n_ctx: int, n_seq_max: int = 1, stop_at_eog: bool = True) -> AloneRun:
-    """Greedy-decode one request alone with the engine's schedule, on a context of its own."""
+    """Greedy-decode one request alone with the engine's schedule, on a context of its own (``stop_at_eog``
+    False: as under ``ignore_eos``, end-of-generation tokens banned)."""
     n_batch = engine_n_batch(chunk, n_seq_max, n_ctx)
     ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, n_threads=n_threads)
     try:
@@ -61,12 +63,20 @@ def greedy_on(ctx: LlamaContext, prompt_ids: list[int], max_tokens: int, chunk: 
                        [False] * (stop - start - 1) + [stop == len(prompt_ids)])
             steps.append(time.monotonic() - ts)
         row = len(prompt_ids) - 1 - (len(prompt_ids) - 1) // step * step
-        out = [int(np.argmax(ctx.logits(row)))]
+        banned = None if stop_at_eog else model.eog_ids
+
+        def greedy(row: int) -> int:
+            logits = ctx.logits(row)
+            if banned is not None:
+                logits[banned] = -np.inf
+            return int(np.argmax(logits))
+
+        out = [greedy(row)]
         t1 = time.monotonic()
         while len(out) < max_tokens and not (stop_at_eog and model.is_eog(out[-1])):
             ts = time.monotonic()
             ctx.decode([out[-1]], [len(prompt_ids) + len(out) - 1], [0], [True])
-            out.append(int(np.argmax(ctx.logits(0))))
+            out.append(greedy(0))
             steps.append(time.monotonic() - ts)
         t2 = time.monotonic()
         return AloneRun(tokens=out, prompt_s=t1 - t0, decode_s=t2 - t1, step_s=steps)
@@ -75,8 +85,9 @@ def greedy_on(ctx: LlamaContext, prompt_ids: list[int], max_tokens: int, chunk: 
 
 
 def teacher_forced_deficits(model: LlamaModel, prompt_ids: list[int], generated_ids: list[int],
-                            n_threads: int, n_batch: int = 512) -> list[float]:
-    """Per generated token: max logit minus that token's logit, evaluating the sequence alone."""
+                            n_threads: int, n_batch: int = 512, ignore_eos: bool = False) -> list[float]:
+    """Per generated token: max logit minus that token's logit, evaluating the sequence alone (``ignore_eos``:
+    generated with every end-of-generation token banned, so the max is over the others)."""
     if not generated_ids:
         return []
     seq = list(prompt_ids) + list(generated_ids[:-1])
@@ -92,6 +103,8 @@ def teacher_forced_deficits(model: LlamaModel, prompt_ids: list[int], generated_
             for row, pos in enumerate(range(start, stop)):
                 if pos >= first_out:
                     logits = ctx.logits(row)
+                    if ignore_eos:
+                        logits[model.eog_ids] = -np.inf
                     deficits.append(float(logits.max() - logits[generated_ids[pos - first_out]]))
         return deficits
     finally:

@@ -148,7 +148,8 @@ class _Sampling(_Lenient):
     n: int | None = Field(None, description="only 1")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = Field(False, description="keep generating past end-of-sequence (benchmarks; extension)")
+    ignore_eos: bool = Field(False, description="generate exactly max_tokens: every end-of-generation token is "
+                                                "banned, as llama-server does (benchmarks; extension)")
     user: Text | None = Field(None, max_length=256, description="accepted and not used")
     request_class: Literal[REQUEST_CLASSES] | None = Field(  # type: ignore[valid-type]
         None, description="interactive or background (extension; also the X-Homepd-Class header)")

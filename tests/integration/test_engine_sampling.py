@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
+from homepd.llm import LlamaModel
 
 from engine_helpers import N_THREADS, make_engine, PROMPTS, run
 
@@ -37,3 +38,37 @@ def test_seeded_sampling_repeats_and_stop_strings_cut_text(default_model_path):
     assert greedy[1].index(stop_word) == len(cut[1])  # cut exactly before the stop string
     # the chat template was applied: an answer, not a continuation of raw template markup
     assert chat[0][-1].kind == "done" and chat[1].strip() and "<|im_" not in chat[1]
+
+
+def test_ignore_eos_goes_on_as_text_without_an_end_of_generation_token(default_model_path):
+    """A short answer ends with an end-of-generation token.  Under ``ignore_eos`` that token is banned, greedy
+    or sampled, as llama-server bans it: the answer goes on to ``max_tokens`` as text.  (Sampled and stepped
+    over, such tokens streamed as nothing, and a benchmark's client saw two or three steps as one gap.)"""
+    hello = [{"role": "user", "content": "Say hello."}]
+
+    async def scenario():
+        cfg = EngineConfig(model=str(default_model_path), n_ctx=512, n_seq_max=4, chunk=64, n_threads=N_THREADS,
+                           prefix_cache=False)  # each request computed alone, the same way (see above)
+        async with make_engine(cfg) as engine:
+            async def tokens(params):
+                stream = await engine.submit(messages=hello, params=params)
+                events, _ = await stream.collect()
+                return events[-1].finish_reason, list(stream.token_ids)
+
+            return (await tokens(SamplingParams(max_tokens=40)),
+                    await tokens(SamplingParams(max_tokens=40, ignore_eos=True)),
+                    await tokens(SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.7, top_p=0.9, seed=5)))
+
+    (free_end, free), (greedy_end, greedy), (sampled_end, sampled) = run(scenario())
+    model = LlamaModel(default_model_path, vocab_only=True)
+    try:
+        eog = set(model.eog_ids.tolist())
+        texts = [model.detokenize(ids) for ids in (greedy, sampled)]
+    finally:
+        model.close()
+    assert free_end == "stop" and len(free) < 40  # it ends by itself: where the ban has something to do
+    n_text = len([t for t in free if t not in eog])
+    for end, ids in ((greedy_end, greedy), (sampled_end, sampled)):
+        assert end == "length" and len(ids) == 40 and not eog & set(ids)
+    assert greedy[:n_text] == free[:n_text]  # the same answer up to where it would have ended
+    assert all(text.strip() for text in texts)

@@ -13,6 +13,14 @@ def test_greedy_is_argmax():
     assert ReferenceSampler(SamplingParams()).sample(logits) == 1
 
 
+def test_ignore_eos_bans_every_end_of_generation_token_greedy_or_sampled():
+    logits = np.array([0.0, 5.0, 4.0, 1.0, 3.5], dtype=np.float32)  # token 1, an end of generation, leads
+    assert ReferenceSampler(SamplingParams(), eog_ids=(1,)).sample(logits) == 1
+    assert ReferenceSampler(SamplingParams(ignore_eos=True), eog_ids=(1,)).sample(logits) == 2
+    hot = ReferenceSampler(SamplingParams(ignore_eos=True, temperature=2.0, top_p=0.99, seed=0), eog_ids=(1, 2))
+    assert {hot.sample(logits) for _ in range(300)} == {0, 3, 4}  # every other token, none of the two
+
+
 def test_top_k_one_is_argmax_even_when_hot():
     logits = np.random.default_rng(0).normal(size=1000).astype(np.float32)
     s = ReferenceSampler(SamplingParams(temperature=5.0, top_k=1, seed=1))
