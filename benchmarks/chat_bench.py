@@ -200,7 +200,11 @@ async def bench_server(cfg: ServerConfig, args, workload: dict[str, list[Convers
     server.start()
     results: dict[str, list[Turn]] = {}
     try:
-        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=100)) as client:
+        # why keepalive_expiry 2.5 s: both servers close a connection idle for 5 s, httpx reused one idle that long
+        # (its default expiry is 5 s too), and a document's first question met "Server disconnected without
+        # sending a response" (llama-server -b 256, the rag trace after the chat trace's last turn)
+        limits = httpx.Limits(max_connections=100, keepalive_expiry=2.5)
+        async with httpx.AsyncClient(limits=limits) as client:
             await server.wait_ready(client)
             model_id = await served_model_id(client, server.base)
             await one_turn(client, server.base, model_id, [{"role": "user", "content": "Hi"}],
