@@ -64,6 +64,7 @@ class Turn:
     cached_tokens: int | None = None
     answer: str = ""
     error: str | None = None
+    retried: bool = False      # the server closed the connection before answering; sent once more (TTFT counts both)
 
     @property
     def good(self) -> bool:
@@ -138,42 +139,57 @@ async def one_turn(client: httpx.AsyncClient, base: str, model_id: str, messages
     body = {"model": model_id, "messages": messages, "max_tokens": out.max_tokens, "stream": True,
             "temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True}, **(sampling or {})}
     # (llama-server's cache_prompt is on by default; homepd refuses fields it does not implement)
-    t0 = last = time.monotonic()
+    t0 = time.monotonic()
     pieces: list[str] = []
     try:
-        async with client.stream("POST", base + "/v1/chat/completions", json=body,
-                                 timeout=httpx.Timeout(600.0)) as r:
-            out.status = r.status_code
-            if r.status_code != 200:
-                out.error = (await r.aread()).decode(errors="replace")[:200]
-                return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage")
-                if usage:
-                    out.prompt_tokens = usage.get("prompt_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    if details.get("cached_tokens") is not None:
-                        out.cached_tokens = details["cached_tokens"]
-                timings = chunk.get("timings")
-                if timings and out.cached_tokens is None and timings.get("cache_n") is not None:
-                    out.cached_tokens = timings["cache_n"]
-                choices = chunk.get("choices") or []
-                content = (choices[0].get("delta") or {}).get("content") if choices else None
-                if not content:
-                    continue
-                now = time.monotonic()
-                if out.ttft_s is None:
-                    out.ttft_s = now - t0
-                else:
-                    out.gaps_s.append(now - last)
-                last = now
-                pieces.append(content)
+        try:
+            await _stream_turn(client, base, body, out, t0, pieces)
+        except httpx.RemoteProtocolError:
+            # why once more: llama-server (default and -b 256, 3 of 54 runs this way) sometimes closes a kept-alive
+            # connection without answering a conversation's first request; nothing was streamed, so it is sent
+            # again on a new connection and its TTFT counts from the first send
+            if out.status or pieces:
+                raise
+            out.retried = True
+            await _stream_turn(client, base, body, out, t0, pieces)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     out.answer = "".join(pieces)
+
+
+async def _stream_turn(client: httpx.AsyncClient, base: str, body: dict, out: Turn, t0: float,
+                       pieces: list[str]) -> None:
+    """One send of a turn: its status, TTFT (from ``t0``), gaps, usage and text pieces into ``out``."""
+    last = t0
+    async with client.stream("POST", base + "/v1/chat/completions", json=body, timeout=httpx.Timeout(600.0)) as r:
+        out.status = r.status_code
+        if r.status_code != 200:
+            out.error = (await r.aread()).decode(errors="replace")[:200]
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage")
+            if usage:
+                out.prompt_tokens = usage.get("prompt_tokens")
+                details = usage.get("prompt_tokens_details") or {}
+                if details.get("cached_tokens") is not None:
+                    out.cached_tokens = details["cached_tokens"]
+            timings = chunk.get("timings")
+            if timings and out.cached_tokens is None and timings.get("cache_n") is not None:
+                out.cached_tokens = timings["cache_n"]
+            choices = chunk.get("choices") or []
+            content = (choices[0].get("delta") or {}).get("content") if choices else None
+            if not content:
+                continue
+            now = time.monotonic()
+            if out.ttft_s is None:
+                out.ttft_s = now - t0
+            else:
+                out.gaps_s.append(now - last)
+            last = now
+            pieces.append(content)
 
 
 async def run_conversation(client, base, model_id, conv: Conversation, think_s: float, t_start: float,
@@ -200,11 +216,7 @@ async def bench_server(cfg: ServerConfig, args, workload: dict[str, list[Convers
     server.start()
     results: dict[str, list[Turn]] = {}
     try:
-        # why keepalive_expiry 2.5 s: both servers close a connection idle for 5 s, httpx reused one idle that long
-        # (its default expiry is 5 s too), and a document's first question met "Server disconnected without
-        # sending a response" (llama-server -b 256, the rag trace after the chat trace's last turn)
-        limits = httpx.Limits(max_connections=100, keepalive_expiry=2.5)
-        async with httpx.AsyncClient(limits=limits) as client:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=100)) as client:
             await server.wait_ready(client)
             model_id = await served_model_id(client, server.base)
             await one_turn(client, server.base, model_id, [{"role": "user", "content": "Hi"}],
@@ -221,7 +233,7 @@ async def bench_server(cfg: ServerConfig, args, workload: dict[str, list[Convers
                       f"first TTFT p50/p90 {s['first_p50_ms']}/{s['first_p90_ms']} ms  later p50/p90 "
                       f"{s['later_p50_ms']}/{s['later_p90_ms']} ms  prompt tok {s['prompt_tokens']} computed "
                       f"{s['computed_tokens']}  within 4 s and 100/200 ms {s['within_100']}/{s['within_200']} of "
-                      f"{s['n_turns']}  errors {s['errors']}", flush=True)
+                      f"{s['n_turns']}  errors {s['errors']}  sent twice {s['retried']}", flush=True)
     finally:
         server.stop()
     return results
@@ -259,7 +271,7 @@ def summarize(turns: list[Turn]) -> dict:
             "doc_first_ms": _ms(statistics.median(doc_first)) if doc_first else None,
             "within_100": sum(t.within(TTFT_S, 0.100) for t in turns),
             "within_200": sum(t.within(TTFT_S, 0.200) for t in turns), "n_turns": len(turns),
-            "errors": sum(t.error is not None for t in turns)}
+            "errors": sum(t.error is not None for t in turns), "retried": sum(t.retried for t in turns)}
 
 
 def server_configs(threads: int, parallel: int, n_ctx: int, llama_batches: tuple[int, ...] = (),
