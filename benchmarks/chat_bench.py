@@ -145,9 +145,9 @@ async def one_turn(client: httpx.AsyncClient, base: str, model_id: str, messages
         try:
             await _stream_turn(client, base, body, out, t0, pieces)
         except httpx.RemoteProtocolError:
-            # why once more: llama-server (default and -b 256, 3 of 54 runs this way) sometimes closes a kept-alive
-            # connection without answering a conversation's first request; nothing was streamed, so it is sent
-            # again on a new connection and its TTFT counts from the first send
+            # why once more: llama-server (default and -b 256; 3 of 102 workload runs in one day, none on homepd)
+            # sometimes closed a kept-alive connection without answering a conversation's first request; nothing
+            # was streamed, so it is sent again on a new connection and its TTFT counts from the first send
             if out.status or pieces:
                 raise
             out.retried = True
