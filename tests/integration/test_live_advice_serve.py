@@ -18,9 +18,8 @@ from homepd.core.admission import RequestClass
 from live_evidence import CO, DI, store_evidence
 from test_serve_harness import ServeProcess
 
-# switches the service to disaggregated, on the fake backend: two cores to place it on, beside other tests (a
-# slower fake only keeps its stream running longer when the apply lands)
-pytestmark = pytest.mark.two_cores  # (tests/conftest.py, BoxShare)
+# switches the service to disaggregated (tests/conftest.py, BoxShare); alone, as test_disaggregated_failures.py says
+pytestmark = pytest.mark.whole_box
 
 MODEL = "smollm2-135m-instruct-q4_1"
 WINDOW_S = 2.0

@@ -31,12 +31,6 @@ def whole_box(*values):
     return pytest.param(*values, marks=pytest.mark.whole_box)
 
 
-def two_cores(*values):
-    """A parameter set that needs two cores to place its workers on, and nothing of their speed (the fake
-    backend: a slower box only keeps its streams running longer when the kill lands)."""
-    return pytest.param(*values, marks=pytest.mark.two_cores)
-
-
 async def kill_mid_stream(cfg: EngineConfig, victim: str, n_out: int, late_prompt: str):
     """Three requests streaming (a fourth just submitted when the prefill worker is the victim); kill -9
     ``victim``; return (pid, streams, their ends, snapshot, streamed text per request)."""
@@ -99,8 +93,8 @@ def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation
     model.close()
 
 
-@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), two_cores("disaggregated", "decode"),
-                                         two_cores("disaggregated", "prefill")])  # replicas: test_replicas.py
+@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), whole_box("disaggregated", "decode"),
+                                         whole_box("disaggregated", "prefill")])  # replicas: test_replicas.py
 def test_kill_9_with_resume_continues_every_stream_exactly_on_the_fake_backend(mode, victim):
     """Whichever worker dies, every request ends with exactly the text it would have had undisturbed."""
     n_out = 2000  # why: at the fake's ~2000 tokens/s the streams are still running when the kill lands
