@@ -24,7 +24,7 @@ import statistics
 import time
 
 from homepd.config import FLASH_ATTN, flash_attn_of
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from homepd.core.protocol import StoreSaved
 from homepd.kv.pool import extent_bytes_for
 from homepd.kv.ring import PAGE_BYTES

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import tomllib
 
-from homepd.core.admission import ClassBudget, RequestClass
+from homepd.core.terms import ClassBudget, RequestClass
 from homepd.core.modes import Mode
 from homepd.core.records import OLD_NAME, renamed_from
 from homepd.errors import ConfigError

@@ -22,14 +22,6 @@ class RequestError(HomepdError):
     """A request refused before it reaches a worker (too long, bad sampling)."""
 
 
-class AdmissionRejected(RequestError):
-    """Early rejection: the request is predicted to miss its class's TTFT budget; retry after ``retry_after_s``."""
-
-    def __init__(self, message: str, retry_after_s: float, request_class: str, predicted_ttft_ms: float):
-        self.retry_after_s, self.request_class, self.predicted_ttft_ms = retry_after_s, request_class, predicted_ttft_ms
-        super().__init__(message)
-
-
 class PromptTooLongError(RequestError):
     """A prompt that does not fit the context (never truncated silently)."""
 

@@ -15,7 +15,7 @@ TUI) in real worker processes, in milliseconds.  Selected with
   buffer, so a disaggregated handoff goes through the real shared memory.
 * Sampling is ``homepd.core.sampling.ReferenceSampler`` (the chain's semantics
   in numpy) over those logits.  Under a grammar the fake writes the grammar's
-  shortest sentence (``homepd.core.gbnf.shortest``), a byte a token, then EOS:
+  shortest sentence (``homepd.structured.gbnf.shortest``), a byte a token, then EOS:
   its output always follows the grammar.  A lazy grammar (a tool call's
   trigger) never triggers: the fake writes its usual text.
 """
@@ -27,10 +27,9 @@ import struct
 
 import numpy as np
 
-from homepd.core.gbnf import GbnfError, shortest
-from homepd.core.prefixcache import ReuseMode
+from homepd.structured.gbnf import GbnfError, shortest
+from homepd.core.terms import ReuseMode, SpecialToken
 from homepd.core.sampling import Grammar, ReferenceSampler, SamplingParams
-from homepd.core.special import SpecialToken
 from homepd.errors import RequestError, WorkerError
 
 FAKE_MODEL_PATH = "fake://model"

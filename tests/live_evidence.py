@@ -7,7 +7,7 @@ import types
 
 from homepd.advise.campaign.capacity import CapacityCurve, Probe
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Mode
 from homepd.core.records import to_plain

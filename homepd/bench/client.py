@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams

@@ -12,7 +12,7 @@ from typing import Callable
 from homepd.advise.campaign.capacity import CapacitySearch, SearchSettings, curve_at_rates, probe_requests, start_rate_rps
 from homepd.advise.report.slobench import KIND, client_record, headline, probe_figures, target_result
 from homepd.bench.client import HttpTarget
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.records import to_plain
 from homepd.errors import ConfigError
 from homepd.measure.metrics import SLO
@@ -89,7 +89,7 @@ class BenchSettings:
                                ignore_eos=True, seed=seed, name=self.mix)
         if self.all_interactive:
             trace = dataclasses.replace(trace, requests=tuple(
-                dataclasses.replace(r, request_class=RequestClass.INTERACTIVE.value) for r in trace.requests))
+                dataclasses.replace(r, request_class=RequestClass.INTERACTIVE) for r in trace.requests))
         return trace
 
     def describe(self) -> dict:

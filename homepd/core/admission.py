@@ -14,36 +14,22 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
-class RequestClass(str, enum.Enum):
-    INTERACTIVE = "interactive"   # chat, voice: tight TTFT and ITL
-    BACKGROUND = "background"     # summaries, batch: loose TTFT, throughput matters
-
-    def __str__(self) -> str:  # why: f-strings, dict keys in JSON and metric labels show the value, as before
-        return self.value
-
-    @classmethod
-    def parse(cls, value: "str | RequestClass | None") -> "RequestClass":
-        if value is None:
-            return cls.INTERACTIVE
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"request class must be one of {', '.join(c.value for c in cls)}, "
-                             f"got {value!r}") from None
-
-
-@dataclass(frozen=True)
-class ClassBudget:
-    """A request class's latency targets; the one table of them is ``EngineConfig.class_budgets``."""
-    ttft_ms: float
-    itl_ms: float | None          # None: no per-token budget (background)
+from homepd.core.terms import ClassBudget, RequestClass
+from homepd.errors import RequestError
 
 
 class Verdict(str, enum.Enum):
     ADMIT = "admit"
     DEFER = "defer"               # wait in its queue (background behind interactive work)
     REJECT = "reject"             # early rejection: it would miss its budget
+
+
+class AdmissionRejected(RequestError):
+    """Early rejection: the request is predicted to miss its class's TTFT budget; retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float, request_class: RequestClass, predicted_ttft_ms: float):
+        self.retry_after_s, self.request_class, self.predicted_ttft_ms = retry_after_s, request_class, predicted_ttft_ms
+        super().__init__(message)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from typing import Iterable
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.sequence import Sequence
 
 # why 16: like vLLM's block; a sequence asks the allocator once per 16 tokens, and the admission headroom

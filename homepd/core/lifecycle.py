@@ -12,7 +12,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.records import OLD_NAME, FinishReason, RecordShapeError, from_plain, renamed_from, to_plain
 
 

@@ -25,19 +25,12 @@ The KV store indexes its saved prefixes with a ``PrefixIndex`` too (``homepd.kv.
 """
 from __future__ import annotations
 
-import enum
 import heapq
 import itertools
 from dataclasses import dataclass
 
 from homepd.core.radix import TokenTrie, TrieNode
-
-
-class ReuseMode(str, enum.Enum):
-    """What a worker's KV cache type allows to reuse (stated in its cache stats)."""
-    OFF = "off"        # no reuse (disabled, or the cache cannot keep a finished sequence)
-    PREFIX = "prefix"  # any prefix of a cached sequence: its tail is dropped
-    EXACT = "exact"    # only a whole cached sequence that the new prompt continues
+from homepd.core.terms import ReuseMode
 
 
 @dataclass(eq=False)

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from homepd.core.stepmodel import StepEstimate
+from homepd.core.terms import ReuseMode, StepEstimate
 
 from homepd.core.allocator import KVAllocator
-from homepd.core.prefixcache import PrefixIndex, ReuseMode
+from homepd.core.prefixcache import PrefixIndex
 from homepd.core.records import PrefixCacheStats
 from homepd.core.sequence import Sequence
 

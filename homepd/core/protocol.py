@@ -8,12 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass, ReuseMode, StepEstimate
 from homepd.core.modes import Role
-from homepd.core.prefixcache import ReuseMode
 from homepd.core.records import FinishReason, PrefixCacheStats
 from homepd.core.sampling import SamplingParams, TokenLogprob
-from homepd.core.stepmodel import StepEstimate
 
 
 # what a worker is started with --------------------------------------------------

@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import RequestClass, ReuseMode
 from homepd.errors import HomepdError
 
 
@@ -180,7 +180,7 @@ class MemoryBreakdown:
 @dataclass(frozen=True)
 class ClassQueue:
     """One request class at one moment: what waits for its first token, and what admission decided so far."""
-    request_class: str
+    request_class: RequestClass
     queued_requests: int        # not yet given a first token
     queued_prompt_tokens: int   # of those, prompt tokens not yet prefilled
     running: int                # in the engine (queued or decoding)

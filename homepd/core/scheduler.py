@@ -20,10 +20,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from homepd.core import kvpolicy
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass, ReuseMode
 from homepd.core.allocator import KVAllocator
 from homepd.core.kvpolicy import KVAction
-from homepd.core.prefixcache import ReuseMode
 from homepd.core.prefixreuse import KVOps, PrefixReuse, StoreOps
 from homepd.core.sequence import Sequence
 from homepd.core.steppolicy import DeadlineGrant, StepPolicy, attended_cells

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.sampling import SamplingParams
 from homepd.core.textstream import TextStream
 

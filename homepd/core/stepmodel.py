@@ -18,7 +18,8 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from dataclasses import dataclass
+
+from homepd.core.terms import StepEstimate
 
 N_FEATURES = 4
 MIN_STEPS = 8            # steps seen before the model is trusted
@@ -33,39 +34,6 @@ N_CONFIRM = 3            # a lateness this many steps in a row show is a change 
 
 def features(n_prompt: int, n_decode: int, kv_in_use: int) -> tuple[float, ...]:
     return (1.0, float(n_prompt), float(n_decode), (n_prompt + n_decode) * kv_in_use / 1000.0)
-
-
-@dataclass(frozen=True)
-class StepEstimate:
-    """The fitted coefficients (ms), how many steps were seen (of them, with prompt tokens), and the recent
-    error of the predictions.  A worker publishes its own on every ``StepReport``."""
-    base_ms: float
-    ms_per_prompt_token: float
-    ms_per_decode_token: float
-    ms_per_kv_ktoken: float
-    n_steps: int
-    error_ms: float           # how much longer than predicted steps ran (before each update): one-sided, robust
-                              # (OnlineStepModel.observe); symmetric noise gives its RMS
-    n_prompt_steps: int = 0   # steps with prompt tokens: what the prefill cost is measured from
-
-    def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0) -> float:
-        return (self.base_ms + self.ms_per_prompt_token * n_prompt + self.ms_per_decode_token * n_decode
-                + self.ms_per_kv_ktoken * (n_prompt + n_decode) * kv_in_use / 1000.0)
-
-    def chunk_for_itl(self, itl_budget_ms: float, n_decode: int, kv_in_use: int = 0, lo: int = 8,
-                      hi: int = 2048, margin_sd: float = 2.0) -> int:
-        """Largest prompt budget (clamped to [lo, hi]) with predicted step time + ``margin_sd`` × recent
-        error within ``itl_budget_ms``; ``lo`` when even a step without prompt tokens would be over."""
-        room = itl_budget_ms - margin_sd * self.error_ms - self.predict_ms(0, n_decode, kv_in_use)
-        return int(max(lo, min(hi, math.floor(room / self.prompt_token_ms(kv_in_use)))))
-
-    def prompt_token_ms(self, kv_in_use: int = 0) -> float:
-        """What one more prompt token adds to a step with ``kv_in_use`` cells in use (at least 1 µs)."""
-        return max(self.ms_per_prompt_token + self.ms_per_kv_ktoken * kv_in_use / 1000.0, 1e-3)
-
-    def prefill_tok_s(self, n_decode: int = 0, chunk: int = 256) -> float:
-        """Prompt tokens per second when steps of ``chunk`` prompt tokens run beside ``n_decode`` decodes."""
-        return chunk / max(self.predict_ms(chunk, n_decode), 1e-3) * 1e3
 
 
 class OnlineStepModel:

@@ -22,9 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass, StepEstimate
 from homepd.core.sequence import Sequence
-from homepd.core.stepmodel import StepEstimate
 
 # why: a client sees a step's tokens after the controller, the HTTP server and the OS scheduler have passed
 # them on; on a busy 2-core box that adds up to ~10-15 ms of jitter to single gaps, so steps aim at 85% of

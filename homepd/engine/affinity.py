@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from homepd.core.lifecycle import Lifecycle
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from homepd.core.routeindex import RouteIndex
 from homepd.core.routing import MIN_PREFIX_GAIN_TOKENS
 

@@ -21,15 +21,15 @@ from dataclasses import replace
 
 from homepd.backends import model_classes
 from homepd.config import EngineConfig, kv_stream_cells, kv_streams, request_n_ctx
-from homepd.core.admission import RequestClass, Verdict
-from homepd.core.chatformat import ChatFormat, detect as detect_chat_format
+from homepd.core.admission import AdmissionRejected, Verdict
+from homepd.core.terms import RequestClass, StepEstimate
+from homepd.chat.format import ChatFormat, detect as detect_chat_format
 from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState
 from homepd.core.protocol import (EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted,
                                   PrefixCacheStats, PrefixReused, RequestDone, StepRecord, StepReport, StoreDropped,
                                   StoreSaved, SubmitRequest, WorkerFatal, WorkerReady)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
-from homepd.core.stepmodel import StepEstimate
 from homepd.engine import recovery
 from homepd.engine.affinity import PrefixAffinity
 from homepd.engine.gate import AdmissionGate
@@ -41,7 +41,7 @@ from homepd.engine.specs import worker_specs
 from homepd.engine.streams import RequestStream
 from homepd.engine.topology import Health, topology_for
 from homepd.engine.topology.handoff import NoHandoff
-from homepd.errors import AdmissionRejected, EngineError, RequestError
+from homepd.errors import EngineError, RequestError
 from homepd.kv.segment import cleanup_stale_segments
 
 MAX_WORKER_EVENTS = 1_000
@@ -138,16 +138,15 @@ class Engine:
 
     async def submit(self, prompt: str | None = None, *, messages: list | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None,
-                     request_class: str | None = None, chat: ChatExtras | None = None) -> RequestStream:
+                     request_class: RequestClass | None = None, chat: ChatExtras | None = None) -> RequestStream:
         """Admit a request; returns its event stream.  Raises RequestError before any worker sees it.
 
         Its clock starts here, before the chat template and the tokenizer run: TTFT is what a caller sees.
         """
         arrived_s = time.monotonic()
-        try:
-            klass = RequestClass.parse(request_class)
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        if request_class is not None and not isinstance(request_class, RequestClass):
+            raise TypeError(f"request_class must be a RequestClass (parsed at the edge), got {request_class!r}")
+        klass = RequestClass.INTERACTIVE if request_class is None else request_class
         params = (params or SamplingParams()).validated()
         # why: off the loop (llama_tokenize releases the GIL), one at a time: a long chat must not stall the
         # pipes, /health or the watchdog, and concurrent tokenizer calls gain nothing on a shared vocabulary
@@ -175,10 +174,10 @@ class Engine:
                                     self.requests.load(worker.in_flight))
         if decision is not None and decision.verdict is Verdict.REJECT:
             raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
-                                    f"{decision.retry_after_s:g} s", decision.retry_after_s, klass.value,
+                                    f"{decision.retry_after_s:g} s", decision.retry_after_s, klass,
                                     decision.predicted_ttft_ms)
         lifecycle = Lifecycle(request_id=rid, arrived_s=arrived_s, n_prompt_tokens=len(ids),
-                              request_class=klass.value,
+                              request_class=klass,
                               predicted_ttft_s=decision.predicted_ttft_ms / 1e3 if decision else None,
                               admission=decision.verdict.value if decision else Verdict.ADMIT.value,
                               routed_to=worker.role, route_reason=routed.reason.value,
@@ -186,7 +185,7 @@ class Engine:
         self.gate.note_route(routed.reason)
         stream = RequestStream(rid, lifecycle, tuple(ids), params)
         self.requests.add(stream)
-        worker.send_request(rid, SubmitRequest(rid, tuple(ids), params, request_class=klass.value,
+        worker.send_request(rid, SubmitRequest(rid, tuple(ids), params, request_class=klass,
                                                deadline_s=self.gate.deadline_s(lifecycle)))
         self.affinity.holds(worker, ids)
         return stream

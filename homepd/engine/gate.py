@@ -14,15 +14,14 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from homepd.config import EngineConfig
-from homepd.core.admission import (Decision, QueueState, RequestClass, RouteState, Verdict, admit,
-                                   predict_ttft_ms, route)
+from homepd.core.admission import Decision, QueueState, RouteState, Verdict, admit, predict_ttft_ms, route
+from homepd.core.terms import RequestClass, StepEstimate
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.modes import Role
 from homepd.core.protocol import StepRecord, WorkerSpec
 from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.routing import RouteReason
 from homepd.core.stats import percentile
-from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import StepPolicy, attended_cells
 
 MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
@@ -213,7 +212,7 @@ class AdmissionGate:
     def snapshot(self, load: WorkerLoad, running_by_class: dict[str, int]) -> AdmissionSnapshot:
         """``load``: what every running request holds; ``running_by_class``: running requests per class value."""
         classes = tuple(ClassQueue(
-            request_class=c.value, queued_requests=load.queued_requests.get(c, 0),
+            request_class=c, queued_requests=load.queued_requests.get(c, 0),
             queued_prompt_tokens=load.queued_tokens.get(c, 0), running=running_by_class.get(c.value, 0),
             admitted=self.counts[c]["admitted"], deferred=self.counts[c]["deferred"],
             rejected=self.counts[c]["rejected"], ttft_budget_ms=self.budgets[c].ttft_ms,

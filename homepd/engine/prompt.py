@@ -26,7 +26,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from homepd.core.sampling import SamplingParams
-from homepd.core.special import SpecialToken
+from homepd.core.terms import SpecialToken
 from homepd.errors import PromptTooLongError, RequestError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -49,7 +49,7 @@ class ChatExtras:
 
 def validate_messages(messages: object) -> list[dict]:
     """Check a message list as the template takes it (role, content text, and the tool-call keys of
-    ``homepd.core.chatformat.template_messages``: ``name``, ``tool_calls``, ``tool_call_id``); return it
+    ``homepd.chat.format.template_messages``: ``name``, ``tool_calls``, ``tool_call_id``); return it
     normalised (content ``""`` where a message has none), or raise RequestError."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects")

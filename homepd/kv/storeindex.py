@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from homepd.core.prefixcache import PrefixIndex, PrefixMatch, ReuseMode
+from homepd.core.prefixcache import PrefixIndex, PrefixMatch
+from homepd.core.terms import ReuseMode
 from homepd.kv.pool import extent_bytes_for
 from homepd.kv.ring import RingAllocator
 

@@ -17,10 +17,9 @@ import numpy as np
 
 import llama_cpp as C
 
-from homepd.core.chatformat import detect as detect_chat_format
-from homepd.core.prefixcache import ReuseMode
+from homepd.chat.format import detect as detect_chat_format
+from homepd.core.terms import ReuseMode, SpecialToken
 from homepd.core.sampling import Grammar, SamplingParams
-from homepd.core.special import SpecialToken
 from homepd.errors import ModelError, WorkerError
 from homepd.llm.sampler import CandidateBuffer, LlamaSampler, grammar_sampler
 

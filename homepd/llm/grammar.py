@@ -16,11 +16,11 @@ import re
 import llama_cpp as C
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, BuiltinRule, SchemaConverter
 
-from homepd.core.chatformat import ChatFormat, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec
-from homepd.core.gbnf import class_char
-from homepd.core.jsonschema import canonical_schema
+from homepd.chat.format import ChatFormat, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec
+from homepd.structured.gbnf import class_char
+from homepd.structured.schema import canonical_schema
 from homepd.core.sampling import Grammar
-from homepd.core.schemalimits import INTEGRAL_DIGITS, MAX_REPEAT, Budget
+from homepd.structured.limits import INTEGRAL_DIGITS, MAX_REPEAT, Budget
 from homepd.errors import RequestError
 from homepd.llm import _init_backend
 

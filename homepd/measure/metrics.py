@@ -12,7 +12,7 @@ import enum
 import statistics
 from dataclasses import dataclass, field
 
-from homepd.core.admission import ClassBudget, RequestClass
+from homepd.core.terms import ClassBudget, RequestClass
 from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role

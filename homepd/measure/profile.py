@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.measure.trace.model import LONG_PROMPT_TOKENS
 
 DEFAULT_WINDOWS_S = (300.0, 3600.0, 86_400.0)

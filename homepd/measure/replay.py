@@ -18,7 +18,8 @@ from typing import Protocol
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.records import MemoryBreakdown, WorkerEvent, to_plain
 from homepd.core.sampling import SamplingParams
-from homepd.errors import AdmissionRejected
+from homepd.core.admission import AdmissionRejected
+from homepd.core.terms import RequestClass
 from homepd.hw.monitor import energy_by_source_j
 from homepd.measure.metrics import SLO, RunSummary, summarize
 from homepd.measure.stalls import Stall, attribute_stalls
@@ -144,7 +145,7 @@ async def replay(engine, trace, on_done=None, clock: Clock | None = None, stop_w
             else:
                 stream = await engine.submit(req.prompt, params=params, request_class=klass)
         except AdmissionRejected as exc:  # early rejection: a failed request in the record, not a crash
-            lc = Lifecycle(request_id=f"rejected-{i}", arrived_s=arrived, request_class=klass or "interactive",
+            lc = Lifecycle(request_id=f"rejected-{i}", arrived_s=arrived, request_class=klass or RequestClass.INTERACTIVE,
                            admission="reject")
             lc.error = str(exc)
             lc.advance(RequestState.FAILED, time.monotonic())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from homepd.config import env_default
-from homepd.core.admission import ClassBudget, RequestClass
+from homepd.core.terms import ClassBudget, RequestClass
 from homepd.errors import ConfigError
 from homepd.measure.memory import render_breakdown
 from homepd.measure.metrics import SLO, Dist, TokenTarget

@@ -1,12 +1,11 @@
-"""From an OpenAI request to what the engine runs: messages for the template, tools, the grammar, the parser.
+"""From an OpenAI request to the engine's chat plan: the mapping of a body onto ``plan_chat``'s arguments, and
+the 400s.
 
-``plan_request`` reads a validated body once and returns a ``RequestPlan``:
-the template's messages (tool calls and tool results in the shape the model's
-template or the generic format wants, ``homepd.core.chatformat``), the
-template's extras, the sampling parameters with their grammar (structured
-output or tool calls, ``homepd.llm.grammar``), and how the reply is parsed back
-into content, reasoning and tool calls.  Building a grammar from a schema is
-bounded (``check_schema``'s limits) and runs off the event loop.
+``plan_request`` reads a validated body once: the messages as plain dicts, the tools and the tool choice, the
+structured output asked for (``response_format``, llama-server's ``json_schema`` and ``grammar``), the
+template's kwargs; the plan itself (the template's messages, the grammar, the reply parser's settings) is the
+engine layer's one ``homepd.engine.chatplan.plan_chat``, which the app's chat tester calls too.  Building a
+grammar from a schema is bounded (``homepd.structured.limits``) and runs off the event loop.
 """
 from __future__ import annotations
 
@@ -15,13 +14,12 @@ from dataclasses import dataclass, replace
 
 from starlette.concurrency import run_in_threadpool
 
-from homepd.core.chatformat import (ChatFormat, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec, template_messages,
-                                    template_tools)
-from homepd.core.replyparser import ReplyParser
-from homepd.core.sampling import Grammar, SamplingParams
+from homepd.chat.format import ChatFormat, ToolChoice, ToolSpec
+from homepd.chat.parser import ReplyParser
+from homepd.core.sampling import SamplingParams
+from homepd.engine.chatplan import RESPONSE_SCHEMA_PATH, ChatPlan, Output, plan_chat, plan_completion
 from homepd.engine.prompt import ChatExtras
 from homepd.errors import RequestError
-from homepd.llm import grammar as grammars
 from homepd.serve.errors import APIError
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -32,23 +30,28 @@ MEDIA_PARTS = {"image_url": "an image", "input_image": "an image", "image": "an 
 
 @dataclass(frozen=True)
 class RequestPlan:
-    """What one request runs, decided before the engine sees it."""
-    prompt: str | None
-    messages: list[dict] | None
-    chat: ChatExtras | None
+    """What one request runs: the engine's chat plan and the sampling parameters with its grammar."""
+    plan: ChatPlan
     params: SamplingParams
-    chat_format: ChatFormat | None     # None: a text completion (its text is returned as it is)
-    tools_active: bool = False
-    envelope: bool = False             # the generic JSON envelope: the reply is {"response"} or {"tool_calls"}
-    tool_names: tuple[str, ...] = ()
+
+    @property
+    def prompt(self) -> str | None:
+        return self.plan.prompt
+
+    @property
+    def messages(self) -> list[dict] | None:
+        return self.plan.messages
+
+    @property
+    def chat(self) -> ChatExtras | None:
+        return self.plan.chat
+
+    @property
+    def tools_active(self) -> bool:
+        return self.plan.tools_active
 
     def parser(self) -> ReplyParser | None:
-        """A fresh parser of this request's reply (None: the text is the answer, as it comes)."""
-        fmt = self.chat_format
-        if fmt is None or (not self.tools_active and fmt.think is None):
-            return None
-        return ReplyParser(fmt, tools_active=self.tools_active, envelope=self.envelope,
-                           tool_names=self.tool_names if self.tools_active else None)
+        return self.plan.parser()
 
 
 def check_parts(body: ChatCompletionRequest, model_name: str) -> None:
@@ -72,27 +75,20 @@ async def plan_request(body: ChatCompletionRequest | CompletionRequest, params: 
                        chat_format: ChatFormat, model_name: str) -> RequestPlan:
     """The plan for ``body`` (``params``: its sampling without a grammar); APIError 400 for what cannot run."""
     try:
+        output = _output(body)
         if isinstance(body, CompletionRequest):
-            grammar = await _output_grammar(body, None)
-            return RequestPlan(body.prompt_text(), None, None, replace(params, grammar=grammar), None)
-        check_parts(body, model_name)
-        tools = ToolSpec.parse_all(body.tools or [])
-        choice = ToolChoice.parse(body.tool_choice, tools)
-        tools_active = bool(tools) and choice.mode is not ToolChoiceMode.NONE
-        offered = tools if tools_active else ()  # why: tool_choice none: the model is not told of them
-        messages = template_messages(chat_format, [_message(m) for m in body.messages], offered)
-        kwargs = dict(body.chat_template_kwargs or {})
-        if body.reasoning_effort is not None:
-            kwargs.setdefault("reasoning_effort", body.reasoning_effort)
-        extras = ChatExtras(tools=template_tools(chat_format, offered), template_kwargs=kwargs or None)
-        if tools_active:
-            grammar = await run_in_threadpool(grammars.tool_grammar, chat_format, tools, choice,
-                                              body.parallel_tool_calls is True, _response_schema(body))
+            plan = await run_in_threadpool(plan_completion, body.prompt_text(), output)
         else:
-            grammar = await _output_grammar(body, chat_format)
-        envelope = tools_active and chat_format.tools is ToolFormat.GENERIC
-        return RequestPlan(None, messages, extras, replace(params, grammar=grammar), chat_format, tools_active,
-                           envelope, tuple(t.name for t in tools))
+            check_parts(body, model_name)
+            tools = ToolSpec.parse_all(body.tools or [])
+            kwargs = dict(body.chat_template_kwargs or {})
+            if body.reasoning_effort is not None:
+                kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+            plan = await run_in_threadpool(
+                plan_chat, chat_format, [_message(m) for m in body.messages], tools=tools,
+                choice=ToolChoice.parse(body.tool_choice, tools), parallel=body.parallel_tool_calls is True,
+                output=output, template_kwargs=kwargs or None)
+        return RequestPlan(plan, replace(params, grammar=plan.grammar))
     except RequestError as exc:
         raise APIError(400, str(exc), code=getattr(exc, "code", None) or "invalid_value",
                        param=getattr(exc, "param", None)) from None
@@ -115,30 +111,20 @@ def _message(m) -> dict:
     return out
 
 
-def _response_schema(body) -> dict | bool | None:
-    """The schema the answer must follow (response_format json_schema, json_object's, llama-server's
-    json_schema field), or None."""
+def _output(body) -> Output:
+    """The structured output a body asks for: llama-server's ``grammar``, ``response_format`` (json_schema, or
+    json_object with or without a schema) or llama-server's ``json_schema`` field."""
+    if body.grammar is not None:
+        return Output(gbnf=body.grammar)
     rf = body.response_format
     if rf is not None and rf.type == "json_schema":
-        return rf.json_schema.schema_
+        return Output(schema=rf.json_schema.schema_, schema_path=RESPONSE_SCHEMA_PATH)
     if rf is not None and rf.type == "json_object":
-        return rf.schema_ if rf.schema_ is not None else {"type": "object"}
-    return body.json_schema
-
-
-async def _output_grammar(body, chat_format: ChatFormat | None) -> Grammar | None:
-    """The grammar of a request's structured output, or None."""
-    if body.grammar is not None:
-        return Grammar(body.grammar, "grammar")
-    rf = body.response_format
-    if rf is not None and rf.type == "json_object" and rf.schema_ is None:
-        return grammars.json_object_grammar(chat_format)
-    schema = _response_schema(body)
-    if schema is None:
-        return None
-    path = "response_format.json_schema.schema" if rf is not None and rf.type == "json_schema" else \
-        "response_format.schema" if rf is not None else "json_schema"
-    return await run_in_threadpool(grammars.json_schema_grammar, schema, chat_format, path)
+        return Output(json_object=True) if rf.schema_ is None else \
+            Output(schema=rf.schema_, schema_path="response_format.schema")
+    if body.json_schema is not None:
+        return Output(schema=body.json_schema, schema_path="json_schema")
+    return Output()
 
 
 def arguments_json(arguments: str) -> str:

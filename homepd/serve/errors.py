@@ -18,7 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from homepd.errors import AdmissionRejected, EngineError, HomepdError, PromptTooLongError, RequestError
+from homepd.core.admission import AdmissionRejected
+from homepd.errors import EngineError, HomepdError, PromptTooLongError, RequestError
 
 log = logging.getLogger("homepd.serve")
 

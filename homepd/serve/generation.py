@@ -2,7 +2,7 @@
 
 Chat and text completions differ in how a choice is shaped (``Shape``) and in
 what the reply holds: a chat's text goes through its ``ReplyParser``
-(``homepd.core.chatformat``) into content, reasoning (``reasoning_content``)
+(``homepd.chat.format``) into content, reasoning (``reasoning_content``)
 and tool calls.  The request is admitted before its prompt is tokenized; a
 client that goes away has its request cancelled (streaming: starlette cancels
 the generator; non-streaming: a watcher on the connection), and the place it
@@ -23,10 +23,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 
-from homepd.core.reply import DeltaKind
+from homepd.chat.reply import DeltaKind
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams, TokenLogprob
+from homepd.core.terms import RequestClass
 from homepd.engine.streams import EventKind
 from homepd.errors import HomepdError
 from homepd.measure.trace.traffic import Route
@@ -70,7 +71,7 @@ CHAT = Shape("chatcmpl-", "chat.completion", "chat.completion.chunk", True)
 TEXT = Shape("cmpl-", "text_completion", "text_completion", False)
 
 
-async def complete(service, request: Request, body: ChatCompletionRequest | CompletionRequest, request_class: str):
+async def complete(service, request: Request, body: ChatCompletionRequest | CompletionRequest, request_class: RequestClass):
     """Run ``body`` on the service's engine: a JSON response, or an SSE stream when ``body.stream``."""
     shape = CHAT if isinstance(body, ChatCompletionRequest) else TEXT
     settings = service.settings
@@ -233,7 +234,7 @@ class Reply:
                 **({"ignored_fields": self.ignored} if self.ignored else {})}
 
 
-async def _respond(reply: Reply, request: Request, request_class: str):
+async def _respond(reply: Reply, request: Request, request_class: RequestClass):
     """Collect the whole answer; cancel it if the client goes away first."""
     service, stream = reply.service, reply.stream
     collecting = asyncio.ensure_future(stream.collect())
@@ -340,7 +341,7 @@ class EngineEventStream(EventSourceResponse):
     # started runs no ``finally``.
     """
 
-    def __init__(self, service, stream, request_class: str, body):
+    def __init__(self, service, stream, request_class: RequestClass, body):
         super().__init__(body, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.service, self.stream, self.request_class = service, stream, request_class
 

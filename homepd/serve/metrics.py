@@ -172,10 +172,10 @@ def _admission_metrics(adm):
     decisions = CounterMetricFamily("homepd_admission_decisions", "Admission decisions by class (deferred ones "
                                     "are also admitted)", labels=["request_class", "decision"])
     for c in adm.classes:
-        queued.add_metric([c.request_class], c.queued_requests)
-        queued_tokens.add_metric([c.request_class], c.queued_prompt_tokens)
+        queued.add_metric([c.request_class.value], c.queued_requests)
+        queued_tokens.add_metric([c.request_class.value], c.queued_prompt_tokens)
         for decision in ("admitted", "deferred", "rejected"):
-            decisions.add_metric([c.request_class, decision], getattr(c, decision))
+            decisions.add_metric([c.request_class.value, decision], getattr(c, decision))
     yield queued
     yield queued_tokens
     yield decisions

@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request
 
+from homepd.core.terms import RequestClass
 from homepd.serve.errors import APIError
 from homepd.serve.generation import DEFAULTS, complete
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
@@ -21,8 +22,9 @@ ERROR_RESPONSES = {code: {"description": why} for code, why in (
           "miss its class's TTFT budget (Retry-After)"))}
 
 
-def request_class(body_class: str | None, header_class: str | None, default: str = "interactive") -> str:
-    """The request's class from the body field or the header (they must agree); else the route's default.
+def request_class(body_class: str | None, header_class: str | None, default: str = "interactive") -> RequestClass:
+    """The request's class from the body field or the header (they must agree); else the route's default.  Parsed
+    here, once: from the HTTP edge inward a class is a ``RequestClass``.
 
     A header sent twice arrives as one comma-separated value (``homepd.serve.middleware`` folds repeated
     headers): its values must agree too."""
@@ -38,7 +40,7 @@ def request_class(body_class: str | None, header_class: str | None, default: str
         if body_class is not None and body_class != header_class:
             raise APIError(400, f"request_class {body_class!r} and header {CLASS_HEADER} {header_class!r} differ",
                            code="invalid_value", param="request_class")
-    return body_class or header_class or default
+    return RequestClass(body_class or header_class or default)
 
 
 @router.post("/chat/completions", responses=ERROR_RESPONSES)

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.origin import ConfigOrigin
 from homepd.core.protocol import StepRecord
@@ -198,7 +198,7 @@ class Service:
             return "worker_restarting", "a worker died and is being restarted; retry in a moment"
         return None
 
-    def admit(self, request_id: str, request_class: str) -> None:
+    def admit(self, request_id: str, request_class: RequestClass) -> None:
         """Reserve a place for a request, or raise a 503 APIError (with Retry-After) saying why not."""
         if self.advisor is not None:  # why before the checks: a request refused for a full queue is demand too
             self.advisor.arrived(request_class)
@@ -216,11 +216,11 @@ class Service:
         self.in_flight[request_id] = request_class
         self._idle.clear()
 
-    def _through_restart(self, request_class: str) -> tuple[tuple[str, str] | None, int | None]:
+    def _through_restart(self, request_class: RequestClass) -> tuple[tuple[str, str] | None, int | None]:
         """A request arriving while a worker restarts waits for it (the engine holds it in that worker's
         backlog) when the restart is expected back within its share of the class's TTFT budget; otherwise it is
         refused with the expected wait as Retry-After.  Both are counted (``homepd_restart_arrivals_total``)."""
-        budget_s = self.config.class_budgets[RequestClass.parse(request_class)].ttft_ms / 1e3
+        budget_s = self.config.class_budgets[request_class].ttft_ms / 1e3
         eta_s = self.engine.restart_eta_s()
         if eta_s is not None and eta_s <= RESTART_WAIT_SHARE * budget_s:
             self.metrics.restart_arrivals.labels("waited").inc()
@@ -253,7 +253,7 @@ class Service:
                                  stream.lifecycle.request_class, max_tokens,
                                  prompt_text(prompt, messages) if self.traffic.record_text else None)
 
-    def finished(self, request_id: str, lc: Lifecycle | None, request_class: str) -> None:
+    def finished(self, request_id: str, lc: Lifecycle | None, request_class: RequestClass) -> None:
         """A request admitted with ``admit`` is over: free its place, count it, tell the /events clients."""
         if self.in_flight.pop(request_id, None) is None:
             return
@@ -266,13 +266,13 @@ class Service:
             self.traffic.ended(request_id, lc, met)
         self.metrics.observe_finished(lc)
         itl_target_ms = self.config.class_budgets[RequestClass.INTERACTIVE].itl_ms  # a gap over it is a stall
-        record = {**lc.to_dict(), "request_class": request_class,
+        record = {**lc.to_dict(), "request_class": request_class.value,
                   **TokenGaps.of(lc.request_id, lc.token_times_s, itl_target_ms).to_dict()}
         self.recent.append(record)
         self.publish("request", record)
         self.notifier.status(self._status_line())
 
-    def spawn_finish(self, stream, request_class: str) -> None:
+    def spawn_finish(self, stream, request_class: RequestClass) -> None:
         """``finished`` once ``stream`` (cancelled, its client gone) has received its last event."""
         async def wait_end() -> None:
             async for _ in stream:

@@ -10,6 +10,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from homepd.config import option as _opt, parse_bool
+from homepd.core.terms import RequestClass
 from homepd.errors import ConfigError
 from homepd.measure.trace.model import TraceError
 from homepd.measure.trace.sources import parse_duration_s
@@ -17,7 +18,7 @@ from homepd.measure.trace.sources import parse_duration_s
 # why 8439: unassigned, and not a port a common local LLM server or UI uses
 # (llama.cpp 8080, vLLM 8000, Ollama 11434, LM Studio 1234, KoboldCpp 5001, Open WebUI 3000/8080, ...)
 DEFAULT_PORT = 8439
-REQUEST_CLASSES = ("interactive", "background")
+REQUEST_CLASSES = tuple(c.value for c in RequestClass)
 
 
 def parse_origins(text: str) -> tuple[str, ...]:

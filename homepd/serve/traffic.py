@@ -23,7 +23,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
 from homepd.measure.trace.prefixes import PrefixTracker

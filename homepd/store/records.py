@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import RequestState, RequestTimings
 from homepd.core.modes import Candidate, Mode
 from homepd.core.records import RecordShapeError, from_stored

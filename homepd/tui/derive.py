@@ -136,7 +136,7 @@ def request_row(t: RequestTimings, itl_max_ms: float | None = None, stall: Stall
     return RequestRow(
         request_id=t.request_id, state=t.state.value, n_prompt_tokens=t.n_prompt_tokens,
         n_output_tokens=t.n_output_tokens, ttft_ms=_ms(t.ttft_s), tpot_ms=_ms(t.tpot_s), itl_max_ms=itl_max_ms,
-        kv_bytes=t.kv_bytes, stall=stall_text(stall), request_class=t.request_class.value)
+        kv_bytes=t.kv_bytes, stall=stall_text(stall), request_class=t.request_class)
 
 
 def worst_stalls(stalls: Iterable[Stall]) -> dict[str, Stall]:

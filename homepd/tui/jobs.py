@@ -16,7 +16,7 @@ from typing import Callable
 
 from textual.message_pump import MessagePump
 
-from homepd.core.reply import Delta, DeltaKind
+from homepd.chat.reply import Delta, DeltaKind
 from homepd.errors import HomepdError
 from homepd.tui import messages as m
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from homepd.core.reply import Delta
+from homepd.chat.reply import Delta
 from homepd.tui.liveadvice import AdviceView
 from homepd.tui.records import AdviseStep, AdviseView, ChatStats, Tick
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from homepd.advise.report.pictures import Pictures
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import RequestClass, ReuseMode
 from homepd.core.records import WorkerSnapshot
 
 SHORT_ID_CHARS = 12  # a request id as the app shows it: its tail (an OpenAI-style id's 29 characters fill a column)
@@ -122,7 +122,7 @@ class RequestRow:
     itl_max_ms: float | None
     kv_bytes: int | None = None
     stall: str = ""                # "412 ms held by req-7 (256 prompt tok, same step)"
-    request_class: str = ""
+    request_class: RequestClass = RequestClass.INTERACTIVE
 
 
 @dataclass(frozen=True)

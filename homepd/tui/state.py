@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from homepd.core.reply import Delta, DeltaKind, ToolCall
+from homepd.chat.reply import Delta, DeltaKind, ToolCall
 from homepd.tui.liveadvice import AdviceView
 from homepd.tui.records import AdviseStep, AdviseView, ChartPoint, ChatStats, RequestRow, Tick
 

@@ -16,7 +16,7 @@ import traceback
 from homepd.backends import model_classes
 from homepd.core import modes
 from homepd.core.kvpolicy import KVAction
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from homepd.core.protocol import CacheSource, KVPreempted, PrefixReused
 from homepd.core.records import PrefixCacheStats
 from homepd.core.protocol import (AttachStore, WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,

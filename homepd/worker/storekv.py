@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode, StepEstimate
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import AttachStore, StoreDropped
-from homepd.core.stepmodel import StepEstimate
 from homepd.errors import ExtentError, HomepdError
 from homepd.kv.store import StoreSegment, saved_message
 from homepd.kv.storeindex import StoreHit

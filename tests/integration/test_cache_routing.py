@@ -11,7 +11,7 @@ import pytest
 from engine_helpers import fake_disagg, make_engine, run
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
-from homepd.core.stepmodel import StepEstimate
+from homepd.core.terms import StepEstimate
 
 pytestmark = pytest.mark.whole_box  # replicas and disaggregated (tests/conftest.py, BoxShare)
 

@@ -15,7 +15,7 @@ from homepd.core.sampling import SamplingParams
 from homepd.kv.segment import STORE_PREFIX
 from homepd.llm import LlamaModel
 from homepd.measure.reference import teacher_forced_deficits
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import RequestClass, ReuseMode
 
 from engine_helpers import PROMPTS, coloc, fake_coloc, fake_text, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS
@@ -187,7 +187,7 @@ def test_real_model_prefill_paused_for_an_interactive_turn_resumes_without_recom
     async def scenario():
         async with make_engine(cfg) as engine:
             chat = await engine.submit(PROMPTS[1], params=SamplingParams(max_tokens=48, ignore_eos=True))
-            doc = await engine.submit(document, params=REAL_GREEDY, request_class="background")
+            doc = await engine.submit(document, params=REAL_GREEDY, request_class=RequestClass.BACKGROUND)
             while doc.lifecycle.n_prefilled < 80:  # part-way through its prefill, both ids held
                 await asyncio.sleep(0.01)
             turn = await engine.submit(PROMPTS[0], params=REAL_GREEDY)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 
 from live_evidence import CO, DI, store_evidence
 from test_serve_harness import ServeProcess

@@ -10,7 +10,7 @@ from homepd.core.sampling import SamplingParams
 from homepd.errors import PromptTooLongError
 from homepd.llm import LlamaModel
 from homepd.measure.reference import teacher_forced_deficits
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 
 from engine_helpers import N_THREADS, PROMPTS, coloc, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS

@@ -1,5 +1,6 @@
-"""Request classes reach the engine: each request carries its class, the snapshot counts them, a bad one is
-refused before any worker sees it (fake backend: real worker processes, no model)."""
+"""Request classes reach the engine: each request carries its class and the snapshot counts them (fake backend:
+real worker processes, no model).  A class is parsed once, at the HTTP edge (test_serve_api, test_serve_units):
+the engine takes a ``RequestClass``, and refuses a plain string as the programming error it is."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,9 @@ import pytest
 from engine_helpers import make_engine, run
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
-from homepd.errors import AdmissionRejected, RequestError
+from homepd.core.admission import AdmissionRejected
+from homepd.core.terms import RequestClass
+from homepd.errors import RequestError
 
 
 def test_each_request_carries_its_class_and_the_snapshot_counts_them():
@@ -17,11 +20,11 @@ def test_each_request_carries_its_class_and_the_snapshot_counts_them():
         async with make_engine(EngineConfig(backend="fake", n_ctx=2048)) as engine:
             long = SamplingParams(max_tokens=500, ignore_eos=True)
             streams = [await engine.submit("chat", params=long),
-                       await engine.submit("summary", params=long, request_class="background"),
-                       await engine.submit("voice", params=long, request_class="interactive")]
+                       await engine.submit("summary", params=long, request_class=RequestClass.BACKGROUND),
+                       await engine.submit("voice", params=long, request_class=RequestClass.INTERACTIVE)]
             counts = engine.snapshot().requests_by_class
-            with pytest.raises(RequestError, match="interactive, background"):
-                await engine.submit("x", request_class="urgent")
+            with pytest.raises(TypeError, match="RequestClass"):
+                await engine.submit("x", request_class=RequestClass.BACKGROUND)
             for s in streams:
                 engine.cancel(s.request_id)
             await asyncio.gather(*(s.collect() for s in streams))
@@ -70,12 +73,12 @@ def test_background_is_deferred_behind_queued_interactive_work_and_predictions_a
             assert engine.gate.estimate("colocated") is not None
             # why a difference: a warm-up submitted after the fake's first steps may already get a prediction
             n_before = engine.snapshot().admission.n_predictions
-            doc = await engine.submit("doc " * 300, params=SamplingParams(max_tokens=4), request_class="background")
+            doc = await engine.submit("doc " * 300, params=SamplingParams(max_tokens=4), request_class=RequestClass.BACKGROUND)
             # why not the warm-up's text, and why 200 tokens: a chat the prefix cache holds is one step of work, and
             # a short one five; either could be decoding already when the late background request arrives (nothing
             # queued: admitted, 1 run in 10 and 1 in 15); 25 steps at chunk 8 outlast the next submit
             chat = await engine.submit("talk " * 200, params=SamplingParams(max_tokens=4))
-            late = await engine.submit("doc " * 10, params=SamplingParams(max_tokens=4), request_class="background")
+            late = await engine.submit("doc " * 10, params=SamplingParams(max_tokens=4), request_class=RequestClass.BACKGROUND)
             snap = engine.snapshot().admission
             await asyncio.gather(doc.collect(), chat.collect(), late.collect())
             return [s.lifecycle for s in (doc, chat, late)], snap, engine.snapshot().admission, n_before

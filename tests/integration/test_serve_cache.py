@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from homepd.core.records import PrefixCacheStats
 from homepd.core.records import EngineSnapshot
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from test_serve_harness import ServeProcess
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import DataTable, Input, ProgressBar, Static
 
 from homepd.config import EngineConfig
-from homepd.core.reply import ToolCall
+from homepd.chat.reply import ToolCall
 from homepd.errors import HomepdError
 from homepd.tui.app import HomepdApp
 from homepd.tui.messages import PullProgress

@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from homepd.config import EngineConfig
-from homepd.core.chatformat import ToolFormat, detect
-from homepd.core.reply import Delta, DeltaKind, ToolCall
+from homepd.chat.format import ToolFormat, detect
+from homepd.chat.reply import Delta, DeltaKind, ToolCall
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
 from homepd.engine.streams import Event, EventKind
 from homepd.tui.jobs import coalesce
 from homepd.tui.records import ChatStats
 from homepd.tui.screens.chat import REASONING_LINES, turn_text
-from homepd.tui.sources import chatrequest
 from homepd.tui.sources.chatrequest import DEMO_TOOL, engine_chat
 from homepd.tui.sources.embedded import EmbeddedSource
 from homepd.tui.sources.loop import LoopThread
@@ -101,8 +100,7 @@ def test_an_engine_without_a_chat_format_streams_plain_text():
     assert engine.submitted[0][2] is None   # submitted without chat extras, as an older engine takes it
 
 
-def test_offering_the_tool_gives_the_template_its_tools_and_reads_the_call_back(monkeypatch):
-    monkeypatch.setattr(chatrequest, "demo_grammar", lambda fmt: None)  # the grammar is homepd.llm's, tested there
+def test_offering_the_tool_gives_the_template_its_tools_and_reads_the_call_back():
     engine = StubEngine(HERMES, ["<think>They want the time.</think>", "<tool_call>\n{\"name\": ",
                                  "\"get_current_time\", \"arguments\": {\"timezone\": ", "\"UTC\"}}\n</tool_call>"])
     turn, _ = chat_on(engine, [{"role": "user", "content": "what time is it?"}], offer_tool=True)
@@ -113,10 +111,9 @@ def test_offering_the_tool_gives_the_template_its_tools_and_reads_the_call_back(
     assert extras.tools == [DEMO_TOOL.to_openai()]
 
 
-def test_a_template_without_a_tool_format_is_told_of_the_tool_in_a_system_message(monkeypatch):
-    monkeypatch.setattr(chatrequest, "demo_grammar", lambda fmt: None)
+def test_a_template_without_a_tool_format_is_told_of_the_tool_in_a_system_message():
     request = engine_chat(detect(THINKING), [{"role": "user", "content": "hi"}], offer_tool=True)
-    assert request.extras.tools is None and request.messages[0]["role"] == "system"
+    assert request.chat.tools is None and request.messages[0]["role"] == "system"
     assert "get_current_time" in request.messages[0]["content"]
     parser = request.parser()   # the reply is the generic JSON envelope
     parser.feed('{"tool_calls": [{"name": "get_current_time", "arguments": {"timezone": "UTC"}}]}')
@@ -124,9 +121,8 @@ def test_a_template_without_a_tool_format_is_told_of_the_tool_in_a_system_messag
 
 
 def test_the_demo_tool_s_grammar_keeps_a_call_to_its_schema():
-    pytest.importorskip("homepd.llm.grammar")   # why: being written alongside; the tester builds on it
-    grammar = chatrequest.demo_grammar(detect(HERMES))
-    assert grammar is not None and "get_current_time" in grammar.gbnf
+    grammar = engine_chat(detect(HERMES), [{"role": "user", "content": "hi"}], offer_tool=True).grammar
+    assert grammar is not None and grammar.is_lazy and "get_current_time" in grammar.gbnf
 
 
 def test_a_later_turn_resends_a_call_with_a_tool_message_saying_it_was_not_run():

@@ -12,14 +12,14 @@ from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import StepRecord
 from homepd.core.records import PrefixCacheStats
-from homepd.core.reply import Delta, DeltaKind, ToolCall
+from homepd.chat.reply import Delta, DeltaKind, ToolCall
 from homepd.core.records import EngineSnapshot, RecordShapeError, WorkerSnapshot
 from homepd.errors import HomepdError
 from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui.sources.chatrequest import chunk_deltas
 from homepd.tui.sources.remote import RemoteSource, find_service, iter_sse, service_address
 from homepd.tui.state import ChatTurn
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 
 pytestmark = pytest.mark.timeout(30)
 KEY = "secret-key-123"

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass, StepEstimate
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
-from homepd.core.stepmodel import OnlineStepModel, StepEstimate
+from homepd.core.stepmodel import OnlineStepModel
 from homepd.core.steppolicy import StepPolicy
 from homepd.measure.trace import make_trace
 

@@ -1,8 +1,8 @@
 """Admission and routing policies on constructed queues and measurements (pure)."""
 import pytest
 
-from homepd.core.admission import (ClassBudget, QueueState, RequestClass, RouteState, Verdict, admit, predict_ttft_ms,
-                                   route)
+from homepd.core.admission import QueueState, RouteState, Verdict, admit, predict_ttft_ms, route
+from homepd.core.terms import ClassBudget, RequestClass
 
 I, B = RequestClass.INTERACTIVE, RequestClass.BACKGROUND
 BUDGETS = {I: ClassBudget(ttft_ms=2000.0, itl_ms=100.0), B: ClassBudget(ttft_ms=30_000.0, itl_ms=None)}

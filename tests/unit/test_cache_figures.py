@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from homepd.core.lifecycle import Lifecycle, RequestState
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from homepd.core.records import PrefixCacheStats
 from homepd.measure.metrics import summarize
 from homepd.measure.replay import RunRecord

@@ -12,7 +12,7 @@ from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
-from homepd.core.stepmodel import StepEstimate
+from homepd.core.terms import StepEstimate
 from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy, deadline_grant, lost_grant
 
 # a 2-core CPU's step: 12 ms, 4.5 ms a prompt token, 2 ms a decode (no KV term: the arithmetic stays readable)

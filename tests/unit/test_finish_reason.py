@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle, RequestState, end_state
 from homepd.core.protocol import CancelRequest, KVHandoff, RequestDone, StepReport, SubmitRequest, WorkerSpec
 from homepd.core.records import EngineSnapshot, FinishReason, to_plain

@@ -9,11 +9,11 @@ import pytest
 
 from homepd.advise.campaign.run import MIN_PREDICTED_CHUNK, predicted_chunk
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass, Verdict
+from homepd.core.admission import Verdict
+from homepd.core.terms import RequestClass, StepEstimate
 from homepd.core.protocol import StepRecord, StepReport, SubmitRequest, WorkerSpec
 from homepd.core.sampling import SamplingParams
 from homepd.core.sequence import Sequence
-from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import StepPolicy
 from homepd.engine.gate import MIN_PROMPT_STEPS, AdmissionGate, WorkerLoad
 from homepd.fakellm import FakeContext, FakeModel
@@ -169,7 +169,7 @@ def test_the_gate_predicts_the_chunk_the_worker_will_run_for_the_same_state():
     from homepd.core.sampling import SamplingParams
     from homepd.core.sequence import Sequence
     from homepd.core.steppolicy import StepPolicy
-    from homepd.core.stepmodel import StepEstimate
+    from homepd.core.terms import StepEstimate
     from homepd.engine.gate import AdmissionGate, load_of
 
     est = StepEstimate(base_ms=12.0, ms_per_prompt_token=1.5, ms_per_decode_token=4.0, ms_per_kv_ktoken=0.02,

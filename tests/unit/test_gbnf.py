@@ -1,4 +1,4 @@
-"""GBNF parsing, shortest derivations and recognition (homepd.core.gbnf), on hand-written grammars and on the
+"""GBNF parsing, shortest derivations and recognition (homepd.structured.gbnf), on hand-written grammars and on the
 grammars llama-cpp-python's JSON-schema converter writes."""
 import itertools
 import json
@@ -7,7 +7,8 @@ import time
 import pytest
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from homepd.core.gbnf import CharSet, Gbnf, GbnfError, accepts, parse, shortest
+from earley import accepts
+from homepd.structured.gbnf import CharSet, Gbnf, GbnfError, parse, shortest
 
 
 def language(g: Gbnf, alphabet: str, max_len: int, root: str = "root") -> set[str]:

@@ -14,12 +14,12 @@ from typing import Annotated, Literal, Optional, Union
 import llama_cpp as C
 import pytest
 
-from homepd.core.chatformat import ChatFormat, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec
-from homepd.core.replyparser import ReplyParser
+from homepd.chat.format import ChatFormat, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec
+from homepd.chat.parser import ReplyParser
 from homepd.core.sampling import Grammar
 from homepd.errors import RequestError
 from homepd.llm import LlamaModel
-from homepd.core.schemalimits import MAX_SCHEMA_PROPERTIES
+from homepd.structured.limits import MAX_SCHEMA_PROPERTIES
 from homepd.llm.grammar import (check_schema, int_range_gbnf, json_object_grammar,
                                 json_schema_grammar, tool_grammar, trigger_patterns)
 
@@ -508,11 +508,10 @@ def test_no_trigger_fires_inside_reasoning():
 
 
 @pytest.mark.parametrize("template", [None, "hermes"])
-def test_tools_beside_a_response_schema_answer_in_that_schema(template):
+def test_tools_beside_a_response_schema_answer_in_that_schema(vocab, template):
     """With auto, a reply that is not a call is the structured answer: the envelope's response (generic) or,
     in a format with call markers, the reply itself from the first token (no lazy trigger)."""
-    from homepd.core.chatformat import detect
-    from homepd.core.gbnf import accepts
+    from homepd.chat.format import detect
     fmt = detect(None) if template is None else ChatFormat(ToolFormat.HERMES, True, None, False)
     tools = ToolSpec.parse_all([{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}])
@@ -522,5 +521,5 @@ def test_tools_beside_a_response_schema_answer_in_that_schema(template):
     answer = '{"response": {"answer": "hi"}}' if template is None else '{"answer": "hi"}'
     call = '{"tool_calls": [{"name": "f", "arguments": {"x": 1}}]}' if template is None else \
         '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
-    assert accepts(g.gbnf, answer) and accepts(g.gbnf, call)
-    assert not accepts(g.gbnf, answer.replace('"answer"', '"other"'))
+    assert accepts(vocab, g, answer) and accepts(vocab, g, call)
+    assert not accepts(vocab, g, answer.replace('"answer"', '"other"'))

@@ -9,11 +9,10 @@ import os
 
 import pytest
 
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode, StepEstimate
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import StoreDropped, StoreSaved
 from homepd.core.scheduler import Scheduler
-from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import StepPolicy
 from homepd.fakellm import FakeContext, FakeModel
 from homepd.kv.pool import extent_bytes_for

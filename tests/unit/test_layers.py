@@ -98,9 +98,12 @@ def loaded_after_import(modules: list[str], libraries: tuple[str, ...]) -> list[
 
 
 def core_modules() -> list[str]:
-    names = sorted(p.stem for p in (PACKAGE / "core").glob("*.py") if p.stem != "__init__")
-    assert {"lifecycle", "protocol", "sampling", "scheduler"} <= set(names)
-    return [f"homepd.core.{name}" for name in names]
+    """Every module of the pure rooms: the scheduling core, the chat dialect and structured output."""
+    names = {room: sorted(p.stem for p in (PACKAGE / room).glob("*.py") if p.stem != "__init__")
+             for room in ("core", "chat", "structured")}
+    assert {"lifecycle", "protocol", "sampling", "scheduler"} <= set(names["core"])
+    assert {"format", "parser"} <= set(names["chat"]) and {"gbnf", "schema"} <= set(names["structured"])
+    return [f"homepd.{room}.{name}" for room, stems in names.items() for name in stems]
 
 
 def test_engine_and_measurement_load_no_face_library():

@@ -7,7 +7,7 @@ import pytest
 
 from homepd.advise.live.advice import (AdviceKind, AdviceTracker, EvidenceRow, LiveEvidence, LiveSettings, MixShape,
                                 judge)
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.measure.profile import FinishedRequest, TrafficProfile
 
 CO, DI = "colocated-adaptive", "disaggregated-routed"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from homepd.advise.live.evidence import load_live_evidence
 from homepd.hw.probe import BoxIdentity
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.modes import Mode
 from homepd.measure.trace.traffic import RecordedRequest
 from homepd.store import Store

@@ -8,11 +8,10 @@ import types
 import pytest
 
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass, StepEstimate
 from homepd.core.modes import Mode, Role
 from homepd.core.protocol import StepRecord
 from homepd.core.sequence import Sequence
-from homepd.core.stepmodel import StepEstimate
 from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy
 from homepd.core.sampling import SamplingParams
 from homepd.engine.gate import MIN_PROMPT_STEPS, AdmissionGate, WorkerLoad

@@ -1,7 +1,8 @@
 """The prefix index on constructed token sequences: longest match, which entry, eviction order."""
 from __future__ import annotations
 
-from homepd.core.prefixcache import PrefixIndex, ReuseMode
+from homepd.core.prefixcache import PrefixIndex
+from homepd.core.terms import ReuseMode
 
 
 def _index(*entries: tuple[int, list[int]]) -> PrefixIndex:

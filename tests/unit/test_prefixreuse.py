@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from homepd.core.allocator import KVAllocator
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
@@ -195,7 +195,7 @@ def test_a_follow_up_whose_history_is_cached_is_ordered_as_the_short_job_it_is()
     """The deadline order counts a waiting prompt's cached prefix as done: a follow-up turn due soon goes
     before a long prompt already past its deadline (counted whole, the follow-up looked late too, and the
     long one, due earlier, went first)."""
-    from homepd.core.stepmodel import StepEstimate
+    from homepd.core.terms import StepEstimate
     from homepd.core.steppolicy import StepPolicy
 
     est = StepEstimate(base_ms=10.0, ms_per_prompt_token=4.5, ms_per_decode_token=2.0, ms_per_kv_ktoken=0.0,
@@ -219,8 +219,8 @@ def test_a_follow_up_whose_history_is_cached_is_ordered_as_the_short_job_it_is()
 def test_a_step_in_which_an_interactive_prompt_completes_carries_only_an_itl_share_after_it():
     """Its first token waits for the whole step: the long prompt behind it gets what 85 ms hold, not the rest
     of the budget (a background prompt completing leaves the budget as it was)."""
-    from homepd.core.admission import RequestClass
-    from homepd.core.stepmodel import StepEstimate
+    from homepd.core.terms import RequestClass
+    from homepd.core.terms import StepEstimate
     from homepd.core.steppolicy import STEP_SHARE_OF_ITL, StepPolicy
 
     est = StepEstimate(base_ms=10.0, ms_per_prompt_token=4.5, ms_per_decode_token=2.0, ms_per_kv_ktoken=0.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homepd.core.special import SpecialToken
+from homepd.core.terms import SpecialToken
 from homepd.engine.prompt import chat_tokens, prompt_tokens, render_chat, split_specials
 from homepd.errors import RequestError
 from homepd.fakellm import BOS, EOS, FakeModel

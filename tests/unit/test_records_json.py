@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState, RequestTimings
 from homepd.core.records import (AdmissionSnapshot, ClassQueue, EngineSnapshot, KVArenaSnapshot, MemoryBreakdown,
                                  ProcessMemoryBreakdown, RecordShapeError, WorkerEvent, WorkerEventKind,
@@ -28,8 +28,8 @@ def full_snapshot() -> EngineSnapshot:
     memory = MemoryBreakdown(100, 200, 300, 400, 500, 600,
                              (ProcessMemoryBreakdown("decode", 11, 1000, 100, 200, 300, 400, 500, 600),))
     admission = AdmissionSnapshot(
-        (ClassQueue("interactive", 1, 30, 2, 5, 0, 1, 2000.0, 100.0),
-         ClassQueue("background", 0, 0, 1, 3, 2, 0, 30000.0, None)),
+        (ClassQueue(RequestClass.INTERACTIVE, 1, 30, 2, 5, 0, 1, 2000.0, 100.0),
+         ClassQueue(RequestClass.BACKGROUND, 0, 0, 1, 3, 2, 0, 30000.0, None)),
         {"prefill": 256}, {"prefill": 1234.5}, True, True, ttft_error_mean_ms=12.0, ttft_error_p90_ms=30.0,
         n_predictions=4, routed_local=1, routed_remote=3, route_threshold_tokens=64)
     return EngineSnapshot("disaggregated", "/m/x.gguf", 2048, 64, workers, arena,

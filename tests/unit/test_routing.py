@@ -6,15 +6,14 @@ from __future__ import annotations
 import pytest
 
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass, RouteState, route
+from homepd.core.admission import RouteState, route
+from homepd.core.terms import RequestClass, ReuseMode, StepEstimate
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.modes import Mode, Role
 from homepd.core.protocol import StepRecord, WorkerSpec
-from homepd.core.prefixcache import ReuseMode
 from homepd.core.records import PrefixCacheStats
 from homepd.core.records import AdmissionSnapshot, from_plain, to_plain
 from homepd.core.routing import MIN_PREFIX_GAIN_TOKENS, ReplicaView, RouteReason, choose_replica
-from homepd.core.stepmodel import StepEstimate
 from homepd.engine.affinity import PrefixAffinity
 from homepd.engine.gate import MIN_PROMPT_STEPS, AdmissionGate, WorkerLoad
 from homepd.engine.topology import topology_for

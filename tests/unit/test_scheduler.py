@@ -6,7 +6,7 @@ import random
 import pytest
 
 from homepd.core import kvpolicy
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.kvpolicy import KVAction
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler

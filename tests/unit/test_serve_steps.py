@@ -9,6 +9,7 @@ import pytest
 from homepd.config import EngineConfig
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.protocol import StepRecord
+from homepd.core.terms import RequestClass
 from homepd.measure.stepstream import MAX_STEPS, TokenGaps
 from homepd.serve.service import Service
 from homepd.serve.settings import ServeSettings
@@ -45,14 +46,14 @@ def test_a_client_that_does_not_read_holds_only_its_bound_and_does_not_hold_the_
 def test_a_finished_request_s_event_carries_its_largest_gap_and_its_gaps_over_the_itl_budget():
     svc = service()
     queue = svc.subscribe()
-    svc.admit("r", "interactive")
+    svc.admit("r", RequestClass.INTERACTIVE)
     lc = Lifecycle("r", 10.0, n_prompt_tokens=3)
     lc.advance(RequestState.PREFILLING, 10.0)
     lc.advance(RequestState.DECODING, 10.1)
     for t in (10.1, 10.15, 10.45, 10.5):
         lc.add_token(t)
     lc.advance(RequestState.FINISHED, 10.5)
-    svc.finished("r", lc, "interactive")
+    svc.finished("r", lc, RequestClass.INTERACTIVE)
     kind, record = queue.get_nowait()
     gaps = TokenGaps.from_dict("r", record)
     assert kind == "request" and gaps.itl_max_ms == pytest.approx(300.0) and gaps.n_over == 1
@@ -83,10 +84,10 @@ def test_the_live_profile_counts_each_request_as_it_asks_including_one_refused_f
     svc = Service(EngineConfig(backend="fake", n_seq_max=1), ServeSettings(record_traffic=False, max_queue=1))
     svc.state = "ready"
     svc.engine = types.SimpleNamespace(health=lambda: types.SimpleNamespace(failed=(), restarting=False))
-    svc.admit("a", "interactive")
-    svc.admit("b", "background")
+    svc.admit("a", RequestClass.INTERACTIVE)
+    svc.admit("b", RequestClass.BACKGROUND)
     with pytest.raises(APIError):  # one sequence and one place in the queue: the third is refused
-        svc.admit("c", "interactive")
+        svc.admit("c", RequestClass.INTERACTIVE)
     window = svc.advisor.profile.window(svc.advisor.settings.window_s, svc.advisor.clock())
     assert window.n_requests == 0  # none has ended
     assert window.rate_by_class == {"interactive": pytest.approx(2 / window.span_s),

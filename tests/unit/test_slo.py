@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.errors import ConfigError
 from homepd.measure.metrics import SLO, SLOTarget, TokenTarget, summarize

@@ -8,7 +8,8 @@ import pytest
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
-from homepd.core.stepmodel import ERROR_FLOOR_MS, OnlineStepModel, StepEstimate
+from homepd.core.stepmodel import ERROR_FLOOR_MS, OnlineStepModel
+from homepd.core.terms import StepEstimate
 from homepd.core.steppolicy import (COLD_IDLE_CHUNK, MIN_IDLE_CHUNK, STEP_SHARE_OF_ITL, StepPolicy, moore_hodgson,
                                    prompt_budget, prompt_order)
 

@@ -10,7 +10,7 @@ import pytest
 from homepd.advise.campaign.recommend import Evidence, recommend
 from homepd.advise.campaign.run import AdviseResult, AdviseSettings, advice_data, measurement
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import RequestState
 from homepd.core.modes import Mode
 from homepd.core.records import RecordShapeError, to_plain

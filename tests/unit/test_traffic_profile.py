@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.measure.profile import N_TOKEN_BINS, FinishedRequest, TrafficProfile, bin_value, token_bin
 
 I, B = RequestClass.INTERACTIVE, RequestClass.BACKGROUND

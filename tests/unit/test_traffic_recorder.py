@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
 from homepd.measure.trace.traffic import Route

@@ -6,7 +6,7 @@ import time
 
 from homepd.advise.live.advice import LiveSettings
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.tui.liveadvice import LocalAdvisor, advice_view
 
 from live_evidence import CO, DI, record, store_evidence

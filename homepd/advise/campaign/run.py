@@ -42,7 +42,7 @@ from homepd.core.modes import Mode, Role
 from homepd.core.records import to_plain
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
-from homepd.core.stepmodel import StepEstimate
+from homepd.core.terms import StepEstimate
 from homepd.core.steppolicy import StepPolicy
 from homepd.engine.controller import Engine
 from homepd.errors import ConfigError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from homepd.advise.live.advice import AdviceEvent, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.measure.metrics import SLO
 from homepd.measure.profile import FinishedRequest, TrafficProfile
 
@@ -23,13 +23,9 @@ class Advisor:
         self.tracker = AdviceTracker(None, settings.hysteresis_s)
         self.verdict: Verdict | None = None
 
-    def arrived(self, request_class: str) -> None:
+    def arrived(self, request_class: RequestClass) -> None:
         """A request asked to be served (admitted or not): the live rate counts it now, not when it ends."""
-        try:
-            klass = RequestClass(request_class)
-        except ValueError:  # why: advice never refuses a request; the engine names a bad class
-            return
-        self.profile.arrive(self.clock(), klass)
+        self.profile.arrive(self.clock(), request_class)
 
     def count(self, lc, now_unix_s: float | None = None, now_monotonic_s: float | None = None) -> bool:
         """Count a finished lifecycle in the profile; return whether it met its class's SLO."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from homepd.config import EngineConfig
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import EngineSetup, RolePlacement
 from homepd.core.routing import RouteReason

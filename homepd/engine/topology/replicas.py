@@ -4,7 +4,7 @@ else the least loaded one that has not failed (``homepd.core.routing``); the eng
 replica is left."""
 from __future__ import annotations
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.modes import Candidate, Mode, Role
 from homepd.core.protocol import RolePlacement
 from homepd.core.routing import ReplicaView, choose_replica

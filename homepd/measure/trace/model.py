@@ -27,12 +27,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from homepd.core.terms import RequestClass
 from homepd.errors import ConfigError
 
 FORMAT_VERSION = 1
 KINDS = ("short", "long", "chat", "rag")
-REQUEST_CLASSES = ("interactive", "background")
-CLASS_OF_KIND = {"short": "interactive", "long": "background", "chat": "interactive", "rag": "interactive"}
+REQUEST_CLASSES = tuple(c.value for c in RequestClass)
+CLASS_OF_KIND = {"short": RequestClass.INTERACTIVE, "long": RequestClass.BACKGROUND, "chat": RequestClass.INTERACTIVE,
+                 "rag": RequestClass.INTERACTIVE}
 # why: SmolLM2's tokenizer gives 4.7-4.9 characters per token on the shipped
 # corpus (English prose); GPT-style tokenizers give about 4.  Used wherever a
 # token count must be guessed without a tokenizer (long prompts, imports).
@@ -64,7 +66,7 @@ class TraceRequest:
     messages: tuple[dict[str, str], ...] | None = None  # ... or a chat: ({"role", "content"}, ...)
     max_tokens: int = 32
     kind: str = "short"                               # "short" | "long"
-    request_class: str = "interactive"                # "interactive" | "background"
+    request_class: RequestClass = RequestClass.INTERACTIVE  # a trace file's "interactive" | "background", parsed
     ignore_eos: bool = False                          # generate exactly max_tokens (benchmarks)
     conversation: int | None = None                   # chat: the conversation this turn belongs to
     turn: int = 0                                     # chat: its index in the conversation
@@ -74,6 +76,7 @@ class TraceRequest:
         if self.messages is not None and not isinstance(self.messages, tuple):
             object.__setattr__(self, "messages", tuple(self.messages))
         _check_request(self)
+        object.__setattr__(self, "request_class", RequestClass(self.request_class))
 
     @property
     def text(self) -> str:
@@ -88,7 +91,7 @@ class TraceRequest:
             out["prompt"] = self.prompt
         else:
             out["messages"] = [dict(m) for m in self.messages]
-        out.update(max_tokens=self.max_tokens, kind=self.kind, request_class=self.request_class,
+        out.update(max_tokens=self.max_tokens, kind=self.kind, request_class=self.request_class.value,
                    ignore_eos=self.ignore_eos)
         if self.conversation is not None:
             out.update(conversation=self.conversation, turn=self.turn, think_s=self.think_s)
@@ -120,7 +123,7 @@ class TraceRequest:
         return cls(arrival_s=d["arrival_s"], prompt=d.get("prompt"),
                    messages=None if messages is None else tuple(dict(m) for m in messages),
                    max_tokens=d["max_tokens"], kind=kind,
-                   request_class=d.get("request_class", CLASS_OF_KIND.get(kind, "interactive")),
+                   request_class=d.get("request_class", CLASS_OF_KIND.get(kind, RequestClass.INTERACTIVE)),
                    ignore_eos=d.get("ignore_eos", False), conversation=d.get("conversation"),
                    turn=d.get("turn", 0), think_s=d.get("think_s", 0.0))
 

@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from homepd.core.admission import RequestClass
+from homepd.core.terms import RequestClass
 from homepd.core.records import FinishReason
 from homepd.measure.trace.model import LONG_PROMPT_TOKENS, Trace, TraceError, TraceRequest
 
@@ -155,7 +155,7 @@ def traffic_trace(recorded: Sequence[RecordedRequest], *, rate_rps: float | None
         requests.append(TraceRequest(
             arrival_s=round(cycle * period_s + rec.arrived_unix_s - t0, 4), prompt="".join(own),
             max_tokens=max(1, rec.n_output_tokens), kind=kind,
-            request_class=rec.request_class.value,
+            request_class=rec.request_class,
             ignore_eos=True))
     trace = Trace(tuple(requests), name=name, seed=seed, generator={
         "source": "recorded traffic", "n_recorded": len(recorded), "first_arrival_unix_s": t0,

@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
-from homepd.core.reply import ToolCall
+from homepd.chat.reply import ToolCall
 from homepd.tui.records import ChatStats
 from homepd.tui.screens.base import StateScreen
 from homepd.tui.sources.chatrequest import DEMO_TOOL

@@ -22,7 +22,7 @@ from typing import Callable
 
 from homepd.advise.campaign.traffic import given_sources
 from homepd.config import EngineConfig, request_n_ctx, write_config_file
-from homepd.core.reply import Delta
+from homepd.chat.reply import Delta
 from homepd.errors import HomepdError
 from homepd.hw.monitor import Sampler
 from homepd.launch import prepare
@@ -80,7 +80,7 @@ class DataSource(abc.ABC):
     @abc.abstractmethod
     def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
              offer_tool: bool = False) -> ChatStats:
-        """Run one chat turn, calling ``on_delta`` with each piece of the reply (``homepd.core.chatformat.Delta``:
+        """Run one chat turn, calling ``on_delta`` with each piece of the reply (``homepd.chat.format.Delta``:
         content, reasoning, a tool call's start and its arguments); return its figures.  ``offer_tool``: the
         request offers the demo tool (``chatrequest.DEMO_TOOL``), tool choice auto."""
 

@@ -5,7 +5,7 @@ its thread.  ``tick`` copies what changed on the engine loop (a snapshot, the
 requests finished and the steps run since the previous tick) and derives the
 figures on the calling worker thread.  A missing catalog model is pulled at
 start, its progress read from the partial file's size.  A chat turn is built as
-``homepd serve`` builds one (``chatrequest.engine_chat``: the template's
+``homepd serve`` builds one (the engine's ``plan_chat``, through ``chatrequest.engine_chat``: the template's
 messages, the demo tool and its grammar when offered) and its text is split by
 the model's chat format into reasoning, content and tool calls as it streams.
 """
@@ -20,8 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from homepd.config import EngineConfig, request_n_ctx
-from homepd.core.admission import RequestClass
-from homepd.core.reply import Delta, DeltaKind
+from homepd.core.terms import RequestClass
+from homepd.chat.reply import Delta, DeltaKind
 from homepd.core.sampling import SamplingParams
 from homepd.engine.controller import Engine
 from homepd.engine.streams import EventKind
@@ -39,7 +39,8 @@ from homepd.tui.liveadvice import LocalAdvisor
 from homepd.tui.records import ChatStats, Tick
 from homepd.tui.sources.base import (BACKGROUND_MAX_TOKENS, CHAT_MAX_TOKENS, CHAT_TEMPERATURE, CHAT_TOP_P, DataSource,
                                      Emit, OnDelta, long_prompt)
-from homepd.tui.sources.chatrequest import EngineChat, engine_chat
+from homepd.engine.chatplan import ChatPlan
+from homepd.tui.sources.chatrequest import engine_chat
 from homepd.tui.sources.loop import LoopThread
 from homepd.tui.stepwindow import StepWindow
 
@@ -185,13 +186,13 @@ class EmbeddedSource(DataSource):
         request = engine_chat(getattr(self.engine, "chat_format", None), messages, offer_tool)
         return self._loop.call(self._chat(request, on_delta, max_tokens))
 
-    async def _chat(self, request: EngineChat, on_delta: OnDelta, max_tokens: int) -> ChatStats:
+    async def _chat(self, request: ChatPlan, on_delta: OnDelta, max_tokens: int) -> ChatStats:
         engine = self.engine
         if engine is None:
             raise EngineError("the engine is restarting; try again in a moment")
         params = SamplingParams(max_tokens=max_tokens, grammar=request.grammar, temperature=CHAT_TEMPERATURE,
                                 top_p=CHAT_TOP_P)
-        extras = {} if request.extras is None else {"chat": request.extras}  # why: an engine without chat formats
+        extras = {} if request.chat is None else {"chat": request.chat}  # why: an engine without chat formats
         stream = await engine.submit(messages=request.messages, params=params, **extras)
         parser = request.parser()
         finish = error = None

@@ -14,9 +14,9 @@ import threading
 from homepd.advise.report.pictures import CapacityCurve, Latencies, Pictures
 from homepd.advise.report.twobox import HandoffSample, project
 from homepd.config import EngineConfig
-from homepd.core.reply import Delta, DeltaKind
+from homepd.chat.reply import Delta, DeltaKind
 from homepd.core.modes import Mode, Role
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from homepd.core.records import WorkerSnapshot
 from homepd.tui.liveadvice import advice_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,

@@ -5,7 +5,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from homepd.core.modes import Mode, Role
-from homepd.core.prefixcache import ReuseMode
+from homepd.core.terms import ReuseMode
 from homepd.core.records import WorkerSnapshot
 from homepd.tui.records import ArchitectureView, CacheView
 from homepd.tui.widgets.text import cores_text, num, size

@@ -1,6 +1,6 @@
 """What one request's JSON schemas may add up to before homepd writes them into a grammar: the limits (each
 with its reason) and the ``Budget`` a request's schemas share.  Checked before any conversion, so an oversized
-schema is refused in milliseconds (``homepd.core.jsonschema``)."""
+schema is refused in milliseconds (``homepd.structured.schema``)."""
 from __future__ import annotations
 
 from homepd.errors import RequestError

@@ -1,13 +1,13 @@
 """The reply bodies that hold tool calls: calls in a template's marker syntax (Hermes, Llama 3, Mistral) and
 llama-server's generic JSON envelope, each following its JSON as it arrives so a call's name and arguments
-stream (``homepd.core.replyparser`` drives them)."""
+stream (``homepd.chat.parser`` drives them)."""
 from __future__ import annotations
 
 import json
 import re
 
-from homepd.core.chatformat import ToolFormat
-from homepd.core.reply import ReplyBody, ReplyCollector, partial_suffix
+from homepd.chat.format import ToolFormat
+from homepd.chat.reply import ReplyBody, ReplyCollector, partial_suffix
 
 
 class _ObjectScanner:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from homepd.core.gbnf import class_char
-from homepd.core.schemalimits import MAX_REPEAT, Budget
+from homepd.structured.gbnf import class_char
+from homepd.structured.limits import MAX_REPEAT, Budget
 from homepd.errors import RequestError
 
 _SAFE_LITERAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 !#%&',-/:;<=>@_`~")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from homepd.core.chatformat import ChatFormat, ThinkMarkers, ToolFormat
-from homepd.core.reply import Delta, Reply, ReplyBody, ReplyCollector, partial_suffix
-from homepd.core.replybodies import EnvelopeBody, MarkerBody
+from homepd.chat.format import ChatFormat, ThinkMarkers, ToolFormat
+from homepd.chat.reply import Delta, Reply, ReplyBody, ReplyCollector, partial_suffix
+from homepd.chat.bodies import EnvelopeBody, MarkerBody
 
 
 class ReplyParser:

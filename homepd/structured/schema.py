@@ -1,6 +1,6 @@
 """What a JSON schema may be for structured output: ``canonical_schema`` reduces a schema to the form
 llama.cpp's converter enforces, or refuses it (RequestError naming the JSON path and the keyword) where the
-grammar would silently not enforce it; the limits are ``homepd.core.schemalimits``'.  Pure: the grammar is
+grammar would silently not enforce it; the limits are ``homepd.structured.limits``'.  Pure: the grammar is
 written from the canonical form by ``homepd.llm.grammar``."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 from fractions import Fraction
 from urllib.parse import unquote
 
-from homepd.core.jsonpattern import PatternRegex
-from homepd.core.schemalimits import (INTEGRAL_DIGITS, MAX_ONE_OF, MAX_PROPERTY_NAME, MAX_REPEAT, MAX_SCHEMA_CHARS,
+from homepd.structured.pattern import PatternRegex
+from homepd.structured.limits import (INTEGRAL_DIGITS, MAX_ONE_OF, MAX_PROPERTY_NAME, MAX_REPEAT, MAX_SCHEMA_CHARS,
                                       MAX_SCHEMA_DEPTH, MAX_SCHEMA_PROPERTIES, MAX_SCHEMA_VALUES, Budget)
 from homepd.errors import RequestError
 

@@ -1,5 +1,5 @@
 """A parsed reply and the pieces it streams as: content, reasoning and tool calls (``Delta``), collected into a
-``Reply``; the base of the parsers' bodies (``homepd.core.replyparser``, ``homepd.core.replybodies``)."""
+``Reply``; the base of the parsers' bodies (``homepd.chat.parser``, ``homepd.chat.bodies``)."""
 from __future__ import annotations
 
 import secrets

@@ -1,4 +1,4 @@
-"""homepd.core.chatformat: detecting a template's format, the typed tool request, the history a template
+"""homepd.chat.format: detecting a template's format, the typed tool request, the history a template
 is given (rendered through the real templates, written out here), and the reply parser, fed whole and in
 every chunking."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import random
 import pytest
 from homepd.engine.prompt import render_chat
 
-from homepd.core.chatformat import (PLAIN, ChatFormat, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec,
+from homepd.chat.format import (PLAIN, ChatFormat, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec,
                                     detect, template_messages, template_tools)
-from homepd.core.reply import Delta, DeltaKind, Reply
-from homepd.core.replyparser import ReplyParser
+from homepd.chat.reply import Delta, DeltaKind, Reply
+from homepd.chat.parser import ReplyParser
 from homepd.errors import RequestError
 
 # ---- real templates (as the GGUFs carry them) ------------------------------------------------------------

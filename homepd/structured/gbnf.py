@@ -1,12 +1,12 @@
-"""GBNF grammars (llama.cpp's format) in pure Python: parsing, a shortest string a grammar accepts, recognition.
+"""GBNF grammars (llama.cpp's format) in pure Python: parsing and a shortest string a grammar accepts.
 
-The fake backend (``homepd.fakellm``) answers a request that carries a grammar with ``shortest(grammar)``, and
-tests check such output with ``accepts``. ``parse`` reads what ``llama_grammar_parser::parse`` reads, except token
+The fake backend (``homepd.fakellm``) answers a request that carries a grammar with ``shortest(grammar)``; the
+tests check, through llama.cpp's own grammar engine, that every grammar homepd writes accepts that string
+(``tests/unit/test_grammar_oracle.py``). ``parse`` reads what ``llama_grammar_parser::parse`` reads, except token
 references (``<think>``, ``<[1000]>``, ``!<...>``), which need a model's vocabulary and are refused.
 
 A parsed grammar is plain BNF: a group becomes a rule of its own and a repetition a few rules (as llama.cpp
-rewrites them, though left-recursive), so one derivation-length computation and one Earley recogniser cover all of
-the syntax.
+rewrites them, though left-recursive), so one derivation-length computation covers all of the syntax.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def parse(text: str) -> Gbnf:
 def shortest(text_or_grammar: str | Gbnf, root: str = "root") -> str:
     """A shortest string ``root`` derives: at each rule the least-length alternative (the first of equals), each
     repetition its minimum count, and for a class of characters a printable one (a-z, A-Z, 0-9, other ASCII)."""
-    g = _grammar(text_or_grammar)
+    g = grammar_of(text_or_grammar)
     start = g.rule_id(root)
     if g.min_lengths[start] is None:
         culprits = ", ".join(repr(name) for name in _never_terminating(g, start))
@@ -102,52 +102,13 @@ def shortest(text_or_grammar: str | Gbnf, root: str = "root") -> str:
     return "".join(out)
 
 
-def accepts(text_or_grammar: str | Gbnf, s: str, root: str = "root") -> bool:
-    """Whether ``root`` derives exactly ``s``: an Earley recogniser, with Aycock and Horspool's rule for empty rules."""
-    g = _grammar(text_or_grammar)
-    start, rules = g.rule_id(root), g.rules
-    nullable = [length == 0 for length in g.min_lengths]
-    items: list[set[tuple[int, int, int, int]]] = [set() for _ in range(len(s) + 1)]  # (rule, alt, dot, origin)
-    waiting: list[dict[int, list]] = [{} for _ in range(len(s) + 1)]  # position -> rule -> items expecting it
-    items[0].update((start, alt, 0, 0) for alt in range(len(rules[start])))
-    for i in range(len(s) + 1):
-        here, waiting_here = items[i], waiting[i]
-        code_point = ord(s[i]) if i < len(s) else -1
-        agenda = list(here)
-        while agenda:
-            item = rule, alt, dot, origin = agenda.pop()
-            symbols = rules[rule][alt]
-            if dot == len(symbols):
-                new = [(r, a, d + 1, o) for r, a, d, o in waiting[origin].get(rule, ())]
-            elif isinstance(symbols[dot], CharSet):
-                if code_point >= 0 and symbols[dot].matches(code_point):
-                    items[i + 1].add((rule, alt, dot + 1, origin))
-                continue
-            else:
-                wanted = symbols[dot]
-                if wanted in waiting_here:
-                    waiting_here[wanted].append(item)
-                    new = []
-                else:
-                    waiting_here[wanted] = [item]
-                    new = [(wanted, a, 0, i) for a in range(len(rules[wanted]))]
-                if nullable[wanted]:  # why: a rule that completes empty here may have done so already
-                    new.append((rule, alt, dot + 1, origin))
-            for x in new:
-                if x not in here:
-                    here.add(x)
-                    agenda.append(x)
-        if i < len(s) and not items[i + 1]:
-            return False
-    return any(r == start and o == 0 and d == len(rules[r][a]) for r, a, d, o in items[len(s)])
-
-
 @functools.lru_cache(maxsize=64)
 def _parse_cached(text: str) -> Gbnf:
     return parse(text)
 
 
-def _grammar(text_or_grammar: str | Gbnf) -> Gbnf:
+def grammar_of(text_or_grammar: str | Gbnf) -> Gbnf:
+    """``text_or_grammar`` parsed (the last 64 texts are kept parsed)."""
     return text_or_grammar if isinstance(text_or_grammar, Gbnf) else _parse_cached(text_or_grammar)
 
 

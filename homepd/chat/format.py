@@ -3,7 +3,7 @@ and the history a template is given.
 
 ``detect`` reads a template's text once (``ChatFormat``).  The request side is typed here (``ToolSpec``,
 ``ToolChoice``); ``template_messages`` turns OpenAI messages into what the template renders.  The reply goes
-the other way in ``homepd.core.replyparser``; the grammars that make a model keep to these formats are
+the other way in ``homepd.chat.parser``; the grammars that make a model keep to these formats are
 ``homepd.llm.grammar``'s.  Pure: standard library only.
 """
 from __future__ import annotations
