@@ -27,6 +27,7 @@ import jsonschema
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+sys.path.insert(0, str(HERE.parent / "tests"))
 from structured_schemas import SCHEMAS  # noqa: E402
 from test_serve_harness import ServeProcess  # noqa: E402
 

@@ -26,6 +26,7 @@ import llama_cpp as C
 
 from homepd.core.sampling import Grammar, SamplingParams, bias_and_penalize, derived_seed
 from homepd.errors import RequestError, WorkerError
+from homepd.structured.gbnf import GbnfError, check as gbnf_check
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(C.llama_token_data)
@@ -33,7 +34,13 @@ assert _TOKEN_DATA.itemsize == ctypes.sizeof(C.llama_token_data)
 
 def grammar_sampler(vocab, grammar: Grammar):
     """llama.cpp's grammar sampler for ``grammar`` on ``vocab`` (a ``llama_vocab`` pointer); RequestError
-    when llama.cpp cannot parse it.  The caller owns the result (``llama_sampler_free``)."""
+    when llama.cpp cannot parse it, or could not survive it (checked first, in pure code: a client's grammar
+    left-recursive through a rule that may be empty grows llama.cpp's stacks until the OOM killer ends the
+    process).  The caller owns the result (``llama_sampler_free``)."""
+    try:
+        gbnf_check(grammar.gbnf)
+    except GbnfError as exc:
+        raise RequestError(f"the {grammar.origin} grammar cannot be used: {exc}") from None
     gbnf, root = grammar.gbnf.encode("utf-8"), grammar.root.encode("utf-8")
     if grammar.is_lazy:
         patterns = (ctypes.c_char_p * len(grammar.trigger_patterns))(

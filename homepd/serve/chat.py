@@ -114,7 +114,7 @@ def _message(m) -> dict:
 def _output(body) -> Output:
     """The structured output a body asks for: llama-server's ``grammar``, ``response_format`` (json_schema, or
     json_object with or without a schema) or llama-server's ``json_schema`` field."""
-    if body.grammar is not None:
+    if body.grammar:  # why not "is not None": an empty grammar is none, to llama.cpp and llama-server alike
         return Output(gbnf=body.grammar)
     rf = body.response_format
     if rf is not None and rf.type == "json_schema":

@@ -45,6 +45,7 @@ class CharSet:
 
 
 ANY_CHAR = CharSet((), is_negated=True)  # `.`
+NO_CHAR = CharSet(())  # a token reference (``parse(tokens=True)``): no text derives it
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,19 @@ class Gbnf:
         return _shortest_alternatives(self, *self._settled)
 
 
-def parse(text: str) -> Gbnf:
-    """Parse GBNF text; a GbnfError names the line, column and what was expected, or the undefined rule."""
-    return _Parser(text).grammar()
+def parse(text: str, tokens: bool = False) -> Gbnf:
+    """Parse GBNF text; a GbnfError names the line, column and what was expected, the undefined rule, or the
+    left-recursive one.  ``tokens``: read token references (``<think>``, ``<[1000]>``, ``!<...>``) as terminals
+    that match no character (which token a name is needs a vocabulary): to check a grammar's structure before
+    llama.cpp sees it; without it they are refused, since no text derives them."""
+    return _Parser(text, tokens).grammar()
+
+
+@functools.lru_cache(maxsize=64)
+def check(text: str) -> None:
+    """GbnfError unless llama.cpp can be given ``text``: it parses (token references allowed), every rule is defined,
+    and no rule is left-recursive in a way llama.cpp refuses or cannot survive (``_left_recursion``)."""
+    parse(text, tokens=True)
 
 
 def shortest(text_or_grammar: str | Gbnf, root: str = "root") -> str:
@@ -247,11 +258,99 @@ def _literal(cp: int) -> CharSet:
     return CharSet(((cp, cp),))
 
 
+def _left_recursion(rules: list[list[list]]) -> int | None:
+    """A left-recursive rule that llama.cpp cannot take, or None.
+
+    llama.cpp refuses a rule that can begin with itself (``llama_grammar_detect_left_recursion``), counting a rule
+    as possibly empty only when one of its alternatives is empty.  A rule empty only by way of others
+    (``e ::= "a"?``) passes that check, and then: at the end of an alternative (a tail call) its stacks repeat
+    and llama.cpp's set of seen stacks ends the loop (``("a"?)*`` works), but with anything after it each turn
+    pushes one more element, and the stacks grow without end (measured: ``root ::= e root "x"`` took 24 GB in a
+    few seconds, then the OOM killer).  Both are refused here, and nothing else is."""
+    direct = [any(not alt for alt in alts) for alts in rules]
+    nullable = direct[:]
+    changed = True
+    while changed:
+        changed = False
+        for rule, alts in enumerate(rules):
+            if not nullable[rule] and any(all(not isinstance(x, CharSet) and nullable[x] for x in alt) for alt in alts):
+                nullable[rule] = changed = True
+
+    def edges(empty: list[bool]) -> list[list[tuple[int, bool]]]:
+        """Each rule's leftmost references (after symbols that ``empty`` says may be empty), and whether a symbol
+        follows the reference in its alternative (the stack grows when llama.cpp enters it)."""
+        out = []
+        for alts in rules:
+            heads = []
+            for alt in alts:
+                for i, symbol in enumerate(alt):
+                    if isinstance(symbol, CharSet):
+                        break
+                    heads.append((symbol, i + 1 < len(alt)))
+                    if not empty[symbol]:
+                        break
+            out.append(heads)
+        return out
+
+    # an edge rule → head lies on a cycle when both ends are in one strongly connected component (a self-loop too)
+    as_llama = edges(direct)
+    component = _components(as_llama)
+    for rule, heads in enumerate(as_llama):
+        if any(component[head] == component[rule] for head, _ in heads):
+            return rule
+    as_stacks = edges(nullable)
+    component = _components(as_stacks)
+    for rule, heads in enumerate(as_stacks):
+        if any(grows and component[head] == component[rule] for head, grows in heads):
+            return rule
+    return None
+
+
+def _components(graph: list[list[tuple[int, bool]]]) -> list[int]:
+    """Tarjan's strongly connected components (each rule's component number), with a stack instead of recursion:
+    leftmost chains may be deeper than Python's recursion limit."""
+    n = len(graph)
+    index, low, component = [-1] * n, [0] * n, [-1] * n
+    on_stack, stack, counter, n_components = [False] * n, [], 0, 0
+    for root in range(n):
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on_stack[v] = True
+            else:
+                w = graph[v][i - 1][0]
+                low[v] = min(low[v], low[w])
+            for j in range(i, len(graph[v])):
+                w = graph[v][j][0]
+                if index[w] < 0:
+                    work.append((v, j + 1))
+                    work.append((w, 0))
+                    break
+                if on_stack[w]:
+                    low[v] = min(low[v], index[w])
+            else:
+                if low[v] == index[v]:
+                    while True:
+                        w = stack.pop()
+                        on_stack[w] = False
+                        component[w] = n_components
+                        if w == v:
+                            break
+                    n_components += 1
+    return component
+
+
 class _Parser:
     """Recursive descent over the text, following llama.cpp's parse_rule / parse_alternates / parse_sequence."""
 
-    def __init__(self, text: str):
-        self.text, self.pos = text, 0
+    def __init__(self, text: str, tokens: bool = False):
+        self.text, self.pos, self.tokens = text, 0, tokens
         self.names: list[str] = []
         self.owners: list[str] = []
         self.rules: list[list[list] | None] = []
@@ -266,6 +365,10 @@ class _Parser:
             if alts is None:
                 line, column = self._where(self.first_use[rule])
                 raise GbnfError(f"undefined rule {self.names[rule]!r} (referred to at line {line}, column {column})")
+        recursing = _left_recursion(self.rules)
+        if recursing is not None:
+            raise GbnfError(f"rule {self.owners[recursing]!r} is left-recursive (it can begin with itself), which "
+                            "llama.cpp's grammar engine does not support: put the recursion after a first character")
         return Gbnf(tuple(self.names), tuple(self.owners), tuple(tuple(map(tuple, alts)) for alts in self.rules))
 
     def _rule(self) -> None:
@@ -306,10 +409,15 @@ class _Parser:
                     seq.append(_literal(self._char()))
             elif c == "[":
                 last, n_prev_rules = len(seq), 1
-                seq.append(self._class())
+                chars = self._class()
+                if chars is not None:
+                    seq.append(chars)
             elif c in ("<", "!"):
-                self._fail("a string, class, rule name or group (token references such as <think> or <[1000]> "
-                           "need a model's vocabulary and are not supported here)")
+                if not self.tokens:
+                    self._fail("a string, class, rule name or group (token references such as <think> or "
+                               "<[1000]> need a model's vocabulary and are not supported here)")
+                last, n_prev_rules = len(seq), 1
+                seq.append(self._token())
             elif _NAME.match(self.text, at):
                 last, n_prev_rules = len(seq), 1
                 seq.append(self._named(self._name(), refer=True))
@@ -382,30 +490,45 @@ class _Parser:
         return low, high
 
     def _repeat(self, owner: str, item: list, low: int, high: int | None, n_prev_rules: int, at: int):
-        """``item`` repeated low..high times (high None: no bound), as symbols and the rules they refer to.
-
-        Unbounded: ``item`` low times, then R ::= "" | R item. Bounded: E1 ::= item, Ek ::= Ek-1 item (exactly k
-        copies), and R ::= E_low | ... | E_high."""
-        # why: both are left-recursive, so an Earley item per start covers every count reached so far; the nested
-        # optional chain llama.cpp builds would record a span per copy at every position (quadratic time)
+        """``item`` repeated low..high times (high None: no bound), as symbols and the rules they refer to, written
+        as llama.cpp's ``handle_repetitions`` writes them: ``item`` low times, then for no bound R ::= item R | "",
+        else a chain of high - low optional copies, Rk ::= item Rk-1 | "" (R1 ::= item | "")."""
         total = high if high else (low or 1)
         if n_prev_rules * total > MAX_REPETITION_THRESHOLD:
             self._fail(f"a repetition that creates at most {MAX_REPETITION_THRESHOLD} rules", at)
-        if high == low:
-            return item * low, n_prev_rules * total
-        rest = self._new_rule(owner)
-        if high is None:
-            self.rules[rest] = [[], [rest, *item]]
-            return [*(item * low), rest], n_prev_rules * total
-        exactly: list[list] = [[]]  # exactly[k]: the symbols deriving k copies
-        for _ in range(high):
-            copies = self._new_rule(owner)
-            self.rules[copies] = [[*exactly[-1], *item]]
-            exactly.append([copies])
-        self.rules[rest] = exactly[low:]
-        return [rest], n_prev_rules * total
+        symbols = item * low
+        n_optional = 1 if high is None else high - low
+        last = None
+        for _ in range(n_optional):
+            rest = self._new_rule(owner)
+            tail = [rest] if high is None else [] if last is None else [last]
+            self.rules[rest] = [[*item, *tail], []]
+            last = rest
+        return symbols + ([last] if last is not None else []), n_prev_rules * total
 
-    def _class(self) -> CharSet:
+    def _token(self) -> CharSet:
+        """A token reference, as llama.cpp's ``parse_token`` reads one: a terminal no character matches."""
+        self.pos += self._peek() == "!"
+        if self._peek() != "<":
+            self._fail("'<' to start a token")
+        self.pos += 1
+        if self._peek() == "[":
+            self.pos += 1
+            self._int()
+            if self._peek() != "]":
+                self._fail("']'")
+            self.pos += 1
+        else:
+            while self._peek() not in ("", ">"):
+                self.pos += 1
+        if self._peek() != ">":
+            self._fail("'>' to end the token")
+        return NO_CHAR  # the '>' is consumed with the item, as a class's ']'
+
+
+    def _class(self) -> CharSet | None:
+        """A character class; None for ``[]`` or ``[^]``, which llama.cpp reads as nothing at all (no element: it
+        derives the empty string, and a repetition after it has no item to repeat)."""
         self.pos += 1
         is_negated = self._peek() == "^"
         self.pos += is_negated
@@ -418,9 +541,7 @@ class _Parser:
                 self.pos += 1
                 hi = self._char()
             ranges.append((lo, hi))
-        if not ranges:
-            self._fail("a character in the class")
-        return CharSet(tuple(ranges), is_negated)
+        return CharSet(tuple(ranges), is_negated) if ranges else None
 
     def _char(self) -> int:
         c = self._peek()

@@ -3,7 +3,6 @@ model to what the schema or the tool format says; a schema it cannot enforce is 
 the keyword, before anything is converted."""
 from __future__ import annotations
 
-import ctypes
 import itertools
 import json
 import re
@@ -11,14 +10,13 @@ import time
 from enum import Enum
 from typing import Annotated, Literal, Optional, Union
 
-import llama_cpp as C
 import pytest
 
 from homepd.chat.format import ChatFormat, ThinkMarkers, ToolChoice, ToolChoiceMode, ToolFormat, ToolSpec
 from homepd.chat.parser import ReplyParser
-from homepd.core.sampling import Grammar
 from homepd.errors import RequestError
 from homepd.llm import LlamaModel
+from llama_oracle import accepts, compiles
 from homepd.structured.limits import MAX_SCHEMA_PROPERTIES
 from homepd.llm.grammar import (check_schema, int_range_gbnf, json_object_grammar,
                                 json_schema_grammar, tool_grammar, trigger_patterns)
@@ -49,45 +47,6 @@ def vocab(default_model_path):
     model = LlamaModel(default_model_path, vocab_only=True)
     yield model
     model.close()
-
-
-def sampler(model: LlamaModel, grammar: Grammar):
-    gbnf, root = grammar.gbnf.encode(), grammar.root.encode()
-    if not grammar.is_lazy:
-        return C.llama_sampler_init_grammar(model._vocab, gbnf, root)
-    patterns = (ctypes.c_char_p * len(grammar.trigger_patterns))(*[p.encode() for p in grammar.trigger_patterns])
-    return C.llama_sampler_init_grammar_lazy_patterns(model._vocab, gbnf, root, patterns, len(patterns), None, 0)
-
-
-def compiles(model: LlamaModel, grammar: Grammar) -> bool:
-    smpl = sampler(model, grammar)
-    if smpl:
-        C.llama_sampler_free(smpl)
-    return bool(smpl)
-
-
-def accepts(model: LlamaModel, grammar: Grammar, text: str) -> bool:
-    """Whether llama.cpp's grammar sampler lets the model write ``text`` and then end (each token is checked
-    with apply before it is accepted: accepting a refused token aborts the process)."""
-    smpl = sampler(model, grammar)
-    assert smpl
-    cell = (C.llama_token_data * 1)()
-    candidates = C.llama_token_data_array(cell, 1, -1, False)
-
-    def allowed(token: int) -> bool:
-        cell[0].id, cell[0].logit, cell[0].p = token, 0.0, 0.0
-        candidates.size, candidates.selected = 1, -1
-        C.llama_sampler_apply(smpl, ctypes.byref(candidates))
-        return cell[0].logit != float("-inf")
-
-    try:
-        for token in model.tokenize(text, add_special=False, parse_special=False):
-            if not allowed(token):
-                return False
-            C.llama_sampler_accept(smpl, token)
-        return allowed(model.eos_id)
-    finally:
-        C.llama_sampler_free(smpl)
 
 
 # ---- the schema check ------------------------------------------------------------------------------------
