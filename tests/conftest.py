@@ -1,10 +1,13 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import _thread
 import contextlib
 import fcntl
 import os
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +107,22 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(BoxShare(config.workerinput["workerid"], config.workerinput["testrunuid"]),
                                       "homepd-box-share")
+        threading.Thread(target=end_with_the_run, args=(os.getppid(),), daemon=True).start()
+
+
+ORPHAN_GRACE_S = 20.0
+
+
+def end_with_the_run(pytest_pid: int) -> None:
+    """An xdist worker whose pytest is gone (SIGTERM or SIGKILL kill it at once, and execnet's worker otherwise
+    runs its test to the end) stops too: its test is interrupted, so that fixtures tear down the servers and
+    engines they started, and it exits at the latest ``ORPHAN_GRACE_S`` later.  The ``homepd`` processes tests
+    start die with whoever started them (``homepd.osutil.die_with_parent``)."""
+    while os.getppid() == pytest_pid:
+        time.sleep(0.5)
+    _thread.interrupt_main()
+    time.sleep(ORPHAN_GRACE_S)
+    os._exit(3)
 
 
 def pytest_collection_modifyitems(config, items):

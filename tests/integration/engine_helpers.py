@@ -9,6 +9,7 @@ from homepd.engine.controller import Engine
 from homepd.fakellm import FAKE_MODEL_PATH, FakeModel, next_token
 from homepd.launch import prepare
 from homepd.core.sampling import SamplingParams
+from homepd.osutil import die_with_parent
 
 # Four prompts of different lengths (5 to ~60 tokens with SmolLM2's tokenizer).
 PROMPTS = [
@@ -94,7 +95,7 @@ def start_controller_and_kill_it(script: str, *args: str, before_kill=None) -> t
 
     import psutil
 
-    ctl = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+    ctl = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
     try:
         words = ctl.stdout.readline().split()
         workers = [psutil.Process(int(w)) for w in words if w.isdigit()]

@@ -16,6 +16,7 @@ from homepd.core.records import to_plain
 from homepd.engine.topology import topology_for
 from homepd.store import Store
 from test_serve_harness import ServeProcess
+from homepd.osutil import die_with_parent
 
 
 def stored_advise_run(db) -> int:
@@ -35,7 +36,7 @@ def stored_advise_run(db) -> int:
 def apply(db, conf, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMEPD_")}
     return subprocess.run([sys.executable, "-m", "homepd", "advise", "apply", *args, "--db", str(db),
-                           "--config-file", str(conf), "--yes"], capture_output=True, text=True, env=env, timeout=120)
+                           "--config-file", str(conf), "--yes"], capture_output=True, text=True, env=env, timeout=120, preexec_fn=die_with_parent)
 
 
 def one_reply(proc: ServeProcess, prompt: str) -> dict:

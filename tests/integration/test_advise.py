@@ -17,11 +17,12 @@ from engine_helpers import run as run_async
 from homepd.config import EngineConfig, read_config_file
 from homepd.kv.segment import SHM_DIR, parse_segment_name
 from homepd.store import Store
+from homepd.osutil import die_with_parent
 
 
 def homepd(*args, env=None, **kw):
     return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300, **kw)
+                          env={**os.environ, **(env or {})}, timeout=300, **kw, preexec_fn=die_with_parent)
 
 
 @pytest.mark.two_cores  # every architecture: disaggregated and replicas too (fake backend: structure, not speed)
@@ -82,7 +83,7 @@ def test_apply_without_a_terminal_or_yes_changes_nothing(tmp_path):
 def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(tmp_path):
     db = tmp_path / "runs.db"
     proc = subprocess.Popen([sys.executable, "-m", "homepd", "advise", "--quick", "--backend", "fake",
-                             "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
     try:
         seen = b""
         while b"] 2/" not in seen:  # the progress line after the second stored result

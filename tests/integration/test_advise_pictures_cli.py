@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from homepd.osutil import die_with_parent
 
 # advise places every architecture (tests/conftest.py, BoxShare); the fake backend: the pictures, not the speed
 pytestmark = pytest.mark.two_cores
@@ -19,7 +20,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 def homepd(*args, env):
     return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+                          timeout=300, preexec_fn=die_with_parent)
 
 
 def svg_ids(path) -> set[str]:

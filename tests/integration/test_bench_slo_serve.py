@@ -10,11 +10,12 @@ import sys
 from homepd.store import Store
 
 from test_serve_harness import API_KEY, ServeProcess
+from homepd.osutil import die_with_parent
 
 
 def homepd(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "homepd", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, preexec_fn=die_with_parent)
 
 
 def test_bench_slo_measures_homepd_serve_at_two_rates_stores_the_run_and_history_shows_it(tmp_path):

@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from homepd.osutil import die_with_parent
 
 
 def homepd(*args: str, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
 
 
 @pytest.mark.parametrize("mode", ["colocated", pytest.param("disaggregated", marks=pytest.mark.whole_box)])

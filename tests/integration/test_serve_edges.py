@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from test_serve_harness import ServeProcess
+from homepd.osutil import die_with_parent
 
 MODEL = "smollm2-135m-instruct-q4_1"
 MAX_PROMPT_BYTES = 4096
@@ -137,7 +138,7 @@ def test_head_health_is_200(client):
 def test_an_api_key_of_spaces_is_refused_at_start_up(tmp_path):
     done = subprocess.run([sys.executable, "-m", "homepd", "serve", "--backend", "fake", "--port", "1"],
                           env={"HOMEPD_API_KEY": " " * 12, "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path),
-                               "XDG_CONFIG_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+                               "XDG_CONFIG_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60, preexec_fn=die_with_parent)
     assert done.returncode != 0 and "API key" in done.stderr, done.stderr
 
 

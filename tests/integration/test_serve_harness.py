@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 
+from homepd.osutil import die_with_parent
+
 READY_TIMEOUT_S = 120.0  # a cold start on a loaded 2-core box: imports, model load, warm-up
 API_KEY = "test-key-0123456789"
 
@@ -43,7 +45,8 @@ class ServeProcess:
         self.argv = [*wrapper, sys.executable, "-m", "homepd", "serve", "--port", str(self.port), *args]
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(self.argv, env=clean, stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=die_with_parent)  # why: an interrupted pytest leaves no server
 
     @property
     def headers(self) -> dict[str, str]:

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from homepd.serve.install import homepd_executable, render_unit
+from homepd.osutil import die_with_parent
 
 # systemd < 254 does not know the two back-off keys; the unit says so in a comment
 OLD_SYSTEMD_WARNING = re.compile(r"Unknown key '?(RestartSteps|RestartMaxDelaySec)'? in section '?\[?Service\]?'?")
@@ -50,7 +51,7 @@ def test_unit_exposure_is_ok(tmp_path):
 def test_non_loopback_address_without_key_refuses_to_start(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "homepd", "serve", "--backend", "fake", "--host", "0.0.0.0",
-                           "--port", "1"], capture_output=True, text=True, timeout=120, env=env)
+                           "--port", "1"], capture_output=True, text=True, timeout=120, env=env, preexec_fn=die_with_parent)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "refusing to listen on '0.0.0.0' without an API key" in done.stderr
     assert "HOMEPD_API_KEY" in done.stderr
@@ -62,6 +63,6 @@ def test_a_service_that_cannot_load_its_model_exits_1_saying_how_to_pull_it(tmp_
     from test_serve_harness import free_port
 
     done = subprocess.run([sys.executable, "-m", "homepd", "serve", "--port", str(free_port()), "--model",
-                           "smollm2-135m-instruct-q4_1"], capture_output=True, text=True, timeout=120, env=env)
+                           "smollm2-135m-instruct-q4_1"], capture_output=True, text=True, timeout=120, env=env, preexec_fn=die_with_parent)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "homepd models pull smollm2-135m-instruct-q4_1" in done.stderr

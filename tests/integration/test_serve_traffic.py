@@ -17,6 +17,7 @@ from homepd.store import Store
 from homepd.store.traffic import traffic_since
 
 from test_serve_harness import ServeProcess
+from homepd.osutil import die_with_parent
 
 MODEL = "smollm2-135m-instruct-q4_1"
 SHARED = "You are a careful assistant for a home lab. Answer briefly and precisely. "
@@ -127,7 +128,7 @@ def test_text_is_recorded_only_with_record_text_and_nothing_without_recording(tm
 
 
 def homepd(*args):
-    return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "homepd", *args], capture_output=True, text=True, timeout=300, preexec_fn=die_with_parent)
 
 
 def test_advise_traffic_service_replays_the_recorded_schedule(recording):

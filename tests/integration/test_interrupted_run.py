@@ -1,0 +1,52 @@
+"""An interrupted pytest leaves no ``homepd`` process behind: a nested run (two xdist workers, as the suite runs)
+starts a server, is sent SIGTERM and then SIGINT, and the server and its workers are gone soon after.  Its xdist
+worker notices the run's end (``tests/conftest.py``, ``end_with_the_run``) and the server dies with it
+(``homepd.osutil.die_with_parent``); before, one kept a core busy for 25 minutes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from homepd.osutil import pid_alive
+
+HERE = Path(__file__).resolve().parent
+
+
+def wait_for(predicate, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)  # polling a process table and a file: what there is to watch
+    return predicate()
+
+
+def test_an_interrupted_run_leaves_no_homepd_process(tmp_path):
+    held = tmp_path / "pids"
+    env = {**os.environ, "HOMEPD_HELD_PIDS": str(held)}
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+                            str(HERE / "held_server.py")], cwd=HERE.parents[1], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    try:
+        text = wait_for(lambda: held.exists() and held.read_text().endswith("\n") and held.read_text(), 180)
+        assert text, "the nested run never started its server"
+        pids = [int(p) for p in text.split()]
+        assert len(pids) >= 2 and all(pid_alive(p) for p in pids)
+        run.send_signal(signal.SIGTERM)
+        run.wait(30)
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)
+        left = wait_for(lambda: not [p for p in pids if pid_alive(p)] or None, 60)
+        assert left, f"still running after the run was interrupted: {[p for p in pids if pid_alive(p)]}"
+    finally:
+        for pid in [p for p in pids if pid_alive(p)]:
+            os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
