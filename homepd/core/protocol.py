@@ -5,6 +5,9 @@ Small frozen dataclasses, never method names as strings.  Times are
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -12,6 +15,33 @@ from homepd.core.terms import RequestClass, ReuseMode, StepEstimate
 from homepd.core.modes import Role
 from homepd.core.records import FinishReason, PrefixCacheStats
 from homepd.core.sampling import SamplingParams, TokenLogprob
+
+
+# the modules whose types cross a worker's pipe (pickled): both ends must run the same ones
+WIRE_MODULES = ("homepd.core.protocol", "homepd.core.records", "homepd.core.terms", "homepd.core.sampling",
+                "homepd.core.modes")
+
+
+@functools.cache
+def wire_fingerprint() -> str:
+    """A hash of the source of the modules whose types cross the pipe (``WIRE_MODULES``): what the controller and
+    a worker must share to speak.  A package upgraded in place under a running service changes it, and a worker
+    then started (a restart) runs code its controller does not speak; it says so (``worker_mismatch``) instead of
+    failing on a message neither side can read."""
+    digest = hashlib.sha256()
+    for name in WIRE_MODULES:
+        with open(importlib.util.find_spec(name).origin, "rb") as source:
+            digest.update(source.read())
+    return digest.hexdigest()[:16]
+
+
+def worker_mismatch(controller_wire: str) -> str | None:
+    """Why a worker cannot serve a controller whose ``wire_fingerprint`` is ``controller_wire``, or None."""
+    if controller_wire == wire_fingerprint():
+        return None
+    return (f"version mismatch: this worker's homepd code (wire {wire_fingerprint()}) is not its controller's "
+            f"(wire {controller_wire or 'unknown'}): the package was changed under the running service; "
+            "restart the service to run the new version")
 
 
 # what a worker is started with --------------------------------------------------
@@ -29,6 +59,7 @@ class WorkerSpec:
     cuda_visible_devices: str = ""      # "" hides every GPU; else an index or UUID
     model_fingerprint: str = ""        # identity checked on every KV extent (disaggregation)
     backend: str = "llama"             # "llama" or "fake" (homepd.fakellm: tests without a model)
+    wire: str = ""                     # the controller's wire_fingerprint(): the worker checks it first
     # adaptive chunk: each step's prompt budget keeps interactive decodes within this ITL (None: fixed chunk,
     # which is then also the largest adaptive budget)
     itl_budget_ms: float | None = None
@@ -151,6 +182,7 @@ class WorkerReady:
     memory_regions: tuple[tuple[str, int, int], ...] = ()
     kv_cache_bytes: int = 0
     prefix_cache_mode: ReuseMode = ReuseMode.OFF  # what its prefix cache reuses (PrefixCacheStats.mode)
+    wire: str = ""                   # its wire_fingerprint(): the controller checks it is its own
 
 
 @dataclass(frozen=True)

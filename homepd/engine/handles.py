@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 
 from homepd.core.records import WorkerSnapshot
 from homepd.errors import WorkerError
-from homepd.core.protocol import Shutdown, WorkerReady
+from homepd.core.protocol import Shutdown, WorkerReady, wire_fingerprint
 
 STOP_TIMEOUT_S = 5.0
 log = logging.getLogger("homepd.engine.handles")
@@ -127,6 +127,12 @@ class WorkerHandle:
 
     def _deliver(self, generation: int, msg) -> None:
         if generation != self.generation:
+            return
+        if isinstance(msg, WorkerReady) and msg.wire != wire_fingerprint():
+            # why: a worker whose code is not ours (the package changed under us) must not be sent work
+            self.last_error = f"version mismatch: the worker's homepd code (wire {msg.wire or 'unknown'}) is not " \
+                              f"the controller's (wire {wire_fingerprint()}); restart the service to run the new version"
+            self.process.kill()
             return
         if isinstance(msg, WorkerReady):
             self.ready = msg

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from homepd.config import EngineConfig, cached_ids, flash_attn_of, kv_streams, max_cached_cells
 from homepd.core.modes import Role
-from homepd.core.protocol import EngineSetup, WorkerSpec
+from homepd.core.protocol import EngineSetup, WorkerSpec, wire_fingerprint
 from homepd.core.steppolicy import IDLE_STEP_SHARE_OF_TTFT
 from homepd.engine.topology import topology_for
 
@@ -26,7 +26,7 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
             idle_step_ms=idle_step_ms(config, role), gap_ceiling_ms=gap_ceiling_ms(config, role),
             max_cached_cells=cached_cells, n_cached_ids=cached_ids(config),
-            kv_unified=not kv_streams(config))
+            kv_unified=not kv_streams(config), wire=wire_fingerprint())
     fa = flash_attn(config, specs.values())
     return {name: dataclasses.replace(spec, flash_attn=fa) for name, spec in specs.items()}
 

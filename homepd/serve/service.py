@@ -164,7 +164,8 @@ class Service:
             failed = self._failed_workers()
             if failed and self.state == "ready":
                 self.state = "failed"
-                self.failure = f"the {failed} could not be restarted"
+                reasons = "; ".join(self.engine.health().reasons)
+                self.failure = f"the {failed} could not be restarted" + (f" ({reasons})" if reasons else "")
                 log.error("homepd: %s; exiting so that the service manager starts homepd afresh", self.failure)
                 self.exit_code = 1
                 self._spawn(self.drain(0.0))

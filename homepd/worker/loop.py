@@ -20,7 +20,7 @@ from homepd.core.terms import ReuseMode
 from homepd.core.protocol import CacheSource, KVPreempted, PrefixReused
 from homepd.core.records import PrefixCacheStats
 from homepd.core.protocol import (AttachStore, WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
-                             SubmitRequest, TokenOut, WorkerFatal, WorkerReady)
+                             SubmitRequest, TokenOut, WorkerFatal, WorkerReady, wire_fingerprint)
 from homepd.core.sampling import TokenLogprob, top_logprobs
 from homepd.core.scheduler import Scheduler, StepPlan
 from homepd.core.records import FinishReason
@@ -61,7 +61,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                               n_ctx=ctx.n_ctx, load_s=time.monotonic() - t0,
                               state_bytes_per_token=per_token, state_overhead_bytes=overhead,
                               memory_regions=regions, kv_cache_bytes=kv_cache_bytes,
-                              prefix_cache_mode=prefixes.mode if prefixes else ReuseMode.OFF))
+                              prefix_cache_mode=prefixes.mode if prefixes else ReuseMode.OFF,
+                              wire=wire_fingerprint()))
         try:
             loop.run()
         except (EOFError, BrokenPipeError):

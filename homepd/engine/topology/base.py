@@ -33,6 +33,7 @@ class Health:
     """What the faces need to know of the engine's workers (``Engine.health``)."""
     failed: tuple[str, ...]    # workers whose failure makes the engine unusable (empty: usable)
     restarting: bool           # a worker is (re)starting: no request can be admitted now
+    reasons: tuple[str, ...] = ()  # why each of ``failed`` failed (its last error)
 
 
 class Topology:
@@ -93,9 +94,9 @@ class Topology:
 
     def health(self, workers: Mapping) -> Health:
         handles = list(workers.values())
-        fatal = tuple(h.role for h in self.fatal_failures(workers))
-        return Health(fatal, not any(h.ready is not None for h in handles if not h.failed)
-                      or any(h.ready is None for h in handles))
+        fatal = self.fatal_failures(workers)
+        return Health(tuple(h.role for h in fatal), not any(h.ready is not None for h in handles if not h.failed)
+                      or any(h.ready is None for h in handles), tuple(str(h.failed) for h in fatal))
 
     def recovery_victim(self, config: EngineConfig) -> str:
         """The worker advise's recovery scenario kills."""

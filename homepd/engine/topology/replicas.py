@@ -55,7 +55,8 @@ class Replicas(Topology):
 
     def health(self, workers):
         base = super().health(workers)
-        return Health(base.failed, not any(h.ready is not None for h in workers.values() if not h.failed))
+        return Health(base.failed, not any(h.ready is not None for h in workers.values() if not h.failed),
+                      base.reasons)
 
     def recovery_victim(self, config):
         return "replica-0"  # the first, as homepd.hw.placement names them
