@@ -39,9 +39,10 @@ SCHEMAS = {
                        "minutes": {"type": "integer", "exclusiveMinimum": 0, "maximum": 1440}}},
 }
 
-# the other schemas the suite sends: the clients' tests (test_serve_clients), the grammar's (test_grammar), and shapes
-# a converter finds hard (refs, recursion, unions, integer ranges, patterns, formats)
-SCHEMAS.update({
+# the other schemas the suite sends (the clients' tests, test_serve_clients; the grammar's, test_grammar) and shapes
+# a converter finds hard (refs, recursion, unions, integer ranges, patterns, formats): for the grammar oracle
+# (test_grammar_oracle), not for sampling at temperature 1 (unbounded, a small model may write them forever)
+MORE_SCHEMAS = {**SCHEMAS, **{
     "person name (clients, strict)": {"type": "object", "properties": {"name": {"type": "string"}},
                                       "required": ["name"], "additionalProperties": False},
     "city (the openai SDK's parse)": {
@@ -83,4 +84,4 @@ SCHEMAS.update({
                        "day": {"type": "string", "format": "date"}}},
     "any JSON value": {},
     "an array at the top": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}}}},
-})
+}}

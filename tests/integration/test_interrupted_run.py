@@ -1,5 +1,5 @@
-"""An interrupted pytest leaves no ``homepd`` process behind: a nested run (two xdist workers, as the suite runs)
-starts a server, is sent SIGTERM and then SIGINT, and the server and its workers are gone soon after.  Its xdist
+"""An interrupted pytest leaves no ``homepd`` process behind: a nested run (
+an xdist worker as the suite has) starts a server, is sent SIGTERM and then SIGINT, and the server and its workers are gone soon after.  Its xdist
 worker notices the run's end (``tests/conftest.py``, ``end_with_the_run``) and the server dies with it
 (``homepd.osutil.die_with_parent``); before, one kept a core busy for 25 minutes."""
 from __future__ import annotations
@@ -28,8 +28,10 @@ def wait_for(predicate, timeout_s: float):
 
 def test_an_interrupted_run_leaves_no_homepd_process(tmp_path):
     held = tmp_path / "pids"
-    env = {**os.environ, "HOMEPD_HELD_PIDS": str(held)}
-    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+    # why: not the suite's own xdist worker's variables (the nested run's main would take itself for a worker)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HOMEPD_"))}
+    env["HOMEPD_HELD_PIDS"] = str(held)
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider",
                             str(HERE / "held_server.py")], cwd=HERE.parents[1], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids: list[int] = []

@@ -10,6 +10,7 @@ import time
 from engine_helpers import make_engine, run
 from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
+from homepd.core.terms import RequestClass
 from test_serve_harness import ServeProcess
 
 MODEL = "smollm2-135m-instruct-q4_1"
@@ -55,7 +56,8 @@ def test_a_full_context_preempts_background_first_and_every_request_still_gets_i
             for prompt, _ in requests:
                 events, _ = await (await engine.submit(prompt, params=long)).collect()
                 alone.append([e.token_id for e in events if e.kind == "token"])
-            streams = [await engine.submit(prompt, params=long, request_class=klass) for prompt, klass in requests]
+            streams = [await engine.submit(prompt, params=long, request_class=RequestClass(klass))
+                       for prompt, klass in requests]
             results = await asyncio.gather(*(s.collect() for s in streams))
             return alone, [events for events, _ in results], [s.lifecycle for s in streams]
 

@@ -24,7 +24,7 @@ def test_each_request_carries_its_class_and_the_snapshot_counts_them():
                        await engine.submit("voice", params=long, request_class=RequestClass.INTERACTIVE)]
             counts = engine.snapshot().requests_by_class
             with pytest.raises(TypeError, match="RequestClass"):
-                await engine.submit("x", request_class=RequestClass.BACKGROUND)
+                await engine.submit("x", request_class="background")
             for s in streams:
                 engine.cancel(s.request_id)
             await asyncio.gather(*(s.collect() for s in streams))

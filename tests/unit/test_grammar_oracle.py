@@ -19,7 +19,7 @@ from homepd.llm import LlamaModel, _init_backend
 from homepd.llm.grammar import json_object_grammar, json_schema_grammar, tool_grammar
 from homepd.structured.gbnf import GbnfError, parse, shortest
 from llama_oracle import accepts, compiles
-from structured_schemas import SCHEMAS
+from structured_schemas import MORE_SCHEMAS as SCHEMAS
 
 THINK = ThinkMarkers("<think>", "</think>")
 FORMATS = {
