@@ -1,6 +1,6 @@
-"""An interrupted pytest leaves no ``homepd`` process behind: a nested run (
-an xdist worker as the suite has) starts a server, is sent SIGTERM and then SIGINT, and the server and its workers are gone soon after.  Its xdist
-worker notices the run's end (``tests/conftest.py``, ``end_with_the_run``) and the server dies with it
+"""An interrupted pytest leaves no ``homepd`` process behind: a nested run (one xdist worker, as the suite runs
+its tests) starts a server, is sent SIGTERM and then SIGINT, and the server and its workers are gone soon after.
+Its xdist worker notices the run's end (``tests/conftest.py``, ``end_with_the_run``) and the server dies with it
 (``homepd.osutil.die_with_parent``); before, one kept a core busy for 25 minutes."""
 from __future__ import annotations
 
