@@ -63,6 +63,9 @@ class StoreOps(Protocol):
     """The KV store tier, as the prefix cache uses it (``homepd.worker.storekv`` gives it)."""
     n_entries: int
     used_bytes: int
+    capacity_bytes: int                      # 0: no store attached (saves and lookups do nothing)
+    save_ms_per_token: float | None          # measured (None: nothing saved yet)
+    restore_ms_per_token: float | None       # measured (None: nothing restored yet)
     # milliseconds its saves and restores have taken so far: they run between two steps, so a decoding
     # stream waits for them as for a step (a conversation 900 cells deep took 170 ms to save without flash
     # attention, whose transposed V cache llama.cpp copies one row and run of cells at a time)
@@ -319,4 +322,7 @@ class PrefixReuse:
             store_bytes=self.store.used_bytes if self.store is not None else 0,
             n_store_hits=self.n_store_hits, n_store_hit_tokens=self.n_store_hit_tokens,
             n_store_no_room=self.store.n_no_room if self.store is not None else 0,
-            n_pauses=self.n_pauses, n_pause_resumed_tokens=self.n_pause_resumed_tokens)
+            n_pauses=self.n_pauses, n_pause_resumed_tokens=self.n_pause_resumed_tokens,
+            store_capacity_bytes=self.store.capacity_bytes if self.store is not None else 0,
+            store_save_ms_per_token=self.store.save_ms_per_token if self.store is not None else None,
+            store_restore_ms_per_token=self.store.restore_ms_per_token if self.store is not None else None)

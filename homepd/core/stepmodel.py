@@ -49,6 +49,7 @@ class OnlineStepModel:
         self._first_errors: list[float] = []
         self._recent_late: collections.deque[float] = collections.deque(maxlen=N_CONFIRM)
         self.coef = [0.0] * N_FEATURES
+        self._estimate: StepEstimate | None = None  # of the current coefficients (estimate() is read per plan)
 
     def observe(self, n_prompt: int, n_decode: int, kv_in_use: int, step_ms: float) -> None:
         if n_prompt <= 0 and n_decode <= 0 or not math.isfinite(step_ms) or step_ms < 0:
@@ -78,14 +79,12 @@ class OnlineStepModel:
                 late = min(late, max(confirmed, ERROR_CLIP * max(self.error_ms, ERROR_FLOOR_MS)))
                 self._err2 = (1 - ERROR_WEIGHT) * self._err2 + ERROR_WEIGHT * late * late
         lam = self.forget
-        for i in range(N_FEATURES):
-            self.xty[i] = lam * self.xty[i] + x[i] * step_ms
-            row = self.xtx[i]
-            for j in range(N_FEATURES):
-                row[j] = lam * row[j] + x[i] * x[j]
+        self.xty = [lam * v + xi * step_ms for v, xi in zip(self.xty, x)]
+        self.xtx = [[lam * v + xi * xj for v, xj in zip(row, x)] for row, xi in zip(self.xtx, x)]
         self.n_steps += 1
         self.n_prompt_steps += n_prompt > 0
         self.coef = self._solve()
+        self._estimate = None
 
     def _solve(self) -> list[float]:
         """(XᵀX + ρ·diag) c = Xᵀy + ρ·diag·c_prev: ridge towards the previous estimate."""
@@ -96,7 +95,7 @@ class OnlineStepModel:
             rho = RIDGE * scale * (1.0 if i == 0 else 1e-2)
             a[i][i] += rho
             b[i] += rho * self.coef[i]
-        solved = _gauss(a, b)
+        solved = _solve_spd(a, b)
         if solved is None:
             return self.coef
         # a step never costs less for more work: clamp the marginal costs at zero
@@ -114,24 +113,41 @@ class OnlineStepModel:
     def estimate(self) -> StepEstimate | None:
         if not self.ready:
             return None
-        return StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=self.error_ms,
-                            n_prompt_steps=self.n_prompt_steps)
+        if self._estimate is None:
+            self._estimate = StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=self.error_ms,
+                                          n_prompt_steps=self.n_prompt_steps)
+        return self._estimate
 
 
-def _gauss(a: list[list[float]], b: list[float]) -> list[float] | None:
-    n = len(b)
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-12:
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        b[col], b[pivot] = b[pivot], b[col]
-        for r in range(col + 1, n):
-            f = a[r][col] / a[col][col]
-            for c in range(col, n):
-                a[r][c] -= f * a[col][c]
-            b[r] -= f * b[col]
-    out = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        out[r] = (b[r] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
-    return out
+def _solve_spd(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Solve ``a`` x = ``b`` for the 4×4 symmetric positive definite ``a`` (the ridged normal equations) by
+    Cholesky, written out; None when it is not positive definite.  # why written out: it runs after every step,
+    in every worker and every simulated one (``homepd.twin``), and loops cost 4x here."""
+    (a00, _, _, _), (a10, a11, _, _), (a20, a21, a22, _), (a30, a31, a32, a33) = a
+    if a00 <= 1e-12:
+        return None
+    l00 = math.sqrt(a00)
+    l10, l20, l30 = a10 / l00, a20 / l00, a30 / l00
+    d1 = a11 - l10 * l10
+    if d1 <= 1e-12:
+        return None
+    l11 = math.sqrt(d1)
+    l21, l31 = (a21 - l20 * l10) / l11, (a31 - l30 * l10) / l11
+    d2 = a22 - l20 * l20 - l21 * l21
+    if d2 <= 1e-12:
+        return None
+    l22 = math.sqrt(d2)
+    l32 = (a32 - l30 * l20 - l31 * l21) / l22
+    d3 = a33 - l30 * l30 - l31 * l31 - l32 * l32
+    if d3 <= 1e-12:
+        return None
+    l33 = math.sqrt(d3)
+    y0 = b[0] / l00
+    y1 = (b[1] - l10 * y0) / l11
+    y2 = (b[2] - l20 * y0 - l21 * y1) / l22
+    y3 = (b[3] - l30 * y0 - l31 * y1 - l32 * y2) / l33
+    x3 = y3 / l33
+    x2 = (y2 - l32 * x3) / l22
+    x1 = (y1 - l21 * x2 - l31 * x3) / l11
+    x0 = (y0 - l10 * x1 - l20 * x2 - l30 * x3) / l00
+    return [x0, x1, x2, x3]

@@ -27,7 +27,7 @@ from homepd.chat.format import ChatFormat, detect as detect_chat_format
 from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState
 from homepd.core.protocol import (EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted,
                                   PrefixCacheStats, PrefixReused, RequestDone, StepRecord, StepReport, StoreDropped,
-                                  StoreSaved, SubmitRequest, WorkerFatal, WorkerReady)
+                                  StoreSaved, SubmitRequest, WorkerFatal, WorkerReady, WorkerSpec)
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.engine import recovery
@@ -320,6 +320,11 @@ class Engine:
 
     def worker_pid(self, name: str) -> int | None:
         return self.workers[name].pid
+
+    def worker_specs(self) -> dict[str, WorkerSpec]:
+        """Each worker's spec, by name: what its step policy and scheduler are built from (the twin builds its
+        simulated workers from them, ``homepd.twin``)."""
+        return {name: h.spec for name, h in self.workers.items()}
 
     def step_estimate(self, name: str) -> StepEstimate | None:
         """The step-time estimate worker ``name`` last published, once trusted (``AdmissionGate.estimate``)."""

@@ -1,5 +1,6 @@
 """A capacity search's records: one ``Probe`` (a seeded trace at one rate and what came out of it) and the
-``CapacityCurve`` of a candidate on a mix (every probe, and the answer).
+``CapacityCurve`` of a candidate on a mix (every probe, and the answer); and the rule that a probe's box kept
+up (``drain_allowance_s``), which the measured search and the twin count alike.
 
 Plain frozen data: the search that makes them is ``homepd.advise.campaign.capacity``; they live here, below
 the store, because the store decodes them back from an advise run's recommendation
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from homepd.measure.metrics import SLO
+
 DEFAULT_TARGET_SHARE = 0.9
+KEPT_UP = "the box keeps up (done within the drain allowance of the last arrival)"
 
 
 @dataclass(frozen=True)
@@ -45,3 +49,17 @@ class CapacityCurve:
     capacity_rps: float | None
     spread_rps: float | None
     decided_by: str
+
+
+def drain_allowance_s(requests, slo: SLO, speeds: tuple[float | None, float | None]) -> float | None:
+    """How long after a probe's last arrival its last request may finish at a rate the box sustains: the
+    interactive TTFT budget (a request arriving last may wait that long) plus the longest request's service
+    time alone at the calibrated speeds (``speeds``: prefill tok/s, decode step ms).  None without speeds.
+
+    why: the background class may wait ``background_ttft_ms`` (2 minutes), longer than any probe, so above the
+    capacity its backlog would grow through a probe unseen; this is the background's throughput target."""
+    prefill_tok_s, step_ms = speeds
+    if not requests or not prefill_tok_s or not step_ms:
+        return None
+    longest = max(lc.n_prompt_tokens / prefill_tok_s + len(lc.token_times_s) * step_ms / 1e3 for lc in requests)
+    return slo.ttft_ms / 1e3 + longest

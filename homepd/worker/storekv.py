@@ -55,6 +55,10 @@ class ContextStore:
         return self.segment.index.used_bytes if self.segment is not None else 0
 
     @property
+    def capacity_bytes(self) -> int:
+        return self.segment.index.capacity_bytes if self.segment is not None else 0
+
+    @property
     def n_no_room(self) -> int:
         return self.segment.n_no_room if self.segment is not None else 0
 

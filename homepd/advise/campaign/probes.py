@@ -9,11 +9,9 @@ from typing import Awaitable, Callable
 
 from homepd.advise.campaign.capacity import CapacityCurve, CapacitySearch, Probe, SearchSettings, probe_requests
 from homepd.core.lifecycle import RequestState
+from homepd.measure.curve import KEPT_UP, drain_allowance_s
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord
-
-
-KEPT_UP = "the box keeps up (done within the drain allowance of the last arrival)"
 
 
 def decided_failing(n_planned: int, slo: SLO, target_share: float):
@@ -30,20 +28,6 @@ def decided_failing(n_planned: int, slo: SLO, target_share: float):
         return misses > allowed
 
     return stop
-
-
-def drain_allowance_s(requests, slo: SLO, speeds: tuple[float | None, float | None]) -> float | None:
-    """How long after a probe's last arrival its last request may finish at a rate the box sustains: the
-    interactive TTFT budget (a request arriving last may wait that long) plus the longest request's service
-    time alone at the calibrated speeds (``speeds``: prefill tok/s, decode step ms).  None without speeds.
-
-    why: the background class may wait ``background_ttft_ms`` (2 minutes), longer than any probe, so above the
-    capacity its backlog would grow through a probe unseen; this is the background's throughput target."""
-    prefill_tok_s, step_ms = speeds
-    if not requests or not prefill_tok_s or not step_ms:
-        return None
-    longest = max(lc.n_prompt_tokens / prefill_tok_s + len(lc.token_times_s) * step_ms / 1e3 for lc in requests)
-    return slo.ttft_ms / 1e3 + longest
 
 
 def probe_of(record: RunRecord, rate_rps: float, seed: int, slo: SLO,

@@ -1,0 +1,81 @@
+"""The calibration burst: a short measured run on the candidate's own engine that covers the step model's range,
+and what the twin learns from it (``homepd.twin.calibration``).
+
+The burst is the mixed trace's first requests (short chats and documents, the probes' own shapes) in a closed
+loop of ``n_seq_max`` per entry worker: every decode batch size up to ``--n-seq-max`` appears, prompt slices of
+every size the candidate's own step policy cuts, and the KV in use climbs to what documents and their neighbours
+hold.  Each worker is fitted on its own steps, on its own placement.  The controller's template and tokenizer
+are timed on the same prompts, and a disaggregated candidate's handoffs give the KV handoff's cost.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from homepd.twin.calibration import (Calibration, Reuse, WorkerCalibration, handoff_of, prepare_cost,
+                                            step_cost)
+from homepd.core.modes import Role
+from homepd.measure.metrics import SLO
+from homepd.measure.replay import RunRecord, run_trace
+from homepd.measure.trace import Trace
+from homepd.measure.trace.model import tagged
+
+BURST_PER_SEQUENCE = 3        # requests per sequence id of each entry worker
+MIN_BURST_REQUESTS = 8
+N_PREPARE_SAMPLES = 6
+MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
+
+
+def burst_size(n_seq_max: int, n_entry_workers: int) -> int:
+    """Requests in a burst: a few rounds of every sequence id of every entry worker."""
+    return max(MIN_BURST_REQUESTS, BURST_PER_SEQUENCE * n_seq_max * n_entry_workers)
+
+
+async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None, sampler=None
+                    ) -> tuple[Calibration, RunRecord]:
+    """Run ``trace`` (a closed-loop burst: ``Trace.concurrency`` set) on the started ``engine``; its calibration
+    and the run's record."""
+    t0 = time.monotonic()
+    record = await run_trace(engine, tagged(trace, "[calibration] "), trace_name="calibration", slo=slo,
+                             sampler=sampler)
+    burst_s = time.monotonic() - t0
+    steps = engine.steps_since(t0)
+    specs = engine.worker_specs()
+    cache = engine.cache_stats()
+    workers = tuple(WorkerCalibration(name, spec, step_cost([s for s in steps if s.worker_role == name],
+                                                            [s for s in steps if s.worker_role != name]),
+                                      Reuse.of(cache.get(name), can_share=spec.kv_unified))
+                    for name, spec in specs.items())
+    workers = tuple(_with_siblings(workers))
+    samples = await asyncio.to_thread(_prepare_samples, engine, trace)
+    base_ms, per_token_ms = prepare_cost(samples)
+    prefill = specs.get(Role.PREFILL.value)
+    return Calibration(candidate=candidate, workers=workers, prepare_base_ms=base_ms,
+                       prepare_ms_per_token=per_token_ms, handoff=handoff_of(record.requests),
+                       n_requests=len(record.requests), burst_s=burst_s,
+                       kv_max=max((s.kv_in_use for s in steps), default=0),
+                       prefill_n_ctx=prefill.n_ctx if prefill is not None else None), record
+
+
+def _with_siblings(workers: tuple[WorkerCalibration, ...]):
+    """A worker the burst gave too few steps to fit (replicas: the router sent every prompt where its prefix was)
+    takes the step cost and cache of its best-measured sibling of the same role, placed alike on cores of its
+    own."""
+    for w in workers:
+        if w.cost.n_steps >= MIN_FITTED_STEPS:
+            yield w
+            continue
+        siblings = [o for o in workers if o.spec.role == w.spec.role and o.cost.n_steps >= MIN_FITTED_STEPS]
+        best = max(siblings, key=lambda o: o.cost.n_steps, default=None)
+        yield w if best is None else replace(w, cost=best.cost, reuse=best.reuse)
+
+
+def _prepare_samples(engine, trace: Trace) -> list[tuple[int, float]]:
+    """(tokens, ms) of the controller's template and tokenizer on the burst's own prompts."""
+    out = []
+    for req in list(trace)[:N_PREPARE_SAMPLES]:
+        t0 = time.perf_counter()
+        ids = engine.prepare(req.prompt, messages=list(req.messages) if req.messages else None)
+        out.append((len(ids), (time.perf_counter() - t0) * 1e3))
+    return out

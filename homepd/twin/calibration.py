@@ -1,0 +1,332 @@
+"""What the twin knows of this box: each worker's measured step time, the time between its steps, the request's
+way in, the prefix cache and KV store, and the KV handoff's cost, fitted from a calibration burst's step log and
+lifecycles.
+
+A ``Calibration`` belongs to one candidate: every worker is fitted on its own placement (two workers splitting
+two cores each run at their own speed, beside the other), from the steps it ran in the burst.  Pure: records in,
+numbers out; ``homepd.twin.burst`` runs the burst on an engine.
+
+* **A step's time** (``StepCost``): least squares over ``cost_features`` (a fixed part, the step's tokens with a
+  cost per token that may change with the batch's size, its decode tokens, attention over the KV in use), and its
+  noise: a slow part that persists from step to step and a fast part drawn from the measured residuals.  The
+  per-token SLO lives in the tail, so the twin draws the distribution, not the mean.
+* **Between steps** (``overhead_ms``): the loop's own time between one step's end and the next one's start while
+  the worker is busy (the report to the controller, the inbox, the plan), less the KV store's saves and restores
+  there (``StepRecord.store_ms``: the twin adds its own).
+* **The prefix cache and the KV store** (``Reuse``): what the worker's cache reuses (its ``ReuseMode``, whether its
+  cache shares cells), and the store's measured save and restore cost per token.
+* **The way in** (``prepare_ms``): the controller's chat template and tokenizer, per request and per token.
+* **The KV handoff** (``Handoff``): the prefill worker's export and the decode worker's import, per handoff and per
+  KV token, and the relay between them.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+
+from homepd.core.protocol import StepRecord, WorkerSpec
+from homepd.core.records import PrefixCacheStats
+from homepd.core.terms import ReuseMode
+
+# why: a gap longer than this between two steps of a busy worker is idleness or a pump's work, not the loop
+MAX_OVERHEAD_MS = 25.0
+RIDGE = 1e-4
+MIN_STEPS_PER_TERM = 5  # steps per fitted term before the batch-size knots are fitted
+ALONE, BESIDE_DECODE, BESIDE_PROMPT = 0, 1, 2  # what another worker runs during a step
+KNOTS = (2, 8, 32, 128)  # tokens in a step where its cost per token may change (a batch of 1 runs other kernels)
+
+
+def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
+    """The features of a step's measured time: a fixed part, its tokens (piecewise linear at ``KNOTS``: llama.cpp's
+    cost per token falls as the batch grows), its decode tokens (each a row of logits and a sample), and attention
+    over the KV in use.  Richer than the step policy's own model (``homepd.core.stepmodel``, four terms), which the
+    twin's workers still fit for themselves, as the real ones do."""
+    n = n_prompt + n_decode
+    return [1.0, float(n), *(float(max(0, n - k)) for k in KNOTS), float(n_decode), n * kv_in_use / 1e3]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One worker's step time on this box: ``coef`` over ``cost_features``, and its noise.
+
+    The noise is relative (a share of the predicted time) and has two parts, as measured here: a slow part that
+    persists from step to step (an AR(1) process, ``rho`` a step, ``slow_sd``: the box running faster or slower
+    for a while, which a worker's online model follows), and a fast part drawn from the residuals left when the
+    slow part is taken out (``residuals``).  Drawing steps independently instead gave every simulated stream more
+    of the tail than real ones see (the policy adapts to the slow part)."""
+    coef: tuple[float, ...]
+    residuals: tuple[float, ...]
+    rho: float
+    slow_sd: float
+    overhead_ms: tuple[float, ...]
+    n_steps: int
+    rms: float = 0.0                  # the relative residuals' RMS (the fit's error, as a share)
+    # how much longer a step runs while another worker of the candidate runs one (shared memory bandwidth and
+    # caches, or one physical core's two threads): (1 + contention) times as long beside a step that decodes
+    # only, (1 + contention_prompt) beside one that prefills
+    contention: float = 0.0
+    contention_prompt: float = 0.0
+
+    def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
+        ms = max(0.1, sum(c * x for c, x in zip(self.coef, cost_features(n_prompt, n_decode, kv_in_use))))
+        if beside == BESIDE_DECODE:
+            return ms * (1.0 + self.contention)
+        return ms * (1.0 + self.contention_prompt) if beside == BESIDE_PROMPT else ms
+
+    def draw_ms(self, rng: random.Random, noise: list[float], n_prompt: int, n_decode: int,
+                kv_in_use: int = 0, beside: int = ALONE) -> float:
+        """A step's time as the box gives it; ``noise`` holds the slow part between draws (one per worker);
+        ``beside``: what another worker is running meanwhile (``ALONE``, ``BESIDE_DECODE``, ``BESIDE_PROMPT``)."""
+        slow = noise[0] = self.rho * noise[0] + self.innovation_sd * rng.gauss(0.0, 1.0)
+        fast = self.residuals[int(rng.random() * len(self.residuals))] if self.residuals else 0.0
+        return self.predict_ms(n_prompt, n_decode, kv_in_use, beside) * max(0.05, 1.0 + slow + fast)
+
+    @property
+    def innovation_sd(self) -> float:
+        return self.slow_sd * math.sqrt(max(0.0, 1.0 - self.rho * self.rho))
+
+    def start_noise(self, rng: random.Random) -> list[float]:
+        """The slow part's state at a run's start, drawn from its stationary distribution."""
+        return [rng.gauss(0.0, self.slow_sd)]
+
+    def draw_overhead_ms(self, rng: random.Random) -> float:
+        return self.overhead_ms[int(rng.random() * len(self.overhead_ms))] if self.overhead_ms else 0.0
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """The disaggregated KV handoff: ms = ``*_base_ms`` + ``*_ms_per_token`` × the request's KV tokens, for the
+    prefill worker's export and the decode worker's import; ``relay_ms`` between them (the controller)."""
+    export_base_ms: float = 0.0
+    export_ms_per_token: float = 0.0
+    import_base_ms: float = 0.0
+    import_ms_per_token: float = 0.0
+    relay_ms: float = 0.0
+    n_handoffs: int = 0
+
+    def export_ms(self, n_tokens: int) -> float:
+        return self.export_base_ms + self.export_ms_per_token * n_tokens
+
+    def import_ms(self, n_tokens: int) -> float:
+        return self.import_base_ms + self.import_ms_per_token * n_tokens
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """A worker's prefix cache and KV store as measured: its reuse mode (``ReuseMode`` value), whether its cache
+    shares cells (a unified cache), the store's bytes (0: none attached) and its cost per token."""
+    mode: str = ReuseMode.OFF.value
+    can_share: bool = True
+    store_capacity_bytes: int = 0
+    save_ms_per_token: float | None = None
+    restore_ms_per_token: float | None = None
+
+    @classmethod
+    def of(cls, stats: PrefixCacheStats | None, can_share: bool) -> "Reuse":
+        if stats is None:
+            return cls()
+        return cls(ReuseMode(stats.mode).value, can_share, stats.store_capacity_bytes, stats.store_save_ms_per_token,
+                   stats.store_restore_ms_per_token)
+
+
+@dataclass(frozen=True)
+class WorkerCalibration:
+    """One worker: the spec it ran with (its step policy is built from it, as the worker builds its own), its
+    measured step cost, and its prefix cache."""
+    name: str
+    spec: WorkerSpec
+    cost: StepCost
+    reuse: Reuse = field(default_factory=Reuse)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the twin simulates a candidate with: its workers (by name, as the engine names them), the request's
+    way in, the KV handoff, and how much was measured."""
+    candidate: str
+    workers: tuple[WorkerCalibration, ...]
+    prepare_base_ms: float = 1.0
+    prepare_ms_per_token: float = 0.0
+    handoff: Handoff = field(default_factory=Handoff)
+    n_requests: int = 0
+    burst_s: float = 0.0
+    kv_max: int = 0                   # the deepest KV in use the burst reached (cells)
+    prefill_n_ctx: int | None = None  # disaggregated: the prefill worker's context (a longer prompt stays on decode)
+    kv_bytes_per_token: int = 0       # a KV cell's bytes (what a saved prefix takes in the store; 0: not counted)
+
+    def worker(self, name: str) -> WorkerCalibration:
+        return next(w for w in self.workers if w.name == name)
+
+    def prepare_ms(self, n_tokens: int) -> float:
+        return self.prepare_base_ms + self.prepare_ms_per_token * n_tokens
+
+
+# ---- fitting --------------------------------------------------------------------------------------------------
+
+def step_cost(steps: list[StepRecord], others: list[StepRecord] = ()) -> StepCost:
+    """The step cost of one worker's ``steps`` (in the order it ran them); ``others``: the other workers' steps of
+    the same run, whose overlap with each of these measures the contention between them."""
+    shapes = [(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use) for s in steps]
+    light, heavy = overlaps(steps, others)
+    ms = [s.duration_ms for s in steps]
+    coef = physical_fit([cost_features(*shape) for shape in shapes], ms) if steps else (1.0,)
+    level, contention, contention_prompt = 0.0, 0.0, 0.0
+    if others and steps:
+        # the residuals against what ran beside each step: an intercept (the fit above absorbed the average) and
+        # one factor per kind of neighbour; the steps' own cost is then scaled back to running alone
+        base = StepCost(coef, (), 0.0, 0.0, (), len(steps))
+        rel = [m / base.predict_ms(*shape) - 1.0 for m, shape in zip(ms, shapes)]
+        level, contention, contention_prompt = least_squares([[1.0, lo, ho] for lo, ho in zip(light, heavy)], rel)
+        contention = max(0.0, (1 + level + contention) / (1 + level) - 1) if 1 + level > 0 else 0.0
+        contention_prompt = max(0.0, (1 + level + contention_prompt) / (1 + level) - 1) if 1 + level > 0 else 0.0
+        coef = tuple(c * max(0.1, 1 + level) for c in coef)
+    cost = StepCost(coef, (), 0.0, 0.0, (), len(steps), contention=contention, contention_prompt=contention_prompt)
+    rel = [m / cost.predict_ms(*shape, beside=_beside(lo, ho)) - 1.0
+           for m, shape, lo, ho in zip(ms, shapes, light, heavy)]
+    rho, slow_share = persistence(rel)
+    var = sum(r * r for r in rel) / len(rel) if rel else 0.0
+    # the fast part: what an exponential smoothing at the slow part's memory leaves
+    fast, level = [], 0.0
+    for r in rel:
+        fast.append(r - level)
+        level = rho * level + (1 - rho) * r
+    fast_var = sum(f * f for f in fast) / len(fast) if fast else 0.0
+    scale = math.sqrt((1 - slow_share) * var / fast_var) if fast_var > 0 else 0.0
+    gaps = [b.t_start_s * 1e3 - a.t_end_s * 1e3 - b.store_ms for a, b in zip(steps, steps[1:])]
+    overhead = tuple(sorted(g for g in gaps if 0.0 <= g <= MAX_OVERHEAD_MS))
+    return StepCost(coef, tuple(f * scale for f in fast), rho, math.sqrt(slow_share * var), overhead, len(steps),
+                    rms=math.sqrt(var), contention=contention, contention_prompt=contention_prompt)
+
+
+def _beside(light: float, heavy: float) -> int:
+    if heavy >= 0.5:
+        return BESIDE_PROMPT
+    return BESIDE_DECODE if light + heavy >= 0.5 else ALONE
+
+
+def overlaps(steps: list[StepRecord], others: list[StepRecord]) -> tuple[list[float], list[float]]:
+    """For each of ``steps``, the share of its time during which another worker ran a step of ``others`` that
+    only decoded, and one that carried prompt tokens."""
+    spans = sorted((s.t_start_s, s.t_end_s, s.n_prompt_tokens > 0) for s in others)
+    light, heavy, j = [], [], 0
+    for s in steps:
+        length = s.t_end_s - s.t_start_s
+        while j < len(spans) and spans[j][1] <= s.t_start_s:
+            j += 1
+        shared, k = [0.0, 0.0], j
+        while k < len(spans) and spans[k][0] < s.t_end_s:
+            shared[spans[k][2]] += max(0.0, min(spans[k][1], s.t_end_s) - max(spans[k][0], s.t_start_s))
+            k += 1
+        light.append(min(1.0, shared[0] / length) if length > 0 else 0.0)
+        heavy.append(min(1.0, shared[1] / length) if length > 0 else 0.0)
+    return light, heavy
+
+
+def physical_fit(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
+    """``least_squares`` over ``cost_features``, kept physical: no term that makes a step cheaper for more KV, and
+    no stretch of batch sizes where one more token costs nothing or less.  A term that breaks this is dropped and
+    the rest fitted again (a short burst does not pin every term down: a negative KV term bought a fit of the
+    burst at the cost of every deeper context it had not seen)."""
+    kv, decode, first_knot = len(rows[0]) - 1, len(rows[0]) - 2, 2
+    active = list(range(len(rows[0])))
+    if len(rows) < MIN_STEPS_PER_TERM * len(active):
+        # why: too few steps to pin the batch-size knots (11 steps of a prefill worker made a 256-token step cost
+        # less than a 119-token one): one cost per token, and attention
+        active = [0, 1, kv]
+    while True:
+        fitted = least_squares([[r[i] for i in active] for r in rows], y)
+        coef = [0.0] * len(rows[0])
+        for i, c in zip(active, fitted):
+            coef[i] = c
+        if coef[kv] < 0:
+            active.remove(kv)
+            continue
+        if coef[0] < 0 and 0 in active:
+            active.remove(0)
+            continue
+        slope, broken = coef[1], None
+        for i in range(first_knot, decode):  # the cost per token past each knot
+            slope += coef[i]
+            if i in active and slope <= 0:
+                broken = i
+                break
+        if broken is None:
+            return tuple(coef)
+        active.remove(broken)
+
+
+def persistence(rel: list[float]) -> tuple[float, float]:
+    """(rho, share): the slow part's correlation from one step to the next and its share of the variance, from the
+    residuals' autocorrelation at lags 1 and 5 (which a slow AR(1) part makes ``share * rho ** lag``)."""
+    ac1, ac5 = autocorrelation(rel, 1), autocorrelation(rel, 5)
+    if ac1 <= 0.05 or ac5 <= 0.0:
+        return 0.0, 0.0
+    rho = min(0.995, (ac5 / ac1) ** 0.25)
+    return rho, min(1.0, ac1 / rho)
+
+
+def autocorrelation(x: list[float], lag: int) -> float:
+    if len(x) <= lag + 2:
+        return 0.0
+    mean = sum(x) / len(x)
+    den = sum((v - mean) ** 2 for v in x)
+    return sum((a - mean) * (b - mean) for a, b in zip(x, x[lag:])) / den if den > 0 else 0.0
+
+
+def least_squares(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
+    """Least squares with a small ridge (a feature the data never varied stays near 0)."""
+    n = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) + (RIDGE * (1 + len(rows)) if i == j else 0.0) for j in range(n)]
+           for i in range(n)]
+    aty = [sum(r[i] * v for r, v in zip(rows, y)) for i in range(n)]
+    solved = _solve(ata, aty)
+    return tuple(solved) if solved is not None else (statistics.median(y),) + (0.0,) * (n - 1)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    n = len(b)
+    a, b = [row[:] for row in a], b[:]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            return None
+        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n):
+                a[r][c] -= f * a[col][c]
+            b[r] -= f * b[col]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (b[r] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
+    return out
+
+
+def handoff_of(lifecycles) -> Handoff:
+    """The KV handoff's costs from the lifecycles of requests that were handed off (export, import, transfer)."""
+    moved = [lc for lc in lifecycles if lc.kv_export_s is not None and lc.kv_import_s is not None
+             and lc.transfer_s is not None]
+    if not moved:
+        return Handoff()
+    rows = [[1.0, float(lc.n_prompt_tokens)] for lc in moved]
+    exp = _nonnegative(least_squares(rows, [lc.kv_export_s * 1e3 for lc in moved]))
+    imp = _nonnegative(least_squares(rows, [lc.kv_import_s * 1e3 for lc in moved]))
+    # why a low quantile: a transfer also waits for the decode worker's step in progress, which the twin has its
+    # own of; what is left where it waited least is the relay itself (the pipes and the controller)
+    waits = sorted(max(0.0, (lc.transfer_s - lc.kv_export_s - lc.kv_import_s) * 1e3) for lc in moved)
+    relay = waits[len(waits) // 10]
+    return Handoff(exp[0], exp[1], imp[0], imp[1], relay, len(moved))
+
+
+def prepare_cost(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """(ms per request, ms per token) of the controller's template and tokenizer, from (tokens, ms) samples."""
+    if not samples:
+        return 1.0, 0.0
+    base, per_token = _nonnegative(least_squares([[1.0, float(n)] for n, _ in samples], [ms for _, ms in samples]))
+    return base, per_token
+
+
+def _nonnegative(coef: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(max(0.0, c) for c in coef)

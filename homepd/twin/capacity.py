@@ -1,0 +1,343 @@
+"""A candidate's capacity from its twin: many seeds, many requests, a fine rate grid; and the twin's prediction of
+one given trace (what a measured probe is checked against).
+
+**Capacity.**  The same question as the measured search (``homepd.advise.campaign.capacity``): the highest Poisson
+rate at which at least the target share of requests meet every SLO of their class and the box keeps up, on the same
+seeded traces.  Each of ``n_seeds`` seeds (a trace of ``n_requests`` and the twin's own draws of the box's noise) is
+searched on its own on a grid of ``FINE_STEPS_PER_OCTAVE`` steps per octave, from a bracket that a few seeds found
+on the coarse grid, by the measured search's rule (the highest passing rate below the lowest failing one).  The
+capacity is the median of the seeds' capacities; its interval is the order-statistic interval of that median (at
+least 90 % confidence, distribution-free); the seeds' spread is kept too.  Runs go to a pool of processes (one per
+core): the engine is not running while the twin is.
+
+**Prediction.**  A given trace (a probe's own requests and arrivals) simulated with ``n_draws`` draws of the box's
+noise: the mean attainment, TTFT p50 and p90 and the p90 of each interactive request's largest gap, what the
+evidence shows beside the measurement.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from homepd.measure.curve import KEPT_UP, drain_allowance_s
+from homepd.twin.calibration import Calibration
+from homepd.twin.sim import SimRequest, simulate
+from homepd.config import EngineConfig
+from homepd.core.stats import percentile
+from homepd.core.terms import RequestClass
+from homepd.measure.curve import DEFAULT_TARGET_SHARE
+from homepd.measure.metrics import SLO
+
+N_SEEDS = 20
+N_REQUESTS = 200
+COARSE_SEEDS = 4
+COARSE_STEPS_PER_OCTAVE = 2
+FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %
+CONFIDENCE = 0.9
+MAX_BRACKET_MOVES = 12
+PREDICTION_DRAWS = 8
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One simulated run, as the evidence counts it."""
+    rate_rps: float
+    seed: int
+    attainment: float
+    ttft_ms: tuple[float, ...]           # every request's
+    gap_ms: tuple[float, ...]            # every interactive request's largest gap
+    misses: dict[str, int]
+    virtual_s: float
+    sim_s: float
+
+
+@dataclass(frozen=True)
+class TwinPoint:
+    """The twin at one rate: attainment pooled over the seeds run there (and each seed's)."""
+    rate_rps: float
+    attainment: float
+    by_seed: tuple[float, ...]
+    ttft_ms_p50: float | None
+    ttft_ms_p90: float | None
+    gap_ms_p90: float | None
+
+
+@dataclass(frozen=True)
+class TwinCapacity:
+    """A candidate's capacity from its twin on one mix: the median of ``n_seeds`` seeds' capacities, its
+    ``interval_rps`` (the order-statistic interval of the median, ``confidence``), the seeds' own capacities, and
+    the attainment curve.  ``sim_s``: the simulations' time (summed over processes); ``virtual_s``: the time they
+    simulated."""
+    candidate: str
+    mix: str
+    target_share: float
+    capacity_rps: float | None
+    interval_rps: tuple[float, float] | None
+    seed_capacities: tuple[float | None, ...]
+    points: tuple[TwinPoint, ...]
+    n_seeds: int
+    n_requests: int
+    resolution_rps: float
+    sim_s: float
+    virtual_s: float
+    wall_s: float
+    decided_by: str
+    confidence: float = CONFIDENCE
+
+    @property
+    def speedup(self) -> float:
+        """Simulated time over the time it took to simulate (per process)."""
+        return self.virtual_s / self.sim_s if self.sim_s > 0 else math.inf
+
+    @property
+    def half_width(self) -> float | None:
+        """The interval's half-width as a share of the capacity."""
+        if self.capacity_rps is None or self.interval_rps is None:
+            return None
+        return (self.interval_rps[1] - self.interval_rps[0]) / 2 / self.capacity_rps
+
+
+@dataclass(frozen=True)
+class TwinPrediction:
+    """The twin's prediction of one trace: means over ``n_draws`` draws of the box's noise."""
+    attainment: float
+    ttft_ms_p50: float | None
+    ttft_ms_p90: float | None
+    gap_ms_p90: float | None
+    n_draws: int
+
+
+Requests = Callable[[float, int], list[SimRequest]]   # (rate, seed) -> the seed's trace at that rate
+
+
+# ---- one run ---------------------------------------------------------------------------------------------------
+
+def run_figures(config: EngineConfig, cal: Calibration, requests: list[SimRequest], slo: SLO,
+                speeds: tuple[float | None, float | None], rate_rps: float, seed: int) -> RunFigures:
+    """Simulate ``requests`` and count them as a measured probe is counted (``probe_of``'s rule: every SLO of its
+    class, and done within the drain allowance of the last arrival)."""
+    t0 = time.perf_counter()
+    run = simulate(config, cal, requests, seed)
+    sim_s = time.perf_counter() - t0
+    allowance = drain_allowance_s(run.requests, slo, speeds)
+    deadline = max(lc.arrived_s for lc in run.requests) + allowance if allowance is not None else None
+    met, misses = 0, {}
+    for lc in run.requests:
+        missed = slo.miss(lc)
+        what = slo.target_text(missed) if missed is not None else None
+        if what is None and deadline is not None and lc.ended_s is not None and lc.ended_s > deadline:
+            what = KEPT_UP
+        if what is None:
+            met += 1
+        else:
+            misses[what] = misses.get(what, 0) + 1
+    ttft = tuple(lc.ttft_s * 1e3 for lc in run.requests if lc.ttft_s is not None)
+    gaps = tuple(max(lc.itl_s) * 1e3 for lc in run.requests
+                 if lc.request_class is RequestClass.INTERACTIVE and len(lc.token_times_s) > 1)
+    return RunFigures(rate_rps, seed, met / len(run.requests), ttft, gaps, misses, run.end_s, sim_s)
+
+
+# the pool's workers read what every run shares from here (forked: nothing is pickled but the task)
+_SHARED: dict = {}
+
+
+def _run_task(task: tuple[float, int]) -> RunFigures:
+    rate, seed = task
+    s = _SHARED
+    return run_figures(s["config"], s["cal"], s["requests"](rate, seed), s["slo"], s["speeds"], rate, seed)
+
+
+class _Runner:
+    """Runs (rate, seed) tasks in a pool of forked processes (one per usable core), or in this process."""
+
+    def __init__(self, config, cal, requests: Requests, slo, speeds, processes: int | None):
+        _SHARED.update(config=config, cal=cal, requests=requests, slo=slo, speeds=speeds)
+        n = processes or len(os.sched_getaffinity(0))
+        self.pool = multiprocessing.get_context("fork").Pool(n) if n > 1 else None
+        self.figures: dict[tuple[float, int], RunFigures] = {}
+
+    def run(self, tasks: list[tuple[float, int]]) -> list[RunFigures]:
+        todo = [t for t in dict.fromkeys(tasks) if t not in self.figures]
+        done = self.pool.map(_run_task, todo) if self.pool is not None and len(todo) > 1 else map(_run_task, todo)
+        for task, figures in zip(todo, done):
+            self.figures[task] = figures
+        return [self.figures[t] for t in tasks]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+        _SHARED.clear()
+
+
+# ---- the search ----------------------------------------------------------------------------------------------
+
+def _rate(k: int, steps: int) -> float:
+    return 2.0 ** (k / steps)
+
+
+def _index(rate: float, steps: int) -> int:
+    return round(math.log2(rate) * steps)
+
+
+def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,
+                  speeds: tuple[float | None, float | None], start_rps: float, *, mix: str = "mixed",
+                  n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS, target_share: float = DEFAULT_TARGET_SHARE,
+                  processes: int | None = None, min_rate_rps: float = 1 / 64, max_rate_rps: float = 64.0
+                  ) -> TwinCapacity:
+    """The capacity of ``config`` (calibrated as ``cal``) on ``requests(rate, seed)``; see the module docstring."""
+    t0 = time.monotonic()
+    runner = _Runner(config, cal, requests, slo, speeds, processes)
+    passes = lambda fig: fig.attainment >= target_share - 1e-12  # noqa: E731
+    try:
+        lo, hi = _coarse_bracket(runner, start_rps, target_share, min_rate_rps, max_rate_rps)
+        ratio = FINE_STEPS_PER_OCTAVE // COARSE_STEPS_PER_OCTAVE
+        seed_caps = _seed_capacities(runner, n_seeds, lo * ratio, hi * ratio, passes, min_rate_rps, max_rate_rps)
+    finally:
+        runner.close()
+    figures = list(runner.figures.values())
+    capacity, interval = _median_interval(seed_caps)
+    points = _points(figures)
+    return TwinCapacity(
+        candidate=cal.candidate, mix=mix, target_share=target_share, capacity_rps=capacity, interval_rps=interval,
+        seed_capacities=tuple(seed_caps), points=points, n_seeds=n_seeds, n_requests=n_requests,
+        resolution_rps=(capacity or 1.0) * (2 ** (1 / FINE_STEPS_PER_OCTAVE) - 1),
+        sim_s=sum(f.sim_s for f in figures), virtual_s=sum(f.virtual_s for f in figures),
+        wall_s=time.monotonic() - t0, decided_by=_decided_by(figures, capacity, target_share))
+
+
+def _coarse_bracket(runner: _Runner, start_rps: float, target_share: float, min_rate: float,
+                    max_rate: float) -> tuple[int, int]:
+    """Adjacent coarse grid indices (passing, failing) of the attainment pooled over ``COARSE_SEEDS`` seeds, from
+    ``start_rps`` up while it passes and down while it fails (the range's end where it never turns)."""
+    steps = COARSE_STEPS_PER_OCTAVE
+    k_min, k_max = math.ceil(math.log2(min_rate) * steps), math.floor(math.log2(max_rate) * steps)
+    k = min(max(_index(start_rps, steps), k_min), k_max)
+    passed: dict[int, bool] = {}
+    for _ in range(MAX_BRACKET_MOVES):
+        figs = runner.run([(_rate(k, steps), s) for s in range(COARSE_SEEDS)])
+        passed[k] = statistics.mean(f.attainment for f in figs) >= target_share - 1e-12
+        if passed[k]:
+            if passed.get(k + 1) is False or k >= k_max:
+                break
+            k += 1
+        else:
+            if passed.get(k - 1) is True or k <= k_min:
+                break
+            k -= 1
+    fails = [j for j, ok in passed.items() if not ok]
+    low_fail = min(fails) if fails else max(passed) + 1
+    below = [j for j, ok in passed.items() if ok and j < low_fail]
+    return (max(below) if below else low_fail - 1), low_fail
+
+
+def _seed_capacities(runner: _Runner, n_seeds: int, lo: int, hi: int, passes, min_rate: float,
+                     max_rate: float) -> list[float | None]:
+    """Each seed's capacity on the fine grid, by bisection from [``lo``, ``hi``] (grid indices), every seed's
+    next rate run together (one pool round per step)."""
+    steps = FINE_STEPS_PER_OCTAVE
+    k_min, k_max = math.ceil(math.log2(min_rate) * steps), math.floor(math.log2(max_rate) * steps)
+    state = {s: {} for s in range(n_seeds)}       # seed -> {index: passed}
+    todo = {s: [max(lo, k_min), min(hi, k_max)] for s in range(n_seeds)}
+    while todo:
+        tasks = [(_rate(k, steps), s) for s, ks in todo.items() for k in ks]
+        for fig in runner.run(tasks):
+            state[fig.seed][_index(fig.rate_rps, steps)] = passes(fig)
+        todo = {}
+        for s, seen in state.items():
+            nxt = _next_index(seen, k_min, k_max, steps)
+            if nxt is not None:
+                todo[s] = [nxt]
+    return [_capacity_of(seen, steps) for seen in state.values()]
+
+
+def _next_index(seen: dict[int, bool], k_min: int, k_max: int, steps: int) -> int | None:
+    """The measured search's next move on one seed's results: up while nothing failed, down while nothing passed
+    below the lowest failure, then bisection to adjacent grid points."""
+    bad = [k for k, ok in seen.items() if not ok]
+    low_fail = min(bad) if bad else None
+    good = [k for k, ok in seen.items() if ok and (low_fail is None or k < low_fail)]
+    if low_fail is None:
+        top = max(seen)
+        return None if top >= k_max else min(k_max, top + steps // 4)
+    if not good:
+        return None if low_fail <= k_min else max(k_min, low_fail - steps // 4)
+    high_pass = max(good)
+    if low_fail - high_pass <= 1:
+        return None
+    return (high_pass + low_fail) // 2
+
+
+def _capacity_of(seen: dict[int, bool], steps: int) -> float | None:
+    bad = [k for k, ok in seen.items() if not ok]
+    low_fail = min(bad) if bad else None
+    good = [k for k, ok in seen.items() if ok and (low_fail is None or k < low_fail)]
+    return _rate(max(good), steps) if good else None
+
+
+def _median_interval(caps: list[float | None]) -> tuple[float | None, tuple[float, float] | None]:
+    """The median of the seeds' capacities (a seed where nothing passed counts as 0) and the distribution-free
+    interval of the median at ``CONFIDENCE`` (order statistics of the binomial)."""
+    values = sorted(c if c is not None else 0.0 for c in caps)
+    n = len(values)
+    if not n:
+        return None, None
+    median = statistics.median(values)
+    tail, j = (1 - CONFIDENCE) / 2, 0
+    while j + 1 < n / 2 and _binom_cdf(j, n) <= tail:   # ranks j+1 .. n-j hold the median at CONFIDENCE
+        j += 1
+    lo, hi = values[max(0, j - 1)], values[min(n - 1, n - j)]
+    return (median if median > 0 else None), (lo, hi)
+
+
+def _binom_cdf(k: int, n: int) -> float:
+    """P(X < k+1) for X ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+
+
+def _points(figures: list[RunFigures]) -> tuple[TwinPoint, ...]:
+    by_rate: dict[float, list[RunFigures]] = {}
+    for f in figures:
+        by_rate.setdefault(round(f.rate_rps, 9), []).append(f)
+    out = []
+    for rate in sorted(by_rate):
+        figs = by_rate[rate]
+        ttft = [t for f in figs for t in f.ttft_ms]
+        gaps = [g for f in figs for g in f.gap_ms]
+        out.append(TwinPoint(rate, statistics.mean(f.attainment for f in figs), tuple(f.attainment for f in figs),
+                             percentile(ttft, 50), percentile(ttft, 90), percentile(gaps, 90)))
+    return tuple(out)
+
+
+def _decided_by(figures: list[RunFigures], capacity: float | None, target_share: float) -> str:
+    failing = [f for f in figures if f.attainment < target_share and (capacity is None or f.rate_rps > capacity)]
+    misses: dict[str, int] = {}
+    for f in failing:
+        for what, n in f.misses.items():
+            misses[what] = misses.get(what, 0) + n
+    if not failing:
+        return "nothing failed in the twin"
+    return max(misses.items(), key=lambda kv: kv[1])[0] if misses else "attainment under the target share"
+
+
+# ---- one trace -------------------------------------------------------------------------------------------------
+
+def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], slo: SLO,
+            speeds: tuple[float | None, float | None], rate_rps: float, n_draws: int = PREDICTION_DRAWS
+            ) -> TwinPrediction:
+    """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise."""
+    figs = [run_figures(config, cal, requests, slo, speeds, rate_rps, seed) for seed in range(n_draws)]
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return statistics.mean(values) if values else None
+
+    return TwinPrediction(statistics.mean(f.attainment for f in figs),
+                          mean(percentile(list(f.ttft_ms), 50) for f in figs),
+                          mean(percentile(list(f.ttft_ms), 90) for f in figs),
+                          mean(percentile(list(f.gap_ms), 90) for f in figs), n_draws)
