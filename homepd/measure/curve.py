@@ -40,7 +40,10 @@ class CapacityCurve:
     when no probe passed.  ``spread_rps``: how far it may be off: the range of the repeats' capacities, and
     at least the bracket it was left in (the lowest failing rate above it minus it); None when no probe
     failed above it (the capacity is then only a lower bound).  ``decided_by``: the SLO target that failed the
-    most requests at the failing probes ("every gap <= 100 ms"), or why nothing decided."""
+    most requests at the failing probes ("every gap <= 100 ms"), or why nothing decided.
+
+    ``source``: "measured" (a search of probes) or "twin" (the candidate's twin, checked against the probes it
+    holds: ``homepd.twin``); a twin's curve states its ``interval_rps`` (where the capacity lies, both sides)."""
     candidate: str
     mix: str
     target_share: float
@@ -49,6 +52,8 @@ class CapacityCurve:
     capacity_rps: float | None
     spread_rps: float | None
     decided_by: str
+    interval_rps: tuple[float, float] | None = None
+    source: str = "measured"
 
 
 def drain_allowance_s(requests, slo: SLO, speeds: tuple[float | None, float | None]) -> float | None:

@@ -25,6 +25,7 @@ from homepd.core.modes import Candidate, Mode
 from homepd.core.records import RecordShapeError, from_stored
 from homepd.measure.curve import CapacityCurve
 from homepd.measure.metrics import SLO
+from homepd.twin.records import TwinEvidence
 
 MEASURED = "measured"      # a result's status: measured, else "infeasible" (with its reason)
 
@@ -124,6 +125,10 @@ class RunAdvice:
     capacity: tuple[CapacityCurve, ...] = ()
     candidates: tuple[Candidate, ...] = ()
     not_exercised: tuple[NotExercised, ...] = ()
+    twins: tuple[TwinEvidence, ...] = ()     # each candidate's twin: calibration, capacities, checks (none before it)
+
+    def twin(self, candidate: str) -> TwinEvidence | None:
+        return next((t for t in self.twins if t.candidate == candidate), None)
 
     def curve(self, candidate: str, mix: str = "mixed") -> CapacityCurve | None:
         """The candidate's curve on ``mix``, else its first one."""

@@ -27,9 +27,9 @@ N_PREPARE_SAMPLES = 6
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
 
 
-def burst_size(n_seq_max: int, n_entry_workers: int) -> int:
-    """Requests in a burst: a few rounds of every sequence id of every entry worker."""
-    return max(MIN_BURST_REQUESTS, BURST_PER_SEQUENCE * n_seq_max * n_entry_workers)
+def burst_size(n_seq_max: int, n_entry_workers: int, per_sequence: int = BURST_PER_SEQUENCE) -> int:
+    """Requests in a burst: ``per_sequence`` rounds of every sequence id of every entry worker."""
+    return max(MIN_BURST_REQUESTS, per_sequence * n_seq_max * n_entry_workers)
 
 
 async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None, sampler=None

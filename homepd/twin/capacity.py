@@ -26,6 +26,7 @@ from typing import Callable
 
 from homepd.measure.curve import KEPT_UP, drain_allowance_s
 from homepd.twin.calibration import Calibration
+from homepd.twin.records import CONFIDENCE, TwinCapacity, TwinPoint, TwinPrediction
 from homepd.twin.sim import SimRequest, simulate
 from homepd.config import EngineConfig
 from homepd.core.stats import percentile
@@ -38,7 +39,6 @@ N_REQUESTS = 200
 COARSE_SEEDS = 4
 COARSE_STEPS_PER_OCTAVE = 2
 FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %
-CONFIDENCE = 0.9
 MAX_BRACKET_MOVES = 12
 PREDICTION_DRAWS = 8
 
@@ -54,62 +54,6 @@ class RunFigures:
     misses: dict[str, int]
     virtual_s: float
     sim_s: float
-
-
-@dataclass(frozen=True)
-class TwinPoint:
-    """The twin at one rate: attainment pooled over the seeds run there (and each seed's)."""
-    rate_rps: float
-    attainment: float
-    by_seed: tuple[float, ...]
-    ttft_ms_p50: float | None
-    ttft_ms_p90: float | None
-    gap_ms_p90: float | None
-
-
-@dataclass(frozen=True)
-class TwinCapacity:
-    """A candidate's capacity from its twin on one mix: the median of ``n_seeds`` seeds' capacities, its
-    ``interval_rps`` (the order-statistic interval of the median, ``confidence``), the seeds' own capacities, and
-    the attainment curve.  ``sim_s``: the simulations' time (summed over processes); ``virtual_s``: the time they
-    simulated."""
-    candidate: str
-    mix: str
-    target_share: float
-    capacity_rps: float | None
-    interval_rps: tuple[float, float] | None
-    seed_capacities: tuple[float | None, ...]
-    points: tuple[TwinPoint, ...]
-    n_seeds: int
-    n_requests: int
-    resolution_rps: float
-    sim_s: float
-    virtual_s: float
-    wall_s: float
-    decided_by: str
-    confidence: float = CONFIDENCE
-
-    @property
-    def speedup(self) -> float:
-        """Simulated time over the time it took to simulate (per process)."""
-        return self.virtual_s / self.sim_s if self.sim_s > 0 else math.inf
-
-    @property
-    def half_width(self) -> float | None:
-        """The interval's half-width as a share of the capacity."""
-        if self.capacity_rps is None or self.interval_rps is None:
-            return None
-        return (self.interval_rps[1] - self.interval_rps[0]) / 2 / self.capacity_rps
-
-
-@dataclass(frozen=True)
-class TwinPrediction:
-    """The twin's prediction of one trace: means over ``n_draws`` draws of the box's noise."""
-    attainment: float
-    ttft_ms_p50: float | None
-    ttft_ms_p90: float | None
-    gap_ms_p90: float | None
-    n_draws: int
 
 
 Requests = Callable[[float, int], list[SimRequest]]   # (rate, seed) -> the seed's trace at that rate

@@ -86,7 +86,7 @@ def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(
                              "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
     try:
         seen = b""
-        while b"] 2/" not in seen:  # the progress line after the second stored result
+        while b"] 3/" not in seen:  # the progress line after the second stored result (the burst, the twin, a check)
             chunk = proc.stderr.read1(4096)
             assert chunk, f"advise ended before its second result: {seen[-500:]!r}"
             seen += chunk

@@ -236,8 +236,10 @@ def combine(curves: list[CapacityCurve]) -> CapacityCurve:
 
 
 def answer_interval(curve: CapacityCurve) -> tuple[float, float]:
-    """Where the edge (the highest rate meeting the target) lies, as this curve states it: from its capacity
-    to its capacity plus its spread (infinite when nothing failed; from 0 when nothing passed)."""
+    """Where the edge (the highest rate meeting the target) lies, as this curve states it: a twin's interval; else
+    from its capacity to its capacity plus its spread (infinite when nothing failed; from 0 when nothing passed)."""
+    if curve.interval_rps is not None:
+        return curve.interval_rps
     if curve.capacity_rps is None:
         failing = [p.rate_rps for p in curve.probes if not _passes(p, curve.target_share)]
         return 0.0, min(failing) if failing else math.inf
@@ -247,9 +249,9 @@ def answer_interval(curve: CapacityCurve) -> tuple[float, float]:
 
 
 def within_spread(a: CapacityCurve, b: CapacityCurve) -> bool:
-    """Whether two candidates' capacities cannot be told apart: their answer intervals overlap (the higher
-    capacity is no more than the lower one's spread above it)."""
+    """Whether two candidates' capacities cannot be told apart: the higher capacity lies within the lower one's
+    answer interval, or (twins' curves, two-sided intervals) the lower one within the higher one's."""
     if a.capacity_rps is None or b.capacity_rps is None:
         return a.capacity_rps is None and b.capacity_rps is None
     lo, hi = sorted((a, b), key=lambda c: c.capacity_rps)
-    return hi.capacity_rps <= answer_interval(lo)[1] + 1e-12
+    return hi.capacity_rps <= answer_interval(lo)[1] + 1e-12 or lo.capacity_rps >= answer_interval(hi)[0] - 1e-12

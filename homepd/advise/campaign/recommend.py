@@ -32,6 +32,8 @@ SLO_ATTAINMENT_TARGET = 0.9
 # "a clear margin": disaggregated goodput at least this multiple of the best colocated goodput
 DISAGG_MARGIN = 1.2
 OVERALL_MIX = "mixed"
+# twins' capacities this close (relative to the higher one), their intervals overlapping: either serves the box
+TWIN_TIE_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,22 @@ class Row:
     capacity_rps: float | None = None        # highest rate with the target share meeting the SLO (None: none)
     capacity_spread_rps: float | None = None
     has_curve: bool = False                  # a capacity search ran (its capacity may be None: nothing passed)
+    capacity_interval_rps: tuple[float, float] | None = None  # a twin's: where the capacity lies, both sides
+    from_twin: bool = False                  # the capacity is its twin's (checked and trusted), not a search's
+
+    @property
+    def is_lower_bound(self) -> bool:
+        """A measured capacity above which nothing failed: how much higher it goes is not known."""
+        return self.capacity_rps is not None and not self.from_twin and self.capacity_spread_rps is None
+
+    @property
+    def relative_spread(self) -> float:
+        """How far the capacity may be off, as a share of it: a twin's interval's half-width, a search's spread."""
+        if not self.capacity_rps:
+            return 0.0
+        if self.capacity_interval_rps is not None:
+            return (self.capacity_interval_rps[1] - self.capacity_interval_rps[0]) / 2 / self.capacity_rps
+        return (self.capacity_spread_rps or 0.0) / self.capacity_rps
 
 
 @dataclass(frozen=True)
@@ -129,7 +147,9 @@ def summarize_rows(evidence: Evidence) -> list[Row]:
             ttft_ms_p99=_median(m.ttft_ms_p99 for m in ms), itl_ms_p99=_median(m.itl_ms_p99 for m in ms),
             interference_slowdown=_median(m.interference_slowdown for m in ms),
             interference_samples=sum(m.interference_samples for m in ms),
-            capacity_rps=curve.capacity_rps if curve else None, capacity_spread_rps=curve.spread_rps if curve else None, has_curve=curve is not None))
+            capacity_rps=curve.capacity_rps if curve else None, capacity_spread_rps=curve.spread_rps if curve else None,
+            has_curve=curve is not None, capacity_interval_rps=curve.interval_rps if curve else None,
+            from_twin=curve is not None and curve.source == "twin"))
     return rows
 
 
@@ -151,6 +171,9 @@ def _score(row: Row, by_capacity: bool) -> float | None:
 def _score_text(row: Row, by_capacity: bool) -> str:
     if not by_capacity:
         return f"{_fmt(row.goodput_per_s)} req/s"
+    if row.from_twin and row.capacity_interval_rps is not None and row.capacity_rps is not None:
+        lo, hi = row.capacity_interval_rps
+        return f"{_fmt(row.capacity_rps)} req/s [{_fmt(lo)}-{_fmt(hi)}] (twin)"
     spread = f" ± {_fmt(row.capacity_spread_rps)}" if row.capacity_spread_rps is not None else " or more"
     if row.capacity_rps is None:
         return f"no rate passed; goodput {_fmt(row.goodput_per_s)} req/s at the slowest probe"
@@ -198,7 +221,7 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
             f"interference is measured (x{_fmt(inter.interference_slowdown)}), but disaggregated serving meets "
             f"the TTFT target for {ttft_ok:.0%} and the per-token target for {tpot_ok:.0%} of requests (needs "
             f"{SLO_ATTAINMENT_TARGET:.0%} each); {co_text}")
-    if by_cap and best_co.capacity_rps is not None and best_co.capacity_spread_rps is None:
+    if by_cap and best_co.is_lower_bound:
         # why: nothing failed on the colocated search (its budget ended first): how far disaggregation is ahead
         # cannot be told, and it is adopted only with a clear margin
         return best_co.candidate, "disaggregated-no-clear-margin", (
@@ -250,8 +273,15 @@ def recommend(evidence: Evidence) -> Recommendation:
     if not agree:
         reason += "; the answer differs by prompt mix: " + ", ".join(f"{a.mix} -> {a.candidate}" for a in per_mix)
     tied = ties(evidence, overall_mix, name)
-    if tied:
-        row_of = {r.candidate: r for r in rows if r.mix == overall_mix}
+    row_of = {r.candidate: r for r in rows if r.mix == overall_mix}
+    twin_tie = _twin_tie(row_of, name, tied)
+    if twin_tie is not None:
+        within, names = twin_tie
+        reason += (f"; {_and(names)} are within {within:.0%} of each other: either serves this box ("
+                   + ", ".join(_score_text(row_of[n], True) for n in names) + ")")
+        confidence, why = "medium", (f"within {within:.0%}: either serves this box (the twins' capacities, each "
+                                     f"checked against measurement)")
+    elif tied:
         if row_of[name].capacity_rps is None:
             reason += f"; {_and([name, *tied])} are within the measurement spread (no rate passed for any)"
         else:
@@ -263,6 +293,18 @@ def recommend(evidence: Evidence) -> Recommendation:
     cand = by_name[name]
     return Recommendation(cand, cand.config_values(), rule, f"on the {overall_mix} mix: {reason}", confidence, why,
                           tuple(per_mix), agree, tuple(table), infeasible, tuple(tied))
+
+
+def _twin_tie(row_of: dict[str, Row], winner: str, tied: list[str]) -> tuple[float, list[str]] | None:
+    """(how close, names) when the winner and those tied with it are all twins' capacities within
+    ``TWIN_TIE_SHARE`` of the highest: a narrow answer, not a coin toss.  None otherwise."""
+    names = [winner, *tied]
+    rows = [row_of.get(n) for n in names]
+    if not tied or any(r is None or not r.from_twin or not r.capacity_rps for r in rows):
+        return None
+    top = max(r.capacity_rps for r in rows)
+    within = (top - min(r.capacity_rps for r in rows)) / top
+    return (within, names) if within <= TWIN_TIE_SHARE else None
 
 
 def _and(names: list[str]) -> str:
@@ -280,9 +322,17 @@ def _confidence(rows: list[Row], mix: str, winner: str) -> tuple[str, str]:
     w, x = _score(win, by_cap) or 0.0, _score(second, by_cap) or 0.0
     gap = (w - x) / max(w, 1e-9)
     if by_cap:
-        spread = max(win.capacity_spread_rps or 0.0, second.capacity_spread_rps or 0.0) / max(w, 1e-9)
+        spread = max(win.relative_spread, second.relative_spread * (x / max(w, 1e-9)))
     else:
         spread = max(win.goodput_spread or 0.0, second.goodput_spread or 0.0)
+    if win.from_twin and second.from_twin and win.capacity_interval_rps and second.capacity_interval_rps:
+        apart = win.capacity_interval_rps[0] > second.capacity_interval_rps[1]
+        if apart and gap >= 0.1:
+            return "high", (f"the twins' intervals are apart: {win.candidate} {_score_text(win, True)} against "
+                            f"{second.candidate} {_score_text(second, True)}, {gap:.0%} ahead (each twin checked "
+                            f"against measured probes)")
+        return "medium", (f"{gap:.0%} ahead of {second.candidate}, but the twins' intervals overlap ("
+                          f"{_score_text(win, True)} against {_score_text(second, True)})")
     n = f"{win.n_repeats} repeat(s), {win.n_requests} requests"
     what = "measurement" if by_cap else "repeat"
     if win.n_repeats >= 2 and gap > spread and gap >= 0.1:

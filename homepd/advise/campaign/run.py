@@ -37,6 +37,7 @@ from homepd.advise.campaign.capacity import CapacityCurve, SearchSettings, combi
 from homepd.advise.campaign.probes import decided_failing, search_capacity
 from homepd.advise.campaign.exercised import not_exercised
 from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
+from homepd.advise.campaign.twinned import TwinSearch, twinnable
 from homepd.config import EngineConfig
 from homepd.core.modes import Mode, Role
 from homepd.core.records import to_plain
@@ -57,6 +58,11 @@ from homepd.measure.trace.conversations import CHAT_TURNS
 from homepd.measure.trace.model import estimate_tokens, tagged
 from homepd.store import rows
 from homepd.store.records import Run, decode_run
+from homepd.twin.burst import burst_size, calibrate
+from homepd.twin.calibration import Calibration
+from homepd.twin.capacity import N_REQUESTS, N_SEEDS
+from homepd.twin.check import verdict
+from homepd.twin.records import TwinEvidence
 
 CALIBRATION_CHUNK = 256
 # why: below this a long prompt needs hundreds of steps; when the model says even an empty step misses the
@@ -64,6 +70,8 @@ CALIBRATION_CHUNK = 256
 MIN_PREDICTED_CHUNK = 16
 MAX_PREDICTED_CHUNK = 2048
 CALIBRATION_REQUESTS = 4          # the calibration burst: the mixed trace's first requests, all at once
+BURST_SEED = 77                   # the twin's calibration burst draws its requests from this seed
+CALIBRATION_MIX = "calibration"   # a stored burst's mix (its rate is the closed loop's, not a probe's)
 RECOVERY_REQUESTS = 8
 # probe_s is set from the SLO's TTFT budget and the grid (``probe_span_s``) when the campaign starts
 # why time_budget_s 90: the wall budget's share is what bounds a search (the quick campaign's last one gets
@@ -110,11 +118,17 @@ class AdviseSettings:
     seed: int = 0
     slo: SLO | None = None
     only: tuple[str, ...] | None = None  # measure just these candidates (``--candidates``); None: every one
+    # the twin (homepd.twin): each candidate calibrated by a burst, its capacity simulated on many seeds and checked
+    # by ``twin_checks`` measured probes at it; False: measured searches only (the campaign before the twin)
+    twin: bool = True
+    twin_checks: int = 2
+    burst_per_sequence: int = 3                # calibration burst: requests per sequence id of each entry worker
 
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
         base = dict(quick=True, mixes=("mixed",), repeats=1, chunks=(None, CALIBRATION_CHUNK),
-                    search=QUICK_SEARCH, refine=None, wall_budget_s=QUICK_WALL_BUDGET_S, recovery=False)
+                    search=QUICK_SEARCH, refine=None, wall_budget_s=QUICK_WALL_BUDGET_S, recovery=False,
+                    twin_checks=1, burst_per_sequence=2)
         base.update(kw)
         return cls(**base)
 
@@ -144,6 +158,7 @@ class AdviseResult:
     speeds: tuple[float | None, float | None] = (None, None)  # calibration: prefill tok/s, decode step ms
     base: EngineConfig | None = None                     # the campaign's base configuration
     not_exercised: dict[tuple[str, str], str] = field(default_factory=dict)  # (candidate, mix) -> why
+    twins: dict[str, TwinEvidence] = field(default_factory=dict)  # candidate -> its twin and its checks
 
     @functools.cached_property
     def run(self) -> Run:
@@ -160,16 +175,18 @@ class AdviseResult:
             "config": {"base": to_plain(self.base), "settings": to_plain(self.settings)},
             "results": infeasible + measured,
             "recommendations": [{"headline": _headline(self.recommendation), "data": advice_data(
-                self.recommendation, self.capacity, self.candidates, self.not_exercised)}]})
+                self.recommendation, self.capacity, self.candidates, self.not_exercised, self.twins)}]})
 
 
 def advice_data(rec: Recommendation, capacity: dict[tuple[str, str], CapacityCurve], candidates: list[Candidate],
-                not_exercised: dict[tuple[str, str], str]) -> dict:
+                not_exercised: dict[tuple[str, str], str], twins: dict[str, TwinEvidence] | None = None) -> dict:
     """A recommendation as the store keeps it (``homepd.store.records.RunAdvice``): with every candidate's
-    configuration (`homepd advise apply --candidate` may choose any of them) and the capacity curves."""
+    configuration (`homepd advise apply --candidate` may choose any of them), the capacity curves, and each
+    candidate's twin (its calibration, capacities and checks: what-if and live advice replay it)."""
     return {**to_plain(rec), "capacity": [to_plain(c) for c in capacity.values()],
             "candidates": to_plain(candidates),
-            "not_exercised": [{"candidate": c, "mix": m, "reason": why} for (c, m), why in not_exercised.items()]}
+            "not_exercised": [{"candidate": c, "mix": m, "reason": why} for (c, m), why in not_exercised.items()],
+            "twins": [to_plain(t) for t in (twins or {}).values()]}
 
 
 def candidate_list(base: EngineConfig, plan, settings: AdviseSettings) -> list[Candidate]:
@@ -228,6 +245,7 @@ class Campaign:
         self._searches_left = 0
         self._screened: dict[tuple[str, str], object] = {}  # (candidate, mix) -> the screen's SearchOutcome
         self._n_probes = 0  # probes replayed so far: each one's requests are tagged with its number
+        self.twins: dict[str, TwinEvidence] = {}  # candidate -> its twin (calibration, capacities, checks)
 
     async def run(self) -> AdviseResult:
         self._t0 = time.monotonic()
@@ -238,9 +256,13 @@ class Campaign:
         candidates = candidate_list(self.base, plan, self.settings)
         feasible = [c for c in candidates if c.feasible]
         s = self.settings
-        probes_per_candidate = len(s.mixes) * s.search.max_probes
+        probes_per_candidate = self._units_per_candidate()
         n_archs = len({c.mode for c in feasible})
+        # why an upper bound, lowered as searches end early: the progress line never counts past its total
         self._total = (len(feasible) + (0 if s.quick else 1)) * probes_per_candidate + (n_archs if s.recovery else 0)
+        if s.refine is not None:
+            self._total += len(feasible) * sum(s.refine.max_probes * self._repeats(m) for m in s.mixes
+                                               if not (s.twin and self._twinnable(m)))
         reserve = RECOVERY_RESERVE_S * n_archs if s.recovery else 0.0
         end = None if s.wall_budget_s is None else self._t0 + s.wall_budget_s - reserve
         screen_end = end if end is None or s.refine is None else self._t0 + (end - self._t0) * SCREEN_SHARE
@@ -270,11 +292,13 @@ class Campaign:
                         candidates.insert(len(s.chunks), extra)
                         evidence.candidates.insert(len(s.chunks), extra)
                         ordered.insert(i + 1, extra)
-                    else:
+                    elif not s.quick:  # the slot kept for a predicted chunk (a quick campaign keeps none)
                         self._total -= probes_per_candidate
             evidence.not_exercised = not_exercised(candidates, self.records)
             if s.refine is not None:
                 contenders = self._contenders(candidates, evidence)
+                self._total = self._done + (n_archs if s.recovery else 0) + sum(
+                    s.refine.max_probes * self._repeats(m) for mixes in contenders.values() for m in mixes)
                 self._deadline = end
                 self._searches_left = sum(self._repeats(m) for mixes in contenders.values() for m in mixes)
                 for cand in (c for c in ordered if c.name in contenders):
@@ -286,13 +310,16 @@ class Campaign:
                     if best is not None:
                         await self._recovery(best, run_id)
             rec = recommend(evidence)
+            self._total = self._done  # the recovery of an architecture without a best, a search that ended early
+            self._report("recommendation")
             if self.store is not None:
                 self.store.add_recommendation(run_id, advice_data(rec, self.capacity, candidates,
-                                                                  evidence.not_exercised), headline=_headline(rec))
+                                                                  evidence.not_exercised, self.twins),
+                                              headline=_headline(rec))
             status = "complete"
             return AdviseResult(run_id, candidates, self.records, self.recovery, rec, s, hardware, predicted,
                                 time.monotonic() - self._t0, dict(self.capacity), self.speeds, self.base,
-                                dict(evidence.not_exercised))
+                                dict(evidence.not_exercised), dict(self.twins))
         except Exception as exc:  # kept with the run; an interrupt (Ctrl-C, cancel) leaves it "incomplete"
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
@@ -313,9 +340,15 @@ class Campaign:
         setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
         async with Engine(config, setup, sampler=self.sampler) as engine:
             await self._warm_up(engine)
-            if self._done == 0 and self.speeds == (None, None):
+            cal = None
+            if s.twin and not refine and any(self._twinnable(m) for m in mixes):
+                cal = await self._calibrate_twin(engine, cand, config, run_id)
+            elif self._done == 0 and self.speeds == (None, None):
                 await self._calibrate(engine)
             for mix in mixes:
+                if cal is not None and self._twinnable(mix):
+                    await self._twin_search(engine, cand, config, cal, mix, evidence, run_id)
+                    continue
                 screened = self._screened.get((cand.name, mix))
                 curves, repeats = [], range(self._repeats(mix) if refine else 1)
                 for repeat in repeats:
@@ -329,6 +362,8 @@ class Campaign:
                         speeds=self.speeds, prior=prior.curve.probes if prior else (),
                         prior_records=prior.records if prior else None)
                     self._searches_left = max(0, self._searches_left - 1)
+                    used = len(outcome.curve.probes) - (len(prior.curve.probes) if prior else 0)
+                    self._total -= max(0, (s.refine if refine else s.search).max_probes - used)
                     curves.append(outcome.curve)
                     if not refine:
                         self._screened[(cand.name, mix)] = outcome
@@ -338,6 +373,80 @@ class Campaign:
                         self.records[(cand.name, mix, repeat)] = outcome.record_at_capacity
                         evidence.add(cand.name, mix, measurement(outcome.record_at_capacity))
                 self.capacity[(cand.name, mix)] = evidence.capacity[(cand.name, mix)] = combine(curves)
+
+    def _units_per_candidate(self) -> int:
+        """Progress units a candidate may take: its burst, and per mix its twin and checks, or a search's probes."""
+        s = self.settings
+        twinned = [m for m in s.mixes if s.twin and self._twinnable(m)]
+        return (1 if twinned else 0) + len(twinned) * (1 + s.twin_checks) + \
+            (len(s.mixes) - len(twinned)) * s.search.max_probes
+
+    def _twinnable(self, mix: str) -> bool:
+        return twinnable(self._trace(mix, 2, 1.0, 0))
+
+    async def _calibrate_twin(self, engine, cand: Candidate, config: EngineConfig, run_id) -> Calibration:
+        """The candidate's calibration burst (``homepd.twin.burst``); the first one also gives the box's prefill and
+        decode speeds (where searches start, and the drain allowance) and, on a one-worker candidate, the step-time
+        estimate the predicted chunk comes from."""
+        s = self.settings
+        self._report(f"{cand.name}: calibration burst")
+        n_entry = topology_for(config.mode).n_entry_workers(config)
+        trace = make_trace("mixed", burst_size(config.n_seq_max, n_entry, s.burst_per_sequence), 1.0,
+                           concurrency=config.n_seq_max * n_entry, max_tokens=s.max_tokens, long_tokens=s.long_tokens,
+                           ignore_eos=True, seed=s.seed * 1000 + BURST_SEED)
+        t0 = time.monotonic()
+        cal, record = await calibrate(engine, cand.name, trace, self.slo, self.sampler)
+        if self.store is not None:  # the burst's requests and steps, as every probe's (the calibration comes at the end)
+            self.store.add_result(run_id, cand.name, CALIBRATION_MIX, 0, record, steps=engine.steps_since(t0))
+        if self.speeds == (None, None):
+            self.speeds = (record.summary.prompt_tok_s, record.summary.tpot_ms.p50)
+            self._calibration_steps = engine.steps_since(t0)
+            if config.mode.traits.single_worker:
+                self._calibration_estimate = engine.step_estimate(Role.COLOCATED)
+        self.twins[cand.name] = TwinEvidence(cand.name, cal)
+        self._step_done(f"{cand.name}: calibrated")
+        return cal
+
+    async def _twin_search(self, engine, cand: Candidate, config: EngineConfig, cal: Calibration, mix: str,
+                           evidence: Evidence, run_id) -> None:
+        """The candidate's capacity on ``mix`` from its twin, checked by measured probes at it
+        (``homepd.advise.campaign.twinned``)."""
+        s = self.settings
+        self._report(f"{cand.name}: the twin on the {mix} trace ({N_SEEDS} seeds x {N_REQUESTS} requests)")
+        search = TwinSearch(config, cal, mix, self.slo, self.speeds, self._budgeted(s.search),
+                            make=lambda rate, n, seed: self._trace(mix, n, rate, seed),
+                            tokenize=lambda r: engine.prepare(r.prompt, messages=list(r.messages) if r.messages
+                                                              else None),
+                            run_probe=lambda trace, rate, seed: self._check_probe(engine, cand, mix, trace, rate,
+                                                                                  seed, run_id),
+                            n_checks=s.twin_checks)
+        found = await search.run(self._start_rate(mix), seed=s.seed,
+                                 on_simulated=lambda: self._step_done(f"{cand.name}: the twin done"))
+        curve = found.outcome.curve
+        self.capacity[(cand.name, mix)] = evidence.capacity[(cand.name, mix)] = curve
+        record = found.outcome.record_at_capacity or next(iter(found.outcome.records.values()), None)
+        if record is not None:
+            self.records[(cand.name, mix, 0)] = record
+            evidence.add(cand.name, mix, measurement(record))
+        mine = self.twins[cand.name]
+        checks = mine.checks + found.checks
+        trusted, why, error = verdict(checks)
+        self.twins[cand.name] = replace(mine, capacities=mine.capacities + (found.twin,), checks=checks,
+                                        trusted=trusted, why=why, attainment_error_points=error)
+
+    async def _check_probe(self, engine, cand: Candidate, mix: str, trace, rate_rps: float, seed: int, run_id):
+        """A twin's check: ``trace`` at ``rate_rps`` to its end (never stopped early: the twin simulates every
+        request), tagged apart from the other probes; (the trace as it ran, its record)."""
+        self._report(f"{cand.name}: checking the twin on the {mix} trace at {rate_rps:.3g} req/s")
+        self._n_probes += 1
+        trace = tagged(trace, f"[probe {self._n_probes}] ")
+        record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,
+                                 sampler=self.sampler)
+        if self.store is not None:
+            self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", 0, record,
+                                  steps=engine.steps_since(record.requests[0].arrived_s) if record.requests else [])
+        self._step_done(f"{cand.name}: checked at {rate_rps:.3g} req/s")
+        return trace, record
 
     def _repeats(self, mix: str) -> int:
         """Refined searches on ``mix``: ``repeats`` on the answer's mix (or when one mix is all there is: a
@@ -362,6 +471,8 @@ class Campaign:
         by_name = {c.name: c for c in candidates}
         rank = {c.name: i for i, c in enumerate(candidates)}
         for mix in self.settings.mixes:
+            if self.settings.twin and self._twinnable(mix):
+                continue  # its twin answered on many seeds and the probes checked it: nothing to refine
             best: dict[Mode, tuple[float, int, str]] = {}
             for (name, m), curve in self.capacity.items():
                 if m != mix or (name, m) in evidence.not_exercised or name not in by_name:
@@ -393,8 +504,7 @@ class Campaign:
             # why: one stored result per probe, its rate in the mix, so the history lists the curve
             self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", repeat, record,
                                   steps=engine.steps_since(record.requests[0].arrived_s) if record.requests else [])
-        self._done += 1
-        self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s done")
+        self._step_done(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s done")
         return record
 
     async def _calibrate(self, engine) -> None:
@@ -451,7 +561,7 @@ class Campaign:
         self.recovery[cand.mode] = record
         if self.store is not None:
             self.store.add_result(run_id, f"{cand.name}+kill:{victim}", "mixed+kill", 0, record)
-        self._done += 1
+        self._step_done(f"recovery: {cand.name} done")
 
     async def _warm_up(self, engine) -> None:
         stream = await engine.submit("Hello", params=SamplingParams(max_tokens=2))
@@ -484,6 +594,12 @@ class Campaign:
                                  {k: v for k, v in evidence.runs.items() if k[0] in mine},
                                  {k: v for k, v in evidence.capacity.items() if k[0] in mine}))
         return rec.candidate
+
+    def _step_done(self, current: str) -> None:
+        """One unit of the campaign's progress is done (never past its total)."""
+        self._done += 1
+        self._total = max(self._total, self._done)
+        self._report(current)
 
     def _report(self, current: str) -> None:
         now = time.monotonic()

@@ -46,6 +46,9 @@ def evidence_rows(result: AdviseResult) -> list[dict]:
                 "candidate": cand.name, "mix": mix, "repeats": len(recs),
                 "capacity_rps": curve.capacity_rps if curve else None,
                 "capacity_spread_rps": curve.spread_rps if curve else None,
+                "capacity_interval_rps": list(curve.interval_rps) if curve and curve.interval_rps else None,
+                "capacity_source": curve.source if curve else None,
+                "twin": twin_row(result.twins.get(cand.name), mix),
                 "capacity": to_plain(curve) if curve else None,
                 "goodput_per_s": _med(x.goodput_per_s for x in s),
                 "slo_attainment": _med(x.slo_attainment for x in s),
@@ -75,6 +78,20 @@ def evidence_rows(result: AdviseResult) -> list[dict]:
                    for key in breakdown_mib(None)},
             })
     return rows
+
+
+def twin_row(twin, mix: str) -> dict | None:
+    """A candidate's twin on ``mix`` as the evidence row's ``twin`` object (None: no twin)."""
+    if twin is None:
+        return None
+    cap = twin.capacity(mix)
+    return {"trusted": twin.trusted, "why": twin.why, "attainment_error_points": twin.attainment_error_points,
+            "capacity_rps": cap.capacity_rps if cap else None,
+            "interval_rps": list(cap.interval_rps) if cap and cap.interval_rps else None,
+            "seed_capacities_rps": list(cap.seed_capacities) if cap else [],
+            "n_seeds": cap.n_seeds if cap else 0, "n_requests": cap.n_requests if cap else 0,
+            "wall_s": cap.wall_s if cap else None, "speedup": cap.speedup if cap else None,
+            "checks": [to_plain(c) for c in twin.checks]}
 
 
 def render_memory(rows: list[dict]) -> str:
@@ -125,10 +142,12 @@ def render_table(rows: list[dict]) -> str:
 
 
 def capacity_cell(curve) -> str:
-    """A capacity as the table shows it: ``0.71 ± 0.29``; ``>= 4.00`` when nothing failed; ``< 0.25`` when
-    nothing passed (the lowest failing rate)."""
+    """A capacity as the table shows it: a twin's ``1.09 [0.96-1.19]``; a search's ``0.71 ± 0.29``, ``>= 4.00``
+    when nothing failed, ``< 0.25`` when nothing passed (the lowest failing rate)."""
     if curve is None:
         return "-"
+    if curve.interval_rps is not None and curve.capacity_rps is not None:
+        return f"{curve.capacity_rps:.2f} [{curve.interval_rps[0]:.2f}-{curve.interval_rps[1]:.2f}]"
     if curve.capacity_rps is None:
         failing = [p.rate_rps for p in curve.probes if p.attainment < curve.target_share]
         return f"< {min(failing):.2f}" if failing else "NA"
@@ -141,14 +160,41 @@ def render_capacity(result: AdviseResult) -> str:
     """Capacity (req/s with at least the target share of requests within every SLO of their class) per
     candidate and mix, with its spread, and the SLO target that decided."""
     mixes = [m for m in result.settings.mixes if any(k[1] == m for k in result.capacity)]
-    out = [f"{'candidate':<28}" + "".join(f"{m:>16}" for m in mixes) + "  decided by"]
+    out = [f"{'candidate':<28}" + "".join(f"{m:>20}" for m in mixes) + "  from      decided by"]
     for cand in result.candidates:
         curves = [result.capacity.get((cand.name, m)) for m in mixes]
         if not any(curves):
             continue
         decided = next((c.decided_by for c in reversed(curves) if c is not None), "")
-        out.append(f"{cand.name:<28}" + "".join(f"{capacity_cell(c):>16}" for c in curves) + f"  {decided}")
+        source = next((c.source for c in curves if c is not None), "")
+        out.append(f"{cand.name:<28}" + "".join(f"{capacity_cell(c):>20}" for c in curves) + f"  {source:<9} {decided}")
     return "\n".join(out)
+
+
+def render_twins(result: AdviseResult) -> str:
+    """Each candidate's twin: its capacity's interval and seeds, what it simulated and how fast, and every check
+    (the twin's prediction beside the measured probe), with the verdict."""
+    lines = []
+    for name, twin in result.twins.items():
+        lines.append(f"  {name}: {twin.why or 'no check'}")
+        for cap in twin.capacities:
+            seeds = sorted(c or 0.0 for c in cap.seed_capacities)
+            lines.append(f"    {cap.mix}: {fmt(cap.capacity_rps, '.2f')} req/s, {cap.confidence:.0%} interval "
+                         f"{_interval(cap.interval_rps)} (half-width {fmt(cap.half_width, '.0%')}); seeds "
+                         f"{fmt(seeds[0] if seeds else None, '.2f')}-{fmt(seeds[-1] if seeds else None, '.2f')}; "
+                         f"{cap.n_seeds} seeds x {cap.n_requests} requests, {cap.virtual_s:.0f} s simulated in "
+                         f"{cap.wall_s:.1f} s ({cap.speedup:.0f}x real time a process)")
+        for c in twin.checks:
+            lines.append(f"    check at {c.rate_rps:.3g} req/s ({c.n_requests} requests): attainment "
+                         f"{c.measured_attainment:.0%} measured / {c.predicted_attainment:.0%} twin; TTFT p50 "
+                         f"{fmt(c.measured_ttft_ms_p50)}/{fmt(c.predicted_ttft_ms_p50)} ms, p90 "
+                         f"{fmt(c.measured_ttft_ms_p90)}/{fmt(c.predicted_ttft_ms_p90)} ms; largest gap p90 "
+                         f"{fmt(c.measured_gap_ms_p90)}/{fmt(c.predicted_gap_ms_p90)} ms")
+    return "\n".join(lines)
+
+
+def _interval(interval) -> str:
+    return "NA" if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def render_curves(result: AdviseResult) -> str:
@@ -197,7 +243,8 @@ def render_result(result: AdviseResult) -> str:
     parts = [f"capacity, req/s with >= {target} of requests meeting the SLO ({s.slo.describe()}, and the box "
              f"keeps up: a probe's requests done within the drain allowance of its last arrival); "
              f"{campaign_shape(s)}",
-             render_capacity(result), "attainment against rate (every probe):", render_curves(result),
+             render_capacity(result), *_twins_part(result),
+             "attainment against rate (every probe):", render_curves(result),
              "evidence at each candidate's capacity (where no probe passed, at its lowest probe; medians over repeats)",
              render_table(evidence_rows(result))]
     memory = render_memory(evidence_rows(result))
@@ -227,6 +274,12 @@ def campaign_shape(s) -> str:
     if s.wall_budget_s is not None:
         text += f"; budget {s.wall_budget_s:.0f} s"
     return text
+
+
+def _twins_part(result: AdviseResult) -> list[str]:
+    text = render_twins(result)
+    return ["the twins (capacity from each candidate's twin, checked against measured probes: measured / twin):",
+            text] if text else []
 
 
 def _two_boxes(result: AdviseResult) -> list[str]:

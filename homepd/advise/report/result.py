@@ -17,5 +17,6 @@ def result_dict(result) -> dict:
         "runs": [{"candidate": c, "mix": m, "repeat": r, "at_capacity": True, "record": rec.to_dict()}
                  for (c, m, r), rec in result.records.items()],
         "recovery": {mode: rec.to_dict() for mode, rec in result.recovery.items()},
+        "twins": [to_plain(t) for t in result.twins.values()],
         "projected_two_box": projections_plain(result.run),
     }

@@ -1,0 +1,112 @@
+"""A candidate's capacity from its twin, checked against measurement on its own engine.
+
+The order, for one candidate on one mix (``TwinSearch.run``): the twin simulates the candidate on ``N_SEEDS``
+seeds of the mix's seeded trace (``homepd.twin.capacity``); then measured probes at the capacity it found (where
+the answer is decided: the 90 % crossing), each simulated as it ran and compared (``TwinCheck``); then the verdict
+(``homepd.twin.check``).  Trusted, the answer is the twin's capacity and its interval; not trusted, the measured
+probes' own curve, and the evidence says why.  The measured probes' records are the evidence's figures at the
+capacity, as a measured search's are.
+
+A mix the twin cannot take (a conversation's turns wait for the answers before them: closed-loop arrivals) is
+searched by measurement only (``homepd.advise.campaign.probes``).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from homepd.advise.campaign.capacity import SearchSettings, curve_at_rates, probe_requests
+from homepd.advise.campaign.probes import SearchOutcome, probe_of
+from homepd.core.stats import percentile
+from homepd.core.terms import RequestClass
+from homepd.measure.curve import CapacityCurve, Probe
+from homepd.measure.metrics import SLO
+from homepd.measure.replay import RunRecord
+from homepd.measure.trace import Trace
+from homepd.measure.trace.model import tagged
+from homepd.twin.calibration import Calibration
+from homepd.twin.capacity import N_REQUESTS, N_SEEDS, predict, twin_capacity
+from homepd.twin.check import verdict
+from homepd.twin.records import TwinCapacity, TwinCheck
+from homepd.twin.traces import TWIN_TAG, TraceRequests, of_trace
+
+CHECK_SEED_BASE = 1000         # the checks' traces are seeds the twin did not simulate
+MIN_CHECK_REQUESTS = 16        # a check probe's requests at least (one request: 6 points)
+TWIN_SOURCE = "twin"
+
+
+def twinnable(trace: Trace) -> bool:
+    """Whether the twin takes this trace: open-loop arrivals, one turn per request."""
+    return trace.concurrency is None and all(r.conversation is None for r in trace)
+
+
+@dataclass
+class TwinOutcome:
+    """A twin-backed search: the curve the evidence ranks, the record at its capacity (for the figures), and the
+    twin's own evidence."""
+    outcome: SearchOutcome
+    twin: TwinCapacity
+    checks: tuple[TwinCheck, ...]
+
+
+class TwinSearch:
+    """One candidate on one mix.  ``make(rate, n, seed)``: the mix's seeded trace; ``tokenize(request)``: its
+    prompt's token ids on the candidate's engine; ``run_probe(trace, rate, seed)``: a measured probe of that
+    trace on the engine, to the end (a check is not stopped early), returning the trace as it ran (tagged apart
+    from the other probes) and its record."""
+
+    def __init__(self, config, cal: Calibration, mix: str, slo: SLO, speeds, search: SearchSettings,
+                 make: Callable[[float, int, int], Trace], tokenize,
+                 run_probe: Callable[[Trace, float, int], Awaitable[tuple[Trace, RunRecord]]], n_checks: int = 1,
+                 n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS):
+        self.config, self.cal, self.mix, self.slo, self.speeds = config, cal, mix, slo, speeds
+        self.search, self.make, self.tokenize, self.run_probe = search, make, tokenize, run_probe
+        self.n_checks, self.n_seeds, self.n_requests = n_checks, n_seeds, n_requests
+
+    async def run(self, start_rps: float, seed: int = 0, on_simulated: Callable[[], None] = lambda: None
+                  ) -> TwinOutcome:
+        """The twin's capacity (``on_simulated`` called when it is found), then the checks at it."""
+        requests = TraceRequests(lambda rate, n, s: tagged(self.make(rate, n, s), TWIN_TAG), self.n_requests,
+                                 self.tokenize)
+        await asyncio.to_thread(requests.prepare, range(self.n_seeds))
+        twin = await asyncio.to_thread(twin_capacity, self.config, self.cal, requests, self.slo, self.speeds,
+                                       start_rps, mix=self.mix, n_seeds=self.n_seeds, n_requests=self.n_requests,
+                                       target_share=self.search.target_share)
+        on_simulated()
+        rate = twin.capacity_rps or min((p.rate_rps for p in twin.points), default=start_rps)
+        checks, probes, records = [], [], {}
+        for i in range(self.n_checks):
+            check_seed = CHECK_SEED_BASE + seed * 10 + i
+            n = max(MIN_CHECK_REQUESTS, probe_requests(rate, self.search))
+            trace = self.make(rate, n, check_seed)
+            trace, record = await self.run_probe(trace, rate, check_seed)
+            ids = [tuple(self.tokenize(r)) for r in trace]
+            predicted = await asyncio.to_thread(predict, self.config, self.cal, of_trace(trace, ids), self.slo,
+                                                self.speeds, rate)
+            probe = probe_of(record, rate, check_seed, self.slo, self.speeds, n_planned=n)
+            checks.append(check_of(record, probe, predicted))
+            probes.append(probe)
+            records[rate] = record
+        trusted, _, _ = verdict(tuple(checks))
+        if trusted and twin.capacity_rps is not None:
+            curve = CapacityCurve(self.cal.candidate, self.mix, self.search.target_share, twin.resolution_rps,
+                                  tuple(probes), twin.capacity_rps, None, twin.decided_by,
+                                  interval_rps=twin.interval_rps, source=TWIN_SOURCE)
+        else:
+            curve = curve_at_rates(self.cal.candidate, self.mix, probes, self.search.target_share)
+        return TwinOutcome(SearchOutcome(curve, records.get(rate), records), twin, tuple(checks))
+
+
+def check_of(record: RunRecord, probe: Probe, predicted) -> TwinCheck:
+    """A measured probe's figures (its attainment as the search counts it: ``probe_of``) beside the twin's
+    prediction of that very trace."""
+    requests = list(record.requests)
+    ttft = [lc.ttft_s * 1e3 for lc in requests if lc.ttft_s is not None]
+    gaps = [max(lc.itl_s) * 1e3 for lc in requests
+            if lc.request_class is RequestClass.INTERACTIVE and len(lc.token_times_s) > 1]
+    return TwinCheck(rate_rps=probe.rate_rps, seed=probe.seed, n_requests=probe.n_requests,
+                     measured_attainment=probe.attainment, measured_ttft_ms_p50=percentile(ttft, 50),
+                     measured_ttft_ms_p90=percentile(ttft, 90), measured_gap_ms_p90=percentile(gaps, 90),
+                     predicted_attainment=predicted.attainment, predicted_ttft_ms_p50=predicted.ttft_ms_p50,
+                     predicted_ttft_ms_p90=predicted.ttft_ms_p90, predicted_gap_ms_p90=predicted.gap_ms_p90)

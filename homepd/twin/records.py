@@ -1,0 +1,114 @@
+"""The twin's records: what the evidence keeps of it, below the store (which decodes them back).
+
+``TwinCapacity``: a candidate's capacity from its twin on one mix, with its interval and curve.  ``TwinCheck``: one
+measured probe beside the twin's prediction of that very probe.  ``TwinEvidence``: a candidate's calibration, its
+twin's capacities and checks, and whether the twin is trusted for it (``homepd.twin.check``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from homepd.twin.calibration import Calibration
+
+CONFIDENCE = 0.9
+
+
+@dataclass(frozen=True)
+class TwinPoint:
+    """The twin at one rate: attainment pooled over the seeds run there (and each seed's)."""
+    rate_rps: float
+    attainment: float
+    by_seed: tuple[float, ...]
+    ttft_ms_p50: float | None
+    ttft_ms_p90: float | None
+    gap_ms_p90: float | None
+
+
+@dataclass(frozen=True)
+class TwinCapacity:
+    """A candidate's capacity from its twin on one mix: the median of ``n_seeds`` seeds' capacities, its
+    ``interval_rps`` (the order-statistic interval of the median, ``confidence``), the seeds' own capacities, and
+    the attainment curve.  ``sim_s``: the simulations' time (summed over processes); ``virtual_s``: the time they
+    simulated."""
+    candidate: str
+    mix: str
+    target_share: float
+    capacity_rps: float | None
+    interval_rps: tuple[float, float] | None
+    seed_capacities: tuple[float | None, ...]
+    points: tuple[TwinPoint, ...]
+    n_seeds: int
+    n_requests: int
+    resolution_rps: float
+    sim_s: float
+    virtual_s: float
+    wall_s: float
+    decided_by: str
+    confidence: float = CONFIDENCE
+
+    @property
+    def speedup(self) -> float:
+        """Simulated time over the time it took to simulate (per process)."""
+        return self.virtual_s / self.sim_s if self.sim_s > 0 else math.inf
+
+    @property
+    def half_width(self) -> float | None:
+        """The interval's half-width as a share of the capacity."""
+        if self.capacity_rps is None or self.interval_rps is None:
+            return None
+        return (self.interval_rps[1] - self.interval_rps[0]) / 2 / self.capacity_rps
+
+
+@dataclass(frozen=True)
+class TwinPrediction:
+    """The twin's prediction of one trace: means over ``n_draws`` draws of the box's noise."""
+    attainment: float
+    ttft_ms_p50: float | None
+    ttft_ms_p90: float | None
+    gap_ms_p90: float | None
+    n_draws: int
+
+
+@dataclass(frozen=True)
+class TwinCheck:
+    """One measured probe (``rate_rps``, ``seed``) beside the twin's prediction of that very trace."""
+    rate_rps: float
+    seed: int
+    n_requests: int
+    measured_attainment: float
+    measured_ttft_ms_p50: float | None
+    measured_ttft_ms_p90: float | None
+    measured_gap_ms_p90: float | None
+    predicted_attainment: float
+    predicted_ttft_ms_p50: float | None
+    predicted_ttft_ms_p90: float | None
+    predicted_gap_ms_p90: float | None
+
+    @property
+    def attainment_error_points(self) -> float:
+        """|predicted - measured| attainment, in points (percent)."""
+        return abs(self.predicted_attainment - self.measured_attainment) * 100
+
+    def relative_error(self, figure: str) -> float | None:
+        """|predicted - measured| / measured of ``figure`` (``ttft_ms_p50``, ``ttft_ms_p90``, ``gap_ms_p90``)."""
+        measured, predicted = getattr(self, f"measured_{figure}"), getattr(self, f"predicted_{figure}")
+        if measured is None or predicted is None or measured <= 0:
+            return None
+        return abs(predicted - measured) / measured
+
+
+@dataclass(frozen=True)
+class TwinEvidence:
+    """A candidate's twin: its calibration, its capacity per mix, the measured checks, and the verdict on them
+    (``trusted``, with ``why``; ``attainment_error_points``: the median over the checks)."""
+    candidate: str
+    calibration: Calibration
+    capacities: tuple[TwinCapacity, ...] = ()
+    checks: tuple[TwinCheck, ...] = ()
+    trusted: bool = False
+    why: str = ""
+    attainment_error_points: float | None = None
+
+    def capacity(self, mix: str) -> TwinCapacity | None:
+        return next((c for c in self.capacities if c.mix == mix), None)
