@@ -246,7 +246,15 @@ def physical_fit(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
         if coef[0] < 0 and 0 in active:
             active.remove(0)
             continue
-        slope, broken = coef[1], None
+        slope = coef[1]
+        if slope <= 0:  # the first stretch costs nothing a token: merge it into the next (drop its knot)
+            knots = [i for i in range(first_knot, decode) if i in active]
+            if not knots:
+                coef[1] = 1e-3
+                return tuple(coef)
+            active.remove(knots[0])
+            continue
+        broken = None
         for i in range(first_knot, decode):  # the cost per token past each knot
             slope += coef[i]
             if i in active and slope <= 0:

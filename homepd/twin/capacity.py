@@ -62,16 +62,28 @@ Requests = Callable[[float, int], list[SimRequest]]   # (rate, seed) -> the seed
 # ---- one run ---------------------------------------------------------------------------------------------------
 
 def run_figures(config: EngineConfig, cal: Calibration, requests: list[SimRequest], slo: SLO,
-                speeds: tuple[float | None, float | None], rate_rps: float, seed: int) -> RunFigures:
+                speeds: tuple[float | None, float | None], rate_rps: float, seed: int,
+                target_share: float | None = None) -> RunFigures:
     """Simulate ``requests`` and count them as a measured probe is counted (``probe_of``'s rule: every SLO of its
-    class, and done within the drain allowance of the last arrival)."""
+    class, and done within the drain allowance of the last arrival).  ``target_share``: stop the run once more
+    requests missed than it allows (the outcome is decided; its attainment is then an upper bound, under it)."""
+    stop_when = None
+    if target_share is not None:
+        allowed, missed = len(requests) - math.ceil(target_share * len(requests) - 1e-9), [0]
+
+        def stop_when(lc) -> bool:
+            missed[0] += slo.miss(lc) is not None
+            return missed[0] > allowed
+
     t0 = time.perf_counter()
-    run = simulate(config, cal, requests, seed)
+    run = simulate(config, cal, requests, seed, stop_when=stop_when)
     sim_s = time.perf_counter() - t0
-    allowance = drain_allowance_s(run.requests, slo, speeds)
+    allowance = None if run.stopped else drain_allowance_s(run.requests, slo, speeds)
     deadline = max(lc.arrived_s for lc in run.requests) + allowance if allowance is not None else None
     met, misses = 0, {}
     for lc in run.requests:
+        if run.stopped and lc.ended_s is None:
+            continue  # the run stopped once decided: what had not ended is not met (what a stopped probe counts)
         missed = slo.miss(lc)
         what = slo.target_text(missed) if missed is not None else None
         if what is None and deadline is not None and lc.ended_s is not None and lc.ended_s > deadline:
@@ -83,7 +95,7 @@ def run_figures(config: EngineConfig, cal: Calibration, requests: list[SimReques
     ttft = tuple(lc.ttft_s * 1e3 for lc in run.requests if lc.ttft_s is not None)
     gaps = tuple(max(lc.itl_s) * 1e3 for lc in run.requests
                  if lc.request_class is RequestClass.INTERACTIVE and len(lc.token_times_s) > 1)
-    return RunFigures(rate_rps, seed, met / len(run.requests), ttft, gaps, misses, run.end_s, sim_s)
+    return RunFigures(rate_rps, seed, met / len(requests), ttft, gaps, misses, run.end_s, sim_s)
 
 
 # the pool's workers read what every run shares from here (forked: nothing is pickled but the task)
@@ -93,14 +105,16 @@ _SHARED: dict = {}
 def _run_task(task: tuple[float, int]) -> RunFigures:
     rate, seed = task
     s = _SHARED
-    return run_figures(s["config"], s["cal"], s["requests"](rate, seed), s["slo"], s["speeds"], rate, seed)
+    return run_figures(s["config"], s["cal"], s["requests"](rate, seed), s["slo"], s["speeds"], rate, seed,
+                       s["stop_share"])
 
 
 class _Runner:
     """Runs (rate, seed) tasks in a pool of forked processes (one per usable core), or in this process."""
 
-    def __init__(self, config, cal, requests: Requests, slo, speeds, processes: int | None):
-        _SHARED.update(config=config, cal=cal, requests=requests, slo=slo, speeds=speeds)
+    def __init__(self, config, cal, requests: Requests, slo, speeds, processes: int | None,
+                 stop_share: float | None = None):
+        _SHARED.update(config=config, cal=cal, requests=requests, slo=slo, speeds=speeds, stop_share=stop_share)
         n = processes or len(os.sched_getaffinity(0))
         self.pool = multiprocessing.get_context("fork").Pool(n) if n > 1 else None
         self.figures: dict[tuple[float, int], RunFigures] = {}
@@ -136,7 +150,7 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
                   ) -> TwinCapacity:
     """The capacity of ``config`` (calibrated as ``cal``) on ``requests(rate, seed)``; see the module docstring."""
     t0 = time.monotonic()
-    runner = _Runner(config, cal, requests, slo, speeds, processes)
+    runner = _Runner(config, cal, requests, slo, speeds, processes, stop_share=target_share)
     passes = lambda fig: fig.attainment >= target_share - 1e-12  # noqa: E731
     try:
         lo, hi = _coarse_bracket(runner, start_rps, target_share, min_rate_rps, max_rate_rps)

@@ -68,6 +68,7 @@ class SimRun:
     steps: list[StepRecord]
     end_s: float
     n_events: int = 0
+    stopped: bool = False   # ended early by ``stop_when``: the requests not ended yet did not run to their end
 
 
 class _KV:
@@ -177,8 +178,9 @@ class _Worker:
 
 
 class _Sim:
-    def __init__(self, config: EngineConfig, cal: Calibration, seed: int, keep_steps: bool):
-        self.config, self.cal, self.keep_steps = config, cal, keep_steps
+    def __init__(self, config: EngineConfig, cal: Calibration, seed: int, keep_steps: bool, stop_when=None):
+        self.config, self.cal, self.keep_steps, self.stop_when = config, cal, keep_steps, stop_when
+        self.stopped = False
         self.rng = random.Random(f"twin/{seed}")
         self.topology = topology_for(config.mode)
         self.workers = {w.name: _Worker(w, cal.kv_bytes_per_token, self.rng) for w in cal.workers}
@@ -307,6 +309,8 @@ class _Sim:
         lc.finish_reason = reason
         lc.advance(RequestState.FINISHED, t)
         self.gate.finished(lc)
+        if self.stop_when is not None and self.stop_when(lc):
+            self.stopped = True
 
     def step_end(self, t: float, w: _Worker, plan: StepPlan, t_start: float) -> None:
         w.index += 1
@@ -345,7 +349,7 @@ class _Sim:
         for i, req in enumerate(requests):
             self.push(req.arrival_s, _ARRIVE, i, req)
         t = 0.0
-        while self.events:
+        while self.events and not self.stopped:
             t, _, kind, payload = heapq.heappop(self.events)
             self.n_events += 1
             if kind == _STEP_END:
@@ -358,7 +362,8 @@ class _Sim:
                 self.route(t, *payload)
             else:
                 self.handoff(t, *payload)
-        return SimRun([self.lifecycles[f"r{i}"] for i in range(len(requests))], self.steps, t, self.n_events)
+        return SimRun([self.lifecycles[f"r{i}"] for i in range(len(requests)) if f"r{i}" in self.lifecycles],
+                      self.steps, t, self.n_events, stopped=self.stopped)
 
 
 @dataclass
@@ -371,7 +376,8 @@ class _ArenaRoom:
 
 
 def simulate(config: EngineConfig, cal: Calibration, requests: list[SimRequest], seed: int = 0,
-             keep_steps: bool = False) -> SimRun:
+             keep_steps: bool = False, stop_when=None) -> SimRun:
     """Run ``requests`` (arrival offsets in seconds, in arrival order) through the candidate ``config`` calibrated
-    as ``cal``; the same seed gives the same run.  ``keep_steps``: keep every simulated step (pictures)."""
-    return _Sim(config, cal, seed, keep_steps).run(sorted(requests, key=lambda r: r.arrival_s))
+    as ``cal``; the same seed gives the same run.  ``keep_steps``: keep every simulated step (pictures);
+    ``stop_when(lifecycle)``: asked as each request ends, True stops the run there (its outcome is decided)."""
+    return _Sim(config, cal, seed, keep_steps, stop_when).run(sorted(requests, key=lambda r: r.arrival_s))
