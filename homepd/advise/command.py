@@ -16,7 +16,8 @@ from homepd.advise.export.apply import advice_values, choose
 from homepd.advise.report.images import image_stem, write_run_images
 from homepd.advise.report.render import render_result
 from homepd.advise.report.result import result_dict
-from homepd.config import add_config_flags, config_from_args, write_config_file
+from homepd.config import add_config_flags, config_from_args, parse_chunk, write_config_file
+from homepd.core.records import to_plain
 from homepd.errors import ConfigError, HomepdError
 from homepd.hw.monitor import Sampler
 from homepd.launch import prepare
@@ -75,6 +76,26 @@ def register(subparsers) -> None:
                    help="directory to write (default: ./homepd-export-RUN-ENGINE)")
     x.add_argument("--db", default=None)
     x.set_defaults(func=_export)
+    w = actions.add_parser("what-if", help="project a stored run's candidates under a change of traffic, SLO or "
+                                           "configuration, from its calibration (seconds, nothing measured)",
+                           description="Replays each calibrated candidate of an advise run in its twin with the "
+                                       "change: what if my traffic doubles, documents are half my requests, the "
+                                       "gap budget is 150 ms, the box runs 6 sequences.")
+    w.add_argument("run", nargs="?", default="last", help="advise run id (default: the last one)")
+    w.add_argument("--rate-scale", type=float, default=None, metavar="X",
+                   help="the traffic's rate times X (of the recorded traffic, else of the run's recommended capacity)")
+    w.add_argument("--mix", default=None, metavar="short=S,long=L",
+                   help="the share of short chats and of long documents, e.g. short=0.5,long=0.5")
+    w.add_argument("--ttft-budget", type=float, default=None, metavar="MS", help="the interactive TTFT budget")
+    w.add_argument("--itl-budget", type=float, default=None, metavar="MS",
+                   help="the interactive per-token budget (the step policy keeps it, the SLO checks it)")
+    w.add_argument("--n-seq-max", type=int, default=None, metavar="N", help="sequences per worker")
+    w.add_argument("--chunk", default=None, metavar="N|none", help="prompt tokens a step carries at most")
+    w.add_argument("--traffic", metavar="service[:SINCE]", default=None,
+                   help="the traffic `homepd serve` recorded (e.g. service:2h) instead of the run's mix")
+    w.add_argument("--db", default=None)
+    w.add_argument("--json", action="store_true", help="print the projection as one JSON object")
+    w.set_defaults(func=_what_if)
 
 
 def _settings(args, base) -> AdviseSettings:
@@ -181,6 +202,66 @@ def _with_model_path(plan):
         return dataclasses.replace(plan, model=str(resolve_model(plan.model, pull=False, progress=False)))
     except (HomepdError, OSError, ValueError):  # why: not pulled here; the README names the catalog model
         return plan
+
+
+def _what_if(args) -> int:
+    # why: `homepd --help` does not load the twin (numpy-free, but the engine's policy and gate)
+    from homepd.advise.whatif import SAME, WhatIf, project, render
+    from homepd.engine.tokenizer import PromptTokenizer
+
+    with Store.open(args.db, create=False) as store:
+        run_id = store.resolve_run(args.run)
+        run = store.load_run(run_id, timelines=False)
+    what = WhatIf(rate_scale=_positive(args.rate_scale, "--rate-scale"), long_share=_long_share(args.mix),
+                  ttft_budget_ms=_positive(args.ttft_budget, "--ttft-budget"),
+                  itl_budget_ms=_positive(args.itl_budget, "--itl-budget"), n_seq_max=args.n_seq_max,
+                  chunk=SAME if args.chunk is None else parse_chunk(args.chunk))
+    base = run.advice.twins[0].config if run.advice and run.advice.twins and run.advice.twins[0].config else None
+    if base is None:
+        raise ConfigError(f"run {run_id} has no twin calibration (it predates the twin, or ran with --no-twin): "
+                          "run `homepd advise --quick` first")
+    model_path = str(resolve_model(base.model, pull=False, progress=False))
+    traffic = None
+    if args.traffic is not None:
+        from homepd.advise.campaign.traffic import given_sources  # why: `homepd --help` does not load it
+        traffic = next(iter(given_sources(args.db, base.backend, model_path, traffic=args.traffic).values()))
+    t0 = time.monotonic()
+    with PromptTokenizer(base, model_path) as tokenizer:
+        projections = project(run, what, tokenizer, traffic=traffic)
+    if args.json:
+        print(json.dumps({"run_id": run_id, "projected_from": f"run {run_id}'s calibration", "change": what.describe(),
+                          "wall_s": time.monotonic() - t0,
+                          "candidates": [{"candidate": p.candidate, "twin_trusted": p.trusted, "check": p.check,
+                                          "measured_rps": p.measured_rps, **to_plain(p.projected),
+                                          "reference_rps": p.reference_rps,
+                                          "attainment_at_reference": p.attainment_at_reference}
+                                         for p in projections]}))
+    else:
+        print(render(run, what, projections))
+    return 0
+
+
+def _positive(value: float | None, flag: str) -> float | None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"{flag} must be > 0, got {value}")
+    return value
+
+
+def _long_share(text: str | None) -> float | None:
+    """``short=S,long=L`` -> the long share L / (S + L)."""
+    if text is None:
+        return None
+    shares = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        try:
+            shares[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--mix: {part!r} is not name=share (e.g. short=0.5,long=0.5)") from None
+    unknown = set(shares) - {"short", "long"}
+    if unknown or not shares or any(v < 0 for v in shares.values()) or sum(shares.values()) <= 0:
+        raise ConfigError(f"--mix takes short=S,long=L with shares >= 0, got {text!r}")
+    return shares.get("long", 0.0) / sum(shares.values())
 
 
 def _apply(args) -> int:

@@ -8,18 +8,29 @@ read off the loop.  Every ``advice_period_s`` (or on ``POST /advice/evaluate``) 
 (``homepd.advise.live.advice.judge``) and, through the hysteresis, raised as advice: an ``advice`` event on
 ``/events``, a log line, ``/metrics`` and ``GET /advice``.  With ``--auto-apply INTERVAL`` a raised switch is
 applied (``homepd.serve.switch``) at most once per interval.
+
+When the evidence's run calibrated its candidates (the twin), every ``TWIN_PERIOD_S`` the judged window's
+recorded requests are replayed in each candidate's twin (``homepd.advise.live.twinned``), in a child process at
+the lowest CPU priority (the twin is pure Python: in this process it would hold the event loop's GIL, and on a
+small box it must not take cores from serving), and the verdict is each candidate's projected attainment on
+today's traffic instead of the nearest measured mix's capacity.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import multiprocessing
+import os
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from homepd.advise.live.advisor import Advisor
 from homepd.advise.live.advice import AdviceKind, LiveSettings, Verdict, running_candidate
+from homepd.advise.live.twinned import replay_window
 from homepd.core.origin import ConfigSource
 from homepd.core.records import to_plain
 from homepd.measure.metrics import interference
@@ -28,6 +39,8 @@ from homepd.measure.profile import FinishedRequest
 log = logging.getLogger("homepd.serve")
 EVIDENCE_REFRESH_S = 60.0
 INTERFERENCE_STEPS = 2000
+TWIN_PERIOD_S = 60.0      # the window is replayed in the twins this often at most
+TWIN_MAX_REQUESTS = 400   # the window's newest requests replayed at most (a busy window would take minutes)
 
 
 class LiveAdvisor(Advisor):
@@ -44,6 +57,11 @@ class LiveAdvisor(Advisor):
         self.switches: deque[dict] = deque(maxlen=20)
         self.last_switch_unix_s: float | None = None
         self._identity = None
+        self._replayed_at_s = -float("inf")
+        self._tokenizer = None
+        self._units = None
+        self._pool = None
+        self.replay_error: str | None = None
 
     # the store, off the loop ------------------------------------------------------------------------
     def _box(self):
@@ -113,16 +131,86 @@ class LiveAdvisor(Advisor):
                 and (self.last_switch_unix_s is None or now - self.last_switch_unix_s >= interval))
 
     async def run(self) -> None:
-        """Evaluate every ``advice_period_s``; re-read the evidence every ``EVIDENCE_REFRESH_S``."""
+        """Evaluate every ``advice_period_s``; re-read the evidence every ``EVIDENCE_REFRESH_S``; replay the window
+        in the twins every ``TWIN_PERIOD_S``."""
         while True:
             await asyncio.sleep(self.service.settings.advice_period_s)
             if time.monotonic() - self._evidence_at_s >= EVIDENCE_REFRESH_S:
                 await asyncio.to_thread(self.load, False)
+            if self.service.state == "ready" and time.monotonic() - self._replayed_at_s >= TWIN_PERIOD_S:
+                await self.replay()
             if self.service.state == "ready":
                 try:
                     self.evaluate()
                 except Exception:  # why: a bug in the advice must not end it for good, nor touch serving
                     log.exception("homepd: live advice: evaluation failed")
+
+    async def replay(self) -> None:
+        """Replay the judged window's recorded requests in each calibrated candidate's twin (``self.replays``)."""
+        self._replayed_at_s = time.monotonic()
+        twins = list(self.evidence.twins) if self.evidence is not None and not self.evidence.foreign else []
+        if not twins:
+            self.replays = []
+            return
+        try:
+            window = await asyncio.to_thread(self._window)
+            if window is None:
+                self.replays = []
+                return
+            requests, rate = window
+            loop = asyncio.get_running_loop()
+            self.replays = await loop.run_in_executor(self._twin_pool(), replay_window, requests, twins, self.slo,
+                                                      rate)
+            self.replay_error = None
+        except Exception as exc:  # why: a replay that fails keeps the advice on the measured mixes, never the service
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self.replay_error:
+                log.warning("homepd: live advice: replaying the window in the twins failed: %s", error)
+            self.replay_error, self.replays = error, []
+
+    def _window(self):
+        """The judged window's recorded requests, tokenized as the engine does (blocking: the store, the model's
+        vocabulary); None when the window holds too few."""
+        # why: the store and the model's vocabulary load with the first replay
+        from homepd.advise.campaign.traffic import traffic_source, units_of
+        from homepd.engine.tokenizer import PromptTokenizer
+        from homepd.errors import ConfigError
+        from homepd.models.resolve import resolve_model
+        from homepd.twin.traces import of_trace
+
+        config = self.service.config
+        if self._tokenizer is None:
+            model_path = str(resolve_model(config.model, pull=False, progress=False))
+            self._units = units_of(config.backend, model_path)
+            self._tokenizer = PromptTokenizer(config, model_path)
+        try:
+            source = traffic_source(f"{self.settings.window_s:g}s", self.service.settings.db, self._units)
+        except ConfigError:
+            return None  # nothing recorded in the window
+        trace = source.trace()
+        requests = list(trace)[-TWIN_MAX_REQUESTS:]
+        if len(requests) < self.settings.min_requests:
+            return None
+        t0 = requests[0].arrival_s
+        shifted = [dataclasses.replace(r, arrival_s=r.arrival_s - t0) for r in requests]
+        span = max(1e-3, shifted[-1].arrival_s)
+        return of_trace(shifted, [tuple(self._tokenizer(r)) for r in shifted]), len(shifted) / span
+
+    def _twin_pool(self):
+        if self._pool is None:
+            # why a spawned process: the twin is pure Python (here it would hold the GIL the event loop needs),
+            # and at the lowest priority it takes no core that serving wants
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=os.nice, initargs=(19,))
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self._tokenizer is not None:
+            self._tokenizer.close()
+            self._tokenizer = None
 
     def switched(self, record: dict) -> None:
         """A switch happened (``homepd.serve.switch``): keep it, and judge afresh from the new configuration."""
@@ -151,6 +239,9 @@ class LiveAdvisor(Advisor):
                          "period_s": self.service.settings.advice_period_s,
                          "auto_apply_interval_s": self.service.settings.auto_apply_interval_s},
             "switches": list(self.switches),
+            "twins": {"candidates": [t.candidate for t in (ev.twins if ev else ())],
+                      "replayed": [r.to_dict() for r in self.replays], "error": self.replay_error,
+                      "period_s": TWIN_PERIOD_S},
         }
 
 

@@ -142,6 +142,8 @@ class Service:
             await self.engine.stop()
         if self.traffic is not None:
             await asyncio.to_thread(self.traffic.stop)
+        if self.advisor is not None:
+            self.advisor.close()  # its twin's child process, its model vocabulary
         if self.state != "failed":
             self.state = "stopped"
 

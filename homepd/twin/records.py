@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from homepd.config import EngineConfig
 from homepd.twin.calibration import Calibration
 
 CONFIDENCE = 0.9
@@ -109,6 +110,7 @@ class TwinEvidence:
     trusted: bool = False
     why: str = ""
     attainment_error_points: float | None = None
+    config: EngineConfig | None = None     # the candidate's engine configuration (what-if and live advice replay it)
 
     def capacity(self, mix: str) -> TwinCapacity | None:
         return next((c for c in self.capacities if c.mix == mix), None)

@@ -403,7 +403,7 @@ class Campaign:
             self._calibration_steps = engine.steps_since(t0)
             if config.mode.traits.single_worker:
                 self._calibration_estimate = engine.step_estimate(Role.COLOCATED)
-        self.twins[cand.name] = TwinEvidence(cand.name, cal)
+        self.twins[cand.name] = TwinEvidence(cand.name, cal, config=config)
         self._step_done(f"{cand.name}: calibrated")
         return cal
 

@@ -24,7 +24,9 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from homepd.advise.live.twinned import Replay, twin_verdict
 from homepd.measure.profile import WindowProfile
+from homepd.twin.records import TwinEvidence
 
 OFFER = "homepd advise --traffic service:{since}"
 
@@ -81,6 +83,7 @@ class LiveEvidence:
     configs: dict[str, dict] = field(default_factory=dict)   # candidate -> EngineConfig values (feasible ones)
     measured_on: str | None = None   # the box the run was measured on (BoxIdentity.describe), when it says
     foreign: str | None = None       # why its capacities do not hold here (measured on another box), else None
+    twins: tuple[TwinEvidence, ...] = ()  # the run's calibrated candidates: today's traffic is replayed on them
 
     def rows_on(self, mix: str) -> list[EvidenceRow]:
         return [r for r in self.rows if r.mix == mix and (not self.configs or r.candidate in self.configs)]
@@ -121,6 +124,7 @@ class Verdict:
     live: WindowProfile | None = None
     distance: float | None = None
     offer: str | None = None         # a command that would measure what is missing
+    projected: tuple[Replay, ...] = ()  # today's traffic in each candidate's twin (homepd.advise.live.twinned)
 
     @property
     def key(self) -> tuple[AdviceKind, str | None]:
@@ -133,6 +137,7 @@ class Verdict:
         out["evidence"] = [r.to_dict() for r in self.evidence]
         out["headroom"] = [h.to_dict() for h in self.headroom]
         out["live"] = self.live.to_dict() if self.live is not None else None
+        out["projected"] = [r.to_dict() for r in self.projected]
         return out
 
 
@@ -217,6 +222,25 @@ def judge(live: WindowProfile, evidence: LiveEvidence | None, running: str | Non
                    reason=f"keep {running}: on the {nearest.mix} mix it measured {_cap(mine)} (run "
                           f"{evidence.run_id}), x{room:.1f} the live {live_text}"
                           + (f"; {best.candidate} ({_cap(best)}) is within the spread" if best is not mine else ""))
+
+
+def judge_replayed(live: WindowProfile, evidence: LiveEvidence, running: str | None, replays: list[Replay],
+                   settings: LiveSettings = LiveSettings()) -> Verdict:
+    """The verdict from today's traffic replayed in each calibrated candidate's twin (``twin_verdict``), in place
+    of the nearest measured mix's capacities; quiet with too few requests, as ``judge``."""
+    base = Verdict(AdviceKind.QUIET, running, running, "today's traffic", "", live=live, projected=tuple(replays))
+    if live.n_requests < settings.min_requests:
+        return replace(base, reason=f"{live.n_requests} request(s) in the last {live.window_s:g} s; advice needs "
+                                    f"{settings.min_requests}")
+    kind, candidate, reason = twin_verdict(replays, running)
+    mine = next((r for r in replays if r.candidate == running), None)
+    best = next((r for r in replays if r.candidate == candidate), None)
+    margin = best.attainment - mine.attainment if best is not None and mine is not None else None
+    sure = all(r.trusted for r in replays) and live.n_requests >= 3 * settings.min_requests
+    return replace(base, kind=AdviceKind(kind), candidate=candidate, margin_rps=None,
+                   confidence="high" if sure and (margin is None or margin >= 0.2) else "medium",
+                   reason=f"{reason} (run {evidence.run_id}'s calibration)"
+                          + (f"; {margin:+.0%} attainment" if margin and kind == "switch" else ""))
 
 
 def _cap(r: EvidenceRow) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from homepd.advise.live.advice import AdviceEvent, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge
+from homepd.advise.live.advice import (AdviceEvent, AdviceTracker, LiveEvidence, LiveSettings, Verdict, judge,
+                                       judge_replayed)
 from homepd.core.terms import RequestClass
 from homepd.measure.metrics import SLO
 from homepd.measure.profile import FinishedRequest, TrafficProfile
@@ -22,6 +23,7 @@ class Advisor:
         self.evidence: LiveEvidence | None = None
         self.tracker = AdviceTracker(None, settings.hysteresis_s)
         self.verdict: Verdict | None = None
+        self.replays: list = []            # today's traffic in each candidate's twin (the latest replay)
 
     def arrived(self, request_class: RequestClass) -> None:
         """A request asked to be served (admitted or not): the live rate counts it now, not when it ends."""
@@ -39,5 +41,8 @@ class Advisor:
         """The verdict on the judged window now, and the advice event it raised through the hysteresis."""
         now = self.clock()
         live = self.profile.window(self.settings.window_s, now, interference_slowdown)
-        self.verdict = judge(live, self.evidence, running, self.settings)
+        if self.replays and self.evidence is not None and self.evidence.twins and not self.evidence.foreign:
+            self.verdict = judge_replayed(live, self.evidence, running, self.replays, self.settings)
+        else:
+            self.verdict = judge(live, self.evidence, running, self.settings)
         return self.verdict, self.tracker.update(self.verdict, now)

@@ -61,4 +61,5 @@ def load_live_evidence(store, model: str, known: LiveEvidence | None = None,
     configs = {c.name: c.config_values() for c in advice.candidates if c.feasible}
     shapes = {mix: mix_shape(mix, reqs) for mix, reqs in request_shapes(store, run_id).items() if reqs}
     return LiveEvidence(run_id, model, evidence_rows(run_id, advice), shapes, configs,
-                        measured_on=measured.describe() if measured is not None else None)
+                        measured_on=measured.describe() if measured is not None else None,
+                        twins=tuple(t for t in advice.twins if t.config is not None))

@@ -33,7 +33,7 @@ def make_trace(mix: str = "mixed", n_requests: int = 8, rate_per_s: float = 2.0,
                burstiness: float = 1.0, concurrency: int | None = None, max_tokens: int | None = None,
                long_tokens: int = DEFAULT_LONG_TOKENS, ignore_eos: bool = True, seed: int = 0,
                name: str | None = None, turns: int = CHAT_TURNS, think_s: float = CHAT_THINK_S,
-               documents: int = RAG_DOCUMENTS) -> Trace:
+               documents: int = RAG_DOCUMENTS, long_share: float | None = None) -> Trace:
     """A seeded benchmark trace.
 
     ``arrival``/``rate_per_s``/``burstiness``: the open-loop arrival process
@@ -41,6 +41,9 @@ def make_trace(mix: str = "mixed", n_requests: int = 8, rate_per_s: float = 2.0,
     flight instead (arrival offsets all 0).  ``max_tokens``: every request's
     output budget, else drawn per kind from ``OUTPUT_TOKENS``.  ``long_tokens``:
     the estimated size of a long prompt (and of a ``rag`` document).
+    ``long_share`` (``mixed``): each request long with this probability (its
+    own seeded stream) instead of every fourth one (what-if: "documents are
+    half my requests").
     ``ignore_eos``: requests generate exactly their ``max_tokens`` (vLLM's
     ``--ignore-eos``), the default for a benchmark.  ``chat``: ``n_requests``
     turns in conversations of ``turns``, ``rate_per_s`` conversations per
@@ -70,16 +73,23 @@ def make_trace(mix: str = "mixed", n_requests: int = 8, rate_per_s: float = 2.0,
     prompts = random.Random(f"{seed}/prompts")
     outputs = random.Random(f"{seed}/outputs")
     questions = _shuffled_cycle(corpus.chat_questions(), prompts)
+    kinds = random.Random(f"{seed}/kinds")
+    if long_share is not None and not 0.0 <= long_share <= 1.0:
+        raise ConfigError(f"long_share must be in 0..1, got {long_share}")
     requests = []
     for i, t in enumerate(offsets):
-        kind = "long" if mix == "long" or (mix == "mixed" and i % MIXED_LONG_EVERY == 1) else "short"
+        if mix == "mixed" and long_share is not None:
+            is_long = kinds.random() < long_share
+        else:
+            is_long = mix == "long" or (mix == "mixed" and i % MIXED_LONG_EVERY == 1)
+        kind = "long" if is_long else "short"
         content = _summary_request(prompts, long_tokens) if kind == "long" else next(questions)
         requests.append(TraceRequest(
             arrival_s=t, messages=({"role": "user", "content": content},),
             max_tokens=max_tokens or outputs.randint(*OUTPUT_TOKENS[kind]), kind=kind,
             request_class=CLASS_OF_KIND[kind], ignore_eos=ignore_eos))
     generator = {"mix": mix, "n_requests": n_requests, "max_tokens": max_tokens, "long_tokens": long_tokens,
-                 "ignore_eos": ignore_eos}
+                 "ignore_eos": ignore_eos, **({"long_share": long_share} if long_share is not None else {})}
     return _trace(requests, generator, name or mix, seed, concurrency, arrival, rate_per_s, burstiness)
 
 

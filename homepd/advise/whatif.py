@@ -1,0 +1,181 @@
+"""What-if: capacity planning in seconds from a stored run's calibration, with no engine and no measurement.
+
+The questions a home lab asks of its box ("what if my traffic doubles", "what if documents are half my requests",
+"what does a 150 ms gap budget buy", "would 6 sequences help") are changes to the traffic, the SLO or the
+configuration.  Each calibrated candidate of the run (``TwinEvidence``: its calibration and configuration) is
+simulated again with the change: the step policy's budgets follow the changed ITL and TTFT budgets (its workers'
+specs are rebuilt from the changed configuration, as ``homepd.engine.specs`` builds them), the SLO is the changed
+budgets, the traffic is the run's mix with the changed share of documents (or recorded traffic).  The answer is
+marked "projected from run N's calibration": nothing was measured, and the twin's check on that run says how far
+it can be trusted.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+
+from homepd.config import EngineConfig
+from homepd.engine.specs import gap_ceiling_ms, idle_step_ms, itl_budget_ms
+from homepd.errors import ConfigError
+from homepd.measure.metrics import SLO
+from homepd.measure.trace import make_trace
+from homepd.measure.trace.model import tagged
+from homepd.store.records import Run
+from homepd.twin.capacity import run_figures, twin_capacity
+from homepd.twin.calibration import Calibration
+from homepd.twin.records import TwinCapacity, TwinEvidence
+from homepd.twin.traces import TWIN_TAG, TraceRequests
+
+WHAT_IF_SEEDS = 10           # why fewer than the campaign's 20: the answer is wanted in seconds, and it is
+WHAT_IF_REQUESTS = 200       # a projection either way; the interval says how wide it is
+SAME = object()              # a what-if field left as the run had it
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The change: ``rate_scale`` of the traffic's rate (with ``traffic_rps`` the reference: recorded traffic, or
+    the run's recommended capacity), ``long_share`` of requests that are documents, the interactive class's
+    ``ttft_budget_ms`` and ``itl_budget_ms``, ``n_seq_max`` and ``chunk`` (``SAME``: as the run had them)."""
+    rate_scale: float | None = None
+    long_share: float | None = None
+    ttft_budget_ms: float | None = None
+    itl_budget_ms: float | None = None
+    n_seq_max: int | None = None
+    chunk: object = SAME
+
+    def describe(self) -> str:
+        parts = []
+        if self.rate_scale is not None:
+            parts.append(f"traffic x{self.rate_scale:g}")
+        if self.long_share is not None:
+            parts.append(f"{self.long_share:.0%} documents")
+        if self.ttft_budget_ms is not None:
+            parts.append(f"TTFT budget {self.ttft_budget_ms:g} ms")
+        if self.itl_budget_ms is not None:
+            parts.append(f"gap budget {self.itl_budget_ms:g} ms")
+        if self.n_seq_max is not None:
+            parts.append(f"{self.n_seq_max} sequences")
+        if self.chunk is not SAME:
+            parts.append(f"chunk {self.chunk or 'none'}")
+        return ", ".join(parts) or "as measured"
+
+    def config(self, config: EngineConfig) -> EngineConfig:
+        changes = {}
+        if self.ttft_budget_ms is not None:
+            changes["ttft_budget_ms"] = self.ttft_budget_ms
+        if self.itl_budget_ms is not None:
+            changes["itl_budget_ms"] = self.itl_budget_ms
+        if self.n_seq_max is not None:
+            changes["n_seq_max"] = self.n_seq_max
+        if self.chunk is not SAME:
+            changes["chunk"] = self.chunk
+        return replace(config, **changes).validated() if changes else config
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One candidate under the change: its capacity as the run measured it, and as projected."""
+    candidate: str
+    trusted: bool
+    check: str                              # the run's verdict on its twin
+    measured_rps: float | None              # the run's twin capacity (checked against its probes)
+    projected: TwinCapacity
+    reference_rps: float | None = None      # the traffic's rate after the change (rate_scale)
+    attainment_at_reference: float | None = None
+
+
+def calibrated(run: Run) -> list[TwinEvidence]:
+    """The run's candidates with a twin to replay; a ConfigError saying what to run when there is none."""
+    twins = [t for t in (run.advice.twins if run.advice else ()) if t.config is not None]
+    if not twins:
+        raise ConfigError(f"run {run.id} has no twin calibration (it predates the twin, or ran with --no-twin): "
+                          "run `homepd advise --quick` first")
+    return twins
+
+
+def changed(twin: TwinEvidence, what: WhatIf) -> tuple[EngineConfig, Calibration]:
+    """The candidate's configuration and calibration under the change: every worker's spec rebuilt from the changed
+    configuration's budgets, sequences and chunk (the box's measured costs stay)."""
+    config = what.config(twin.config)
+    workers = []
+    for w in twin.calibration.workers:
+        spec = replace(w.spec, n_seq_max=config.n_seq_max, chunk=config.chunk,
+                       itl_budget_ms=itl_budget_ms(config, w.spec.role), idle_step_ms=idle_step_ms(config, w.spec.role),
+                       gap_ceiling_ms=gap_ceiling_ms(config, w.spec.role))
+        workers.append(replace(w, spec=spec))
+    return config, replace(twin.calibration, workers=tuple(workers))
+
+
+def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WHAT_IF_SEEDS,
+            n_requests: int = WHAT_IF_REQUESTS, processes: int | None = None) -> list[Projection]:
+    """Every calibrated candidate of ``run`` under ``what``; ``tokenize(trace_request)`` -> prompt ids (a
+    ``PromptTokenizer`` of the run's model); ``traffic``: a recorded-traffic source (its arrivals and prompts) in
+    place of the run's mix."""
+    twins = calibrated(run)
+    settings = run.config
+    if traffic is not None:
+        make = lambda rate, n, seed: traffic.trace(rate_rps=rate, n_requests=n, seed=seed)  # noqa: E731
+        base_rps = traffic.describe().get("rate_per_s")
+    else:
+        make = lambda rate, n, seed: make_trace(  # noqa: E731
+            "mixed", n, rate, max_tokens=settings.max_tokens, long_tokens=settings.long_tokens, ignore_eos=True,
+            seed=seed, long_share=what.long_share)
+        recommended = run.advice.candidate.name if run.advice and run.advice.candidate else twins[0].candidate
+        base_rps = next((c.capacity_rps for c in run.advice.capacity if c.candidate == recommended
+                          and c.capacity_rps is not None), None)
+    requests = TraceRequests(lambda rate, n, seed: tagged(make(rate, n, seed), TWIN_TAG), n_requests, tokenize)
+    requests.prepare(range(n_seeds))
+    reference = base_rps * what.rate_scale if base_rps and what.rate_scale is not None else None
+    out = []
+    for twin in twins:
+        config, cal = changed(twin, what)
+        slo = SLO.from_budgets(config.class_budgets, token_target=settings.slo.token_target)
+        before = twin.capacity("mixed") or (twin.capacities[0] if twin.capacities else None)
+        start = before.capacity_rps if before and before.capacity_rps else 1.0
+        speeds = _speeds(run)
+        projected = twin_capacity(config, cal, requests, slo, speeds, start, n_seeds=n_seeds, n_requests=n_requests,
+                                  processes=processes)
+        attainment = None
+        if reference is not None:
+            attainment = statistics.mean(run_figures(config, cal, requests(reference, s), slo, speeds, reference,
+                                                     s).attainment for s in range(min(n_seeds, 4)))
+        out.append(Projection(twin.candidate, twin.trusted, twin.why, before.capacity_rps if before else None,
+                              projected, reference, attainment))
+    return out
+
+
+def _speeds(run: Run) -> tuple[float | None, float | None]:
+    """The box's prefill tok/s and decode step ms as the run's calibration measured them (the drain allowance)."""
+    for probe in run.measured:
+        if probe.mix == "calibration":
+            return probe.prompt_tok_s, probe.tpot_p50_ms
+    return None, None
+
+
+def render(run: Run, what: WhatIf, projections: list[Projection]) -> str:
+    """The projection as text, marked as projected from the run's calibration."""
+    lines = [f"projected from run {run.id}'s calibration ({run.started_at or 'date unknown'}): {what.describe()}",
+             f"{'candidate':<26} {'measured':>9} {'projected':>10} {'interval':>16} {'twin checked':>13}"]
+    for p in sorted(projections, key=lambda p: -(p.projected.capacity_rps or 0.0)):
+        iv = p.projected.interval_rps
+        lines.append(f"{p.candidate:<26} {_rps(p.measured_rps):>9} {_rps(p.projected.capacity_rps):>10} "
+                     f"{f'[{iv[0]:.2f}-{iv[1]:.2f}]' if iv else 'NA':>16} {'yes' if p.trusted else 'NO':>13}")
+        if p.reference_rps is not None:
+            lines.append(f"  at {p.reference_rps:.2f} req/s: {p.attainment_at_reference:.0%} of requests within the SLO")
+    best = max(projections, key=lambda p: p.projected.capacity_rps or 0.0)
+    lines.append(f"best under this change: {best.candidate} ({_rps(best.projected.capacity_rps)} req/s, "
+                 f"{best.projected.n_seeds} seeds x {best.projected.n_requests} requests, "
+                 f"{sum(p.projected.wall_s for p in projections):.1f} s)")
+    untrusted = [p.candidate for p in projections if not p.trusted]
+    if untrusted:
+        lines.append(f"note: the run's check did not trust the twin of {', '.join(untrusted)}: its projection is a "
+                     "guess")
+    return "\n".join(lines)
+
+
+def _rps(value: float | None) -> str:
+    return "NA" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+
