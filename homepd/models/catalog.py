@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from homepd.errors import ModelError
+from homepd.models.convert import ConvertRecipe
 
+ROLES = ("chat", "embedding")  # what a model serves: chat and text completions, or sentence embeddings
 # why: models/catalog.json is the source of truth; homepd/models/catalog.json is a symlink to it
 # so that a built wheel (package data) carries the catalog too.
 CATALOG_PATH = Path(__file__).resolve().parent / "catalog.json"
@@ -45,6 +47,9 @@ class CatalogEntry:
     sha256: str
     parts: tuple[ModelPart, ...]
     note: str = ""
+    role: str = "chat"
+    # made at pull time from its parts' files (a safetensors model converted to GGUF), not carried as a GGUF
+    convert: ConvertRecipe | None = None
 
     @property
     def file_name(self) -> str:
@@ -70,7 +75,11 @@ def load_catalog(path: str | os.PathLike | None = None) -> dict[str, CatalogEntr
 def _parse_entry(item: dict) -> CatalogEntry:
     fields = dict(item)
     fields["parts"] = tuple(ModelPart(**part) for part in item["parts"])
+    if "convert" in item:
+        fields["convert"] = ConvertRecipe.parse(item["convert"])
     entry = CatalogEntry(**fields)
+    if entry.role not in ROLES:
+        raise ValueError(f"{entry.name}: role {entry.role!r} is not one of {', '.join(ROLES)}")
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", entry.name):
         raise ValueError(f"bad model name {entry.name!r}")
     if not re.fullmatch(r"[0-9a-f]{64}", entry.sha256):

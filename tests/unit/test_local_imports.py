@@ -28,7 +28,7 @@ PACKAGE = REPO / "homepd"
 HEAVY = frozenset({
     "llama_cpp", "textual", "textual_plotext", "plotext", "rich", "numpy", "sqlite_utils", "sqlite3", "pynvml",
     "psutil", "fastapi", "starlette", "uvicorn", "h11", "prometheus_client", "sdnotify", "httpx", "jinja2",
-    "matplotlib", "PIL", "openai", "pydantic",
+    "matplotlib", "PIL", "openai", "pydantic", "gguf", "safetensors",
 })
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 

@@ -60,7 +60,8 @@ def with_vocab_item_length(n_bytes: int) -> bytes:
 def test_catalog_loads_and_entries_are_consistent():
     catalog = load_catalog()
     assert DEFAULT_MODEL in catalog
-    assert list(catalog) == ["smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m"]
+    assert list(catalog) == ["smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m", "all-minilm-l6-v2"]
+    assert [e.role for e in catalog.values()] == ["chat", "chat", "embedding"]
     for name, entry in catalog.items():
         assert entry.name == name and entry.file_name == f"{name}.gguf"
         assert len(entry.sha256) == 64 and entry.size_bytes > 0 and entry.n_params > 0
