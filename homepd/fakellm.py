@@ -225,3 +225,38 @@ class FakeContext:
         self._cells[seq_id] = list(range(self._next_cell, self._next_cell + count))
         self._next_cell += count
         return n_bytes
+
+
+FAKE_EMBEDDING_PATH = "fake://embedding"
+FAKE_N_EMBD, FAKE_EMBED_CTX, FAKE_EMBED_VOCAB = 384, 512, 30522
+_WORD_RE = re.compile(r"[a-z0-9]+")
+# why: a few words that tests' paraphrases swap, so the fake's vectors rank a paraphrase like a real model
+_SYNONYMS = {"couch": "sofa", "naps": "sleeping", "kids": "children", "automobile": "car", "purchased": "bought"}
+
+
+class FakeEmbedder:
+    """The embedding backend's stand-in: a word is a token (its id a hash), an input's vector the mean of its
+    words' fixed random vectors, L2-normalised; inputs sharing words are near, so paraphrases rank above
+    unrelated pairs, as a real model ranks them.  ``[CLS]`` is 101 and ``[SEP]`` 102, as in BERT."""
+
+    def __init__(self, path: str | os.PathLike = FAKE_EMBEDDING_PATH, n_threads: int = 1, n_gpu_layers: int = 0):
+        self.path = path
+        self.n_embd, self.n_ctx_train = FAKE_N_EMBD, FAKE_EMBED_CTX
+        self.n_vocab = FAKE_EMBED_VOCAB
+        self._rows: dict[int, np.ndarray] = {}
+
+    def close(self) -> None:
+        pass
+
+    def tokenize(self, text: str) -> list[int]:
+        words = [_SYNONYMS.get(w, w) for w in _WORD_RE.findall(text.lower())]
+        return [101, *(1000 + int.from_bytes(w.encode()[:8].ljust(8, b"\0"), "little") % 29_000 for w in words), 102]
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        out = np.stack([np.mean([self._row(t) for t in ids], axis=0) for ids in inputs]).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    def _row(self, token: int) -> np.ndarray:
+        if token not in self._rows:
+            self._rows[token] = np.random.default_rng(token).standard_normal(FAKE_N_EMBD)
+        return self._rows[token]

@@ -45,10 +45,12 @@ GGML_BLOCK_SIZES = {
 }
 
 # the few string/uint keys worth keeping; every other value is skipped, not read
-_KEPT_KEYS = ("general.architecture", "general.name", "general.alignment", "tokenizer.chat_template")
+_KEPT_KEYS = ("general.architecture", "general.name", "general.alignment", "tokenizer.chat_template",
+              "general.file_type")
 # architecture hyper-parameters ("<arch>.block_count", ...) kept for the KV size estimate
 _KEPT_SUFFIXES = (".block_count", ".embedding_length", ".context_length", ".attention.head_count",
-                  ".attention.head_count_kv", ".attention.key_length", ".attention.value_length")
+                  ".attention.head_count_kv", ".attention.key_length", ".attention.value_length",
+                  ".pooling_type")
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default K and V cache type is f16
 
 
@@ -70,6 +72,8 @@ class GgufHeader:
     name: str | None
     has_chat_template: bool
     hparams: dict = None  # "<arch>.<suffix>" -> value, for the suffixes in _KEPT_SUFFIXES
+    chat_template: str | None = None  # the template's text (Jinja), for clients that show it
+    file_type: int | None = None      # general.file_type: llama.cpp's llama_ftype (3 = Q4_1, 15 = Q4_K_M, ...)
 
     @property
     def kv_bytes_per_token(self) -> int | None:
@@ -266,6 +270,8 @@ def _parse(cur: _Cursor) -> GgufHeader:
         name=kept.get("general.name"),
         has_chat_template="tokenizer.chat_template" in kept,
         hparams={k: v for k, v in kept.items() if k.endswith(_KEPT_SUFFIXES)},
+        chat_template=kept.get("tokenizer.chat_template"),
+        file_type=kept.get("general.file_type"),
     )
 
 

@@ -11,9 +11,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from homepd.serve import advice_routes, ops_routes, openai_routes
+from homepd.serve import advice_routes, embeddings, ops_routes, openai_routes
 from homepd.serve.errors import install_error_handlers
 from homepd.serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware
+from homepd.serve.ollama import chat_routes, embed_routes, model_routes
+from homepd.serve.ollama.errors import OllamaErrorShape
 
 # why: a prompt of max_prompt_bytes may arrive JSON-escaped (\uXXXX: 6 bytes per character)
 BODY_BYTES_PER_PROMPT_BYTE = 6
@@ -40,6 +42,9 @@ def create_app(service) -> FastAPI:
                   lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     app.include_router(openai_routes.router)
+    app.include_router(embeddings.router)
+    for ollama in (model_routes, chat_routes, embed_routes):  # the Ollama API on the same port
+        app.include_router(ollama.router)
     app.include_router(ops_routes.router)
     app.include_router(advice_routes.router)
     install_error_handlers(app)
@@ -57,4 +62,5 @@ def create_app(service) -> FastAPI:
 
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", openai_routes.CLASS_HEADER])
+    app.add_middleware(OllamaErrorShape)  # outermost: every error under /api/ in Ollama's shape
     return app

@@ -3,7 +3,8 @@
 Chat and text completions differ in how a choice is shaped (``Shape``) and in
 what the reply holds: a chat's text goes through its ``ReplyParser``
 (``homepd.chat.format``) into content, reasoning (``reasoning_content``)
-and tool calls.  The request is admitted before its prompt is tokenized; a
+and tool calls (``homepd.serve.reply``, which the Ollama routes read too;
+``start_request`` is their way in).  The request is admitted before its prompt is tokenized; a
 client that goes away has its request cancelled (streaming: starlette cancels
 the generator; non-streaming: a watcher on the connection), and the place it
 held is freed once the engine has ended it.  Every response carries homepd's
@@ -12,28 +13,26 @@ fields it ignored.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 
-from homepd.chat.reply import DeltaKind
-from homepd.core.lifecycle import Lifecycle
 from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams, TokenLogprob
 from homepd.core.terms import RequestClass
 from homepd.engine.streams import EventKind
 from homepd.errors import HomepdError
 from homepd.measure.trace.traffic import Route
-from homepd.serve.chat import RequestPlan, arguments_json, plan_request
+from homepd.serve.chat import plan_request
 from homepd.serve.errors import UNAVAILABLE, APIError, from_homepd_error, unavailable
 from homepd.serve.middleware import cut
+from homepd.serve.reply import CHAT, TEXT, Reply, chat_logprobs, collect, completion_logprobs, release, usage
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("homepd.serve")
@@ -58,27 +57,29 @@ class SamplerDefaults:
 DEFAULTS = SamplerDefaults()
 
 
-@dataclass(frozen=True)
-class Shape:
-    """Where chat and text completions differ."""
-    id_prefix: str
-    object: str
-    chunk_object: str
-    is_chat: bool
-
-
-CHAT = Shape("chatcmpl-", "chat.completion", "chat.completion.chunk", True)
-TEXT = Shape("cmpl-", "text_completion", "text_completion", False)
-
-
 async def complete(service, request: Request, body: ChatCompletionRequest | CompletionRequest, request_class: RequestClass):
     """Run ``body`` on the service's engine: a JSON response, or an SSE stream when ``body.stream``."""
+    reply = await start_request(service, body, request_class)
+    if body.stream:
+        usage_mode = "continuous" if body.continuous_usage else "final" if body.include_usage else None
+        return EngineEventStream(service, reply.stream, request_class, _sse(reply, usage_mode))
+    return await _respond(reply, request, request_class)
+
+
+async def start_request(service, body: ChatCompletionRequest | CompletionRequest, request_class: RequestClass, *,
+                        ignored: list[str] | None = None) -> Reply:
+    """Check, plan, admit and submit ``body``: the ``Reply`` whose stream the engine now fills.  A face that
+    maps its own wire format onto an OpenAI body (the Ollama routes) passes the fields it ``ignored``."""
     shape = CHAT if isinstance(body, ChatCompletionRequest) else TEXT
     settings = service.settings
+    card = service.models.find(body.model)
+    if card is not None and card.role != "chat":
+        raise APIError(400, f"model {cut(body.model)!r} is an embedding model: it cannot chat or complete text; "
+                            "send it to /v1/embeddings", code="model_not_chat", param="model")
     if settings.strict_model_name and body.model not in service.served_model_ids:
         raise APIError(404, f"model {cut(body.model)!r} is not served here; GET /v1/models lists "
                             f"{', '.join(service.served_model_ids)}", "not_found_error", "model_not_found", "model")
-    ignored = service.ignored_fields(body.ignored_fields())
+    ignored = service.ignored_fields(body.ignored_fields() if ignored is None else ignored)
     if messages_count := len(getattr(body, "messages", ())):
         if messages_count > settings.max_messages:
             raise APIError(413, f"{messages_count} messages; this service takes at most {settings.max_messages} "
@@ -88,6 +89,9 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
         raise APIError(413, f"the prompt is {n_bytes} bytes; this service takes at most "
                             f"{settings.max_prompt_bytes} (--max-prompt-bytes)", code="prompt_too_large",
                        param="messages" if shape.is_chat else "prompt")
+    if service.engine is None:  # why: loading; the chat format (the plan's input) is not known yet
+        code, message = service.unavailable_reason() or ("not_ready", "the model is still loading; retry shortly")
+        raise unavailable(message, code, retry_after_s=5)
     plan = await plan_request(body, sampling_params(body, settings, service.config.n_ctx),
                               service.engine.chat_format, service.served_model_ids[0])
     rid = shape.id_prefix + uuid.uuid4().hex
@@ -104,11 +108,7 @@ async def complete(service, request: Request, body: ChatCompletionRequest | Comp
         raise error from None
     service.note_arrival(stream, Route.CHAT if shape.is_chat else Route.COMPLETIONS, plan.params.max_tokens,
                          plan.prompt, plan.messages)
-    reply = Reply(service, shape, stream, plan, body.model, int(time.time()), ignored)
-    if body.stream:
-        usage_mode = "continuous" if body.continuous_usage else "final" if body.include_usage else None
-        return EngineEventStream(service, stream, request_class, _sse(reply, usage_mode))
-    return await _respond(reply, request, request_class)
+    return Reply(service, shape, stream, plan, body.model, int(time.time()), ignored)
 
 
 def _prompt_bytes(body) -> int:
@@ -149,116 +149,10 @@ def sampling_params(body, settings, n_ctx: int) -> SamplingParams:
         raise from_homepd_error(exc) from None
 
 
-@dataclass
-class Reply:
-    """One request's reply as it comes: events in, OpenAI pieces out (chat deltas, text, log-probabilities)."""
-    service: object
-    shape: Shape
-    stream: object
-    plan: RequestPlan
-    model: str
-    created: int
-    ignored: list[str]
-    parser: object = None
-    content: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    calls: dict[int, dict] = field(default_factory=dict)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    final: object = None       # the parser's Reply, once flushed
-
-    def __post_init__(self):
-        self.parser = self.plan.parser()
-
-    def feed(self, text: str, t_s: float) -> list[dict]:
-        """The chat deltas (or completion texts) of ``text``; notes the first answer token's time."""
-        if self.parser is None:
-            if text:
-                self._answered(t_s)
-                self.content.append(text)
-            return [{"content": text}] if text else []
-        return [self._delta(d, t_s) for d in self.parser.feed(text)]
-
-    def flush(self, t_s: float) -> list[dict]:
-        """What the parser still held at the end (a cut call becomes content)."""
-        if self.parser is None:
-            return []
-        deltas = [self._delta(d, t_s) for d in self.parser.flush()]
-        self.final = self.parser.finish()
-        return deltas
-
-    def _delta(self, d, t_s: float) -> dict:
-        if d.kind is DeltaKind.REASONING:
-            self.reasoning.append(d.text)
-            return {"reasoning_content": d.text}
-        self._answered(t_s)
-        if d.kind is DeltaKind.CONTENT:
-            self.content.append(d.text)
-            return {"content": d.text}
-        if d.kind is DeltaKind.TOOL_CALL_START:
-            self.calls[d.index] = {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
-            return {"tool_calls": [{"index": d.index, "id": d.id, "type": "function",
-                                    "function": {"name": d.name, "arguments": ""}}]}
-        self.calls[d.index]["function"]["arguments"] += d.text
-        return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
-
-    def _answered(self, t_s: float) -> None:
-        lc = self.stream.lifecycle
-        if lc.first_answer_s is None:
-            lc.first_answer_s = t_s
-
-    @property
-    def tool_calls(self) -> tuple:
-        """The reply's complete tool calls (a call cut short, or malformed, is content instead)."""
-        return self.final.tool_calls if self.final is not None else ()
-
-    def finish_reason(self, reason: str) -> str:
-        return "tool_calls" if self.tool_calls and reason == "stop" else reason
-
-    def message(self) -> dict:
-        """The whole chat message."""
-        if self.final is None:
-            return {"role": "assistant", "content": "".join(self.content)}
-        r = self.final
-        text = r.content or ""
-        out: dict = {"role": "assistant", "content": None if r.tool_calls and not text.strip() else text}
-        if r.reasoning:
-            out["reasoning_content"] = r.reasoning
-        if r.tool_calls:
-            out["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
-                                 for c in r.tool_calls]
-        return out
-
-    def homepd(self) -> dict:
-        return {**timings(self.stream.lifecycle, self.service.config.mode),
-                **({"ignored_fields": self.ignored} if self.ignored else {})}
-
-
 async def _respond(reply: Reply, request: Request, request_class: RequestClass):
-    """Collect the whole answer; cancel it if the client goes away first."""
-    service, stream = reply.service, reply.stream
-    collecting = asyncio.ensure_future(stream.collect())
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({collecting, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not collecting.done():  # the client is gone: free its sequence now
-            service.engine.cancel(stream.request_id)
-        events, _ = await collecting
-    finally:
-        watcher.cancel()
-    try:
-        last = events[-1]
-        if last.kind is EventKind.ERROR:
-            raise unavailable(f"the request failed: {last.error}", "worker_failed")
-        if last.finish_reason is FinishReason.CANCELLED:
-            raise unavailable("the request was aborted: homepd is shutting down", "aborted")
-        for e in events:
-            reply.feed(e.text, e.t_s)
-            if e.logprob is not None:
-                reply.logprobs.append(e.logprob)
-        reply.flush(last.t_s)
-    finally:
-        service.finished(stream.request_id, stream.lifecycle, request_class)
+    """The whole answer as one OpenAI response."""
+    last = await collect(reply, request, request_class)
+    stream = reply.stream
     choice: dict = {"index": 0}
     if reply.shape.is_chat:
         choice["message"] = reply.message()
@@ -271,12 +165,6 @@ async def _respond(reply: Reply, request: Request, request_class: RequestClass):
     return JSONResponse({
         "id": stream.request_id, "object": reply.shape.object, "created": reply.created, "model": reply.model,
         "choices": [choice], "usage": usage(stream.lifecycle), "homepd": reply.homepd()})
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client closes the connection (the body has been read: nothing else can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _sse(reply: Reply, usage_mode: str | None):
@@ -334,12 +222,7 @@ async def _sse(reply: Reply, usage_mode: str | None):
 
 
 class EngineEventStream(EventSourceResponse):
-    """The SSE response of one engine request, which frees the request however the response ends.
-
-    # why: cleanup lives here, not in the body generator: a client that leaves before the first byte
-    # gets its response task cancelled before the generator ever starts, and a generator that never
-    # started runs no ``finally``.
-    """
+    """The SSE response of one engine request, which frees the request however the response ends."""
 
     def __init__(self, service, stream, request_class: RequestClass, body):
         super().__init__(body, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -349,47 +232,4 @@ class EngineEventStream(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if self.service.engine.is_running(self.stream.request_id):  # the client left: cancel, free it later
-                self.service.engine.cancel(self.stream.request_id)
-                self.service.spawn_finish(self.stream, self.request_class)
-            else:
-                self.service.finished(self.stream.request_id, self.stream.lifecycle, self.request_class)
-
-
-def _token_entry(piece: bytes, logprob: float) -> dict:
-    return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(piece)}
-
-
-def chat_logprobs(logprobs: list[TokenLogprob]) -> dict:
-    """OpenAI chat's ``choices[].logprobs``: one entry per token, with its ``top_logprobs``."""
-    return {"content": [{**_token_entry(lp.piece, lp.logprob),
-                         "top_logprobs": [_token_entry(p, v) for _, p, v in lp.top]} for lp in logprobs],
-            "refusal": None}
-
-
-def completion_logprobs(logprobs: list[TokenLogprob], offset: int = 0) -> dict:
-    """The legacy completions ``logprobs``: tokens, their logprobs, the top ones as {token: logprob}, offsets."""
-    tokens = [lp.piece.decode("utf-8", errors="replace") for lp in logprobs]
-    offsets, at = [], offset
-    for t in tokens:
-        offsets.append(at)
-        at += len(t)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{p.decode("utf-8", errors="replace"): v for _, p, v in lp.top} for lp in logprobs],
-            "text_offset": offsets}
-
-
-def usage(lc: Lifecycle, n_out: int | None = None) -> dict:
-    """OpenAI's ``usage``, with ``prompt_tokens_details.cached_tokens``: the prompt tokens served from a reused
-    prefix (OpenAI's and llama-server's field; 0 when nothing was reused).  ``n_out``: the completion tokens so
-    far (streamed usage), else every token the request produced."""
-    n_out = len(lc.token_times_s) if n_out is None else n_out
-    return {"prompt_tokens": lc.n_prompt_tokens, "completion_tokens": n_out,
-            "total_tokens": lc.n_prompt_tokens + n_out,
-            "prompt_tokens_details": {"cached_tokens": lc.n_cached_tokens}}
-
-
-def timings(lc: Lifecycle, mode: str) -> dict:
-    """The ``homepd`` object: the mode that served the request and its ``RequestTimings`` (one shape with
-    ``Lifecycle.to_dict`` and the app; ``ttfa_s``: the time to its first answer token, past any reasoning)."""
-    return {"mode": mode, **lc.timings().to_dict()}
+            release(self.service, self.stream, self.request_class)

@@ -32,6 +32,7 @@ from homepd.serve.advice import AdviceCollector, LiveAdvisor
 from homepd.serve.errors import APIError, unavailable
 from homepd.serve.generation import DEFAULTS
 from homepd.serve.metrics import ServiceMetrics
+from homepd.serve.registry import ModelRegistry
 from homepd.serve.settings import ServeSettings
 from homepd.serve.switch import SwitchError, switch_to
 from homepd.serve.systemd import Notifier
@@ -70,6 +71,7 @@ class Service:
         self.started_s, self.started_wall_s = time.monotonic(), time.time()
         self.served_model_ids: tuple[str, ...] = tuple(dict.fromkeys((config.model, *settings.served_model_names)))
         self._ignored_seen: set[str] = set()  # field names logged once and counted under their own label
+        self.models = ModelRegistry(self)             # the chat model and the embedding model, by name and role
         self.metrics = ServiceMetrics(self)
         self.in_flight: dict[str, str] = {}           # request id -> request class, admitted and not finished
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
@@ -100,6 +102,7 @@ class Service:
     # start-up ----------------------------------------------------------------------
     async def start(self) -> None:
         """Load and warm the engine (the HTTP port is already open: /ready says 503 meanwhile)."""
+        self._spawn(self.models.refresh())  # why first: model listings answer while the engine loads
         if self.traffic is not None:
             self.traffic.start()
         if self.advisor is not None:  # why: before any request ends, so the restored traffic is all from before
@@ -140,6 +143,7 @@ class Service:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.engine is not None:
             await self.engine.stop()
+        await self.models.close()
         if self.traffic is not None:
             await asyncio.to_thread(self.traffic.stop)
         if self.advisor is not None:

@@ -36,6 +36,14 @@ def parse_seconds(text: str) -> float:
         raise ValueError(str(exc)) from None
 
 
+def parse_keep_alive(text: str) -> float | None:
+    """A keep-alive: a duration (90s, 5m) or seconds; negative means for good (None)."""
+    text = str(text).strip()
+    if text.startswith("-"):
+        return None
+    return parse_seconds(text)
+
+
 def parse_durations(text: str) -> tuple[float, ...]:
     """Comma-separated durations (5m,1h,24h)."""
     return tuple(parse_seconds(part) for part in str(text).split(",") if part.strip())
@@ -133,6 +141,16 @@ class ServeSettings:
         "advice-period", parse_seconds, "how often the advice is evaluated"))
     advice_min_requests: int = field(default=10, metadata=_opt(
         "advice-min-requests", int, "fewest requests in the window for the advice to judge it"))
+    # embeddings (homepd.serve.embeddings, homepd.engine.embedder): a second model beside the chat model
+    embedding_model: str | None = field(default=None, metadata=_opt(
+        "embedding-model", help="an embedding model served beside the chat model, loaded on first use: a "
+                                "catalog name (all-minilm-l6-v2) or a GGUF path (default: none; /v1/embeddings "
+                                "and /api/embed then answer 400)"))
+    embedding_keep_alive_s: float | None = field(default=300.0, metadata=_opt(
+        "embedding-keep-alive", parse_keep_alive, "how long the embedding model stays loaded after a request "
+                                                  "when the request does not say (5m; -1: for good; 0: unload at once)"))
+    max_embedding_inputs: int = field(default=256, metadata=_opt(
+        "max-embedding-inputs", int, "most inputs in one embedding request; more is 413"))
     auto_apply_interval_s: float | None = field(default=None, metadata=_opt(
         "auto-apply", parse_seconds, "switch to advised configurations by itself, at most once per this "
                                      "interval (e.g. 1h; default: never, POST /advice/apply decides)"))
@@ -141,7 +159,7 @@ class ServeSettings:
         """Return self if consistent, else raise ConfigError naming the option."""
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be 1..65535, got {self.port}")
-        for name in ("max_prompt_bytes", "max_tokens", "max_messages", "max_connections"):
+        for name in ("max_prompt_bytes", "max_tokens", "max_messages", "max_connections", "max_embedding_inputs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.traffic_retention_rows < 1 or not self.traffic_retention_days > 0:

@@ -12,7 +12,7 @@ from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.engine.topology import topology_for
 from homepd.errors import ConfigError, PromptTooLongError
 from homepd.serve.errors import APIError, describe_validation_errors, from_homepd_error
-from homepd.serve.generation import timings
+from homepd.serve.reply import timings
 from homepd.serve.install import install_service, render_unit
 from homepd.serve.openai_routes import request_class
 from homepd.serve.service import Service
