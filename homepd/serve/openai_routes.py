@@ -63,9 +63,12 @@ async def completions(body: CompletionRequest, request: Request,
 
 @router.get("/models")
 async def models(request: Request):
-    """The one model this service serves (under its catalog name and its file name)."""
+    """The chat model this service serves (under its catalog name and its file name), and its embedding model."""
     service = request.app.state.service
+    embedding = service.models.card("embedding")  # --embedding-model: listed after the chat model's ids
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd",
          "meta": {"sampling_defaults": DEFAULTS.to_dict(), "multimodal": False}}
-        for name in service.served_model_ids]}
+        for name in service.served_model_ids] + ([
+            {"id": embedding.name.removesuffix(":latest"), "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd",
+             "meta": {"role": "embedding"}}] if embedding is not None else [])}

@@ -50,6 +50,7 @@ class ModelRegistry:
                 *(settings.served_model_names if role == CHAT else ()))
             for role, spec in self.specs.items()}
         self.embedder: EmbeddingModel | None = None
+        self.missing: dict[str, str] = {}   # role -> why its model's file could not be found (the 503's words)
         self.described = asyncio.Event()
         self.chat_keep_alive_s: float | None = None    # asked by the last request that said (the chat model stays)
 
@@ -83,6 +84,7 @@ class ModelRegistry:
                     path = str(resolve_model(spec, config.models_dir, pull=False, catalog=catalog))
                 except ModelError as exc:
                     log.warning("homepd: the %s model %s is not here: %s", role, spec, exc)
+                    self.missing[role] = str(exc)
             card = describe(spec, None if self.is_fake else path, role, catalog=catalog, is_fake=self.is_fake)
             card = card.with_aliases(os.path.splitext(os.path.basename(path))[0] if path and not self.is_fake
                                      else "", *(self.service.settings.served_model_names if role == CHAT else ()))
@@ -153,7 +155,8 @@ class ModelRegistry:
 
     def embedding_model(self) -> EmbeddingModel:
         if self.embedder is None:
-            raise ModelError("the embedding model is not available (its file is missing: see the service log)")
+            raise ModelError(self.missing.get(EMBEDDING) or "the embedding model is not available yet (its file "
+                                                            "is being looked up); retry in a moment")
         return self.embedder
 
 
