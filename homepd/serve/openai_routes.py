@@ -70,5 +70,5 @@ async def models(request: Request):
         {"id": name, "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd",
          "meta": {"sampling_defaults": DEFAULTS.to_dict(), "multimodal": False}}
         for name in service.served_model_ids] + ([
-            {"id": embedding.name.removesuffix(":latest"), "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd",
-             "meta": {"role": "embedding"}}] if embedding is not None else [])}
+            {"id": embedding.name.removesuffix(":latest"), "object": "model", "created": int(service.started_wall_s),
+             "owned_by": "homepd", "meta": {"role": "embedding"}}] if embedding is not None else [])}

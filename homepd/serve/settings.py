@@ -147,8 +147,8 @@ class ServeSettings:
                                 "catalog name (all-minilm-l6-v2) or a GGUF path (default: none; /v1/embeddings "
                                 "and /api/embed then answer 400)"))
     embedding_keep_alive_s: float | None = field(default=300.0, metadata=_opt(
-        "embedding-keep-alive", parse_keep_alive, "how long the embedding model stays loaded after a request "
-                                                  "when the request does not say (5m; -1: for good; 0: unload at once)"))
+        "embedding-keep-alive", parse_keep_alive,
+        "how long the embedding model stays loaded after a request that does not say (5m; -1: for good; 0: at once)"))
     max_embedding_inputs: int = field(default=256, metadata=_opt(
         "max-embedding-inputs", int, "most inputs in one embedding request; more is 413"))
     auto_apply_interval_s: float | None = field(default=None, metadata=_opt(
