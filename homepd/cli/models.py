@@ -31,11 +31,12 @@ def register(subparsers) -> None:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     directory = _models_dir(args.models_dir)
-    rows = [("NAME", "DEFAULT", "SIZE", "LOCAL", "PATH")]
+    rows = [("NAME", "DEFAULT", "ROLE", "SIZE", "LOCAL", "PATH")]
     for entry in load_catalog().values():
         path = directory / entry.file_name
         local = "yes" if is_present(entry, directory) else ("damaged" if path.exists() else "no")
-        rows.append((entry.name, "*" if entry.name == DEFAULT_MODEL else "", f"{entry.size_bytes / 1e6:.1f} MB", local, str(path)))
+        rows.append((entry.name, "*" if entry.name == DEFAULT_MODEL else "", entry.role,
+                     f"{entry.size_bytes / 1e6:.1f} MB", local, str(path)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])

@@ -382,7 +382,8 @@ def test_cli_models_list(tmp_path, capsys):
     (tmp_path / f"{DEFAULT_MODEL}.gguf").write_bytes(b"short")
     assert main(["models", "list", "--models-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "DEFAULT", "SIZE", "LOCAL", "PATH"]
-    assert lines[1].split()[:5] == [DEFAULT_MODEL, "*", "98.4", "MB", "damaged"]
-    assert lines[2].split()[:4] == ["gemma3-270m-q4_k_m", "253.1", "MB", "no"]
+    assert lines[0].split() == ["NAME", "DEFAULT", "ROLE", "SIZE", "LOCAL", "PATH"]
+    assert lines[1].split()[:6] == [DEFAULT_MODEL, "*", "chat", "98.4", "MB", "damaged"]
+    assert lines[2].split()[:5] == ["gemma3-270m-q4_k_m", "chat", "253.1", "MB", "no"]
+    assert lines[3].split()[:5] == ["all-minilm-l6-v2", "embedding", "46.2", "MB", "no"]
     assert lines[2].split()[-1] == str(tmp_path / "gemma3-270m-q4_k_m.gguf")
