@@ -299,3 +299,21 @@ def energy_by_source_j(snapshots: Sequence[Snapshot], t0_s: float,
     for key, points in zones.items():
         result[key] = integrate_energy_j(points, t0_s, t1_s, wrap_j=wraps[key])
     return result
+
+
+def other_cpu_cores(snapshots: Sequence[Snapshot], t0_s: float, t1_s: float,
+                    n_cpus: int | None = None) -> float | None:
+    """The CPU that processes other than the sampled ones used between ``t0_s`` and ``t1_s``, in cores (the
+    box's busy share times its cores, less what every registered process used), averaged over the snapshots
+    there; None where no snapshot there reads both.  What a measurement on a busy box is told by: the other
+    processes' share was taken from the engine's."""
+    n_cpus = n_cpus or psutil.cpu_count() or 1
+    others = []
+    for s in snapshots:
+        if not t0_s <= s.t_mono_s <= t1_s or s.cpu_pct is None:
+            continue
+        ours = [p.cpu_pct for p in s.processes if p.is_alive]
+        if not ours or None in ours:
+            continue
+        others.append(max(0.0, s.cpu_pct / 100.0 * n_cpus - sum(ours) / 100.0))
+    return sum(others) / len(others) if others else None

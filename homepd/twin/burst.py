@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from homepd.twin.calibration import (Calibration, Reuse, WorkerCalibration, handoff_of, prepare_cost,
                                             step_cost)
+from homepd.hw.monitor import other_cpu_cores
 from homepd.core.modes import Role
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord, run_trace
@@ -39,7 +40,9 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
     t0 = time.monotonic()
     record = await run_trace(engine, tagged(trace, "[calibration] "), trace_name="calibration", slo=slo,
                              sampler=sampler)
-    burst_s = time.monotonic() - t0
+    t1 = time.monotonic()
+    burst_s = t1 - t0
+    others = other_cpu_cores(sampler.history(t0), t0, t1) if sampler is not None else None
     steps = engine.steps_since(t0)
     specs = engine.worker_specs()
     cache = engine.cache_stats()
@@ -55,7 +58,8 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
                        prepare_ms_per_token=per_token_ms, handoff=handoff_of(record.requests),
                        n_requests=len(record.requests), burst_s=burst_s,
                        kv_max=max((s.kv_in_use for s in steps), default=0),
-                       prefill_n_ctx=prefill.n_ctx if prefill is not None else None), record
+                       prefill_n_ctx=prefill.n_ctx if prefill is not None else None,
+                       other_cpu_cores=others), record
 
 
 def _with_siblings(workers: tuple[WorkerCalibration, ...]):

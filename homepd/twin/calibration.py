@@ -46,6 +46,8 @@ def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
     n = n_prompt + n_decode
     return [1.0, float(n), *(float(max(0, n - k)) for k in KNOTS), float(n_decode), n * kv_in_use / 1e3]
 
+BUSY_CORES = 0.25  # other processes' CPU (cores) during a burst above which its calibration is called busy
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -155,6 +157,13 @@ class Calibration:
     kv_max: int = 0                   # the deepest KV in use the burst reached (cells)
     prefill_n_ctx: int | None = None  # disaggregated: the prefill worker's context (a longer prompt stays on decode)
     kv_bytes_per_token: int = 0       # a KV cell's bytes (what a saved prefix takes in the store; 0: not counted)
+    # the CPU other processes used during the burst, in cores (None: not sampled): a busy box calibrates a
+    # slower twin than the box gives when it is quiet, and the report says so (BUSY_CORES)
+    other_cpu_cores: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.other_cpu_cores is not None and self.other_cpu_cores >= BUSY_CORES
 
     def worker(self, name: str) -> WorkerCalibration:
         return next(w for w in self.workers if w.name == name)

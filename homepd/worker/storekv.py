@@ -39,7 +39,9 @@ class ContextStore:
         self.busy_ms = 0.0  # saves and restores so far (StoreOps.busy_ms)
         self.segment: StoreSegment | None = None
         self.restore_ms_per_token: float | None = None  # measured (EMA); None until the first restore
-        self.save_ms_per_token: float | None = None
+        self.save_ms_per_token: float | None = None    # the mean over every save so far
+        self._saved_ms = 0.0
+        self._saved_tokens = 0
 
     def attach(self, msg: AttachStore) -> None:
         if self.segment is not None:
@@ -78,7 +80,11 @@ class ContextStore:
         took_ms = (self.clock() - t0) * 1e3
         self.busy_ms += took_ms
         if entry is not None:
-            self.save_ms_per_token = took_ms / len(tokens)
+            # why the mean of every save, not the latest: one save's time swings x2 (a page first touched, the
+            # other worker's step beside it), and the twin's calibration read the latest (homepd.twin.calibration)
+            self._saved_ms += took_ms
+            self._saved_tokens += len(tokens)
+            self.save_ms_per_token = self._saved_ms / self._saved_tokens
         gone = tuple(e.offset for e in (*dropped, *evicted))
         if gone:
             self.send(StoreDropped(gone))

@@ -1,14 +1,15 @@
 """The live sampler: real child processes, fake NVML, energy attribution."""
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 
 from fake_nvml import FakeGpu, FakeNvml
+from homepd.hw.monitor import (GpuSample, ProcessSample, Sampler, Snapshot, energy_by_source_j,
+                               integrate_energy_j, other_cpu_cores)
 from homepd.hw.probe import RaplZone
-from homepd.hw.monitor import (GpuSample, Sampler, Snapshot, energy_by_source_j,
-                            integrate_energy_j)
 
 MIB = 1 << 20
 
@@ -178,3 +179,40 @@ def test_energy_by_source_reports_na_for_a_gpu_with_nothing():
 
     joules = energy_by_source_j([snap(1, 0.0), snap(2, 1.0)], 0.0, 1.0)
     assert joules == {"gpu0": None, "rapl:intel-rapl:0:package-0": None}
+
+
+SPIN = """
+import sys, time
+print("spinning", flush=True)
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    pass
+"""
+
+
+def test_other_processes_cpu_is_seen_apart_from_the_sampled_ones():
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert spinner.stdout.readline() == "spinning\n"
+        sampler = Sampler(nvml_module=FakeNvml([]))
+        sampler.register_process(psutil.Process().pid, "controller")
+        first = sampler.sample_once()
+        psutil.Process(spinner.pid).cpu_percent(None)
+        time.sleep(0.6)  # the measurement window: the spinner's CPU accumulates
+        last = sampler.sample_once()
+        # the spinner holds one core the sampler was not told about
+        assert other_cpu_cores([first, last], first.t_mono_s, last.t_mono_s) >= 0.6
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_other_cpu_takes_the_sampled_processes_out_of_the_box_share():
+    def snap(t, box_pct, ours_pct):
+        return Snapshot(0, t, t, box_pct, 0, 0, (), tuple(ProcessSample(1, "decode", True, 1, 1, 1, p)
+                                                          for p in ours_pct), ())
+    snaps = [snap(0.0, None, [None]), snap(1.0, 75.0, [100.0, 40.0]), snap(2.0, 50.0, [100.0, 0.0])]
+    # 4 cores: 3 busy less 1.4 ours, then 2 busy less 1 ours
+    assert other_cpu_cores(snaps, 0.0, 2.0, n_cpus=4) == pytest.approx((1.6 + 1.0) / 2)
+    assert other_cpu_cores(snaps, 0.0, 1.5, n_cpus=4) == pytest.approx(1.6)
+    assert other_cpu_cores(snaps[:1], 0.0, 2.0, n_cpus=4) is None

@@ -437,7 +437,7 @@ class Campaign:
     async def _check_probe(self, engine, cand: Candidate, mix: str, trace, rate_rps: float, seed: int, run_id):
         """A twin's check: ``trace`` at ``rate_rps`` to its end (never stopped early: the twin simulates every
         request), tagged apart from the other probes; (the trace as it ran, its record)."""
-        self._report(f"{cand.name}: checking the twin on the {mix} trace at {rate_rps:.3g} req/s")
+        self._report(f"{cand.name}: checking the twin at {rate_rps:.3g} req/s ({mix})")
         self._n_probes += 1
         trace = tagged(trace, f"[probe {self._n_probes}] ")
         record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,

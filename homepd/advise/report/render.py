@@ -177,6 +177,10 @@ def render_twins(result: AdviseResult) -> str:
     lines = []
     for name, twin in result.twins.items():
         lines.append(f"  {name}: {twin.why or 'no check'}")
+        if twin.calibration.busy:
+            lines.append(f"    warning: the box was busy during its calibration (other processes used "
+                         f"{twin.calibration.other_cpu_cores:.1f} cores): its twin is a busy box's, slower than "
+                         "this box quiet; run again with nothing else running")
         for cap in twin.capacities:
             seeds = sorted(c or 0.0 for c in cap.seed_capacities)
             lines.append(f"    {cap.mix}: {fmt(cap.capacity_rps, '.2f')} req/s, {cap.confidence:.0%} interval "
