@@ -360,6 +360,8 @@ class Service:
             "engine": engine.snapshot().to_dict() if engine is not None and engine.tokenizer is not None else None,
             "recent_requests": list(self.recent),
             "traffic": self.traffic.status() if self.traffic is not None else {"recording": False},
+            "served_models": [{"name": c.name, "role": c.role, "state": self.models.state(c).value,
+                               "expires_at": self.models.expires_at(c).isoformat()} for c in self.models.all()],
         }
 
     async def next_event(self, queue: asyncio.Queue, timeout_s: float) -> tuple[str, dict] | None:

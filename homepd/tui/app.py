@@ -147,6 +147,18 @@ class HomepdApp(App):
                     f"{DEMO_TOOL.name} tool")
         self._tell("chat")
 
+    def action_next_model(self) -> None:
+        """Talk to the next chat model the source serves (a service lists its models with their states)."""
+        models = [row.name for row in (self.state.tick.models if self.state.tick else ()) if row.role == "chat"]
+        if len(models) < 2:
+            self.notify(f"one chat model here: {models[0] if models else 'not known yet'}")
+            return
+        current = self.source.chat_model
+        name = models[(models.index(current) + 1) % len(models)] if current in models else models[1]
+        self.source.pick_chat_model(name)
+        self.notify(f"the chat tester talks to {name}")
+        self._tell("chat")
+
     def on_chat_finished(self, message: m.ChatFinished) -> None:
         turn = self.state.turns[message.turn]
         turn.stats, turn.error = message.stats, message.error or (message.stats.error if message.stats else None)

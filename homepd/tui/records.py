@@ -144,6 +144,16 @@ class Tick:
     requests: tuple[RequestRow, ...]     # finished since the previous tick, newest last
     point: ChartPoint
     status: str = ""
+    models: tuple[ModelRow, ...] = ()    # the models served, by their Ollama names (empty: not told)
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One model a service serves, as the app lists it: its Ollama name, its role (chat, embedding) and its
+    state (loaded, loading, unloaded)."""
+    name: str
+    role: str
+    state: str
 
 
 @dataclass(frozen=True)

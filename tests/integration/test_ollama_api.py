@@ -84,6 +84,8 @@ def test_version_root_list_show_and_ps(client, http):
     loaded = {m.model: m for m in client.ps().models}
     assert loaded[f"{CHAT}:latest"].context_length == 1024 and loaded[f"{CHAT}:latest"].size_vram == 0
     assert loaded[f"{CHAT}:latest"].expires_at.year > 2100  # the chat model stays while the service runs
+    served = {m["name"]: (m["role"], m["state"]) for m in http.get("/status").json()["served_models"]}  # the app's
+    assert served[f"{CHAT}:latest"] == ("chat", "loaded") and served[f"{EMBED}:latest"][0] == "embedding"
 
 
 def test_chat_streamed_equals_chat_whole_and_ends_with_the_counts(client):

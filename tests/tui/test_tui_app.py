@@ -126,6 +126,22 @@ async def test_a_reply_keeps_its_reasoning_answer_and_tool_call_apart_and_shows_
         assert "thinking" not in str(seen[1])            # the reasoning is not sent back
 
 
+async def test_the_chat_tester_lists_the_models_and_ctrl_n_picks_the_chat_model():
+    source = FakeSource()
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("c")
+        status = text_of(app.screen.query_one("#chat-status", Static))
+        assert "talking to fake-chat:latest" in status and "fake-embed:latest embedding, unloaded" in status
+        await pilot.press("ctrl+n")                      # the next chat model (the embedding model is skipped)
+        assert "talking to fake-coder:latest" in text_of(app.screen.query_one("#chat-status", Static))
+        await pilot.press(*"hi", "enter")
+        await settle(app, pilot)
+        await pilot.press("ctrl+n")
+        assert source.chat_models == ["fake-coder:latest"] and source.chat_model == "fake-chat:latest"
+
+
 async def test_keys_are_handled_while_a_long_prompt_is_in_flight():
     source = FakeSource()
     source.hold("background")

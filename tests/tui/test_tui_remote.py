@@ -35,6 +35,8 @@ def engine_json() -> dict:
 
 def status() -> dict:
     return {"state": "ready", "ready": True, "models": ["smollm2-135m-instruct-q4_1"],
+            "served_models": [{"name": "smollm2-135m-instruct-q4_1:latest", "role": "chat", "state": "loaded",
+                               "expires_at": "2318-01-01T00:00:00+00:00"}],
             "admission": {"in_flight": 1, "capacity": 24}, "engine": engine_json(), "recent_requests": []}
 
 
@@ -136,6 +138,8 @@ def test_the_dashboard_follows_the_status_and_event_stream():
         assert tick.point.ttft_ms == pytest.approx(300.0) and tick.point.interference is None   # no steps sent
         assert tick.requests[0].itl_max_ms is None and tick.requests[0].stall == ""            # (an older service)
         assert "remote: homepd serve at http://homepd.test (ready, live)" == tick.status
+        assert [(m.name, m.role, m.state) for m in tick.models] == [("smollm2-135m-instruct-q4_1:latest", "chat",
+                                                                      "loaded")]
     finally:
         source.stop()
 

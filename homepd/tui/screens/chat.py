@@ -1,6 +1,7 @@
 """The chat tester: a conversation streamed from the engine, each reply in its parts (reasoning, answer, tool
 calls) with its TTFT, TPOT, architecture and KV handoff; ctrl+b fires a long background prompt, ctrl+t switches
-colocated / disaggregated, ctrl+o offers a demo tool (get_current_time) with the requests."""
+colocated / disaggregated, ctrl+o offers a demo tool (get_current_time) with the requests, ctrl+n picks the chat
+model among those the source serves (listed by their Ollama names with their state)."""
 from __future__ import annotations
 
 import json
@@ -84,6 +85,7 @@ class ChatScreen(StateScreen):
         Binding("ctrl+b", "app.background", "long prompt", priority=True),
         Binding("ctrl+t", "app.switch_mode", "switch arch", priority=True),
         Binding("ctrl+o", "app.toggle_tool", "offer tool", priority=True),
+        Binding("ctrl+n", "app.next_model", "next model", priority=True),
         Binding("escape", "leave_input", "keys", show=False),
     ]
 
@@ -132,4 +134,11 @@ class ChatScreen(StateScreen):
             parts.append("attached: the service's architecture is fixed")
         if state.offer_tool:
             parts.append(f"offering the {DEMO_TOOL.name} tool")
-        return Text(" · ".join(parts), style="dim")
+        text = Text(" · ".join(parts), style="dim")
+        models = state.tick.models if state.tick else ()
+        if models:
+            chat = [m.name for m in models if m.role == "chat"]
+            talking = self.app.source.chat_model or (chat[0] if chat else "?")
+            text.append(f"\nmodels (ctrl+n picks the chat model): talking to {talking} · ", style="dim")
+            text.append(" · ".join(f"{m.name} {m.role}, {m.state}" for m in models), style="dim")
+        return text

@@ -30,6 +30,7 @@ HELP = """\
   ctrl+b a long background prompt: watch TTFT, ITL, interference
   ctrl+t switch colocated / disaggregated (the app's own engine)
   ctrl+o offer a demo tool (get_current_time) on/off: see its calls
+  ctrl+n talk to the next chat model the service serves (listed there)
 [b]history[/b]
   enter open a run   r reload   esc back
 

@@ -58,6 +58,7 @@ class DataSource(abc.ABC):
         self._advise: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
         self._advise_cancelled = False
         self._n_background = 0
+        self.chat_model: str | None = None   # the model the chat tester talks to (None: the source's own)
 
     # the engine ------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -71,6 +72,10 @@ class DataSource(abc.ABC):
     @abc.abstractmethod
     def tick(self) -> Tick:
         """A picture of the box and the engine now, with what finished since the previous tick."""
+
+    def pick_chat_model(self, name: str) -> None:
+        """Send the chat tester's requests to model ``name`` (one of the tick's chat models)."""
+        self.chat_model = name
 
     def advice(self):
         """The live advice standing now (a ``homepd.tui.liveadvice.AdviceView``), None when there is none or the

@@ -36,7 +36,7 @@ from homepd.models.pull import PARTIAL_PREFIX
 from homepd.models.resolve import is_present, models_dir
 from homepd.tui import derive
 from homepd.tui.liveadvice import LocalAdvisor
-from homepd.tui.records import ChatStats, Tick
+from homepd.tui.records import ChatStats, ModelRow, Tick
 from homepd.tui.sources.base import (BACKGROUND_MAX_TOKENS, CHAT_MAX_TOKENS, CHAT_TEMPERATURE, CHAT_TOP_P, DataSource,
                                      Emit, OnDelta, long_prompt)
 from homepd.engine.chatplan import ChatPlan
@@ -172,7 +172,8 @@ class EmbeddedSource(DataSource):
         rows, point = self._steps.tick(now, interval_s, list(zip(timings, gaps)), [StepSample.of(steps, now)])
         arch = derive.architecture_view(snap, derive.kv_mb_s(timings, interval_s)) if snap else None
         hardware = derive.hardware_view(self.sampler.latest() if self.sampler else None, self._box)
-        return Tick(hardware, arch, rows, point, self.description)
+        model = ModelRow(f"{self.config.model}:latest", "chat", "loaded" if snap else "loading")
+        return Tick(hardware, arch, rows, point, self.description, (model,))
 
     def advice(self):
         return self._advisor.evaluate() if self._advisor is not None else None

@@ -20,7 +20,8 @@ from homepd.core.terms import ReuseMode
 from homepd.core.records import WorkerSnapshot
 from homepd.tui.liveadvice import advice_view
 from homepd.tui.records import (AdviseStep, AdviseView, ArchitectureView, ArenaView, CacheView, ChartPoint, ChatStats,
-                                EvidenceRow, HardwareView, ProcessView, RecommendationView, RequestRow, RunListRow, Tick)
+                                EvidenceRow, HardwareView, ModelRow, ProcessView, RecommendationView, RequestRow,
+                                RunListRow, Tick)
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, DataSource, Emit, OnDelta
 
 MIB = 2 ** 20
@@ -86,6 +87,7 @@ class FakeSource(DataSource):
         super().__init__(config or EngineConfig(backend="fake"))
         self.thinking = thinking
         self.offered_tool: list[bool] = []                # chat's offer_tool argument, per turn
+        self.chat_models: list[str | None] = []           # the model picked when each chat turn was sent
         self.pictures = pictures  # advise views carry fake_pictures()
         self.mode = Mode(self.config.mode)
         self.n_ticks = 0
@@ -157,12 +159,15 @@ class FakeSource(DataSource):
                            if wave > 6 else ""),)
         point = ChartPoint(i * 0.5, ttft_ms=150.0 + 60 * wave, itl_ms=40.0 + 25 * wave, tpot_ms=36.0 + wave,
                            tok_s=20.0 + 2 * wave, interference=1.0 + wave / 4)
-        return Tick(hw, arch, rows, point, self.description)
+        models = (ModelRow("fake-chat:latest", "chat", "loaded"), ModelRow("fake-coder:latest", "chat", "unloaded"),
+                  ModelRow("fake-embed:latest", "embedding", "unloaded"))
+        return Tick(hw, arch, rows, point, self.description, models)
 
     def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
              offer_tool: bool = False) -> ChatStats:
         self._wait("chat")
         self.offered_tool.append(offer_tool)
+        self.chat_models.append(self.chat_model)
         question = messages[-1]["content"]
         if self.thinking:  # why two lines: the chat screen shows reasoning line by line
             for k, word in enumerate(f"The user wrote: {question}\nI repeat it back.".split(" ")):

@@ -39,7 +39,7 @@ from homepd.hw.probe import probe
 from homepd.measure.stepstream import StepSample, TokenGaps
 from homepd.tui import derive
 from homepd.tui.liveadvice import advice_view
-from homepd.tui.records import ChatStats, Tick
+from homepd.tui.records import ChatStats, ModelRow, Tick
 from homepd.tui.sources.base import CHAT_MAX_TOKENS, CHAT_TEMPERATURE, CHAT_TOP_P, DataSource, Emit, OnDelta
 from homepd.tui.sources.chatrequest import chunk_deltas, openai_tool_fields
 from homepd.tui.stepwindow import StepWindow
@@ -73,14 +73,17 @@ class ServiceStatus:
     capacity: int
     engine: EngineSnapshot | None      # None until the engine is up
     origin: ConfigOrigin | None = None  # the configuration it serves with and why (None: an older service)
+    served: tuple[ModelRow, ...] = ()   # its models by their Ollama names, with their state (older: none)
 
     @classmethod
     def from_json(cls, body: dict) -> "ServiceStatus":
         try:
             admission, engine, origin = body["admission"], body["engine"], body.get("configuration")
+            served = tuple(ModelRow(str(m["name"]), str(m["role"]), str(m["state"]))
+                           for m in body.get("served_models") or ())
             return cls(str(body["state"]), tuple(body["models"]), int(admission["in_flight"]),
                        int(admission["capacity"]), None if engine is None else EngineSnapshot.from_dict(engine),
-                       None if origin is None else ConfigOrigin.from_dict(origin))
+                       None if origin is None else ConfigOrigin.from_dict(origin), served)
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordShapeError(f"/status: missing or mistyped field {exc}") from None
 
@@ -289,12 +292,12 @@ class RemoteSource(DataSource):
             arch = derive.architecture_view(status.engine, derive.kv_mb_s(timings, interval_s), note)
         hardware = derive.hardware_view(self.sampler.latest(), self._box) if self.sampler is not None else None
         rows, point = self.steps.tick(now, interval_s, finished, samples)
-        return Tick(hardware, arch, rows, point, self.description)
+        return Tick(hardware, arch, rows, point, self.description, status.served if status is not None else ())
 
     # chat -------------------------------------------------------------------------------------
     def chat(self, messages: list[dict], on_delta: OnDelta, *, max_tokens: int = CHAT_MAX_TOKENS,
              offer_tool: bool = False) -> ChatStats:
-        body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": max_tokens,
+        body = {"model": self.chat_model or self.model, "messages": messages, "stream": True, "max_tokens": max_tokens,
                 "temperature": CHAT_TEMPERATURE, "top_p": CHAT_TOP_P, **(openai_tool_fields() if offer_tool else {})}
         served: tuple[str, RequestTimings] | None = None
         finish = error = None
