@@ -22,13 +22,16 @@ from homepd.measure.metrics import SLO
 from homepd.measure.trace import make_trace
 from homepd.measure.trace.model import tagged
 from homepd.store.records import Run
-from homepd.twin.capacity import run_figures, twin_capacity
+from homepd.twin.capacity import attainment_at, twin_capacity
 from homepd.twin.calibration import Calibration
 from homepd.twin.records import TwinCapacity, TwinEvidence
 from homepd.twin.traces import TWIN_TAG, TraceRequests
 
-WHAT_IF_SEEDS = 10           # why fewer than the campaign's 20: the answer is wanted in seconds, and it is
-WHAT_IF_REQUESTS = 200       # a projection either way; the interval says how wide it is
+# why fewer seeds and requests and a coarser grid than the campaign's (20 x 200, 16 a octave): the answer is
+# wanted in seconds, and it is a projection either way; the interval says how wide it is
+WHAT_IF_SEEDS = 8
+WHAT_IF_REQUESTS = 200
+WHAT_IF_STEPS_PER_OCTAVE = 8     # a grid step of 9 %
 SAME = object()              # a what-if field left as the run had it
 
 
@@ -135,11 +138,11 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
         start = before.capacity_rps if before and before.capacity_rps else 1.0
         speeds = _speeds(run)
         projected = twin_capacity(config, cal, requests, slo, speeds, start, n_seeds=n_seeds, n_requests=n_requests,
-                                  processes=processes)
+                                  processes=processes, steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE)
         attainment = None
         if reference is not None:
-            attainment = statistics.mean(run_figures(config, cal, requests(reference, s), slo, speeds, reference,
-                                                     s).attainment for s in range(min(n_seeds, 4)))
+            attainment = statistics.mean(f.attainment for f in attainment_at(
+                config, cal, requests, slo, speeds, reference, range(min(n_seeds, 4)), processes))
         out.append(Projection(twin.candidate, twin.trusted, twin.why, before.capacity_rps if before else None,
                               projected, reference, attainment))
     return out

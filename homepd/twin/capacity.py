@@ -146,16 +146,17 @@ def _index(rate: float, steps: int) -> int:
 def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,
                   speeds: tuple[float | None, float | None], start_rps: float, *, mix: str = "mixed",
                   n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS, target_share: float = DEFAULT_TARGET_SHARE,
-                  processes: int | None = None, min_rate_rps: float = 1 / 64, max_rate_rps: float = 64.0
-                  ) -> TwinCapacity:
+                  processes: int | None = None, min_rate_rps: float = 1 / 64, max_rate_rps: float = 64.0,
+                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE) -> TwinCapacity:
     """The capacity of ``config`` (calibrated as ``cal``) on ``requests(rate, seed)``; see the module docstring."""
     t0 = time.monotonic()
     runner = _Runner(config, cal, requests, slo, speeds, processes, stop_share=target_share)
     passes = lambda fig: fig.attainment >= target_share - 1e-12  # noqa: E731
     try:
         lo, hi = _coarse_bracket(runner, start_rps, target_share, min_rate_rps, max_rate_rps)
-        ratio = FINE_STEPS_PER_OCTAVE // COARSE_STEPS_PER_OCTAVE
-        seed_caps = _seed_capacities(runner, n_seeds, lo * ratio, hi * ratio, passes, min_rate_rps, max_rate_rps)
+        ratio = steps_per_octave // COARSE_STEPS_PER_OCTAVE
+        seed_caps = _seed_capacities(runner, n_seeds, lo * ratio, hi * ratio, passes, min_rate_rps, max_rate_rps,
+                                     steps_per_octave)
     finally:
         runner.close()
     figures = list(runner.figures.values())
@@ -164,9 +165,20 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
     return TwinCapacity(
         candidate=cal.candidate, mix=mix, target_share=target_share, capacity_rps=capacity, interval_rps=interval,
         seed_capacities=tuple(seed_caps), points=points, n_seeds=n_seeds, n_requests=n_requests,
-        resolution_rps=(capacity or 1.0) * (2 ** (1 / FINE_STEPS_PER_OCTAVE) - 1),
+        resolution_rps=(capacity or 1.0) * (2 ** (1 / steps_per_octave) - 1),
         sim_s=sum(f.sim_s for f in figures), virtual_s=sum(f.virtual_s for f in figures),
         wall_s=time.monotonic() - t0, decided_by=_decided_by(figures, capacity, target_share))
+
+
+def attainment_at(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,
+                  speeds: tuple[float | None, float | None], rate_rps: float, seeds: range,
+                  processes: int | None = None) -> list[RunFigures]:
+    """Each seed's run at ``rate_rps`` to its end (every request's outcome counted), in the pool."""
+    runner = _Runner(config, cal, requests, slo, speeds, processes)
+    try:
+        return runner.run([(rate_rps, s) for s in seeds])
+    finally:
+        runner.close()
 
 
 def _coarse_bracket(runner: _Runner, start_rps: float, target_share: float, min_rate: float,
@@ -195,23 +207,41 @@ def _coarse_bracket(runner: _Runner, start_rps: float, target_share: float, min_
 
 
 def _seed_capacities(runner: _Runner, n_seeds: int, lo: int, hi: int, passes, min_rate: float,
-                     max_rate: float) -> list[float | None]:
+                     max_rate: float, steps: int = FINE_STEPS_PER_OCTAVE) -> list[float | None]:
     """Each seed's capacity on the fine grid, by bisection from [``lo``, ``hi``] (grid indices), every seed's
-    next rate run together (one pool round per step)."""
-    steps = FINE_STEPS_PER_OCTAVE
+    next rate run together (one pool round per step).  The bracket's ends are taken as passing and failing
+    until a seed's search ends on one: only then is that end run (a third fewer runs than running both ends of
+    every seed first; a seed for which the end turns out otherwise searches on past it)."""
     k_min, k_max = math.ceil(math.log2(min_rate) * steps), math.floor(math.log2(max_rate) * steps)
+    lo, hi = max(lo, k_min), min(hi, k_max)
     state = {s: {} for s in range(n_seeds)}       # seed -> {index: passed}
-    todo = {s: [max(lo, k_min), min(hi, k_max)] for s in range(n_seeds)}
-    while todo:
-        tasks = [(_rate(k, steps), s) for s, ks in todo.items() for k in ks]
-        for fig in runner.run(tasks):
+    for (rate, seed), fig in runner.figures.items():   # the coarse bracket's runs are this grid's too
+        if seed < n_seeds:
+            state[seed][_index(rate, steps)] = passes(fig)
+    while True:
+        todo = {s: k for s, seen in state.items()
+                if (k := _next_assumed(seen, lo, hi, k_min, k_max, steps)) is not None}
+        if not todo:
+            break
+        for fig in runner.run([(_rate(k, steps), s) for s, k in todo.items()]):
             state[fig.seed][_index(fig.rate_rps, steps)] = passes(fig)
-        todo = {}
-        for s, seen in state.items():
-            nxt = _next_index(seen, k_min, k_max, steps)
-            if nxt is not None:
-                todo[s] = [nxt]
     return [_capacity_of(seen, steps) for seen in state.values()]
+
+
+def _next_assumed(seen: dict[int, bool], lo: int, hi: int, k_min: int, k_max: int, steps: int) -> int | None:
+    """``_next_index`` with the bracket's ends assumed (``lo`` passing, ``hi`` failing) where not run; an
+    assumed end the search ended on is the next to run."""
+    merged = {**({lo: True} if lo < hi else {}), hi: False, **seen}
+    nxt = _next_index(merged, k_min, k_max, steps)
+    if nxt is not None:
+        return nxt
+    bad = [k for k, ok in merged.items() if not ok]
+    low_fail = min(bad) if bad else None
+    good = [k for k, ok in merged.items() if ok and (low_fail is None or k < low_fail)]
+    for edge in (max(good) if good else None, low_fail):
+        if edge is not None and edge not in seen:
+            return edge
+    return None
 
 
 def _next_index(seen: dict[int, bool], k_min: int, k_max: int, steps: int) -> int | None:
