@@ -30,11 +30,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from homepd.advise.live.advisor import Advisor
 from homepd.advise.live.advice import AdviceKind, LiveSettings, Verdict, running_candidate
+from homepd.advise.campaign.traffic import traffic_source, units_of
 from homepd.advise.live.twinned import replay_window
 from homepd.core.origin import ConfigSource
 from homepd.core.records import to_plain
+from homepd.errors import ConfigError
 from homepd.measure.metrics import interference
 from homepd.measure.profile import FinishedRequest
+from homepd.models.resolve import resolve_model
+from homepd.twin.traces import of_trace
 
 log = logging.getLogger("homepd.serve")
 EVIDENCE_REFRESH_S = 60.0
@@ -171,12 +175,8 @@ class LiveAdvisor(Advisor):
     def _window(self):
         """The judged window's recorded requests, tokenized as the engine does (blocking: the store, the model's
         vocabulary); None when the window holds too few."""
-        # why: the store and the model's vocabulary load with the first replay
-        from homepd.advise.campaign.traffic import traffic_source, units_of
+        # why: jinja2 (the tokenizer's chat templates) loads with the first replay, not with the service
         from homepd.engine.tokenizer import PromptTokenizer
-        from homepd.errors import ConfigError
-        from homepd.models.resolve import resolve_model
-        from homepd.twin.traces import of_trace
 
         config = self.service.config
         if self._tokenizer is None:

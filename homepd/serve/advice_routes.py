@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from homepd.advise.live.advice import AdviceKind
 from homepd.serve.errors import APIError
+from homepd.serve.switch import SwitchError, switch_to
 
 router = APIRouter(tags=["advice"])
 
@@ -44,9 +45,6 @@ async def evaluate(request: Request):
 async def apply(request: Request, body: ApplyRequest):
     """Drain, restart the workers in the advised (or the named) candidate's configuration and resume; returns
     the switch's record.  Requests that arrive meanwhile wait and are served by the new configuration."""
-    # why: numpy (the switch's launch) stays out of the routes' own imports
-    from homepd.serve.switch import SwitchError, switch_to
-
     advisor = _advisor(request)
     name = body.candidate
     if name is None:

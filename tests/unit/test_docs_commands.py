@@ -345,7 +345,7 @@ def test_the_check_fails_on_a_made_up_flag_a_wrong_command_and_an_unknown_subcom
     assert sorted(report.problems) == sorted([
         "doc.md:2: `homepd serve` has no --frobnicate (see `homepd serve --help`)",
         "doc.md:2: `homepd advise` has no --port (see `homepd advise --help`)",
-        "doc.md:4: `homepd advise explode`: no such command (it has: apply, export)",
+        "doc.md:4: `homepd advise explode`: no such command (it has: apply, export, what-if)",
         "doc.md:10: no homepd command has --no-such-option (another program's? add it to FOREIGN_FLAGS with "
         "its owner)",
         "doc.md:12: `homepd probe` has no --port (shown under its flags)",
