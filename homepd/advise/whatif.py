@@ -24,7 +24,7 @@ from homepd.measure.trace.model import tagged
 from homepd.store.records import Run
 from homepd.twin.capacity import attainment_at, twin_capacity
 from homepd.twin.calibration import Calibration
-from homepd.twin.records import TwinCapacity, TwinEvidence
+from homepd.twin.records import CALIBRATION_MIX, TwinCapacity, TwinEvidence
 from homepd.twin.traces import TWIN_TAG, TraceRequests
 
 # why fewer seeds and requests and a coarser grid than the campaign's (20 x 200, 16 a octave): the answer is
@@ -151,7 +151,7 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
 def _speeds(run: Run) -> tuple[float | None, float | None]:
     """The box's prefill tok/s and decode step ms as the run's calibration measured them (the drain allowance)."""
     for probe in run.measured:
-        if probe.mix == "calibration":
+        if probe.mix == CALIBRATION_MIX:
             return probe.prompt_tok_s, probe.tpot_p50_ms
     return None, None
 

@@ -13,8 +13,8 @@ import asyncio
 import time
 from dataclasses import replace
 
-from homepd.twin.calibration import (Calibration, Reuse, WorkerCalibration, handoff_of, prepare_cost,
-                                            step_cost)
+from homepd.twin.calibration import (Calibration, Reuse, WorkerCalibration, handoff_of, narrow, prepare_cost,
+                                     step_cost, warm_shapes)
 from homepd.hw.monitor import other_cpu_cores
 from homepd.core.modes import Role
 from homepd.measure.metrics import SLO
@@ -42,13 +42,23 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
                              sampler=sampler)
     t1 = time.monotonic()
     burst_s = t1 - t0
-    others = other_cpu_cores(sampler.history(t0), t0, t1) if sampler is not None else None
+    busy_cores = other_cpu_cores(sampler.history(t0), t0, t1) if sampler is not None else None
     steps = engine.steps_since(t0)
     specs = engine.worker_specs()
     cache = engine.cache_stats()
-    workers = tuple(WorkerCalibration(name, spec, step_cost([s for s in steps if s.worker_role == name],
-                                                            [s for s in steps if s.worker_role != name]),
-                                      Reuse.of(cache.get(name), can_share=spec.kv_unified))
+    own = {name: [s for s in steps if s.worker_role == name] for name in specs}
+    others = {name: [s for s in steps if s.worker_role != name] for name in specs}
+    costs = {name: step_cost(own[name], others[name]) for name in specs}
+    # a worker whose burst cannot tell its fixed part from its cost per token takes the fixed part of the one
+    # whose burst can (the same llama.cpp loop on the same kind of core); its cost per token is its own
+    wide = [n for n in specs if not narrow(own[n])]
+    if wide:
+        best = max(wide, key=lambda n: len(own[n]))
+        for name in specs:
+            if name not in wide and own[name]:
+                costs[name] = step_cost(own[name], others[name], base_ms=costs[best].coef[0])
+    workers = tuple(WorkerCalibration(name, spec, costs[name], Reuse.of(cache.get(name), can_share=spec.kv_unified),
+                                      warm=warm_shapes(own[name]))
                     for name, spec in specs.items())
     workers = tuple(_with_siblings(workers))
     samples = await asyncio.to_thread(_prepare_samples, engine, trace)
@@ -59,7 +69,7 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
                        n_requests=len(record.requests), burst_s=burst_s,
                        kv_max=max((s.kv_in_use for s in steps), default=0),
                        prefill_n_ctx=prefill.n_ctx if prefill is not None else None,
-                       other_cpu_cores=others), record
+                       other_cpu_cores=busy_cores), record
 
 
 def _with_siblings(workers: tuple[WorkerCalibration, ...]):

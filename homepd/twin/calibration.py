@@ -33,6 +33,9 @@ from homepd.core.terms import ReuseMode
 # why: a gap longer than this between two steps of a busy worker is idleness or a pump's work, not the loop
 MAX_OVERHEAD_MS = 25.0
 RIDGE = 1e-4
+WARM_SHAPES = 48        # step shapes a worker's calibration keeps to warm a simulated run's models
+MIN_SPREAD_STEPS = 20   # fewer steps than this cannot tell a step's fixed part from its cost per token (narrow)
+MIN_SIZE_SPREAD = 4     # nor can steps whose 90th-percentile size is less than this many times their 10th
 MIN_STEPS_PER_TERM = 5  # steps per fitted term before the batch-size knots are fitted
 ALONE, BESIDE_DECODE, BESIDE_PROMPT = 0, 1, 2  # what another worker runs during a step
 KNOTS = (2, 8, 32, 128)  # tokens in a step where its cost per token may change (a batch of 1 runs other kernels)
@@ -141,6 +144,10 @@ class WorkerCalibration:
     spec: WorkerSpec
     cost: StepCost
     reuse: Reuse = field(default_factory=Reuse)
+    # the shapes (prompt tokens, decode tokens, KV in use) of steps its burst ran, a sample in their order: a
+    # simulated run starts with the worker's step model and the gate having seen them, as the engine a probe runs
+    # on has (its burst and earlier probes ran first), not cold
+    warm: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,13 +181,14 @@ class Calibration:
 
 # ---- fitting --------------------------------------------------------------------------------------------------
 
-def step_cost(steps: list[StepRecord], others: list[StepRecord] = ()) -> StepCost:
+def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: float | None = None) -> StepCost:
     """The step cost of one worker's ``steps`` (in the order it ran them); ``others``: the other workers' steps of
-    the same run, whose overlap with each of these measures the contention between them."""
+    the same run, whose overlap with each of these measures the contention between them; ``base_ms``: a step's
+    fixed part, given (``narrow``: a burst that cannot tell it from the cost per token)."""
     shapes = [(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use) for s in steps]
     light, heavy = overlaps(steps, others)
     ms = [s.duration_ms for s in steps]
-    coef = physical_fit([cost_features(*shape) for shape in shapes], ms) if steps else (1.0,)
+    coef = physical_fit([cost_features(*shape) for shape in shapes], ms, base_ms) if steps else (1.0,)
     level, contention, contention_prompt = 0.0, 0.0, 0.0
     if others and steps:
         # the residuals against what ran beside each step: an intercept (the fit above absorbed the average) and
@@ -209,6 +217,25 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = ()) -> StepCos
                     rms=math.sqrt(var), contention=contention, contention_prompt=contention_prompt)
 
 
+def warm_shapes(steps: list[StepRecord], n: int = WARM_SHAPES) -> tuple[tuple[int, int, int], ...]:
+    """Up to ``n`` of ``steps``' shapes, evenly spaced in the order they ran (``WorkerCalibration.warm``)."""
+    if not steps:
+        return ()
+    pick = steps if len(steps) <= n else [steps[i * len(steps) // n] for i in range(n)]
+    return tuple((s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use) for s in pick)
+
+
+def narrow(steps: list[StepRecord]) -> bool:
+    """Too few steps, or steps of too alike a size, to tell a step's fixed part from its cost per token: a
+    disaggregated prefill worker's burst is a few documents' chunks of one size (its fixed part came out 29 ms
+    and 272 ms on two bursts of the same box, and a short prompt handed to it cost 300 ms more in the second)."""
+    sizes = sorted(s.n_prompt_tokens + s.n_decode_tokens for s in steps)
+    if len(sizes) < MIN_SPREAD_STEPS:
+        return True
+    low, high = sizes[len(sizes) // 10], sizes[(len(sizes) * 9) // 10]
+    return high < MIN_SIZE_SPREAD * max(1, low)
+
+
 def _beside(light: float, heavy: float) -> int:
     if heavy >= 0.5:
         return BESIDE_PROMPT
@@ -233,12 +260,17 @@ def overlaps(steps: list[StepRecord], others: list[StepRecord]) -> tuple[list[fl
     return light, heavy
 
 
-def physical_fit(rows: list[list[float]], y: list[float]) -> tuple[float, ...]:
+def physical_fit(rows: list[list[float]], y: list[float], base_ms: float | None = None) -> tuple[float, ...]:
     """``least_squares`` over ``cost_features``, kept physical: no term that makes a step cheaper for more KV, and
     no stretch of batch sizes where one more token costs nothing or less.  A term that breaks this is dropped and
     the rest fitted again (a short burst does not pin every term down: a negative KV term bought a fit of the
-    burst at the cost of every deeper context it had not seen)."""
+    burst at the cost of every deeper context it had not seen).  ``base_ms``: the fixed part, given (the rest
+    fitted to what is left of each step)."""
     kv, decode, first_knot = len(rows[0]) - 1, len(rows[0]) - 2, 2
+    if base_ms is not None:
+        coef = list(physical_fit([[0.0, *r[1:]] for r in rows], [v - base_ms for v in y]))
+        coef[0] = base_ms
+        return tuple(coef)
     active = list(range(len(rows[0])))
     if len(rows) < MIN_STEPS_PER_TERM * len(active):
         # why: too few steps to pin the batch-size knots (11 steps of a prefill worker made a 256-token step cost

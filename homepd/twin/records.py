@@ -15,6 +15,9 @@ from homepd.twin.calibration import Calibration
 CONFIDENCE = 0.9
 
 
+CALIBRATION_MIX = "calibration"   # a stored calibration burst's mix (a closed loop, not a probe of a traffic mix)
+
+
 @dataclass(frozen=True)
 class TwinPoint:
     """The twin at one rate: attainment pooled over the seeds run there (and each seed's)."""
@@ -85,6 +88,7 @@ class TwinCheck:
     predicted_ttft_ms_p50: float | None
     predicted_ttft_ms_p90: float | None
     predicted_gap_ms_p90: float | None
+    mix: str = ""                     # the trace's mix ("": a run stored before checks named it)
 
     @property
     def attainment_error_points(self) -> float:

@@ -46,6 +46,7 @@ _ARRIVE, _ROUTE, _STEP_END, _WAKE, _HANDOFF = range(5)
 # KV cell's bytes at memory bandwidth, ~0.2 ms/token here without flash attention)
 UNMEASURED_STORE_MS_PER_TOKEN = 0.2
 MIN_STORE_TOKENS = 64  # as the worker's store (homepd.worker.storekv): shorter prefixes are not saved
+WARM_HANDOFF_TOKENS = 256  # the prompt length the warm gate's handoff cost per token is priced at
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,25 @@ class _Sim:
         self.steps: list[StepRecord] = []
         self.n_events = 0
         self.tokenizer_free_s = 0.0   # the controller's one template-and-tokenizer thread
+        self.warm()
+
+    def warm(self) -> None:
+        """The engine a probe runs on has run its burst (and earlier probes) first: its workers' step models
+        are trusted, the gate knows each worker's speed and the handoff's cost.  Each simulated worker's model
+        sees its burst's step shapes at their calibrated time (``WorkerCalibration.warm``), and the gate their
+        estimates: the run starts warm, as the measurement does (cold, every prompt of a disaggregated twin's
+        first seconds went to the prefill worker, whose speed the gate did not know yet)."""
+        for wc in self.cal.workers:
+            w = self.workers[wc.name]
+            for shape in wc.warm:
+                w.model.observe(*shape, w.cost.predict_ms(*shape))
+            if wc.warm:
+                self.gate.observe(w.role, StepRecord(worker_role=w.role, index=0, t_start_s=0.0, t_end_s=0.0,
+                                                     decode_request_ids=(), prefill=()), w.model.estimate())
+        handoff = self.cal.handoff
+        if handoff.n_handoffs:
+            n = WARM_HANDOFF_TOKENS
+            self.gate.handoff_ms_per_token = (handoff.export_ms(n) + handoff.import_ms(n)) / n
 
     def push(self, t: float, kind: int, *payload) -> None:
         heapq.heappush(self.events, (t, next(self.counter), kind, payload))

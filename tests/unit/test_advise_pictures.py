@@ -11,7 +11,7 @@ from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.advise.campaign.recommend import Evidence, recommend
 from homepd.advise.campaign.run import AdviseResult, AdviseSettings
 from homepd.core.modes import Candidate, Mode
-from homepd.core.records import from_stored
+from homepd.core.records import from_stored, to_plain
 from homepd.measure.curve import CapacityCurve as SearchCurve
 from homepd.measure.metrics import summarize
 from homepd.measure.replay import RunRecord
@@ -160,3 +160,43 @@ def test_stored_probes_reduce_to_the_probe_at_capacity_or_the_lowest_when_none_p
     assert lats == {("a", "mixed"): pytest.approx((400.0,)), ("b", "mixed"): pytest.approx((6000.0,)),
                     ("c", "short"): pytest.approx((200.0,))}
     assert pics.split_probe("mixed@0.333/s") == ("mixed", 0.333) and pics.split_probe("mixed+kill") == ("mixed+kill", None)
+
+
+def twin(candidate: str, capacity: float, checks=((0.4, 1.0, 0.85),)) -> dict:
+    """A ``TwinEvidence`` as ``to_plain`` writes it: its capacity on the mixed trace and its checks there."""
+    from homepd.twin.calibration import Calibration
+    from homepd.twin.records import TwinCapacity, TwinCheck, TwinEvidence, TwinPoint
+
+    points = tuple(TwinPoint(r, a, (a - 0.05, a, a + 0.02, a), 200.0, 900.0, 80.0)
+                   for r, a in ((0.2, 0.99), (0.4, 0.93), (0.8, 0.4)))
+    cap = TwinCapacity(candidate, "mixed", 0.9, capacity, (capacity * 0.9, capacity * 1.1), (capacity,) * 20,
+                       points + (TwinPoint(0.5, 0.1, (0.1,), 200.0, 900.0, 80.0),), 20, 200, 0.02, 1.0, 600.0, 1.0, "every gap")
+    found = tuple(TwinCheck(r, 1000, 16, m, 200.0, 900.0, 80.0, p, 190.0, 950.0, 85.0, mix="mixed")
+                  for r, m, p in checks)
+    return to_plain(TwinEvidence(candidate, Calibration(candidate, ()), (cap,), found, trusted=True,
+                                 why="checked", attainment_error_points=15.0))
+
+
+def test_a_twin_is_drawn_as_its_curve_band_interval_and_checks(tmp_path):
+    from homepd.advise.report.figure import write
+
+    data = stored_dict([curve("colocated-chunk-16", "mixed", 0.4, rates=(0.4,))])
+    data["recommendations"][0]["data"]["twins"] = [twin("colocated-chunk-16", 0.4)]
+    data["results"].append({"candidate": "colocated-chunk-16", "mix": "calibration", "status": "measured",
+                            "mode": "colocated", "record": {"mode": "colocated", "requests": [request(5.0, [])]}})
+    p = pics.run_pictures(decode_run(data))
+    (t,) = p.twins
+    # the rate only one seed ran is left out; the band is the seeds' 10th to 90th percentile
+    assert [x[0] for x in t.points] == [0.2, 0.4, 0.8]
+    assert t.points[0][2] < t.points[0][1] <= t.points[0][3]
+    assert t.checks == ((0.4, 1.0, 0.85),)
+    assert p.mixes == ("mixed",)            # the calibration burst is not a mix of the traffic
+    (svg,) = write(p, tmp_path / "twin", png=False, ttft_budget_ms=4000.0, itl_budget_ms=100.0)
+    root = ET.parse(svg).getroot()
+    texts = " ".join(x.text or "" for x in root.iter("{http://www.w3.org/2000/svg}text"))
+    assert "colocated-chunk-16 twin: 0.40 [0.36-0.44] req/s, off 15 pts" in texts
+    assert "-15 pts" in texts and "measured check" in texts
+    ids = {g.get("id") for g in root.iter("{http://www.w3.org/2000/svg}g")}
+    assert {"twin:colocated-chunk-16:mixed", "twin-band:colocated-chunk-16:mixed",
+            "twin-interval:colocated-chunk-16:mixed", "check:colocated-chunk-16:mixed"} <= ids
+    assert "capacity:colocated-chunk-16:mixed" not in ids   # its probes are the twin's checks

@@ -26,7 +26,7 @@ from homepd.measure.replay import RunRecord
 from homepd.measure.trace import Trace
 from homepd.measure.trace.model import tagged
 from homepd.twin.calibration import Calibration
-from homepd.twin.capacity import N_REQUESTS, N_SEEDS, predict, twin_capacity
+from homepd.twin.capacity import FINE_STEPS_PER_OCTAVE, N_REQUESTS, N_SEEDS, predict, twin_capacity
 from homepd.twin.check import verdict
 from homepd.twin.records import TwinCapacity, TwinCheck
 from homepd.twin.traces import TWIN_TAG, TraceRequests, of_trace
@@ -59,10 +59,12 @@ class TwinSearch:
     def __init__(self, config, cal: Calibration, mix: str, slo: SLO, speeds, search: SearchSettings,
                  make: Callable[[float, int, int], Trace], tokenize,
                  run_probe: Callable[[Trace, float, int], Awaitable[tuple[Trace, RunRecord]]], n_checks: int = 1,
-                 n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS):
+                 n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS,
+                 steps_per_octave: int = FINE_STEPS_PER_OCTAVE, check_requests: int = MIN_CHECK_REQUESTS):
         self.config, self.cal, self.mix, self.slo, self.speeds = config, cal, mix, slo, speeds
         self.search, self.make, self.tokenize, self.run_probe = search, make, tokenize, run_probe
         self.n_checks, self.n_seeds, self.n_requests = n_checks, n_seeds, n_requests
+        self.steps_per_octave, self.check_requests = steps_per_octave, check_requests
 
     async def run(self, start_rps: float, seed: int = 0, on_simulated: Callable[[], None] = lambda: None
                   ) -> TwinOutcome:
@@ -72,20 +74,21 @@ class TwinSearch:
         await asyncio.to_thread(requests.prepare, range(self.n_seeds))
         twin = await asyncio.to_thread(twin_capacity, self.config, self.cal, requests, self.slo, self.speeds,
                                        start_rps, mix=self.mix, n_seeds=self.n_seeds, n_requests=self.n_requests,
-                                       target_share=self.search.target_share)
+                                       target_share=self.search.target_share,
+                                       steps_per_octave=self.steps_per_octave)
         on_simulated()
         rate = twin.capacity_rps or min((p.rate_rps for p in twin.points), default=start_rps)
         checks, probes, records = [], [], {}
         for i in range(self.n_checks):
             check_seed = CHECK_SEED_BASE + seed * 10 + i
-            n = max(MIN_CHECK_REQUESTS, probe_requests(rate, self.search))
+            n = max(self.check_requests, probe_requests(rate, self.search))
             trace = self.make(rate, n, check_seed)
             trace, record = await self.run_probe(trace, rate, check_seed)
             ids = [tuple(self.tokenize(r)) for r in trace]
             predicted = await asyncio.to_thread(predict, self.config, self.cal, of_trace(trace, ids), self.slo,
                                                 self.speeds, rate)
             probe = probe_of(record, rate, check_seed, self.slo, self.speeds, n_planned=n)
-            checks.append(check_of(record, probe, predicted))
+            checks.append(check_of(record, probe, predicted, self.mix))
             probes.append(probe)
             records[rate] = record
         trusted, _, _ = verdict(tuple(checks))
@@ -98,7 +101,7 @@ class TwinSearch:
         return TwinOutcome(SearchOutcome(curve, records.get(rate), records), twin, tuple(checks))
 
 
-def check_of(record: RunRecord, probe: Probe, predicted) -> TwinCheck:
+def check_of(record: RunRecord, probe: Probe, predicted, mix: str = "") -> TwinCheck:
     """A measured probe's figures (its attainment as the search counts it: ``probe_of``) beside the twin's
     prediction of that very trace."""
     requests = list(record.requests)
@@ -109,4 +112,5 @@ def check_of(record: RunRecord, probe: Probe, predicted) -> TwinCheck:
                      measured_attainment=probe.attainment, measured_ttft_ms_p50=percentile(ttft, 50),
                      measured_ttft_ms_p90=percentile(ttft, 90), measured_gap_ms_p90=percentile(gaps, 90),
                      predicted_attainment=predicted.attainment, predicted_ttft_ms_p50=predicted.ttft_ms_p50,
-                     predicted_ttft_ms_p90=predicted.ttft_ms_p90, predicted_gap_ms_p90=predicted.gap_ms_p90)
+                     predicted_ttft_ms_p90=predicted.ttft_ms_p90, predicted_gap_ms_p90=predicted.gap_ms_p90,
+                     mix=mix)

@@ -1,7 +1,9 @@
 """The advise pictures as an image file (SVG, and PNG): the one module that imports matplotlib.
 
 One row per prompt mix: the capacity curves (attainment against arrival rate, one line per candidate, the
-target share as a horizontal line, each capacity marked with its spread), then the TTFT and the inter-token
+target share as a horizontal line, each capacity marked with its spread; a candidate with a twin: the twin's
+curve with its seeds' band, its capacity's interval, and each measured check beside the twin's prediction of
+that trace, the error in points written by it), then the TTFT and the inter-token
 gap distributions (CDFs, one line per candidate, the budgets as vertical lines); below them, the two-box
 projection as text, marked projected.  Drawn on a ``matplotlib.figure.Figure`` with the Agg canvas: no
 pyplot, no global state, safe from the app's worker thread.
@@ -72,15 +74,18 @@ def _metadata(suffix: str) -> dict:
 
 def _capacity(ax, pics: Pictures, mix: str, colors: dict) -> None:
     curves = [c for c in pics.curves if c.mix == mix]
+    twins = {t.candidate: t for t in pics.twins if t.mix == mix}
     ax.set_title(f"capacity · {mix} mix", fontsize=10)
     ax.set_xlabel("arrival rate (req/s)")
     ax.set_ylabel("requests meeting every SLO")
     ax.set_ylim(-0.02, 1.05)
-    if not curves:
+    if not curves and not twins:
         ax.text(0.5, 0.5, "no capacity search in this run", ha="center", va="center", transform=ax.transAxes,
                 color="gray")
         return
     for curve in curves:
+        if curve.candidate in twins:
+            continue  # its probes are the twin's checks, drawn with it
         rates = [r for r, _ in curve.points]
         shares = [a for _, a in curve.points]
         line, = ax.plot(rates, shares, marker="o", markersize=3, color=colors[curve.candidate],
@@ -89,10 +94,43 @@ def _capacity(ax, pics: Pictures, mix: str, colors: dict) -> None:
         if curve.capacity_rps is not None:
             ax.errorbar([curve.capacity_rps], [curve.target_share], xerr=[curve.spread_rps or 0.0], fmt="*",
                         markersize=11, color=colors[curve.candidate], capsize=3)
-    target = curves[0].target_share
+    for twin in twins.values():
+        _twin(ax, twin, colors[twin.candidate], mix)
+    target = (curves[0] if curves else next(iter(twins.values()))).target_share
     ax.axhline(target, color="black", linestyle="--", linewidth=0.8, label=f"target {target:.0%}")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    if twins:
+        ax.plot([], [], "D", color="gray", markersize=6, label="measured check")
+        ax.plot([], [], "x", color="gray", markersize=7, label="twin, same trace")
     ax.legend(fontsize=7, loc="lower left")
+
+
+def _twin(ax, twin, color: str, mix: str) -> None:
+    """A twin's curve (median of its seeds, the 10-90 % band), its capacity with its interval (shaded), and each
+    check: the measured attainment (a diamond) and the twin's prediction of the same trace (a cross), joined."""
+    if twin.points:
+        rates = [p[0] for p in twin.points]
+        line, = ax.plot(rates, [p[1] for p in twin.points], color=color, linewidth=1.4, marker=".",
+                        label=twin.label())
+        line.set_gid(f"twin:{twin.candidate}:{mix}")
+        band = ax.fill_between(rates, [p[2] for p in twin.points], [p[3] for p in twin.points], color=color,
+                               alpha=0.15, linewidth=0)
+        band.set_gid(f"twin-band:{twin.candidate}:{mix}")
+    if twin.capacity_rps is not None:
+        low, high = twin.interval_rps or (twin.capacity_rps, twin.capacity_rps)
+        span = ax.axvspan(low, high, color=color, alpha=0.12, linewidth=0)
+        span.set_gid(f"twin-interval:{twin.candidate}:{mix}")
+        ax.errorbar([twin.capacity_rps], [twin.target_share],
+                    xerr=[[twin.capacity_rps - low], [high - twin.capacity_rps]], fmt="*", markersize=11,
+                    color=color, capsize=3)
+    for rate, measured, predicted in twin.checks:
+        ax.plot([rate, rate], [measured, predicted], color=color, linewidth=0.8, linestyle=":")
+        dot, = ax.plot([rate], [measured], "D", color=color, markersize=6, markeredgecolor="black",
+                       markeredgewidth=0.6)
+        dot.set_gid(f"check:{twin.candidate}:{mix}")
+        ax.plot([rate], [predicted], "x", color=color, markersize=7)
+        ax.annotate(f"{(predicted - measured) * 100:+.0f} pts", (rate, min(measured, predicted)), fontsize=7,
+                    color=color, textcoords="offset points", xytext=(4, -10))
 
 
 def _capacity_label(curve) -> str:

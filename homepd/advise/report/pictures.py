@@ -14,9 +14,11 @@ from homepd.core.records import to_plain
 from homepd.core.stats import percentile
 from homepd.measure.curve import CapacityCurve as SearchCurve
 from homepd.store.records import RequestTimeline, Run
+from homepd.twin.records import CALIBRATION_MIX
 
 RECOVERY_MARK = "+kill"     # the recovery scenario's runs (candidate and mix carry it): not a latency picture
 PROBE_MARK = "@"            # a stored capacity probe's mix: "mixed@0.5/s"
+MIN_TWIN_SEEDS = 4          # a twin's rate is drawn where at least this many of its seeds ran
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,32 @@ class CapacityCurve:
     capacity_rps: float | None
     spread_rps: float | None
     decided_by: str
+
+
+@dataclass(frozen=True)
+class TwinCurve:
+    """One candidate's twin on one mix, as drawn: the median attainment of the seeds run at each rate with the
+    seeds' 10th to 90th percentile (the band), its capacity and interval, and every check (a measured probe's
+    attainment beside the twin's prediction of that very trace)."""
+    candidate: str
+    mix: str
+    target_share: float
+    points: tuple[tuple[float, float, float, float], ...]   # (rate req/s, median, p10, p90), by rate
+    capacity_rps: float | None
+    interval_rps: tuple[float, float] | None
+    checks: tuple[tuple[float, float, float], ...]          # (rate req/s, measured, twin's prediction)
+    trusted: bool
+    error_points: float | None                             # the median attainment error over the checks
+
+    def label(self) -> str:
+        if self.capacity_rps is None:
+            head = f"{self.candidate} twin: no capacity found"
+        else:
+            iv = f" [{self.interval_rps[0]:.2f}-{self.interval_rps[1]:.2f}]" if self.interval_rps else ""
+            head = f"{self.candidate} twin: {self.capacity_rps:.2f}{iv} req/s"
+        if self.error_points is None:
+            return head + ", not checked"
+        return head + f", off {self.error_points:.0f} pts" + ("" if self.trusted else " (not trusted)")
 
 
 @dataclass(frozen=True)
@@ -48,14 +76,17 @@ class Pictures:
     curves: tuple[CapacityCurve, ...]
     latencies: tuple[Latencies, ...]
     projections: tuple[TwoBoxProjection, ...]
+    twins: tuple[TwinCurve, ...] = ()
 
     @property
     def mixes(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys([*(c.mix for c in self.curves), *(lat.mix for lat in self.latencies)]))
+        return tuple(dict.fromkeys([*(c.mix for c in self.curves), *(t.mix for t in self.twins),
+                                    *(lat.mix for lat in self.latencies)]))
 
     @property
     def candidates(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys([*(c.candidate for c in self.curves), *(lat.candidate for lat in self.latencies)]))
+        return tuple(dict.fromkeys([*(c.candidate for c in self.curves), *(t.candidate for t in self.twins),
+                                    *(lat.candidate for lat in self.latencies)]))
 
 
 @dataclass(frozen=True)
@@ -87,6 +118,23 @@ def run_curves(run: Run) -> tuple[CapacityCurve, ...]:
     for curve in run.advice.capacity if run.advice is not None else ():
         found.setdefault((curve.candidate, curve.mix), read_curve(curve))
     return tuple(found.values())
+
+
+def run_twins(run: Run) -> tuple[TwinCurve, ...]:
+    """Each candidate's twin on each mix it simulated, with its checks on that mix (none before the twin)."""
+    out = []
+    for twin in run.advice.twins if run.advice is not None else ():
+        for cap in twin.capacities:
+            # why rates with at least MIN_TWIN_SEEDS seeds: a seed's bisection runs near its own capacity, so a
+            # rate that one or two seeds ran is their story, not the twin's
+            points = tuple((p.rate_rps, percentile(p.by_seed, 50), percentile(p.by_seed, 10),
+                            percentile(p.by_seed, 90)) for p in sorted(cap.points, key=lambda p: p.rate_rps)
+                           if len(p.by_seed) >= min(MIN_TWIN_SEEDS, cap.n_seeds))
+            checks = tuple((c.rate_rps, c.measured_attainment, c.predicted_attainment) for c in twin.checks
+                           if c.mix == cap.mix or (not c.mix and len(twin.capacities) == 1))
+            out.append(TwinCurve(twin.candidate, cap.mix, cap.target_share, points, cap.capacity_rps,
+                                 cap.interval_rps, checks, twin.trusted, twin.attainment_error_points))
+    return tuple(out)
 
 
 def split_probe(mix: str) -> tuple[str, float | None]:
@@ -122,7 +170,8 @@ def at_capacity(runs: list[RunData], curves: tuple[CapacityCurve, ...]) -> list[
 def measured_runs(run: Run) -> list[RunData]:
     """The measured probes of ``run`` (read with timelines: the latencies need every token); a capacity
     search's probes (stored one per rate, ``mix@rate/s``) reduced to the probe at each capacity."""
-    out = [RunData(p.candidate, p.architecture, p.mix or "-", p.requests) for p in run.measured]
+    out = [RunData(p.candidate, p.architecture, p.mix or "-", p.requests) for p in run.measured
+           if p.mix != CALIBRATION_MIX]
     return at_capacity(out, run_curves(run))
 
 
@@ -165,7 +214,8 @@ def run_pictures(run: Run) -> Pictures:
     """The pictures of one advise run, live or stored (read with timelines: the gaps need every token)."""
     title = f"advise run {run.id}" if run.id is not None else "advise run (not stored)"
     runs = measured_runs(run)
-    return Pictures(title, run_curves(run), latencies(runs), projections(runs, ttft_budget_ms=run.config.budgets_ms[0]))
+    return Pictures(title, run_curves(run), latencies(runs), projections(runs, ttft_budget_ms=run.config.budgets_ms[0]),
+                    run_twins(run))
 
 
 def cdf(values_ms: tuple[float, ...], max_points: int = 200) -> tuple[list[float], list[float]]:
