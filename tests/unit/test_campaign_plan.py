@@ -58,8 +58,9 @@ def curve(name: str, mix: str, capacity: float | None) -> CapacityCurve:
 
 
 def test_the_refinement_takes_each_architectures_best_on_each_mix_and_never_an_unexercised_one():
-    campaign = Campaign(BASE, AdviseSettings())
-    cands = candidate_list(BASE, PLAN, AdviseSettings())
+    # the probes alone (--no-twin): the refinement measures each architecture's best finer
+    campaign = Campaign(BASE, AdviseSettings(twin=False))
+    cands = candidate_list(BASE, PLAN, AdviseSettings(twin=False))
     campaign.capacity = {
         ("colocated-chunk-256", "mixed"): curve("colocated-chunk-256", "mixed", 0.5),
         ("colocated-adaptive", "mixed"): curve("colocated-adaptive", "mixed", 0.71),
@@ -79,6 +80,11 @@ def test_the_refinement_takes_each_architectures_best_on_each_mix_and_never_an_u
     for name in ("colocated-chunk-256", "colocated-adaptive", "colocated-unchunked"):
         campaign.capacity[(name, "long")] = curve(name, "long", None)
     assert "long" in campaign._contenders(cands, evidence)["colocated-adaptive"]
+    # with the twin, a mix it can simulate was answered on many seeds and checked: nothing left to refine there
+    twinned = Campaign(BASE, AdviseSettings())
+    twinned.capacity = campaign.capacity
+    got = twinned._contenders(cands, evidence)
+    assert "mixed" not in {m for mixes in got.values() for m in mixes}
 
 
 def lifecycle(i: int, arrived: float, ended: float, klass: str = "interactive", n_prompt: int = 40) -> Lifecycle:
