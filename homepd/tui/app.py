@@ -230,7 +230,7 @@ class HomepdApp(App):
         s = self.state
         s.advise_running, s.advise_error = False, message.error
         if message.view is not None:
-            s.advise_view = message.view
+            s.advise_view, s.advise_view_stored = message.view, False
         self.notify("advise campaign finished" if message.view else f"advise: {message.error}",
                     severity="information" if message.view else "warning")
         self._tell("advise")

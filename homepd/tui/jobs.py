@@ -161,6 +161,10 @@ class Jobs:
         self._call(partial(self.source.open_run, run_id), lambda view: m.RunOpened(view),
                    lambda e: m.RunOpened(None, e), target)
 
+    def latest_run(self, target: MessagePump) -> None:
+        """The newest stored advise run with a recommendation, as ``RunOpened`` (its view None: none stored)."""
+        self._call(self.source.latest_run, lambda view: m.RunOpened(view), lambda e: m.RunOpened(None, e), target)
+
     def apply(self, values: dict, target: MessagePump | None = None) -> None:
         self._call(partial(self.source.apply, values), lambda path: m.Applied(path),
                    lambda e: m.Applied(None, e), target)

@@ -77,6 +77,7 @@ class AppState:
     advise_step: AdviseStep | None = None
     advise_candidates: dict[str, int] = field(default_factory=dict)   # candidate -> runs done
     advise_view: AdviseView | None = None
+    advise_view_stored: bool = False                          # advise_view is the latest stored run, not this app's
     advise_error: str | None = None
     advice: AdviceView | None = None                         # live advice standing now (None: none)
 

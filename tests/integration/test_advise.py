@@ -17,6 +17,7 @@ from engine_helpers import run as run_async
 from homepd.config import EngineConfig, read_config_file
 from homepd.kv.segment import SHM_DIR, parse_segment_name
 from homepd.store import Store
+from homepd.tui.sources.embedded import EmbeddedSource
 from homepd.osutil import die_with_parent
 
 
@@ -29,7 +30,7 @@ def homepd(*args, env=None, **kw):
 def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_stores_it_and_apply_writes_it(
         tmp_path):
     db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
-    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json")
+    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--twin-seeds", "5")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     rows = [r for r in result["evidence"] if "infeasible" not in r]
@@ -55,6 +56,12 @@ def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_s
         results = store.get_run(run["id"], timelines=False)["results"]
         probes = sum(len(r["capacity"]["probes"]) for r in rows)
         assert len([r for r in results if r["status"] == "measured" and "@" in r["mix"]]) == probes
+
+    # the app's advise screen opens on this stored run: its recommendation, each twin's band and its checks
+    view = EmbeddedSource(EngineConfig(backend="fake"), db=str(db)).latest_run()
+    assert view.run_id == run["id"] and view.recommendation.candidate == rec["candidate"]["name"]
+    assert {t.candidate for t in view.pictures.twins} == names
+    assert all(t.points and t.checks for t in view.pictures.twins)
 
     listing = homepd("history", "--db", str(db))
     assert listing.returncode == 0 and "advise" in listing.stdout and "complete" in listing.stdout
@@ -83,7 +90,7 @@ def test_apply_without_a_terminal_or_yes_changes_nothing(tmp_path):
 def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(tmp_path):
     db = tmp_path / "runs.db"
     proc = subprocess.Popen([sys.executable, "-m", "homepd", "advise", "--quick", "--backend", "fake",
-                             "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+                             "--db", str(db), "--twin-seeds", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
     try:
         seen = b""
         while b"] 3/" not in seen:  # the progress line after the second stored result (the burst, the twin, a check)

@@ -205,7 +205,7 @@ async def test_keys_are_handled_while_an_advise_run_is_in_flight():
 
 
 async def test_apply_is_a_separate_action_that_asks_first():
-    source = FakeSource()
+    source = FakeSource(stored_runs=False)
     app = HomepdApp(source, tick_interval_s=None)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(app, pilot)

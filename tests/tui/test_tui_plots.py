@@ -53,6 +53,44 @@ async def test_the_plots_show_the_current_mix_and_follow_the_mix_key():
 
 
 @anyio
+async def test_a_twin_is_drawn_with_its_band_capacity_interval_and_checks():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = await advise_done(pilot)
+        await pilot.press("m", "m")
+        await pilot.pause()
+        assert panel.mix == "mixed"
+        text = plot_text(panel.query_one(CapacityPlot))
+        # the twinned candidates are drawn as their twins (not their measured curves); the rest as measured
+        assert "chunk 256 twin 0.80 [0.74-0.85] ±4pts" in text and "disaggregated twin 0.50 [0.47-0.53] ±25pts untrusted" in text
+        assert "chunk 256 0.65" not in text and "unchunked 0.80±0.05" in text
+        assert "check o measured, x predicted" in text
+
+
+@anyio
+async def test_the_advise_screen_opens_on_the_latest_stored_run_and_states_each_campaigns_duration():
+    source = FakeSource(EngineConfig(backend="fake"), pictures=True)
+    app = HomepdApp(source, tick_interval_s=None)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot.app, pilot)
+        await pilot.press("a")
+        await settle(pilot.app, pilot)
+        panel = app.screen.query_one(EvidencePanel)
+        assert panel.view is not None and panel.view.title == "advise run 7" and app.state.advise_view_stored
+        assert source.advise_traffic == []   # shown from the store: no campaign ran
+        status = str(app.screen.query_one("#advise-status").render())
+        assert "the latest stored run (advise run 7)" in status
+        assert "quick campaign (about 2 min)" in status and "full campaign (about 30 min)" in status
+        await pilot.press("w", "y")    # the stored run's recommendation can be applied as it stands
+        await settle(pilot.app, pilot)
+        assert source.applied == [{"mode": "colocated", "chunk": 256,
+                                   "advice": {"run": 7, "candidate": "colocated-chunk-256"}}]
+        await pilot.press("s")    # a campaign of the app's own replaces it
+        await settle(pilot.app, pilot)
+        assert not app.state.advise_view_stored and "done:" in str(app.screen.query_one("#advise-status").render())
+
+
+@anyio
 async def test_a_run_without_pictures_shows_no_plot():
     app = make_app(pictures=False)
     async with app.run_test(size=(120, 40)) as pilot:

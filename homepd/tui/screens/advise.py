@@ -7,15 +7,18 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Header, ProgressBar, Static
 
+from homepd.advise.campaign.budgets import FULL_WALL_BUDGET_S, QUICK_WALL_BUDGET_S, describe_budget
 from homepd.config import ADVICE_TABLE
+from homepd.tui.messages import RunOpened
 from homepd.tui.screens.base import StateScreen
 from homepd.tui.screens.confirm import ConfirmScreen
 from homepd.tui.screens.traffic import TrafficHoursScreen
 from homepd.tui.state import AppState
 from homepd.tui.widgets.evidence import EvidencePanel
 
-IDLE = ("s: quick campaign (about 2 min on 2 cores) · f: full campaign (about 10 min) · t: on my last N hours "
-        "of traffic. "
+KEYS = (f"s: quick campaign (about {describe_budget(QUICK_WALL_BUDGET_S)}) · f: full campaign (about "
+        f"{describe_budget(FULL_WALL_BUDGET_S)}) · t: on my last N hours of traffic")
+IDLE = (f"{KEYS}. "
         "Each candidate runs on its own engines with the same short/long/mixed traces; nothing is changed "
         "until you apply (w).")
 
@@ -37,6 +40,19 @@ class AdviseScreen(StateScreen):
         yield Static(id="advise-candidates")
         yield EvidencePanel(id="advise-evidence")
         yield Footer()
+
+    def on_mount(self) -> None:
+        # why: a campaign run by the CLI (homepd advise --quick) is stored; the screen opens on the latest one
+        if self.app.state.advise_view is None:
+            self.app.jobs.latest_run(self)
+
+    def on_run_opened(self, message: RunOpened) -> None:
+        state = self.app.state
+        if message.error:
+            self.notify(f"cannot open the latest stored run: {message.error}", severity="warning")
+        elif message.view is not None and state.advise_view is None and not state.advise_running:
+            state.advise_view, state.advise_view_stored = message.view, True
+            self.show_state(state, "advise")
 
     def action_start(self, quick: bool) -> None:
         if self.app.state.advise_running:
@@ -93,6 +109,9 @@ class AdviseScreen(StateScreen):
             status.update(Text(f"running: {step.current if step else 'starting'}{eta}  (x cancels)"))
         elif state.advise_error:
             status.update(Text.assemble(("advise failed: ", "bold red"), state.advise_error))
+        elif state.advise_view is not None and state.advise_view_stored:
+            status.update(Text(f"the latest stored run ({state.advise_view.title}): its evidence is below · m: charts "
+                               f"for the next prompt mix · w: apply… · {KEYS}"))
         elif state.advise_view is not None:
             status.update(Text("done: the evidence is below · m: charts for the next prompt mix · w: apply…"))
         else:

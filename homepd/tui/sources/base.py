@@ -181,6 +181,14 @@ class DataSource(abc.ABC):
         with Store.open(self.db, create=False) as store:
             return from_stored_run(store.load_run(run_id))  # with timelines: the gap CDF needs every token
 
+    def latest_run(self, limit: int = 20) -> AdviseView | None:
+        """The newest stored advise run that reached a recommendation (among the newest ``limit`` runs), as a
+        view: what the advise screen opens on.  None: none stored yet."""
+        for row in self.list_runs(limit):
+            if row.kind == "advise" and row.recommendation != "-":
+                return self.open_run(row.run_id)
+        return None
+
     def apply(self, values: dict) -> str:
         """Write a recommended configuration to the config file; return where it went."""
         return str(write_config_file(values, self.config_file))

@@ -9,9 +9,10 @@ reasoning, and when the demo tool is offered it ends with a call to it.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
 
-from homepd.advise.report.pictures import CapacityCurve, Latencies, Pictures
+from homepd.advise.report.pictures import CapacityCurve, Latencies, Pictures, TwinCurve
 from homepd.advise.report.twobox import HandoffSample, project
 from homepd.config import EngineConfig
 from homepd.chat.reply import Delta, DeltaKind
@@ -75,20 +76,33 @@ def fake_pictures(title: str = "advise run 7") -> Pictures:
             if cand == "disaggregated":
                 samples = [HandoffSample(n, n * 30_720, t / 1e3) for n, t in zip((60, 300, 900, 1800), ttft)]
                 projections.append(project(cand, mix, samples, ttft_budget_ms=4000.0))
-    return Pictures(title, tuple(curves), tuple(lats), tuple(projections))
+    # the twin on the mixed trace: colocated-chunk-256 checked within 4 points, disaggregated off by 25 (not trusted)
+    twins = []
+    for cand, capacity, checks, trusted in (("colocated-chunk-256", 0.8, ((0.8, 0.92, 0.88),), True),
+                                            ("disaggregated", 0.5, ((0.5, 0.65, 0.9),), False)):
+        rates = [round(capacity * 2 ** (k / 4), 3) for k in range(-4, 5)]
+        points = tuple((r, a, max(0.0, a - 0.08), min(1.0, a + 0.05)) for r in rates
+                       for a in [1.0 if r < capacity else max(0.0, 0.9 - 0.8 * (r / capacity - 1))])
+        error = statistics.median(abs(m - p) * 100 for _, m, p in checks)
+        twins.append(TwinCurve(cand, "mixed", 0.9, points, capacity, (round(capacity * 0.93, 2),
+                                                                      round(capacity * 1.06, 2)),
+                               checks, trusted, error))
+    return Pictures(title, tuple(curves), tuple(lats), tuple(projections), tuple(twins))
 
 
 class FakeSource(DataSource):
     can_switch_mode = True
 
     def __init__(self, config: EngineConfig | None = None, *, gpus: bool = False, pictures: bool = False,
-                 thinking: bool = False):
-        """``thinking``: each reply starts with reasoning, as a thinking model's does."""
+                 thinking: bool = False, stored_runs: bool = True):
+        """``thinking``: each reply starts with reasoning, as a thinking model's does; ``stored_runs``: its store
+        holds runs 7 and 6 (False: none yet)."""
         super().__init__(config or EngineConfig(backend="fake"))
         self.thinking = thinking
         self.offered_tool: list[bool] = []                # chat's offer_tool argument, per turn
         self.chat_models: list[str | None] = []           # the model picked when each chat turn was sent
         self.pictures = pictures  # advise views carry fake_pictures()
+        self.stored_runs = stored_runs
         self.mode = Mode(self.config.mode)
         self.n_ticks = 0
         self.applied: list[dict] = []
@@ -214,6 +228,8 @@ class FakeSource(DataSource):
         return self._with_pictures(fake_advise_view())
 
     def list_runs(self, limit: int = 50) -> list[RunListRow]:
+        if not self.stored_runs:
+            return []
         return [RunListRow(7, "advise", "complete", "2026-01-02 10:00:00", 9, ", ".join(CANDIDATES[:3]),
                            "colocated-chunk-256 (colocated: best goodput, confidence medium)"),
                 RunListRow(6, "advise", "incomplete", "2026-01-01 09:30:00", 2, CANDIDATES[0], "-")]

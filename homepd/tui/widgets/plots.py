@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from homepd.advise.report.pictures import Pictures, cdf
+from homepd.advise.report.pictures import Pictures, TwinCurve, cdf
 from homepd.advise.report.twobox import PROJECTED_NOTE
 from homepd.tui.widgets.text import short_label
 
@@ -22,18 +22,35 @@ def _colors(pics: Pictures) -> dict[str, str]:
 
 
 class CapacityPlot(PlotextPlot):
-    """Attainment against arrival rate, one line per candidate; the target share and each capacity marked."""
+    """Attainment against arrival rate, one line per candidate; the target share and each capacity marked.  A
+    candidate with a twin is drawn as its twin: the seeds' median, their 10th and 90th percentiles dotted (the
+    band), its capacity, and every check (the measured probe ``o`` above or below the twin's prediction of that
+    trace ``x``)."""
 
     def show(self, pics: Pictures | None, mix: str) -> None:
         plt = self.plt
         plt.clear_figure()
-        curves = [c for c in pics.curves if c.mix == mix] if pics else []
+        twins = [t for t in pics.twins if t.mix == mix and t.points] if pics else []
+        twinned = {t.candidate for t in twins}
+        curves = [c for c in pics.curves if c.mix == mix and c.candidate not in twinned] if pics else []
         plt.title(f"capacity · {mix} mix: share meeting every SLO vs arrival rate (req/s)")
-        if not curves:
+        if not curves and not twins:
             plt.title(f"capacity · {mix} mix: no capacity search in this run")
             self.refresh()
             return
         colors = _colors(pics)
+        for t in twins:
+            color = colors[t.candidate]
+            rates = [p[0] for p in t.points]
+            plt.plot(rates, [p[1] * 100 for p in t.points], marker="braille", color=color,
+                     label=twin_label(t))
+            for k in (2, 3):  # the band: the seeds' p10 and p90
+                plt.plot(rates, [p[k] * 100 for p in t.points], marker="dot", color=color)
+            if t.capacity_rps is not None:
+                plt.scatter([t.capacity_rps], [t.target_share * 100], marker="+", color=color)
+            if t.checks:
+                plt.scatter([c[0] for c in t.checks], [c[1] * 100 for c in t.checks], marker="o", color=color)
+                plt.scatter([c[0] for c in t.checks], [c[2] * 100 for c in t.checks], marker="x", color=color)
         for c in curves:
             label = short_label(c.candidate) + ("" if c.capacity_rps is None else f" {c.capacity_rps:.2f}"
                                                 + (f"±{c.spread_rps:.2f}" if c.spread_rps else ""))
@@ -41,11 +58,24 @@ class CapacityPlot(PlotextPlot):
                      color=colors[c.candidate], label=label)
             if c.capacity_rps is not None:
                 plt.scatter([c.capacity_rps], [c.target_share * 100], marker="x", color=colors[c.candidate])
-        plt.hline(curves[0].target_share * 100, "gray")
+        target = (curves or twins)[0].target_share
+        plt.hline(target * 100, "gray")
         plt.ylim(0, 105)
-        plt.xlabel("req/s")
-        plt.ylabel(f"% (target {curves[0].target_share:.0%})")
+        plt.xlabel("req/s" + ("  (twin: median, dotted p10-p90; check o measured, x predicted)" if twins else ""))
+        plt.ylabel(f"% (target {target:.0%})")
         self.refresh()
+
+
+def twin_label(t: TwinCurve) -> str:
+    """A twin's legend entry, short enough for a terminal: name, capacity [interval], the check's error."""
+    head = short_label(t.candidate) + " twin"
+    if t.capacity_rps is not None:
+        head += f" {t.capacity_rps:.2f}"
+        if t.interval_rps:
+            head += f" [{t.interval_rps[0]:.2f}-{t.interval_rps[1]:.2f}]"
+    if t.error_points is not None:
+        head += f" ±{t.error_points:.0f}pts" + ("" if t.trusted else " untrusted")
+    return head
 
 
 class LatencyPlot(PlotextPlot):
