@@ -25,6 +25,7 @@ from homepd.measure.report import add_slo_flags, slo_from_args
 from homepd.measure.trace.sources import parse_duration_s
 from homepd.models.resolve import resolve_model
 from homepd.store import Store, results_dir
+from homepd.twin.capacity import MIN_SEEDS, N_SEEDS
 
 
 def register(subparsers) -> None:
@@ -41,6 +42,12 @@ def register(subparsers) -> None:
     p.add_argument("--no-recovery", dest="recovery", action="store_false", default=None,
                    help="skip the killed-worker scenario")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-twin", dest="twin", action="store_false", default=True,
+                   help="measured capacity searches only, no twin (the campaign before the twin: more probes, "
+                        "coarser answers)")
+    p.add_argument("--twin-seeds", type=int, default=None, metavar="N",
+                   help=f"seeds the twin simulates each rate on (default {N_SEEDS}, at least {MIN_SEEDS}): "
+                        "fewer is faster and gives a wider interval")
     p.add_argument("--budget", default=None, metavar="DURATION",
                    help="wall-clock budget of the campaign, shared out between its searches (30m, 90s, 1h; "
                         "default 30m, quick 105s): a longer budget gives finer answers")
@@ -107,6 +114,13 @@ def _settings(args, base) -> AdviseSettings:
         kw["repeats"] = args.repeats
     if args.recovery is not None:
         kw["recovery"] = args.recovery
+    if not args.twin:
+        kw["twin"] = False
+    if args.twin_seeds is not None:
+        if args.twin_seeds < MIN_SEEDS:
+            raise ConfigError(f"--twin-seeds must be at least {MIN_SEEDS} (the interval of a median needs "
+                              f"them), got {args.twin_seeds}")
+        kw["twin_seeds"] = args.twin_seeds
     if args.budget is not None:
         kw["wall_budget_s"] = parse_duration_s(args.budget, "--budget")
     if args.candidates is not None:

@@ -35,6 +35,7 @@ from homepd.measure.curve import DEFAULT_TARGET_SHARE
 from homepd.measure.metrics import SLO
 
 N_SEEDS = 20
+MIN_SEEDS = 5       # the fewest seeds whose lowest and highest capacity hold the median at 90 % (1 - 2/2^5)
 N_REQUESTS = 200
 COARSE_SEEDS = 4
 COARSE_STEPS_PER_OCTAVE = 2

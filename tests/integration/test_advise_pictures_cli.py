@@ -34,7 +34,7 @@ def test_advise_writes_its_pictures_and_history_plot_writes_them_again(tmp_path)
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
     db = tmp_path / "runs.db"
     out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--no-recovery",
-                 "--candidates", "colocated-chunk-256,disaggregated", env=env)
+                 "--candidates", "colocated-chunk-256,disaggregated", "--twin-seeds", "5", env=env)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     where = tmp_path / "advise"  # beside the database in use, not in the default data directory

@@ -134,7 +134,7 @@ def homepd(*args):
 def test_advise_traffic_service_replays_the_recorded_schedule(recording):
     db, _, rows, _ = recording
     out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--traffic", "service", "--json",
-                 "--no-recovery", "--candidates", "colocated-adaptive,disaggregated")
+                 "--no-recovery", "--candidates", "colocated-adaptive,disaggregated", "--twin-seeds", "5")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     runs = [r for r in result["runs"] if r["mix"] == "traffic"]
@@ -177,6 +177,8 @@ def test_advise_traffic_errors_name_what_is_wrong(recording, tmp_path):
     assert small.returncode != 0 and "more than the campaign's context of 64: pass --n-ctx" in small.stderr
     unknown = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--candidates", "colocated-x")
     assert unknown.returncode != 0 and "colocated-x not a candidate here; the candidates are" in unknown.stderr
+    few = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--twin-seeds", "3")
+    assert few.returncode != 0 and "--twin-seeds must be at least 5" in few.stderr
 
 
 def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
@@ -186,7 +188,7 @@ def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
     path = tmp_path / "mine.jsonl"
     write_trace(trace, path)
     out = homepd("advise", "--quick", "--backend", "fake", "--db", str(tmp_path / "r.db"), "--trace-file", str(path),
-                 "--json", "--no-recovery", "--candidates", "colocated-adaptive")
+                 "--json", "--no-recovery", "--candidates", "colocated-adaptive", "--twin-seeds", "5")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["runs"] and {r["mix"] for r in result["runs"]} == {"trace"}

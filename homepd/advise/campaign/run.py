@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from homepd.advise.campaign.budgets import FULL_WALL_BUDGET_S, QUICK_WALL_BUDGET_S
 from homepd.advise.campaign.capacity import CapacityCurve, SearchSettings, combine, probe_span_s, start_rate_rps
 from homepd.advise.campaign.probes import decided_failing, search_capacity
 from homepd.advise.campaign.exercised import not_exercised
@@ -86,8 +87,6 @@ SCREEN_SEARCH = SearchSettings(steps_per_octave=2, grow_steps=2, shrink_steps=1,
 QUICK_SEARCH = SCREEN_SEARCH
 FULL_SEARCH = SearchSettings(steps_per_octave=4, grow_steps=2, max_probes=4, time_budget_s=75.0, probe_s=22.0,
                              max_requests=96)
-QUICK_WALL_BUDGET_S = 105.0   # + the command's start and its report: within 2 minutes
-FULL_WALL_BUDGET_S = 1800.0
 # why: a search's probes (arrivals and drain, as measured) get this share of its time; engine starts and
 # warm-ups take the rest (about 3 s of a 30 s search here)
 PROBE_SHARE = 0.85
@@ -128,6 +127,7 @@ class AdviseSettings:
     burst_per_sequence: int = 3                # calibration burst: requests per sequence id of each entry worker
     twin_steps_per_octave: int = FINE_STEPS_PER_OCTAVE   # the twin's rate grid (16: 4.4 % a step)
     check_requests: int = MIN_CHECK_REQUESTS   # a check probe's requests at least
+    twin_seeds: int = N_SEEDS                  # seeds the twin runs each rate on (fewer: faster, a wider interval)
 
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
@@ -418,7 +418,7 @@ class Campaign:
         """The candidate's capacity on ``mix`` from its twin, checked by measured probes at it
         (``homepd.advise.campaign.twinned``)."""
         s = self.settings
-        self._report(f"{cand.name}: the twin on the {mix} trace ({N_SEEDS} seeds x {N_REQUESTS} requests)")
+        self._report(f"{cand.name}: the twin on the {mix} trace ({s.twin_seeds} seeds x {N_REQUESTS} requests)")
         search = TwinSearch(config, cal, mix, self.slo, self.speeds, self._budgeted(s.search),
                             make=lambda rate, n, seed: self._trace(mix, n, rate, seed),
                             tokenize=lambda r: engine.prepare(r.prompt, messages=list(r.messages) if r.messages
@@ -426,7 +426,7 @@ class Campaign:
                             run_probe=lambda trace, rate, seed: self._check_probe(engine, cand, mix, trace, rate,
                                                                                   seed, run_id),
                             n_checks=s.twin_checks, steps_per_octave=s.twin_steps_per_octave,
-                            check_requests=s.check_requests)
+                            check_requests=s.check_requests, n_seeds=s.twin_seeds)
         found = await search.run(self._start_rate(mix), seed=s.seed,
                                  on_simulated=lambda: self._step_done(f"{cand.name}: the twin done"))
         curve = found.outcome.curve
