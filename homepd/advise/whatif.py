@@ -63,7 +63,12 @@ class WhatIf:
             parts.append(f"chunk {self.chunk or 'none'}")
         return ", ".join(parts) or "as measured"
 
-    def config(self, config: EngineConfig) -> EngineConfig:
+    @property
+    def same_capacity(self) -> bool:
+        """Nothing but the rate changes: the capacity is the run's own."""
+        return self.long_share is None and self.config_changes() == {}
+
+    def config_changes(self) -> dict:
         changes = {}
         if self.ttft_budget_ms is not None:
             changes["ttft_budget_ms"] = self.ttft_budget_ms
@@ -73,6 +78,10 @@ class WhatIf:
             changes["n_seq_max"] = self.n_seq_max
         if self.chunk is not SAME:
             changes["chunk"] = self.chunk
+        return changes
+
+    def config(self, config: EngineConfig) -> EngineConfig:
+        changes = self.config_changes()
         return replace(config, **changes).validated() if changes else config
 
 
@@ -137,8 +146,14 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
         before = twin.capacity("mixed") or (twin.capacities[0] if twin.capacities else None)
         start = before.capacity_rps if before and before.capacity_rps else 1.0
         speeds = _speeds(run)
-        projected = twin_capacity(config, cal, requests, slo, speeds, start, n_seeds=n_seeds, n_requests=n_requests,
-                                  processes=processes, steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE)
+        if what.same_capacity and traffic is None and before is not None and config == twin.config:
+            # why: a change of the traffic's rate alone leaves the capacity question as the run answered it (on
+            # more seeds and a finer grid than a what-if affords): only the attainment at the new rate is new
+            projected = replace(before, wall_s=0.0)
+        else:
+            projected = twin_capacity(config, cal, requests, slo, speeds, start, n_seeds=n_seeds,
+                                      n_requests=n_requests, processes=processes,
+                                      steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE)
         attainment = None
         if reference is not None:
             attainment = statistics.mean(f.attainment for f in attainment_at(
@@ -170,6 +185,9 @@ def render(run: Run, what: WhatIf, projections: list[Projection]) -> str:
     lines.append(f"best under this change: {best.candidate} ({_rps(best.projected.capacity_rps)} req/s, "
                  f"{best.projected.n_seeds} seeds x {best.projected.n_requests} requests, "
                  f"{sum(p.projected.wall_s for p in projections):.1f} s)")
+    if what.same_capacity and all(p.projected.wall_s == 0.0 for p in projections):
+        lines.append("only the rate changed: each capacity is the run's own twin's; the attainment at the new rate "
+                     "is projected")
     untrusted = [p.candidate for p in projections if not p.trusted]
     if untrusted:
         lines.append(f"note: the run's check did not trust the twin of {', '.join(untrusted)}: its projection is a "

@@ -63,6 +63,17 @@ def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_s
     assert {t.candidate for t in view.pictures.twins} == names
     assert all(t.points and t.checks for t in view.pictures.twins)
 
+    # what-if on its calibration: the traffic doubled (the capacity is the run's; the attainment at twice the
+    # recommended capacity is projected), and a bad mix named
+    whatif = homepd("advise", "what-if", "--db", str(db), "--rate-scale", "2", "--json")
+    assert whatif.returncode == 0, whatif.stderr
+    projected = json.loads(whatif.stdout.strip().splitlines()[-1])
+    assert projected["projected_from"] == f"run {run['id']}'s calibration" and projected["change"] == "traffic x2"
+    assert {c["candidate"] for c in projected["candidates"]} == names
+    assert all(0.0 <= c["attainment_at_reference"] <= 1.0 and c["reference_rps"] > 0 for c in projected["candidates"])
+    bad = homepd("advise", "what-if", "--db", str(db), "--mix", "medium=1")
+    assert bad.returncode != 0 and "--mix" in bad.stderr
+
     listing = homepd("history", "--db", str(db))
     assert listing.returncode == 0 and "advise" in listing.stdout and "complete" in listing.stdout
 
