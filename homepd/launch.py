@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 
 from homepd.config import ADVICE_TABLE, EngineConfig, config_file_values, read_config_file
-from homepd.core.origin import SERVING_FIELDS, ConfigOrigin
-from homepd.core.origin import config_origin as origin_of
+from homepd.config.origin import SERVING_FIELDS, ConfigOrigin
+from homepd.config.origin import config_origin as origin_of
 from homepd.core.protocol import EngineSetup, RolePlacement
 from homepd.engine.topology import topology_for
 from homepd.errors import EngineError

@@ -32,7 +32,7 @@ from homepd.advise.live.advisor import Advisor
 from homepd.advise.live.advice import AdviceKind, LiveSettings, Verdict, running_candidate
 from homepd.advise.campaign.traffic import traffic_source, units_of
 from homepd.advise.live.twinned import replay_window
-from homepd.core.origin import ConfigSource
+from homepd.config.origin import ConfigSource
 from homepd.core.records import to_plain
 from homepd.errors import ConfigError
 from homepd.measure.metrics import interference

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from homepd.config import EngineConfig
 from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle
-from homepd.core.origin import ConfigOrigin
+from homepd.config.origin import ConfigOrigin
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.engine.controller import Engine

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 
-from homepd.core.origin import ConfigOrigin, ConfigSource
+from homepd.config.origin import ConfigOrigin, ConfigSource
 from homepd.core.records import to_plain
 from homepd.engine.topology import topology_for
 from homepd.errors import HomepdError

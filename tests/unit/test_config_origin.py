@@ -11,7 +11,7 @@ from homepd.store.records import RunAdvice, decode_advice
 from homepd.advise.export.apply import advice_values, choose
 from homepd.config import EngineConfig, add_config_flags, config_from_args, read_config_file, write_config_file
 from homepd.core.modes import Mode
-from homepd.core.origin import ConfigOrigin, ConfigSource
+from homepd.config.origin import ConfigOrigin, ConfigSource
 from homepd.core.records import to_plain
 from homepd.engine.topology import topology_for
 from homepd.errors import ConfigError

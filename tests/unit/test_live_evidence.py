@@ -90,7 +90,7 @@ def test_a_restarted_service_rebuilds_its_profile_and_verdicts_from_the_store(tm
     import types
 
     from homepd.config import EngineConfig
-    from homepd.core.origin import ConfigOrigin, ConfigSource
+    from homepd.config.origin import ConfigOrigin, ConfigSource
     from homepd.serve.advice import LiveAdvisor
     from homepd.serve.settings import ServeSettings
 

@@ -4,7 +4,7 @@ import pytest
 
 from homepd.core import modes
 from homepd.core.modes import Candidate, Mode
-from homepd.core.origin import SERVING_FIELDS
+from homepd.config.origin import SERVING_FIELDS
 
 
 def test_a_mode_without_traits_is_an_error_not_a_fallback():

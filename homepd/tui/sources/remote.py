@@ -31,7 +31,7 @@ import httpx
 
 from homepd.config import EngineConfig, read_config_file
 from homepd.core.lifecycle import RequestTimings
-from homepd.core.origin import ConfigOrigin
+from homepd.config.origin import ConfigOrigin
 from homepd.core.records import EngineSnapshot, RecordShapeError
 from homepd.errors import HomepdError
 from homepd.hw.monitor import Sampler
