@@ -119,7 +119,7 @@ def compile_homepd() -> None:
     suite starts hundreds of Python processes (engine workers, CLI runs, servers), and where
     PYTHONDONTWRITEBYTECODE is set, as on this project's CI, none of them keeps the bytecode it compiles: each one
     compiled its homepd imports from source again (0.6 s a worker, 1.7 s a server).  py_compile writes it
-    whatever that variable says.  The dependencies' bytecode is uv's (``compile-bytecode`` in pyproject.toml)."""
+    whatever that variable says.  (The dependencies' stays uncompiled: docs/testing.md says why.)"""
     compileall.compile_dir(str(Path(homepd.__file__).parent), quiet=1, workers=0)
 
 
