@@ -18,7 +18,7 @@ campaign names them), on its own engine, one at a time, nothing else running:
 Every cell is printed, the misses too, with what they miss by.  ``-o FILE`` keeps every probe's figures
 (JSON).
 
-    uv run python benchmarks/twin_fidelity.py                         # the four candidates (about 25 min)
+    uv run python benchmarks/twin_fidelity.py                         # the four candidates (45 min on 2 cores)
     uv run python benchmarks/twin_fidelity.py --only colocated-adaptive --repeats 1 --requests 16
 """
 from __future__ import annotations
@@ -175,6 +175,9 @@ async def main(args) -> list[dict]:
         results = []
         for name in names:
             results.append(await one_candidate(cands[name], base, box, args, sampler))
+            if args.output:  # why each time: a run cut short (a timeout) keeps the candidates it finished
+                with open(args.output, "w") as f:
+                    json.dump(results, f, indent=1)
     finally:
         sampler.stop()
     return results
@@ -195,6 +198,3 @@ if __name__ == "__main__":
     print(table(results))
     speeds = [r["twin"]["speedup"] for r in results]
     print(f"twin speed: {min(speeds):.0f}-{max(speeds):.0f}x real time a process; benchmark {time.monotonic() - t0:.0f} s")
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(results, f, indent=1)

@@ -54,6 +54,7 @@ class CapacityCurve:
     decided_by: str
     interval_rps: tuple[float, float] | None = None
     source: str = "measured"
+    attainment_at_half: float | None = None     # a twin's, at half its capacity (``TwinCapacity.noise_bound``)
 
 
 def drain_allowance_s(requests, slo: SLO, speeds: tuple[float | None, float | None]) -> float | None:

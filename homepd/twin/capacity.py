@@ -158,17 +158,22 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
         ratio = steps_per_octave // COARSE_STEPS_PER_OCTAVE
         seed_caps = _seed_capacities(runner, n_seeds, lo * ratio, hi * ratio, passes, min_rate_rps, max_rate_rps,
                                      steps_per_octave)
+        capacity, interval = _median_interval(seed_caps)
+        half = None
+        if capacity is not None:
+            # why: how flat the curve is below the capacity says whether load or the box's noise makes the misses
+            half = statistics.mean(f.attainment for f in runner.run([(capacity / 2, s) for s in range(COARSE_SEEDS)]))
     finally:
         runner.close()
     figures = list(runner.figures.values())
-    capacity, interval = _median_interval(seed_caps)
     points = _points(figures)
     return TwinCapacity(
         candidate=cal.candidate, mix=mix, target_share=target_share, capacity_rps=capacity, interval_rps=interval,
         seed_capacities=tuple(seed_caps), points=points, n_seeds=n_seeds, n_requests=n_requests,
         resolution_rps=(capacity or 1.0) * (2 ** (1 / steps_per_octave) - 1),
         sim_s=sum(f.sim_s for f in figures), virtual_s=sum(f.virtual_s for f in figures),
-        wall_s=time.monotonic() - t0, decided_by=_decided_by(figures, capacity, target_share))
+        wall_s=time.monotonic() - t0, decided_by=_decided_by(figures, capacity, target_share),
+        attainment_at_half=half)
 
 
 def attainment_at(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,

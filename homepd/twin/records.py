@@ -13,6 +13,7 @@ from homepd.config import EngineConfig
 from homepd.twin.calibration import Calibration
 
 CONFIDENCE = 0.9
+NOISE_MARGIN = 0.05     # attainment at half the capacity under target + this: the capacity is noise-bound
 
 
 CALIBRATION_MIX = "calibration"   # a stored calibration burst's mix (a closed loop, not a probe of a traffic mix)
@@ -50,11 +51,20 @@ class TwinCapacity:
     wall_s: float
     decided_by: str
     confidence: float = CONFIDENCE
+    # the attainment pooled over a few seeds at half the capacity (None: not run, or a run stored before it)
+    attainment_at_half: float | None = None
 
     @property
     def speedup(self) -> float:
         """Simulated time over the time it took to simulate (per process)."""
         return self.virtual_s / self.sim_s if self.sim_s > 0 else math.inf
+
+    @property
+    def noise_bound(self) -> bool:
+        """At half its capacity the candidate still misses nearly as much as the target allows: its misses are the
+        box's step-time noise against a budget, more than load, so its capacity is ill-conditioned (a flat curve
+        crosses the target share wherever the calibration's tail puts it)."""
+        return self.attainment_at_half is not None and self.attainment_at_half < self.target_share + NOISE_MARGIN
 
     @property
     def half_width(self) -> float | None:

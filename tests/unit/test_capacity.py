@@ -137,7 +137,7 @@ def test_ties_are_the_capacities_within_each_others_spread():
 def test_the_curve_is_plain_json_in_the_agreed_shape():
     plain = to_plain(search(step_at(1.0), 1.0, QUICK))
     assert set(plain) == {"candidate", "mix", "target_share", "resolution_rps", "probes", "capacity_rps",
-                          "spread_rps", "decided_by", "interval_rps", "source"}
+                          "spread_rps", "decided_by", "interval_rps", "source", "attainment_at_half"}
     assert {"rate_rps", "n_requests", "attainment", "goodput_rps", "seed", "duration_s",
             "per_class"} <= set(plain["probes"][0])
 

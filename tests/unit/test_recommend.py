@@ -172,3 +172,32 @@ def test_when_no_rate_passed_anywhere_every_candidate_is_a_tie_ranked_by_goodput
     rec = recommend(ev)
     assert rec.candidate == CO64 and rec.tied_with == ("colocated-unchunked",) and rec.confidence == "low"
     assert "no rate passed; goodput 0.07 req/s at the slowest probe" in rec.reason
+
+
+def twin_curve(name, capacity, interval, at_half=None, mix="mixed"):
+    """A twin's capacity as the campaign stores it: an interval both sides, its attainment at half the capacity."""
+    from homepd.advise.campaign.capacity import CapacityCurve
+    return CapacityCurve(name, mix, 0.9, capacity * 0.09, (), capacity, None, "every gap <= 100 ms",
+                         interval_rps=interval, source="twin", attainment_at_half=at_half)
+
+
+def test_twins_with_intervals_apart_give_high_confidence_unless_a_curve_is_flat():
+    runs = {("colocated-chunk-64", "mixed"): [m(0.5, slowdown=1.0)], ("colocated-unchunked", "mixed"): [m(0.4)]}
+    steep = recommend(with_capacity(evidence(runs, candidates=(CO_NONE, CO64)), [
+        twin_curve("colocated-chunk-64", 0.68, (0.6, 0.71), at_half=1.0),
+        twin_curve("colocated-unchunked", 0.30, (0.25, 0.30), at_half=0.99)]))
+    assert steep.candidate == CO64 and steep.confidence == "high" and "intervals are apart" in steep.confidence_why
+    # the runner-up still misses nearly what the target allows at half its capacity: its misses are noise
+    flat = recommend(with_capacity(evidence(runs, candidates=(CO_NONE, CO64)), [
+        twin_curve("colocated-chunk-64", 0.68, (0.6, 0.71), at_half=1.0),
+        twin_curve("colocated-unchunked", 0.30, (0.25, 0.30), at_half=0.92)]))
+    assert flat.candidate == CO64 and flat.confidence == "medium"
+    assert "colocated-unchunked meets the SLO for only 92% of requests at half its capacity" in flat.confidence_why
+
+
+def test_twins_within_a_few_percent_are_an_answer_with_the_figure_not_a_tie():
+    runs = {("colocated-chunk-64", "mixed"): [m(0.5, slowdown=1.0)], ("colocated-unchunked", "mixed"): [m(0.5)]}
+    rec = recommend(with_capacity(evidence(runs, candidates=(CO_NONE, CO64)), [
+        twin_curve("colocated-chunk-64", 0.70, (0.66, 0.74), at_half=1.0),
+        twin_curve("colocated-unchunked", 0.68, (0.64, 0.71), at_half=1.0)]))
+    assert rec.confidence == "medium" and rec.confidence_why.startswith("within 3%: either serves this box")

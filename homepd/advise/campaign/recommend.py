@@ -21,6 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from homepd.advise.campaign.capacity import CapacityCurve, within_spread
+from homepd.twin.records import NOISE_MARGIN
 from homepd.core.modes import Candidate
 
 # interference counts as measured when decode steps disturbed by prefill are this much slower, matched on
@@ -91,6 +92,8 @@ class Row:
     has_curve: bool = False                  # a capacity search ran (its capacity may be None: nothing passed)
     capacity_interval_rps: tuple[float, float] | None = None  # a twin's: where the capacity lies, both sides
     from_twin: bool = False                  # the capacity is its twin's (checked and trusted), not a search's
+    attainment_at_half: float | None = None  # its twin's attainment at half the capacity
+    noise_bound: bool = False                # ... under the target share + NOISE_MARGIN: a flat, ill-conditioned curve
 
     @property
     def is_lower_bound(self) -> bool:
@@ -149,7 +152,10 @@ def summarize_rows(evidence: Evidence) -> list[Row]:
             interference_samples=sum(m.interference_samples for m in ms),
             capacity_rps=curve.capacity_rps if curve else None, capacity_spread_rps=curve.spread_rps if curve else None,
             has_curve=curve is not None, capacity_interval_rps=curve.interval_rps if curve else None,
-            from_twin=curve is not None and curve.source == "twin"))
+            from_twin=curve is not None and curve.source == "twin",
+            attainment_at_half=curve.attainment_at_half if curve else None,
+            noise_bound=curve is not None and curve.attainment_at_half is not None
+            and curve.attainment_at_half < curve.target_share + NOISE_MARGIN))
     return rows
 
 
@@ -327,6 +333,13 @@ def _confidence(rows: list[Row], mix: str, winner: str) -> tuple[str, str]:
         spread = max(win.goodput_spread or 0.0, second.goodput_spread or 0.0)
     if win.from_twin and second.from_twin and win.capacity_interval_rps and second.capacity_interval_rps:
         apart = win.capacity_interval_rps[0] > second.capacity_interval_rps[1]
+        flat = [r for r in (win, second) if r.noise_bound]
+        if apart and gap >= 0.1 and flat:
+            return "medium", (f"{gap:.0%} ahead of {second.candidate} and the twins' intervals are apart, but "
+                              + "; ".join(f"{r.candidate} meets the SLO for only {r.attainment_at_half:.0%} of "
+                                          "requests at half its capacity" for r in flat)
+                              + ": its misses are the box's step-time noise against the budget more than load, so "
+                              "its capacity moves with each calibration")
         if apart and gap >= 0.1:
             return "high", (f"the twins' intervals are apart: {win.candidate} {_score_text(win, True)} against "
                             f"{second.candidate} {_score_text(second, True)}, {gap:.0%} ahead (each twin checked "

@@ -95,7 +95,8 @@ class TwinSearch:
         if trusted and twin.capacity_rps is not None:
             curve = CapacityCurve(self.cal.candidate, self.mix, self.search.target_share, twin.resolution_rps,
                                   tuple(probes), twin.capacity_rps, None, twin.decided_by,
-                                  interval_rps=twin.interval_rps, source=TWIN_SOURCE)
+                                  interval_rps=twin.interval_rps, source=TWIN_SOURCE,
+                                  attainment_at_half=twin.attainment_at_half)
         else:
             curve = curve_at_rates(self.cal.candidate, self.mix, probes, self.search.target_share)
         return TwinOutcome(SearchOutcome(curve, records.get(rate), records), twin, tuple(checks))

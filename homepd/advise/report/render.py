@@ -91,6 +91,8 @@ def twin_row(twin, mix: str) -> dict | None:
             "seed_capacities_rps": list(cap.seed_capacities) if cap else [],
             "n_seeds": cap.n_seeds if cap else 0, "n_requests": cap.n_requests if cap else 0,
             "wall_s": cap.wall_s if cap else None, "speedup": cap.speedup if cap else None,
+            "attainment_at_half": cap.attainment_at_half if cap else None,
+            "noise_bound": cap.noise_bound if cap else False,
             "checks": [to_plain(c) for c in twin.checks]}
 
 
@@ -188,6 +190,10 @@ def render_twins(result: AdviseResult) -> str:
                          f"{fmt(seeds[0] if seeds else None, '.2f')}-{fmt(seeds[-1] if seeds else None, '.2f')}; "
                          f"{cap.n_seeds} seeds x {cap.n_requests} requests, {cap.virtual_s:.0f} s simulated in "
                          f"{cap.wall_s:.1f} s ({cap.speedup:.0f}x real time a process)")
+            if cap.attainment_at_half is not None:
+                lines.append(f"    at half the capacity: {cap.attainment_at_half:.0%} meet the SLO" + (
+                    " — its misses are the box's noise against the budget more than load: a flat curve, whose "
+                    "capacity moves with each calibration" if cap.noise_bound else ""))
         for c in twin.checks:
             lines.append(f"    check at {c.rate_rps:.3g} req/s ({c.n_requests} requests): attainment "
                          f"{c.measured_attainment:.0%} measured / {c.predicted_attainment:.0%} twin; TTFT p50 "
