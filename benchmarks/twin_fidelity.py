@@ -45,7 +45,7 @@ from homepd.measure.metrics import SLO
 from homepd.measure.replay import run_trace
 from homepd.measure.trace import make_trace
 from homepd.measure.trace.model import tagged
-from homepd.twin.burst import burst_size, calibrate
+from homepd.twin.burst import burst_trace, calibrate
 from homepd.twin.capacity import predict, twin_capacity
 from homepd.twin.traces import TWIN_TAG, TraceRequests, of_trace
 
@@ -86,10 +86,8 @@ async def one_candidate(cand, base: EngineConfig, box, args, sampler) -> dict:
     async with Engine(config, prepare(config, pull=False, box=box), sampler=sampler) as engine:
         warm = await engine.submit("Hello", params=SamplingParams(max_tokens=2))
         await warm.collect()
-        n_entry = config.n_replicas if config.mode.value == "replicas" else 1
-        burst = make_trace("mixed", burst_size(config.n_seq_max, n_entry, settings.burst_per_sequence), 1.0,
-                           concurrency=config.n_seq_max * n_entry, max_tokens=settings.max_tokens,
-                           long_tokens=settings.long_tokens, ignore_eos=True, seed=BURST_SEED)
+        burst = burst_trace(config, settings.burst_per_sequence, max_tokens=settings.max_tokens,
+                            long_tokens=settings.long_tokens, seed=BURST_SEED)
         cal, record = await calibrate(engine, cand.name, burst, slo, sampler)
         speeds = (record.summary.prompt_tok_s, record.summary.tpot_ms.p50)
         tokenize = lambda r: engine.prepare(r.prompt, messages=list(r.messages) if r.messages else None)  # noqa

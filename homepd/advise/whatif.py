@@ -33,6 +33,10 @@ WHAT_IF_SEEDS = 8
 WHAT_IF_REQUESTS = 200
 WHAT_IF_STEPS_PER_OCTAVE = 8     # a grid step of 9 %
 SAME = object()              # a what-if field left as the run had it
+REFERENCE_SEEDS = 4          # seeds the attainment at the changed rate is the mean over
+# how each configuration field's change reads ("gap budget 150 ms")
+CONFIG_LABELS = {"ttft_budget_ms": lambda v: f"TTFT budget {v:g} ms", "itl_budget_ms": lambda v: f"gap budget {v:g} ms",
+                 "n_seq_max": lambda v: f"{v} sequences", "chunk": lambda v: f"chunk {v or 'none'}"}
 
 
 @dataclass(frozen=True)
@@ -53,29 +57,19 @@ class WhatIf:
             parts.append(f"traffic x{self.rate_scale:g}")
         if self.long_share is not None:
             parts.append(f"{self.long_share:.0%} documents")
-        if self.ttft_budget_ms is not None:
-            parts.append(f"TTFT budget {self.ttft_budget_ms:g} ms")
-        if self.itl_budget_ms is not None:
-            parts.append(f"gap budget {self.itl_budget_ms:g} ms")
-        if self.n_seq_max is not None:
-            parts.append(f"{self.n_seq_max} sequences")
-        if self.chunk is not SAME:
-            parts.append(f"chunk {self.chunk or 'none'}")
+        parts += [CONFIG_LABELS[name](value) for name, value in self.config_changes().items()]
         return ", ".join(parts) or "as measured"
 
     @property
     def same_capacity(self) -> bool:
         """Nothing but the rate changes: the capacity is the run's own."""
-        return self.long_share is None and self.config_changes() == {}
+        return self.long_share is None and not self.config_changes()
 
     def config_changes(self) -> dict:
-        changes = {}
-        if self.ttft_budget_ms is not None:
-            changes["ttft_budget_ms"] = self.ttft_budget_ms
-        if self.itl_budget_ms is not None:
-            changes["itl_budget_ms"] = self.itl_budget_ms
-        if self.n_seq_max is not None:
-            changes["n_seq_max"] = self.n_seq_max
+        """The ``EngineConfig`` fields the change sets (those left as the run had them left out)."""
+        values = {"ttft_budget_ms": self.ttft_budget_ms, "itl_budget_ms": self.itl_budget_ms,
+                  "n_seq_max": self.n_seq_max}
+        changes = {name: v for name, v in values.items() if v is not None}
         if self.chunk is not SAME:
             changes["chunk"] = self.chunk
         return changes
@@ -95,6 +89,7 @@ class Projection:
     projected: TwinCapacity
     reference_rps: float | None = None      # the traffic's rate after the change (rate_scale)
     attainment_at_reference: float | None = None
+    reused: bool = False                    # the capacity is the run's own twin's (only the rate changed)
 
 
 def calibrated(run: Run) -> list[TwinEvidence]:
@@ -137,30 +132,38 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
         base_rps = next((c.capacity_rps for c in run.advice.capacity if c.candidate == recommended
                           and c.capacity_rps is not None), None)
     requests = TraceRequests(lambda rate, n, seed: tagged(make(rate, n, seed), TWIN_TAG), n_requests, tokenize)
-    requests.prepare(range(n_seeds))
     reference = base_rps * what.rate_scale if base_rps and what.rate_scale is not None else None
+    # why: a change of the traffic's rate alone leaves the capacity question as the run answered it (on more seeds
+    # and a finer grid than a what-if affords): only the attainment at the new rate is new
+    # (its wall_s 0: this what-if spent nothing on it)
+    stored = {t.candidate: replace(cap, wall_s=0.0) if what.same_capacity and traffic is None
+              and (cap := _stored_capacity(t)) is not None else None for t in twins}
+    searched = any(cap is None for cap in stored.values())
+    requests.prepare(range(n_seeds if searched else min(n_seeds, REFERENCE_SEEDS)))
+    speeds = _speeds(run)
     out = []
     for twin in twins:
         config, cal = changed(twin, what)
         slo = SLO.from_budgets(config.class_budgets, token_target=settings.slo.token_target)
-        before = twin.capacity("mixed") or (twin.capacities[0] if twin.capacities else None)
-        start = before.capacity_rps if before and before.capacity_rps else 1.0
-        speeds = _speeds(run)
-        if what.same_capacity and traffic is None and before is not None and config == twin.config:
-            # why: a change of the traffic's rate alone leaves the capacity question as the run answered it (on
-            # more seeds and a finer grid than a what-if affords): only the attainment at the new rate is new
-            projected = replace(before, wall_s=0.0)
-        else:
-            projected = twin_capacity(config, cal, requests, slo, speeds, start, n_seeds=n_seeds,
-                                      n_requests=n_requests, processes=processes,
+        before = _stored_capacity(twin)
+        projected = stored[twin.candidate]
+        if projected is None:
+            projected = twin_capacity(config, cal, requests, slo, speeds,
+                                      before.capacity_rps if before and before.capacity_rps else 1.0,
+                                      n_seeds=n_seeds, n_requests=n_requests, processes=processes,
                                       steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE)
         attainment = None
         if reference is not None:
             attainment = statistics.mean(f.attainment for f in attainment_at(
-                config, cal, requests, slo, speeds, reference, range(min(n_seeds, 4)), processes))
+                config, cal, requests, slo, speeds, reference, range(min(n_seeds, REFERENCE_SEEDS)), processes))
         out.append(Projection(twin.candidate, twin.trusted, twin.why, before.capacity_rps if before else None,
-                              projected, reference, attainment))
+                              projected, reference, attainment, reused=stored[twin.candidate] is not None))
     return out
+
+
+def _stored_capacity(twin: TwinEvidence) -> TwinCapacity | None:
+    """The run's twin capacity of the candidate: on the mixed trace, else its first."""
+    return twin.capacity("mixed") or (twin.capacities[0] if twin.capacities else None)
 
 
 def _speeds(run: Run) -> tuple[float | None, float | None]:
@@ -185,7 +188,7 @@ def render(run: Run, what: WhatIf, projections: list[Projection]) -> str:
     lines.append(f"best under this change: {best.candidate} ({_rps(best.projected.capacity_rps)} req/s, "
                  f"{best.projected.n_seeds} seeds x {best.projected.n_requests} requests, "
                  f"{sum(p.projected.wall_s for p in projections):.1f} s)")
-    if what.same_capacity and all(p.projected.wall_s == 0.0 for p in projections):
+    if all(p.reused for p in projections):
         lines.append("only the rate changed: each capacity is the run's own twin's; the attainment at the new rate "
                      "is projected")
     untrusted = [p.candidate for p in projections if not p.trusted]

@@ -40,6 +40,16 @@ MAX_STOP_CHARS = 1024  # a stop string is held back as it may be starting: its l
 StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
+def _bounded_stop(v):
+    if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+    return v
+
+
+# a request's stop strings, the OpenAI and the Ollama bodies alike: one string or at most MAX_STOP_STRINGS
+Stop = Annotated[Union[StopText, list[StopText], None], AfterValidator(_bounded_stop)]
+
+
 class _Lenient(BaseModel):
     """Strict types, unknown fields kept aside (``ignored_fields``)."""
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
@@ -144,7 +154,7 @@ class _Sampling(_Lenient):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]; -100 bans")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: Union[StopText, list[StopText], None] = None
+    stop: Stop = None
     n: int | None = Field(None, description="only 1")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -164,13 +174,6 @@ class _Sampling(_Lenient):
         if v not in (None, 1):
             raise ValueError(f"n={v!r}: homepd returns one choice per request; send n=1 (or none) and repeat the "
                              "request for more")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         return v
 
     @field_validator("logit_bias")

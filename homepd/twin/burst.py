@@ -19,7 +19,8 @@ from homepd.hw.monitor import other_cpu_cores
 from homepd.core.modes import Role
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord, run_trace
-from homepd.measure.trace import Trace
+from homepd.engine.topology import topology_for
+from homepd.measure.trace import Trace, make_trace
 from homepd.measure.trace.model import tagged
 
 BURST_PER_SEQUENCE = 3        # requests per sequence id of each entry worker
@@ -31,6 +32,15 @@ MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a s
 def burst_size(n_seq_max: int, n_entry_workers: int, per_sequence: int = BURST_PER_SEQUENCE) -> int:
     """Requests in a burst: ``per_sequence`` rounds of every sequence id of every entry worker."""
     return max(MIN_BURST_REQUESTS, per_sequence * n_seq_max * n_entry_workers)
+
+
+def burst_trace(config, per_sequence: int, *, max_tokens: int, long_tokens: int, seed: int) -> Trace:
+    """The burst itself: the mixed trace's first ``burst_size`` requests, every sequence id of each entry worker
+    busy at once (a closed loop)."""
+    n_entry = topology_for(config.mode).n_entry_workers(config)
+    return make_trace("mixed", burst_size(config.n_seq_max, n_entry, per_sequence), 1.0,
+                      concurrency=config.n_seq_max * n_entry, max_tokens=max_tokens, long_tokens=long_tokens,
+                      ignore_eos=True, seed=seed)
 
 
 async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None, sampler=None

@@ -16,6 +16,11 @@ CONFIDENCE = 0.9
 NOISE_MARGIN = 0.05     # attainment at half the capacity under target + this: the capacity is noise-bound
 
 
+def is_noise_bound(attainment_at_half: float | None, target_share: float) -> bool:
+    """The rule of ``TwinCapacity.noise_bound``, for a capacity as a curve carries it too."""
+    return attainment_at_half is not None and attainment_at_half < target_share + NOISE_MARGIN
+
+
 CALIBRATION_MIX = "calibration"   # a stored calibration burst's mix (a closed loop, not a probe of a traffic mix)
 
 
@@ -64,7 +69,7 @@ class TwinCapacity:
         """At half its capacity the candidate still misses nearly as much as the target allows: its misses are the
         box's step-time noise against a budget, more than load, so its capacity is ill-conditioned (a flat curve
         crosses the target share wherever the calibration's tail puts it)."""
-        return self.attainment_at_half is not None and self.attainment_at_half < self.target_share + NOISE_MARGIN
+        return is_noise_bound(self.attainment_at_half, self.target_share)
 
     @property
     def half_width(self) -> float | None:

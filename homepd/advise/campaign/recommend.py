@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from homepd.advise.campaign.capacity import CapacityCurve, within_spread
-from homepd.twin.records import NOISE_MARGIN
+from homepd.twin.records import is_noise_bound
 from homepd.core.modes import Candidate
 
 # interference counts as measured when decode steps disturbed by prefill are this much slower, matched on
@@ -93,7 +93,7 @@ class Row:
     capacity_interval_rps: tuple[float, float] | None = None  # a twin's: where the capacity lies, both sides
     from_twin: bool = False                  # the capacity is its twin's (checked and trusted), not a search's
     attainment_at_half: float | None = None  # its twin's attainment at half the capacity
-    noise_bound: bool = False                # ... under the target share + NOISE_MARGIN: a flat, ill-conditioned curve
+    noise_bound: bool = False                # ... so low the curve is flat (``is_noise_bound``)
 
     @property
     def is_lower_bound(self) -> bool:
@@ -154,8 +154,7 @@ def summarize_rows(evidence: Evidence) -> list[Row]:
             has_curve=curve is not None, capacity_interval_rps=curve.interval_rps if curve else None,
             from_twin=curve is not None and curve.source == "twin",
             attainment_at_half=curve.attainment_at_half if curve else None,
-            noise_bound=curve is not None and curve.attainment_at_half is not None
-            and curve.attainment_at_half < curve.target_share + NOISE_MARGIN))
+            noise_bound=curve is not None and is_noise_bound(curve.attainment_at_half, curve.target_share)))
     return rows
 
 

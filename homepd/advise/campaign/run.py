@@ -59,7 +59,7 @@ from homepd.measure.trace.conversations import CHAT_TURNS
 from homepd.measure.trace.model import estimate_tokens, tagged
 from homepd.store import rows
 from homepd.store.records import Run, decode_run
-from homepd.twin.burst import burst_size, calibrate
+from homepd.twin.burst import burst_trace, calibrate
 from homepd.twin.calibration import Calibration
 from homepd.twin.capacity import FINE_STEPS_PER_OCTAVE, N_REQUESTS, N_SEEDS
 from homepd.twin.check import verdict
@@ -396,10 +396,8 @@ class Campaign:
         estimate the predicted chunk comes from."""
         s = self.settings
         self._report(f"{cand.name}: calibration burst")
-        n_entry = topology_for(config.mode).n_entry_workers(config)
-        trace = make_trace("mixed", burst_size(config.n_seq_max, n_entry, s.burst_per_sequence), 1.0,
-                           concurrency=config.n_seq_max * n_entry, max_tokens=s.max_tokens, long_tokens=s.long_tokens,
-                           ignore_eos=True, seed=s.seed * 1000 + BURST_SEED)
+        trace = burst_trace(config, s.burst_per_sequence, max_tokens=s.max_tokens, long_tokens=s.long_tokens,
+                            seed=s.seed * 1000 + BURST_SEED)
         t0 = time.monotonic()
         cal, record = await calibrate(engine, cand.name, trace, self.slo, self.sampler)
         if self.store is not None:  # the burst's requests and steps, as every probe's (the calibration comes at the end)

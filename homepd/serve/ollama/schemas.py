@@ -14,9 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator
 
-from homepd.core.sampling import MAX_STOP_STRINGS
 from homepd.engine.embedder import DEFAULT
-from homepd.serve.schemas import MAX_TOOLS, StopText, Text, _Lenient
+from homepd.serve.schemas import MAX_TOOLS, Stop, Text, _Lenient
 
 ModelName = Annotated[Text, Field(min_length=1, max_length=512)]
 KeepAlive = Union[float, Annotated[Text, Field(max_length=64)], None]
@@ -57,14 +56,7 @@ class Options(_Lenient):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="negative: a random seed")
-    stop: Union[StopText, list[StopText], None] = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        return v
+    stop: Stop = None
 
 
 class _Generating(_Lenient):
