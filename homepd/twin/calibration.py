@@ -37,6 +37,12 @@ WARM_SHAPES = 48        # step shapes a worker's calibration keeps to warm a sim
 MIN_SPREAD_STEPS = 20   # fewer steps than this cannot tell a step's fixed part from its cost per token (narrow)
 MIN_SIZE_SPREAD = 4     # nor can steps whose 90th-percentile size is less than this many times their 10th
 MIN_STEPS_PER_TERM = 5  # steps per fitted term before the batch-size knots are fitted
+# why: the residuals beside another worker's prompt step have their own tail (measured on a disaggregated decode
+# worker, 2 vCPUs: a 2-decode step ran 46 ms alone at p50 and 116 ms beside a 256-token prefill, and 1-decode
+# steps 34 ms alone at p99 and 58 ms beside one), which one pool drawn by every step thinned out: the twin put the
+# largest gap's p90 at 49 ms where the clients measured 117.  A neighbour's pool needs this many steps, else the
+# pooled residuals stand in
+MIN_BESIDE_RESIDUALS = 24
 ALONE, BESIDE_DECODE, BESIDE_PROMPT = 0, 1, 2  # what another worker runs during a step
 KNOTS = (2, 8, 32, 128)  # tokens in a step where its cost per token may change (a batch of 1 runs other kernels)
 
@@ -73,6 +79,10 @@ class StepCost:
     # only, (1 + contention_prompt) beside one that prefills
     contention: float = 0.0
     contention_prompt: float = 0.0
+    # the fast part's residuals by what ran beside the step (``ALONE``, ``BESIDE_DECODE``, ``BESIDE_PROMPT``):
+    # a neighbour with fewer than ``MIN_BESIDE_RESIDUALS`` steps is drawn from ``residuals`` (all of them); ():
+    # a calibration stored before they were kept apart
+    residuals_beside: tuple[tuple[float, ...], ...] = ()
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
         ms = max(0.1, sum(c * x for c, x in zip(self.coef, cost_features(n_prompt, n_decode, kv_in_use))))
@@ -85,7 +95,10 @@ class StepCost:
         """A step's time as the box gives it; ``noise`` holds the slow part between draws (one per worker);
         ``beside``: what another worker is running meanwhile (``ALONE``, ``BESIDE_DECODE``, ``BESIDE_PROMPT``)."""
         slow = noise[0] = self.rho * noise[0] + self.innovation_sd * rng.gauss(0.0, 1.0)
-        fast = self.residuals[int(rng.random() * len(self.residuals))] if self.residuals else 0.0
+        pool = self.residuals_beside[beside] if beside < len(self.residuals_beside) else ()
+        if len(pool) < MIN_BESIDE_RESIDUALS:
+            pool = self.residuals
+        fast = pool[int(rng.random() * len(pool))] if pool else 0.0
         return self.predict_ms(n_prompt, n_decode, kv_in_use, beside) * max(0.05, 1.0 + slow + fast)
 
     @property
@@ -213,8 +226,15 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     scale = math.sqrt((1 - slow_share) * var / fast_var) if fast_var > 0 else 0.0
     gaps = [b.t_start_s * 1e3 - a.t_end_s * 1e3 - b.store_ms for a, b in zip(steps, steps[1:])]
     overhead = tuple(sorted(g for g in gaps if 0.0 <= g <= MAX_OVERHEAD_MS))
-    return StepCost(coef, tuple(f * scale for f in fast), rho, math.sqrt(slow_share * var), overhead, len(steps),
-                    rms=math.sqrt(var), contention=contention, contention_prompt=contention_prompt)
+    residuals = [f * scale for f in fast]
+    beside: tuple[tuple[float, ...], ...] = ()
+    if others:
+        kinds = [_beside(lo, ho) for lo, ho in zip(light, heavy)]
+        beside = tuple(tuple(r for r, k in zip(residuals, kinds) if k == kind)
+                       for kind in (ALONE, BESIDE_DECODE, BESIDE_PROMPT))
+    return StepCost(coef, tuple(residuals), rho, math.sqrt(slow_share * var), overhead, len(steps),
+                    rms=math.sqrt(var), contention=contention, contention_prompt=contention_prompt,
+                    residuals_beside=beside)
 
 
 def warm_shapes(steps: list[StepRecord], n: int = WARM_SHAPES) -> tuple[tuple[int, int, int], ...]:

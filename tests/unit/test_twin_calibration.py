@@ -1,0 +1,63 @@
+"""The twin's calibration (homepd.twin.calibration) fitted on constructed step logs: a step's noise beside another
+worker's prompt step is drawn from its own residuals, not from every step's."""
+from __future__ import annotations
+
+import random
+
+from homepd.core.protocol import StepRecord
+from homepd.twin.calibration import (ALONE, BESIDE_PROMPT, MIN_BESIDE_RESIDUALS, StepCost, step_cost)
+
+
+def decode_worker_and_prefill_neighbour(n: int = 400, seed: int = 3) -> tuple[list[StepRecord], list[StepRecord]]:
+    """A decode worker's 1-decode steps of 20 ms (±1 ms), every other one of them under a long prefill step of the
+    other worker, where one in five runs 2.5× as long (the box's shared cores), as on a 2-vCPU VM."""
+    rng = random.Random(seed)
+    steps, t = [], 0.0
+    for i in range(n):
+        ms = 20.0 + rng.uniform(-1.0, 1.0)
+        if (i // 10) % 2 == 1 and rng.random() < 0.2:
+            ms *= 2.5
+        steps.append(StepRecord("decode", i, t, t + ms / 1e3, ("a",), ()))
+        t += ms / 1e3 + 0.001
+    # the prefill worker's step spans each odd block of ten
+    others = [StepRecord("prefill", k, steps[k * 10].t_start_s, steps[k * 10 + 9].t_end_s, (), (("b", 64),))
+              for k in range(1, n // 10, 2)]
+    return steps, others
+
+
+def p99(values: list[float]) -> float:
+    values = sorted(values)
+    return values[int(0.99 * (len(values) - 1))]
+
+
+def test_steps_beside_a_prompt_step_draw_their_own_tail():
+    steps, others = decode_worker_and_prefill_neighbour()
+    cost = step_cost(steps, others)
+    alone, beside = cost.residuals_beside[ALONE], cost.residuals_beside[BESIDE_PROMPT]
+    assert len(alone) >= MIN_BESIDE_RESIDUALS and len(beside) >= MIN_BESIDE_RESIDUALS
+    assert max(beside) > max(alone) + 0.5   # the 2.5x steps are beside the prefill, none alone
+    rng, noise = random.Random(1), cost.start_noise(random.Random(1))
+    drawn_alone = [cost.draw_ms(rng, noise, 0, 1, 0, ALONE) for _ in range(2000)]
+    drawn_beside = [cost.draw_ms(rng, noise, 0, 1, 0, BESIDE_PROMPT) for _ in range(2000)]
+    # the measured tails: alone within ~25 ms, beside a prompt step ~50 ms for one step in five
+    assert p99(drawn_alone) < 30.0
+    assert p99(drawn_beside) > 40.0
+
+
+def test_a_neighbour_with_few_steps_draws_from_every_step():
+    steps, others = decode_worker_and_prefill_neighbour()
+    cost = step_cost(steps, others)
+    thin = StepCost(cost.coef, cost.residuals, 0.0, 0.0, (), cost.n_steps,
+                    residuals_beside=((), (), cost.residuals_beside[BESIDE_PROMPT][:MIN_BESIDE_RESIDUALS - 1]))
+    rng = random.Random(2)
+    drawn = {round(thin.draw_ms(rng, [0.0], 0, 1, 0, BESIDE_PROMPT), 9) for _ in range(3000)}
+    from_all = {round(thin.predict_ms(0, 1, 0, BESIDE_PROMPT) * (1 + r), 9) for r in cost.residuals}
+    assert drawn <= from_all and len(drawn) > MIN_BESIDE_RESIDUALS
+
+
+def test_a_calibration_stored_before_the_pools_draws_from_every_step():
+    steps, others = decode_worker_and_prefill_neighbour()
+    cost = step_cost(steps, others)
+    old = StepCost(cost.coef, cost.residuals, 0.0, 0.0, (), cost.n_steps)
+    rng = random.Random(4)
+    assert all(old.draw_ms(rng, [0.0], 0, 1, 0, BESIDE_PROMPT) > 0 for _ in range(100))
