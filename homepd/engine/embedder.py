@@ -31,6 +31,7 @@ class ModelState(enum.StrEnum):
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
+    DRAINING = "draining"   # being unloaded: its last requests finish, then its memory is freed
 
 
 class EmbedQueueFull(EngineError):

@@ -6,8 +6,19 @@ import dataclasses
 import logging
 import sys
 
-from homepd.config import add_config_flags, add_option_flags, config_from_args, kv_layout_text
+from homepd.config import (EngineConfig, add_config_flags, add_option_flags, config_file_values, config_from_args,
+                           env_default, kv_layout_text, read_config_file)
+from homepd.config.models import MODELS_TABLE, ModelRole, served_models
 from homepd.serve.settings import ServeSettings
+
+
+class _Models(argparse.Action):
+    """``--model`` given once or more: the first use replaces the default, later ones add a model."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = tuple(namespace.model_sources) if getattr(namespace, "_models_given", False) else ()
+        namespace.model_sources = (*before, values)
+        namespace._models_given = True
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
@@ -22,14 +33,21 @@ def serve(args: argparse.Namespace) -> int:
     from homepd.serve.service import Service
 
     settings = settings_from_args(args)  # refuses a non-loopback address without a key, before loading anything
-    config = config_from_args(args)
+    document = read_config_file()
+    sources = args.model_sources or (() if document.get(MODELS_TABLE) else (EngineConfig.model,))
+    specs = served_models(sources, document, keep_alive_s=settings.keep_alive_s,
+                          embedding_model=settings.embedding_model)
+    default = next(s for s in specs if s.role is ModelRole.CHAT)
+    config = config_from_args(args, model=default.source)
     origin = config_origin(config)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    print(f"homepd: serving {config.model} ({config.mode}{kv_layout_text(config)}) on http://{settings.host}:{settings.port}/v1 "
+    n_chat = sum(s.role is ModelRole.CHAT for s in specs)
+    what = f"{config.model}" if n_chat == 1 else f"{n_chat} models ({', '.join(s.name for s in specs)})"
+    print(f"homepd: serving {what} ({config.mode}{kv_layout_text(config)}) on http://{settings.host}:{settings.port}/v1 "
           f"{'(API key required)' if settings.api_key else '(no API key)'}", file=sys.stderr)
     print(f"homepd: {origin.line}", file=sys.stderr)
     with Sampler(period_s=1.0) as sampler:
-        return run_server(Service(config, settings, sampler=sampler, origin=origin))
+        return run_server(Service(config, settings, sampler=sampler, origin=origin, models=specs))
 
 
 def install(args: argparse.Namespace) -> int:
@@ -44,7 +62,12 @@ def register(subparsers) -> None:
                                           "also a HOMEPD_* variable and a config-file key.  Live advice "
                                           "(--advice-*) compares the traffic with the stored advise evidence: "
                                           "GET /advice, POST /advice/apply (see docs/serve.md, Live advice).")
-    add_config_flags(p)
+    add_config_flags(p, exclude=("model",))
+    given = env_default("model", config_file_values(EngineConfig).get("model"))
+    p.add_argument("--model", dest="model_sources", action=_Models, default=(given,) if given else (),
+                   help="catalog name or local GGUF path; give it more than once to serve several models, each "
+                        "loaded on demand under --memory-budget (or name them in [models.NAME] tables of the "
+                        "config file: docs/serve.md, Several models)")
     add_option_flags(p, ServeSettings, section="serve")
     p.set_defaults(func=serve)
 

@@ -26,6 +26,7 @@ from homepd.engine.embedder import DEFAULT, EmbedQueueFull, Embeddings
 from homepd.errors import HomepdError, ModelError, RequestError
 from homepd.models.card import ModelCard
 from homepd.serve.errors import APIError, unavailable
+from homepd.serve.generation import lease
 from homepd.serve.middleware import cut
 from homepd.serve.registry import CHAT, EMBEDDING
 from homepd.serve.schemas import Text, _Lenient
@@ -59,6 +60,9 @@ def embedding_card(service, name: str, *, strict: bool, not_found=None) -> Model
     if card is None and strict:
         raise not_found(name) if not_found else APIError(
             404, f"model {cut(name)!r} is not served here", "not_found_error", "model_not_found", "model")
+    if card is None and service.models.is_multi:
+        raise APIError(404, f"model {cut(name)!r} is not served here; the models are {service.models.known_names()}",
+                       "not_found_error", "model_not_found", "model")
     if embedding is None:
         raise APIError(400, "this service has no embedding model: start homepd serve with --embedding-model "
                             "all-minilm-l6-v2 (a catalog name or a GGUF path)", code="model_not_embedding",
@@ -80,15 +84,20 @@ def check_inputs(service, inputs: list, param: str = "input") -> None:
 
 
 async def embed(service, inputs: list, *, truncate: bool, dimensions: int | None = None,
-                keep_alive_s=DEFAULT) -> tuple[np.ndarray | None, Embeddings]:
+                keep_alive_s=DEFAULT, card: ModelCard | None = None) -> tuple[np.ndarray | None, Embeddings]:
     """Embed ``inputs`` on the service's embedding model; the vectors cut to ``dimensions`` (normalised
     again).  Errors as API errors: 400 for the input, 503 for a full queue, a draining service or a model
     that could not load."""
     if service.state in ("draining", "stopped", "failed"):
         code, message = service.unavailable_reason() or ("draining", "homepd is shutting down")
         raise unavailable(message, code, retry_after_s=30)
+    card = card or service.models.card(EMBEDDING)
+    slot = service.models.slot_of(card) if card is not None else None
+    if slot is not None and slot.embedder is not None:  # why: its room under the memory budget, made first
+        await lease(service, slot)
     try:
-        result = await service.models.embedding_model().embed(inputs, truncate=truncate, keep_alive_s=keep_alive_s)
+        result = await service.models.embedding_model(card).embed(inputs, truncate=truncate,
+                                                                  keep_alive_s=keep_alive_s)
     except EmbedQueueFull as exc:
         service.metrics.rejected.labels("queue_full").inc()
         raise unavailable(str(exc), "queue_full") from None
@@ -97,6 +106,9 @@ async def embed(service, inputs: list, *, truncate: bool, dimensions: int | None
     except (ModelError, HomepdError) as exc:
         raise unavailable(f"the embedding model could not run: {exc}", "model_unavailable", retry_after_s=10) \
             from None
+    finally:
+        if slot is not None and slot.embedder is not None:
+            service.models.release(slot)
     vectors = result.vectors
     if vectors is not None and dimensions is not None:
         if dimensions > vectors.shape[1]:
@@ -123,7 +135,7 @@ async def json_response(body: dict, n_values: int) -> Response:
 async def embeddings(body: EmbeddingRequest, request: Request):
     """Embeddings in OpenAI's shape (``data[].embedding``: floats, or base64 float32)."""
     service = request.app.state.service
-    embedding_card(service, body.model, strict=service.settings.strict_model_name)
+    card = embedding_card(service, body.model, strict=service.settings.strict_model_name or service.models.is_multi)
     service.ignored_fields(body.ignored_fields())
     raw = body.input
     inputs = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
@@ -131,7 +143,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
         raise APIError(400, "input is empty: send a string or a non-empty list", code="invalid_value",
                        param="input")
     check_inputs(service, inputs)
-    vectors, result = await embed(service, inputs, truncate=body.truncate, dimensions=body.dimensions)
+    vectors, result = await embed(service, inputs, truncate=body.truncate, dimensions=body.dimensions, card=card)
     if body.encoding_format == "base64":
         rows = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
     else:

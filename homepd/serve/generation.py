@@ -27,11 +27,13 @@ from homepd.core.records import FinishReason
 from homepd.core.sampling import SamplingParams, TokenLogprob
 from homepd.core.terms import RequestClass
 from homepd.engine.streams import EventKind
-from homepd.errors import HomepdError
+from homepd.errors import HomepdError, ModelError
 from homepd.measure.trace.traffic import Route
 from homepd.serve.chat import plan_request
 from homepd.serve.errors import UNAVAILABLE, APIError, from_homepd_error, unavailable
+from homepd.serve.loader import LoadFailed, LoadWaitTimeout, ModelTooLarge
 from homepd.serve.middleware import cut
+from homepd.serve.registry import QueueFull
 from homepd.serve.reply import CHAT, TEXT, Reply, chat_logprobs, collect, completion_logprobs, release, usage
 from homepd.serve.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -76,7 +78,11 @@ async def start_request(service, body: ChatCompletionRequest | CompletionRequest
     if card is not None and card.role != "chat":
         raise APIError(400, f"model {cut(body.model)!r} is an embedding model: it cannot chat or complete text; "
                             "send it to /v1/embeddings", code="model_not_chat", param="model")
-    if settings.strict_model_name and body.model not in service.served_model_ids:
+    if card is None and service.models.is_multi:
+        raise APIError(404, f"model {cut(body.model)!r} is not served here; the models are "
+                            f"{service.models.known_names()} (GET /v1/models)", "not_found_error",
+                       "model_not_found", "model")
+    if settings.strict_model_name and card is None and body.model not in service.served_model_ids:
         raise APIError(404, f"model {cut(body.model)!r} is not served here; GET /v1/models lists "
                             f"{', '.join(service.served_model_ids)}", "not_found_error", "model_not_found", "model")
     ignored = service.ignored_fields(body.ignored_fields() if ignored is None else ignored)
@@ -89,17 +95,27 @@ async def start_request(service, body: ChatCompletionRequest | CompletionRequest
         raise APIError(413, f"the prompt is {n_bytes} bytes; this service takes at most "
                             f"{settings.max_prompt_bytes} (--max-prompt-bytes)", code="prompt_too_large",
                        param="messages" if shape.is_chat else "prompt")
-    if service.engine is None:  # why: loading; the chat format (the plan's input) is not known yet
+    slot = service.models.slot_of(card)
+    if service.state == "starting" and slot is service.models.default:
+        # why: loading; the chat format (the plan's input) is not known yet
         code, message = service.unavailable_reason() or ("not_ready", "the model is still loading; retry shortly")
         raise unavailable(message, code, retry_after_s=5)
-    plan = await plan_request(body, sampling_params(body, settings, service.config.n_ctx),
-                              service.engine.chat_format, service.served_model_ids[0])
-    rid = shape.id_prefix + uuid.uuid4().hex
     await service.until_admitting()  # why: a switch of configuration under way (homepd.serve.switch) holds it
-    service.admit(rid, request_class)
+    load_s = await lease(service, slot)
+    rid = shape.id_prefix + uuid.uuid4().hex
     try:
-        stream = await service.engine.submit(plan.prompt, messages=plan.messages, params=plan.params,
-                                             request_id=rid, request_class=request_class, chat=plan.chat)
+        engine = slot.engine
+        model_name = service.served_model_ids[0] if slot is service.models.default else slot.name
+        plan = await plan_request(body, sampling_params(body, settings, slot.config.n_ctx), engine.chat_format,
+                                  model_name)
+        service.admit(rid, request_class, engine)
+    except BaseException:
+        service.models.release(slot)
+        raise
+    service.models.bind(rid, slot)  # why: from here the lease ends with the request (service.finished)
+    try:
+        stream = await engine.submit(plan.prompt, messages=plan.messages, params=plan.params,
+                                     request_id=rid, request_class=request_class, chat=plan.chat)
     except HomepdError as exc:
         service.finished(rid, None, request_class)
         error = from_homepd_error(exc)
@@ -108,7 +124,34 @@ async def start_request(service, body: ChatCompletionRequest | CompletionRequest
         raise error from None
     service.note_arrival(stream, Route.CHAT if shape.is_chat else Route.COMPLETIONS, plan.params.max_tokens,
                          plan.prompt, plan.messages)
-    return Reply(service, shape, stream, plan, body.model, int(time.time()), ignored)
+    return Reply(service, shape, stream, plan, body.model, int(time.time()), ignored, engine=engine, load_s=load_s)
+
+
+async def lease(service, slot) -> float:
+    """A lease on ``slot``'s model for one request (loading it on demand); the seconds waited for the load.
+    What stops it is an API error: the model's queue full or no room made in time (503), a model too large
+    for the memory budget (507, with the bytes), a failed load (503, with its reason)."""
+    capacity = service.model_capacity(slot.config) if slot.is_chat else None
+    try:
+        return await service.models.acquire(slot, capacity)
+    except HomepdError as exc:
+        error = lease_error(exc)
+        service.metrics.rejected.labels(error.code or error.type).inc()
+        raise error from None
+
+
+def lease_error(exc: HomepdError) -> APIError:
+    """The API error of a lease that could not be had (``lease``)."""
+    if isinstance(exc, ModelTooLarge):
+        return APIError(507, str(exc), "insufficient_storage_error", "model_too_large", "model",
+                        needed_bytes=exc.needed_bytes, budget_bytes=exc.budget_bytes)
+    if isinstance(exc, QueueFull):
+        return unavailable(str(exc), "queue_full")
+    if isinstance(exc, LoadWaitTimeout):
+        return unavailable(str(exc), "no_room", retry_after_s=10)
+    if isinstance(exc, (LoadFailed, ModelError)):
+        return unavailable(str(exc), "model_load_failed", retry_after_s=10)
+    return from_homepd_error(exc)
 
 
 def _prompt_bytes(body) -> int:

@@ -63,12 +63,24 @@ async def completions(body: CompletionRequest, request: Request,
 
 @router.get("/models")
 async def models(request: Request):
-    """The chat model this service serves (under its catalog name and its file name), and its embedding model."""
+    """Every model this service serves, with its state (unloaded, loading, loaded, draining): one chat model
+    under its catalog name, its file name and each --served-model-name; several, each under its name."""
     service = request.app.state.service
-    embedding = service.models.card("embedding")  # --embedding-model: listed after the chat model's ids
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": int(service.started_wall_s), "owned_by": "homepd",
-         "meta": {"sampling_defaults": DEFAULTS.to_dict(), "multimodal": False}}
-        for name in service.served_model_ids] + ([
-            {"id": embedding.name.removesuffix(":latest"), "object": "model", "created": int(service.started_wall_s),
-             "owned_by": "homepd", "meta": {"role": "embedding"}}] if embedding is not None else [])}
+    registry, created = service.models, int(service.started_wall_s)
+
+    def entry(name: str, slot, **meta) -> dict:
+        return {"id": name, "object": "model", "created": created, "owned_by": "homepd",
+                "meta": {**meta, "role": slot.spec.role.value, "state": registry.state(slot.card).value}}
+
+    data = []
+    for slot in registry.slots.values():
+        chat_meta = {"sampling_defaults": DEFAULTS.to_dict(), "multimodal": False} if slot.is_chat else {}
+        if slot is registry.default and not registry.is_multi:
+            data += [entry(name, slot, **chat_meta) for name in service.served_model_ids]
+        else:
+            fp = slot.footprint
+            data.append(entry(slot.card.name.removesuffix(":latest"), slot, **chat_meta,
+                              aliases=list(slot.card.aliases),
+                              **({"n_ctx": slot.config.n_ctx} if slot.is_chat else {}),
+                              footprint_bytes=fp.footprint_bytes if fp else None))
+    return {"object": "list", "data": data}

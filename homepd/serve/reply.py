@@ -51,6 +51,8 @@ class Reply:
     calls: dict[int, dict] = field(default_factory=dict)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     final: object = None       # the parser's Reply, once flushed
+    engine: object = None      # the engine of the model that runs it
+    load_s: float = 0.0        # seconds it waited for its model's load
 
     def __post_init__(self):
         self.parser = self.plan.parser()
@@ -116,7 +118,8 @@ class Reply:
         return out
 
     def homepd(self) -> dict:
-        return {**timings(self.stream.lifecycle, self.service.config.mode),
+        mode = self.engine.config.mode if self.engine is not None else self.service.config.mode
+        return {**timings(self.stream.lifecycle, mode),
                 **({"ignored_fields": self.ignored} if self.ignored else {})}
 
 
@@ -129,7 +132,7 @@ async def collect(reply: "Reply", request: Request, request_class: RequestClass)
     try:
         await asyncio.wait({collecting, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not collecting.done():  # the client is gone: free its sequence now
-            service.engine.cancel(stream.request_id)
+            service.models.engine_of(stream.request_id).cancel(stream.request_id)
         events, _ = await collecting
     finally:
         watcher.cancel()
@@ -157,8 +160,9 @@ def release(service, stream, request_class: RequestClass) -> None:
     # before the first byte gets its response task cancelled before the generator ever starts, and a
     # generator that never started runs no ``finally``.
     """
-    if service.engine.is_running(stream.request_id):  # the client left: cancel, free it later
-        service.engine.cancel(stream.request_id)
+    engine = service.models.engine_of(stream.request_id)
+    if engine is not None and engine.is_running(stream.request_id):  # the client left: cancel, free it later
+        engine.cancel(stream.request_id)
         service.spawn_finish(stream, request_class)
     else:
         service.finished(stream.request_id, stream.lifecycle, request_class)

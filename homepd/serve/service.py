@@ -18,14 +18,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from homepd.config import EngineConfig
+from homepd.config.models import ModelSpec, served_models
 from homepd.core.terms import RequestClass
 from homepd.core.lifecycle import Lifecycle
 from homepd.config.origin import ConfigOrigin
 from homepd.core.protocol import StepRecord
-from homepd.core.sampling import SamplingParams
 from homepd.engine.controller import Engine
 from homepd.engine.topology import topology_for
-from homepd.launch import config_origin, prepare
+from homepd.launch import config_origin
 from homepd.measure.stepstream import StepSample, StepSampler, TokenGaps
 from homepd.measure.trace.traffic import Route
 from homepd.serve.advice import AdviceCollector, LiveAdvisor
@@ -33,6 +33,7 @@ from homepd.serve.errors import APIError, unavailable
 from homepd.serve.generation import DEFAULTS
 from homepd.serve.metrics import ServiceMetrics
 from homepd.serve.registry import ModelRegistry
+from homepd.serve.budget import UNBOUNDED_BYTES, memory_budget_bytes
 from homepd.serve.settings import ServeSettings
 from homepd.serve.switch import SwitchError, switch_to
 from homepd.serve.systemd import Notifier
@@ -58,20 +59,29 @@ class _Subscriber:
 
 class Service:
     def __init__(self, config: EngineConfig, settings: ServeSettings, *, notifier: Notifier | None = None,
-                 sampler=None, origin: ConfigOrigin | None = None):
+                 sampler=None, origin: ConfigOrigin | None = None, models: tuple[ModelSpec, ...] | None = None):
+        """``models``: every model served (``homepd.config.models.served_models``); default: ``config.model``
+        and ``--embedding-model``."""
         self.config, self.settings = config, settings
         # which configuration it serves with and why (applied advice, the built-in default, flags)
         self.origin = origin if origin is not None else config_origin(config)
         self.notifier = notifier or Notifier()
         self.sampler = sampler
-        self.engine = None
         self.state = "starting"
         self.failure: str | None = None
         self.exit_code = 0
         self.started_s, self.started_wall_s = time.monotonic(), time.time()
         self.served_model_ids: tuple[str, ...] = tuple(dict.fromkeys((config.model, *settings.served_model_names)))
         self._ignored_seen: set[str] = set()  # field names logged once and counted under their own label
-        self.models = ModelRegistry(self)             # the chat model and the embedding model, by name and role
+        if models is None:
+            models = served_models((config.model,), {}, keep_alive_s=settings.keep_alive_s,
+                                   embedding_model=settings.embedding_model)
+        # the models by name and role, each loaded on demand under the memory budget
+        is_multi = sum(m.role == "chat" for m in models) > 1
+        # why unbounded for one model without --memory-budget: that service loads its model as it always did
+        budget = memory_budget_bytes(settings) if is_multi or settings.memory_budget_bytes else UNBOUNDED_BYTES
+        self.models = ModelRegistry(self, models, budget, self._open_store)
+        self.config = self.models.default.config  # the default model's engine settings (its table's, if any)
         self.metrics = ServiceMetrics(self)
         self.in_flight: dict[str, str] = {}           # request id -> request class, admitted and not finished
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
@@ -99,9 +109,24 @@ class Service:
             self.advisor = LiveAdvisor(self)
             self.metrics.registry.register(AdviceCollector(self.advisor))
 
+    def _open_store(self):
+        # why: sqlite_utils (the store) loads only when a footprint is read or recorded
+        from homepd.store import Store
+
+        return Store.open(self.settings.db)
+
+    @property
+    def engine(self):
+        """The default chat model's engine (the first configured), None while it is not loaded."""
+        return self.models.default_engine
+
+    @engine.setter
+    def engine(self, engine) -> None:
+        self.models.default.engine = engine
+
     # start-up ----------------------------------------------------------------------
     async def start(self) -> None:
-        """Load and warm the engine (the HTTP port is already open: /ready says 503 meanwhile)."""
+        """Load and warm the default model (the HTTP port is already open: /ready says 503 meanwhile)."""
         self._spawn(self.models.refresh())  # why first: model listings answer while the engine loads
         if self.traffic is not None:
             self.traffic.start()
@@ -109,17 +134,12 @@ class Service:
             await asyncio.to_thread(self.advisor.load)
         try:
             self.notifier.status(f"loading {self.config.model}")
-            setup = await asyncio.to_thread(prepare, self.config, pull=False, progress=False)
-            model_file = os.path.basename(setup.model_path)
-            self.served_model_ids = tuple(dict.fromkeys((self.config.model, os.path.splitext(model_file)[0],
-                                                         *self.settings.served_model_names)))
             if self.sampler is not None:
                 self.sampler.register_process(os.getpid(), "controller")
-            self.engine = self.new_engine(self.config, setup)
-            await self.engine.start()
-            if self.settings.warmup:
-                stream = await self.engine.submit("Hello", params=SamplingParams(max_tokens=1))
-                await stream.collect()
+            await self.models.loader.ensure_loaded(self.models.default, "start")
+            model_file = os.path.basename(self.engine.model_path)
+            self.served_model_ids = tuple(dict.fromkeys((self.config.model, os.path.splitext(model_file)[0],
+                                                         *self.settings.served_model_names)))
             if self.sampler is not None:  # why: so /metrics has every process's memory from its first scrape once
                 await asyncio.to_thread(self.sampler.sample_once)  # ready (the sampler's thread may not have run yet)
         except Exception as exc:
@@ -141,8 +161,6 @@ class Service:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.engine is not None:
-            await self.engine.stop()
         await self.models.close()
         if self.traffic is not None:
             await asyncio.to_thread(self.traffic.stop)
@@ -167,6 +185,10 @@ class Service:
         period_s = min(WATCH_PERIOD_S, self.notifier.watchdog_interval_s or WATCH_PERIOD_S)
         while True:
             self.notifier.watchdog()
+            if self.models.is_multi:
+                await self._unload_failed_models()
+                await asyncio.sleep(period_s)
+                continue
             failed = self._failed_workers()
             if failed and self.state == "ready":
                 self.state = "failed"
@@ -177,42 +199,64 @@ class Service:
                 self._spawn(self.drain(0.0))
             await asyncio.sleep(period_s)
 
+    async def _unload_failed_models(self) -> None:
+        """Several models: one whose workers failed for good is unloaded with the reason (its requests have
+        failed); the others keep serving, and its next request loads it afresh."""
+        for slot in list(self.models.slots.values()):
+            engine = slot.engine
+            if slot.is_chat and engine is not None and slot.state.value == "loaded" and engine.health().failed:
+                reasons = "; ".join(engine.health().reasons)
+                log.error("homepd: %s's workers failed (%s): unloading it", slot.name, reasons or "no reason given")
+                await self.models.loader.unload(slot)
+                slot.error = f"its workers failed ({reasons})" if reasons else "its workers failed"
+
     # admission ---------------------------------------------------------------------
     @property
     def is_ready(self) -> bool:
+        if self.models.is_multi:  # why: the default model may be evicted; the others load on demand
+            return self.state == "ready"
         return self.state == "ready" and self.unavailable_reason() is None
+
+    def model_capacity(self, config: EngineConfig) -> int:
+        """Requests one model admits at once: every entry worker's sequences plus the wait queue."""
+        return topology_for(config.mode).capacity(config, self.settings.max_queue)
 
     @property
     def capacity(self) -> int:
-        """Requests admitted at once: every entry worker's sequences plus the wait queue."""
-        return topology_for(self.config.mode).capacity(self.config, self.settings.max_queue)
+        """Requests admitted at once: each chat model's capacity, summed."""
+        return sum(self.model_capacity(s.config) for s in self.models.slots.values() if s.is_chat)
 
-    def _failed_workers(self) -> str | None:
-        failed = self.engine.health().failed if self.engine is not None else ()
+    def _failed_workers(self, engine=None) -> str | None:
+        engine = engine if engine is not None else self.engine
+        failed = engine.health().failed if engine is not None else ()
         return ", ".join(failed) + " worker" + ("s" if len(failed) > 1 else "") if failed else None
 
-    def unavailable_reason(self) -> tuple[str, str] | None:
-        """(code, message) when no request can be admitted now, else None."""
+    def unavailable_reason(self, engine=None) -> tuple[str, str] | None:
+        """(code, message) when no request can be admitted now (to ``engine``: default, the default
+        model's), else None."""
+        engine = engine if engine is not None else self.engine
         if self.state == "starting":
             return "not_ready", "the model is still loading; retry shortly"
         if self.state == "draining":
             return "draining", "homepd is shutting down and admits no new request"
         if self.state == "switching":
             return "switching", "homepd is switching to another configuration; retry in a moment"
-        if self.state in ("failed", "stopped") or self._failed_workers():
-            return "engine_failed", f"the engine has failed ({self.failure or self._failed_workers()})"
-        if self.engine.health().restarting:
+        if self.state in ("failed", "stopped") or self._failed_workers(engine):
+            return "engine_failed", f"the engine has failed ({self.failure or self._failed_workers(engine)})"
+        if engine is not None and engine.health().restarting:
             return "worker_restarting", "a worker died and is being restarted; retry in a moment"
         return None
 
-    def admit(self, request_id: str, request_class: RequestClass) -> None:
-        """Reserve a place for a request, or raise a 503 APIError (with Retry-After) saying why not."""
+    def admit(self, request_id: str, request_class: RequestClass, engine=None) -> None:
+        """Reserve a place for a request (on ``engine``: default, the default model's), or raise a 503
+        APIError (with Retry-After) saying why not."""
         if self.advisor is not None:  # why before the checks: a request refused for a full queue is demand too
             self.advisor.arrived(request_class)
-        reason = self.unavailable_reason()
+        engine = engine if engine is not None else self.engine
+        reason = self.unavailable_reason(engine)
         retry_s = None
         if reason is not None and reason[0] == "worker_restarting":
-            reason, retry_s = self._through_restart(request_class)
+            reason, retry_s = self._through_restart(request_class, engine)
         if reason is None and len(self.in_flight) >= self.capacity:
             reason = ("queue_full", f"{len(self.in_flight)} requests are running or waiting (the most is "
                                     f"{self.capacity}); retry later")
@@ -223,12 +267,12 @@ class Service:
         self.in_flight[request_id] = request_class
         self._idle.clear()
 
-    def _through_restart(self, request_class: RequestClass) -> tuple[tuple[str, str] | None, int | None]:
+    def _through_restart(self, request_class: RequestClass, engine) -> tuple[tuple[str, str] | None, int | None]:
         """A request arriving while a worker restarts waits for it (the engine holds it in that worker's
         backlog) when the restart is expected back within its share of the class's TTFT budget; otherwise it is
         refused with the expected wait as Retry-After.  Both are counted (``homepd_restart_arrivals_total``)."""
         budget_s = self.config.class_budgets[request_class].ttft_ms / 1e3
-        eta_s = self.engine.restart_eta_s()
+        eta_s = engine.restart_eta_s()
         if eta_s is not None and eta_s <= RESTART_WAIT_SHARE * budget_s:
             self.metrics.restart_arrivals.labels("waited").inc()
             return None, None
@@ -262,6 +306,7 @@ class Service:
 
     def finished(self, request_id: str, lc: Lifecycle | None, request_class: RequestClass) -> None:
         """A request admitted with ``admit`` is over: free its place, count it, tell the /events clients."""
+        self.models.request_done(request_id)
         if self.in_flight.pop(request_id, None) is None:
             return
         if not self.in_flight:
@@ -360,8 +405,10 @@ class Service:
             "engine": engine.snapshot().to_dict() if engine is not None and engine.tokenizer is not None else None,
             "recent_requests": list(self.recent),
             "traffic": self.traffic.status() if self.traffic is not None else {"recording": False},
-            "served_models": [{"name": c.name, "role": c.role, "state": self.models.state(c).value,
-                               "expires_at": self.models.expires_at(c).isoformat()} for c in self.models.all()],
+            "served_models": [{**slot.to_dict(), "name": slot.card.name, "state": self.models.state(slot.card).value,
+                               "expires_at": self.models.expires_at(slot.card).isoformat()}
+                              for slot in self.models.slots.values()],
+            "memory": {k: v for k, v in self.models.status().items() if k != "models"},
         }
 
     async def next_event(self, queue: asyncio.Queue, timeout_s: float) -> tuple[str, dict] | None:

@@ -9,7 +9,7 @@ import argparse
 import ipaddress
 from dataclasses import dataclass, field
 
-from homepd.config import option as _opt, parse_bool
+from homepd.config import option as _opt, parse_bool, parse_size
 from homepd.core.terms import RequestClass
 from homepd.errors import ConfigError
 from homepd.measure.trace.model import TraceError
@@ -151,6 +151,18 @@ class ServeSettings:
         "how long the embedding model stays loaded after a request that does not say (5m; -1: for good; 0: at once)"))
     max_embedding_inputs: int = field(default=256, metadata=_opt(
         "max-embedding-inputs", int, "most inputs in one embedding request; more is 413"))
+    # several models (homepd.config.models, homepd.serve.registry): loaded on demand under one memory budget
+    memory_budget_bytes: int | None = field(default=None, metadata=_opt(
+        "memory-budget", parse_size, "bytes the served models may take together, e.g. 6G; a load that does not "
+                                     "fit evicts idle models first (default: the RAM available at start, less a "
+                                     "tenth of the RAM, at least 512M, for the OS)"))
+    keep_alive_s: float | None = field(default=None, metadata=_opt(
+        "keep-alive", parse_keep_alive, "with several models: how long a model stays loaded after its last request "
+                                        "when its table does not say (5m; -1, the default: until its memory is "
+                                        "needed); a request's keep_alive may shorten it"))
+    load_timeout_s: float = field(default=300.0, metadata=_opt(
+        "load-timeout", parse_seconds, "how long a request waits for its model's load, including the wait for "
+                                       "busy models to make room; then 503"))
     auto_apply_interval_s: float | None = field(default=None, metadata=_opt(
         "auto-apply", parse_seconds, "switch to advised configurations by itself, at most once per this "
                                      "interval (e.g. 1h; default: never, POST /advice/apply decides)"))
@@ -170,6 +182,8 @@ class ServeSettings:
         if not self.advice_period_s > 0 or self.advice_hysteresis_s < 0 or self.advice_min_requests < 1:
             raise ConfigError("advice_period_s must be > 0, advice_hysteresis_s >= 0 and advice_min_requests >= 1, "
                               f"got {self.advice_period_s}, {self.advice_hysteresis_s}, {self.advice_min_requests}")
+        if not self.load_timeout_s > 0:
+            raise ConfigError(f"load_timeout_s must be > 0, got {self.load_timeout_s}")
         if self.auto_apply_interval_s is not None and not self.auto_apply_interval_s > 0:
             raise ConfigError(f"--auto-apply needs a minimum interval > 0 (e.g. 1h), got {self.auto_apply_interval_s}")
         for name in ("header_timeout_s", "body_timeout_s"):

@@ -39,6 +39,8 @@ async def switch_to(service, candidate: str, why: str) -> dict:
         raise SwitchError(f"no measured candidate {candidate!r} to switch to (candidates: {known})")
     if candidate == advisor.running():
         raise SwitchError(f"{candidate} is already running")
+    if service.models.is_multi:
+        raise SwitchError("this service serves several models: live advice switches a one-model service only")
     if service.state != "ready":
         raise SwitchError(f"the service is {service.state}: it switches only while ready")
     old_config, old_origin = service.config, service.origin
@@ -68,7 +70,7 @@ async def switch_to(service, candidate: str, why: str) -> dict:
                 service._fail(f"after a failed switch to {candidate} the previous configuration could not start "
                               f"again: {failed.again}")
             raise SwitchError(f"switching to {candidate}: {failed}") from None
-        service.config = config
+        service.config = service.models.default.config = config
         service.origin = ConfigOrigin(ConfigSource.ADVICE, topology_for(config.mode).describe(config),
                                       f"switched by live advice ({why}) to run {evidence.run_id}'s candidate "
                                       f"{candidate}", evidence.run_id, candidate)

@@ -88,6 +88,18 @@ def _traffic_slo_met(db: Database) -> None:
     db["traffic"].add_column("slo_met", int)
 
 
+@_migration("0004_model_footprints")
+def _model_footprints(db: Database) -> None:
+    # each model's measured memory footprint and load time, per allocation that changes it
+    # (``homepd.store.footprints``): the plan of a service with several models reads it before a load
+    db["model_footprints"].create({
+        "model_key": str, "n_ctx": int, "n_seq_max": int, "kv_type": str, "placement": str,
+        "footprint_bytes": int, "estimate_bytes": int, "load_s": float, "n_loads": int,
+        "measured_at": str, "model_name": str, "breakdown_json": str,
+    }, pk=("model_key", "n_ctx", "n_seq_max", "kv_type", "placement"),
+        not_null={"footprint_bytes", "measured_at"})
+
+
 def migrate(db: Database) -> list[str]:
     """Apply the pending migrations; return their names.  Refuses a database from a newer homepd."""
     unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]

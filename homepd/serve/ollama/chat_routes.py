@@ -69,6 +69,7 @@ async def _run(service, request: Request, card: ModelCard, body, openai_body, is
     load_s = await service.models.load(card, LOAD_TIMEOUT_S) if service.state == "starting" else 0.0
     reply = await start_request(service, openai_body, klass, ignored=body.ignored_fields())
     reply.model = body.model
+    load_s += reply.load_s
     await service.models.keep_alive(card, keep_alive)
     if body.stream:
         return ndjson.NdjsonStream(service, reply, klass, ndjson.lines(reply, is_chat, load_s))

@@ -28,12 +28,12 @@ def _card(service, name: str):
 async def embed_route(body: EmbedRequest, request: Request):
     """Embeddings of ``input`` (a string or a list of strings)."""
     service = request.app.state.service
-    _card(service, body.model)
+    card = _card(service, body.model)
     service.ignored_fields(body.ignored_fields())
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
     check_inputs(service, inputs)
     vectors, result = await embed(service, inputs, truncate=body.truncate, dimensions=body.dimensions,
-                                  keep_alive_s=keep_alive_seconds(body.keep_alive))
+                                  keep_alive_s=keep_alive_seconds(body.keep_alive), card=card)
     rows = vectors.tolist() if vectors is not None else []
     return await json_response({
         "model": body.model, "embeddings": rows, "total_duration": int(result.total_s * NS),
@@ -45,9 +45,10 @@ async def embed_route(body: EmbedRequest, request: Request):
 async def embeddings_route(body: EmbeddingsRequest, request: Request):
     """The legacy route: one ``prompt``, one ``embedding`` (an empty prompt: load the model)."""
     service = request.app.state.service
-    _card(service, body.model)
+    card = _card(service, body.model)
     service.ignored_fields(body.ignored_fields())
     inputs = [body.prompt] if body.prompt else []
     check_inputs(service, inputs, "prompt")
-    vectors, _ = await embed(service, inputs, truncate=True, keep_alive_s=keep_alive_seconds(body.keep_alive))
+    vectors, _ = await embed(service, inputs, truncate=True, keep_alive_s=keep_alive_seconds(body.keep_alive),
+                             card=card)
     return {"embedding": vectors[0].tolist() if vectors is not None else []}

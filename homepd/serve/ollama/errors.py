@@ -27,7 +27,8 @@ def find_model(service, name: str) -> ModelCard:
     """The model ``name`` names, or Ollama's 404."""
     card = service.models.find(name)
     if card is None:
-        raise APIError(404, f"model {cut(name, 200)!r} not found", NOT_FOUND, "model_not_found", "model")
+        raise APIError(404, f"model {cut(name, 200)!r} not found; the models here: {service.models.known_names()}",
+                       NOT_FOUND, "model_not_found", "model")
     return card
 
 

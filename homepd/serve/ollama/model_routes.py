@@ -73,7 +73,8 @@ async def tags(request: Request):
         except asyncio.TimeoutError:
             pass
     return {"models": [{"name": c.name, "model": c.name, "modified_at": c.modified_at, "size": c.size_bytes,
-                        "digest": c.digest, "details": details(c)} for c in models.all()]}
+                        "digest": c.digest, "details": details(c), "state": models.state(c).value}
+                       for c in models.all()]}
 
 
 @router.get("/api/ps")
@@ -82,9 +83,13 @@ async def ps(request: Request):
     service = request.app.state.service
     models, config = service.models, service.config
     on_gpu = config.gpu_index is not None and config.n_gpu_layers != 0
+    def size(c) -> int:  # several models: what it takes loaded (measured, else planned); one: its file's size
+        fp = models.slot_of(c).footprint
+        return fp.footprint_bytes if models.is_multi and fp is not None else c.size_bytes
+
     return {"models": [{
-        "name": c.name, "model": c.name, "size": c.size_bytes, "digest": c.digest, "details": details(c),
-        "expires_at": models.expires_at(c).isoformat(), "size_vram": c.size_bytes if on_gpu else 0,
+        "name": c.name, "model": c.name, "size": size(c), "digest": c.digest, "details": details(c),
+        "expires_at": models.expires_at(c).isoformat(), "size_vram": size(c) if on_gpu else 0,
         "context_length": models.context_length(c)} for c in models.all() if models.state(c) is ModelState.LOADED]}
 
 

@@ -1,0 +1,302 @@
+"""Loads and unloads a service's models under one memory budget: applies the planner's decisions.
+
+``ensure_loaded`` is single flight: every request for a model that is not loaded waits on the one load under
+way.  Before a load, the model's footprint (measured here before and kept in the store, else estimated from
+its GGUF header, ``homepd.models.planner.estimate_bytes``) is planned against the budget and what is
+resident (``plan_load``): it fits, or the chosen idle models are evicted first, or it waits for a busy model
+to go idle (bounded by ``--load-timeout``), or it cannot fit even alone (``ModelTooLarge``: 507 with the
+bytes).  One plan at a time (a lock), so two loads never count the same free bytes; the loads themselves and
+every blocking call (prepare, process start, the memory measurement, sqlite) run off the event loop.
+After a load the footprint is measured (the workers' PSS by what holds it, ``Engine.measure_memory``) and
+recorded; each load is logged with its reason.  A model whose keep-alive ends with no request on it unloads.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+import time
+
+from homepd.config import EngineConfig
+from homepd.core.sampling import SamplingParams
+from homepd.engine.embedder import ModelState
+from homepd.errors import EngineError, HomepdError
+from homepd.launch import prepare
+from homepd.models.footprint import KV_TYPE, Footprint, FootprintKey, FootprintSource
+from homepd.models.gguf import read_gguf_header
+from homepd.models.planner import PlanKind, estimate_bytes, plan_load
+from homepd.serve.slots import LoadEvent, ModelSlot
+
+log = logging.getLogger("homepd.serve")
+KV_BYTES_PER_TOKEN_GUESS = 64 << 10
+MULTI_MODEL_KV_STORE_BYTES = 64 << 20   # each model's KV store when several are served and none is set
+RECENT_LOADS = 32
+
+
+class ModelTooLarge(EngineError):
+    """The model cannot fit under the memory budget even with every other model unloaded."""
+
+    def __init__(self, message: str, needed_bytes: int, budget_bytes: int):
+        super().__init__(message)
+        self.needed_bytes, self.budget_bytes = needed_bytes, budget_bytes
+
+
+class LoadFailed(EngineError):
+    """The model's load failed (its file, its workers); only its own requests see this."""
+
+
+class LoadWaitTimeout(EngineError):
+    """No room for the model within the load timeout: every model that would make room stayed busy."""
+
+
+def fake_footprint_bytes(config: EngineConfig) -> int:
+    """The fake backend's declared footprint: 1 MiB of "weights" and 1 KiB a KV cell (deterministic, so the
+    logic's tests can set a budget that holds exactly one model)."""
+    return (1 << 20) + config.n_ctx * 1024
+
+
+def placement_key(config: EngineConfig) -> str:
+    where = f"gpu{config.gpu_index}:{config.n_gpu_layers}" if config.gpu_index is not None else "cpu"
+    return f"{config.mode}/{where}" + (f"x{config.n_replicas}" if config.mode == "replicas" else "")
+
+
+class Loader:
+    def __init__(self, service, budget_bytes: int, store_opener=None, load_timeout_s: float = 300.0):
+        self.service = service
+        self.budget_bytes = budget_bytes
+        self.load_timeout_s = load_timeout_s
+        self._open_store = store_opener          # None: nothing recorded (the fake backend)
+        self._cond = asyncio.Condition()         # one plan at a time; notified when a model goes idle or unloads
+        self.recent: list[LoadEvent] = []
+        self.slots: dict[str, ModelSlot] = {}
+
+    # the plan ---------------------------------------------------------------------------------
+    def used_bytes(self) -> int:
+        return sum(s.footprint.footprint_bytes for s in self.slots.values() if s.is_resident and s.footprint)
+
+    async def ensure_loaded(self, slot: ModelSlot, reason: str = "request") -> float:
+        """Make ``slot`` loaded (waiting on the load under way, if any); the seconds waited."""
+        t0 = time.monotonic()
+        while slot.current_state() is not ModelState.LOADED:
+            if slot.unloading is not None:
+                await asyncio.shield(slot.unloading)
+                continue
+            if slot.loading is None:
+                slot.loading = asyncio.ensure_future(self._load(slot, reason))
+                slot.loading.add_done_callback(lambda f, s=slot: setattr(s, "loading", None))
+            await asyncio.shield(slot.loading)
+            if not slot.is_chat:
+                break  # why: the embedder's own load follows (its handle is ready); the room is made
+        return time.monotonic() - t0
+
+    async def _load(self, slot: ModelSlot, reason: str) -> None:
+        t0 = time.monotonic()
+        setup = None
+        try:
+            footprint, setup = await self._footprint(slot)
+            reason = await self._make_room(slot, footprint, reason)
+            slot.footprint = footprint
+            if not slot.is_chat:  # why: the embedder has its own lifecycle (and keep-alive); the room is made
+                await slot.embedder.load()
+                slot.n_loads += 1
+                slot.last_load_s = time.monotonic() - t0
+                slot.load_s_total += slot.last_load_s
+                self._record(LoadEvent(slot.name, reason, True, slot.last_load_s, footprint.footprint_bytes, None,
+                                       time.time()))
+                return
+            slot.begin_load()
+            await self._start_engine(slot, setup)
+            footprint = await self._measure(slot, footprint, time.monotonic() - t0)
+        except BaseException as exc:
+            why = exc.args[0] if isinstance(exc, HomepdError) and exc.args else f"{type(exc).__name__}: {exc}"
+            if slot.state is ModelState.LOADING:
+                slot.load_failed(str(why))
+            elif not isinstance(exc, (ModelTooLarge, LoadWaitTimeout)):
+                slot.error = str(why)
+            self._record(LoadEvent(slot.name, reason, False, time.monotonic() - t0, None, str(why), time.time()))
+            log.error("homepd: loading %s failed (%s): %s", slot.name, reason, why)
+            async with self._cond:
+                self._cond.notify_all()
+            if isinstance(exc, (ModelTooLarge, LoadWaitTimeout, asyncio.CancelledError)):
+                raise
+            raise LoadFailed(f"the model {slot.name} could not be loaded: {why}") from None
+        load_s = time.monotonic() - t0
+        slot.loaded(load_s, dataclasses.replace(footprint, load_s=load_s) if footprint.load_s is None else footprint)
+        event = LoadEvent(slot.name, reason, True, load_s, footprint.footprint_bytes, None, time.time())
+        self._record(event)
+        log.info("homepd: loaded %s in %.2f s (%s; %s MB %s)", slot.name, load_s, reason,
+                 f"{footprint.footprint_bytes / 1e6:,.0f}", footprint.source.value)
+        self.service.publish("model", {**event.to_dict(), "state": "loaded"})
+
+    async def _make_room(self, slot: ModelSlot, footprint: Footprint, reason: str) -> str:
+        """Plan the load; evict what the plan says, or wait for room; the reason to log with the load."""
+        deadline = time.monotonic() + self.load_timeout_s
+        async with self._cond:
+            while True:
+                others = [s.resident() for s in self.slots.values() if s is not slot and s.is_resident]
+                plan = plan_load(slot.name, footprint.footprint_bytes, others, self.budget_bytes, time.monotonic())
+                if plan.kind is PlanKind.FITS:
+                    return reason
+                if plan.kind is PlanKind.TOO_LARGE:
+                    raise ModelTooLarge(
+                        f"the model {slot.name} needs {footprint.footprint_bytes:,} bytes "
+                        f"({footprint.source.value}); the memory budget is {self.budget_bytes:,} bytes"
+                        + (f", {sum(r.footprint_bytes for r in others if r.is_pinned):,} of them held by pinned "
+                           "models" if any(r.is_pinned for r in others) else "")
+                        + " (--memory-budget; or a smaller n_ctx for this model)",
+                        footprint.footprint_bytes, self.budget_bytes)
+                if plan.kind is PlanKind.EVICT:
+                    line = plan.describe(slot.name)
+                    log.info("homepd: %s", line)
+                    for name in plan.victims:
+                        await self._unload(self.slots[name], is_eviction=True)
+                    return line.replace("evicting", "evicted", 1)
+                left_s = deadline - time.monotonic()
+                log.info("homepd: %s", plan.describe(slot.name))
+                if left_s <= 0:
+                    raise LoadWaitTimeout(f"no room for the model {slot.name} within {self.load_timeout_s:g} s: "
+                                          f"{plan.describe(slot.name)}, and every model that could make room "
+                                          "has requests in flight; retry later")
+                try:
+                    await asyncio.wait_for(self._cond.wait(), left_s)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _footprint(self, slot: ModelSlot) -> tuple[Footprint, object]:
+        """What the load will take (measured before, else estimated), and the prepared setup (chat)."""
+        if not slot.is_chat:
+            size = slot.card.size_bytes or 1 << 20
+            est = estimate_bytes(size, 0, 0, 0) if not self.service.models.is_fake else size
+            return slot.footprint or Footprint(FootprintKey(slot.name, 0, 0, KV_TYPE, "cpu"), est,
+                                               FootprintSource.ESTIMATED, est), None
+        config = slot.config
+        setup = await asyncio.to_thread(prepare, config, pull=False, progress=False)
+        key = FootprintKey(setup.model_fingerprint, config.n_ctx, config.n_seq_max, KV_TYPE, placement_key(config))
+        if config.backend == "fake":
+            n = fake_footprint_bytes(config)
+            return Footprint(key, n, FootprintSource.DECLARED, n, model_name=slot.name), setup
+        if slot.footprint is not None and slot.footprint.key == key and \
+                slot.footprint.source is FootprintSource.MEASURED:
+            return slot.footprint, setup
+        stored = await asyncio.to_thread(self._stored, key)
+        header = await asyncio.to_thread(read_gguf_header, setup.model_path)
+        n_workers = len(setup.placements)
+        estimate = estimate_bytes(header.size_bytes, header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS,
+                                  config.n_ctx * n_workers, n_workers,
+                                  (setup.kv_arena_bytes or 0) + (setup.kv_store_bytes or 0))
+        if stored is not None:
+            return dataclasses.replace(stored, estimate_bytes=estimate, model_name=slot.name), setup
+        return Footprint(key, estimate, FootprintSource.ESTIMATED, estimate, model_name=slot.name), setup
+
+    async def _start_engine(self, slot: ModelSlot, setup) -> None:
+        service = self.service
+        engine = service.new_engine(slot.config, setup)
+        slot.engine = engine
+        try:
+            await engine.start()
+            if service.settings.warmup:
+                stream = await engine.submit("Hello", params=SamplingParams(max_tokens=1))
+                await stream.collect()
+        except BaseException:
+            await engine.stop()
+            raise
+
+    async def _measure(self, slot: ModelSlot, planned: Footprint, load_s: float) -> Footprint:
+        """The footprint as loaded: the fake's declared one, else the workers' measured memory (the
+        controller's own share left out, the KV store counted at its size, since it may fill), recorded."""
+        if planned.source is FootprintSource.DECLARED:
+            return dataclasses.replace(planned, load_s=load_s)
+        engine = slot.engine
+        memory = await asyncio.to_thread(engine.measure_memory)
+        controller = sum(p.rest_bytes + p.weights_copied_bytes for p in memory.processes if p.role == "controller")
+        measured = memory.total_bytes - controller - memory.kv_store_bytes + (engine.setup.kv_store_bytes or 0)
+        footprint = Footprint(planned.key, measured, FootprintSource.MEASURED, planned.estimate_bytes, load_s,
+                              planned.n_loads + 1, _now_iso(), slot.name)
+        if self._open_store is not None:
+            await asyncio.to_thread(self._store_footprint, footprint, memory.to_dict())
+        log.info("homepd: %s measured at %s MB (estimated %s MB)", slot.name, f"{measured / 1e6:,.0f}",
+                 f"{(planned.estimate_bytes or 0) / 1e6:,.0f}")
+        return footprint
+
+    # unloading -------------------------------------------------------------------------------------
+    async def unload(self, slot: ModelSlot, is_eviction: bool = False) -> None:
+        async with self._cond:
+            await self._unload(slot, is_eviction)
+
+    async def _unload(self, slot: ModelSlot, is_eviction: bool) -> None:
+        """Drain and free ``slot`` (the caller holds the plan's lock).  A model with requests is never
+        chosen by a plan; one that gets a request while draining waits for the unload, then loads again."""
+        if slot.current_state() is not ModelState.LOADED:
+            return
+        slot.begin_unload(is_eviction)
+        self.service.publish("model", {"model": slot.name, "state": "draining", "eviction": is_eviction})
+        slot.unloading = asyncio.get_running_loop().create_future()
+        try:
+            if slot.is_chat and slot.engine is not None:
+                await slot.engine.stop()
+            elif slot.embedder is not None:
+                await slot.embedder.unload()
+        finally:
+            slot.unloaded()
+            slot.unloading.set_result(None)
+            slot.unloading = None
+            self._cond.notify_all()
+        log.info("homepd: unloaded %s%s", slot.name, " (evicted)" if is_eviction else "")
+        self.service.publish("model", {"model": slot.name, "state": "unloaded", "eviction": is_eviction})
+
+    def went_idle(self, slot: ModelSlot) -> None:
+        """``slot`` has no request left: start its keep-alive, and wake loads waiting for room."""
+        keep_s = slot.keep_alive_s
+        if slot.is_chat and keep_s is not None and slot.current_state() is ModelState.LOADED and not slot.is_pinned:
+            slot.cancel_expiry()
+            slot.expires_at_unix_s = time.time() + keep_s
+            slot.expiry = asyncio.get_running_loop().create_task(self._expire(slot, keep_s))
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def _expire(self, slot: ModelSlot, delay_s: float) -> None:
+        await asyncio.sleep(max(0.0, delay_s))
+        if slot.n_in_flight == 0:
+            slot.expiry = None
+            log.info("homepd: %s's keep-alive (%g s) ended: unloading", slot.name, delay_s)
+            await self.unload(slot)
+
+    async def close(self) -> None:
+        for slot in self.slots.values():
+            slot.cancel_expiry()
+            if slot.is_chat and slot.engine is not None:
+                await slot.engine.stop()
+                slot.unloaded()
+
+    # records -------------------------------------------------------------------------------------
+    def _record(self, event: LoadEvent) -> None:
+        self.recent = [*self.recent[-(RECENT_LOADS - 1):], event]
+
+    def _stored(self, key: FootprintKey) -> Footprint | None:
+        if self._open_store is None:
+            return None
+        from homepd.store.footprints import load_footprint  # why: the store (sqlite) loads only when used
+
+        try:
+            with self._open_store() as store:
+                return load_footprint(store, key)
+        except Exception as exc:  # a store that cannot be read never stops a load: the estimate plans it
+            log.warning("homepd: could not read the footprint of %s from the store: %s", key.model_key[:12], exc)
+            return None
+
+    def _store_footprint(self, footprint: Footprint, breakdown: dict) -> None:
+        from homepd.store.footprints import record_footprint  # why: the store (sqlite) loads only when used
+
+        try:
+            with self._open_store() as store:
+                record_footprint(store, footprint, breakdown)
+        except Exception as exc:
+            log.warning("homepd: could not record the footprint of %s: %s", footprint.model_name, exc)
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
