@@ -24,15 +24,20 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 
 import numpy as np
 
 from homepd.structured.gbnf import GbnfError, shortest
 from homepd.core.terms import ReuseMode, SpecialToken
 from homepd.core.sampling import Grammar, ReferenceSampler, SamplingParams
-from homepd.errors import RequestError, WorkerError
+from homepd.errors import ModelError, RequestError, WorkerError
 
 FAKE_MODEL_PATH = "fake://model"
+# a model path the fake refuses to load, as llama.cpp refuses a corrupt GGUF (tests of a failed load)
+FAKE_BROKEN_PREFIX = "fake://broken"
+# seconds a fake context takes to create, in its worker process (tests that need a load to last: several models)
+LOAD_DELAY_ENV = "HOMEPD_FAKE_LOAD_DELAY_S"
 BOS, EOS, N_VOCAB = 1, 2, 259
 _MAGIC = b"FAKEKV01"
 SPECIAL_TOKENS = (SpecialToken("</s>", EOS), SpecialToken("<s>", BOS))
@@ -45,6 +50,8 @@ class FakeModel:
     """Tokenizer and vocabulary of the fake backend; ``path`` is recorded, not read."""
 
     def __init__(self, path: str | os.PathLike = FAKE_MODEL_PATH, n_gpu_layers: int = 0, vocab_only: bool = False):
+        if str(path).startswith(FAKE_BROKEN_PREFIX):
+            raise ModelError(f"{path}: not a GGUF file (bad magic): the fake's stand-in for a corrupt model")
         self.path = path
         self.n_vocab = N_VOCAB
         self.n_ctx_train = 1 << 16
@@ -125,6 +132,8 @@ class FakeContext:
 
     def __init__(self, model: FakeModel, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
                  n_ubatch: int | None = None, kv_unified: bool = True, flash_attn: bool | None = None):
+        if os.environ.get(LOAD_DELAY_ENV):
+            time.sleep(float(os.environ[LOAD_DELAY_ENV]))  # why: a load that lasts, in the worker (never the loop)
         self.model = model
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.kv_unified = kv_unified

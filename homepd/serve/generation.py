@@ -101,6 +101,7 @@ async def start_request(service, body: ChatCompletionRequest | CompletionRequest
         code, message = service.unavailable_reason() or ("not_ready", "the model is still loading; retry shortly")
         raise unavailable(message, code, retry_after_s=5)
     await service.until_admitting()  # why: a switch of configuration under way (homepd.serve.switch) holds it
+    service.check_open()
     load_s = await lease(service, slot)
     rid = shape.id_prefix + uuid.uuid4().hex
     try:
@@ -131,7 +132,8 @@ async def lease(service, slot) -> float:
     """A lease on ``slot``'s model for one request (loading it on demand); the seconds waited for the load.
     What stops it is an API error: the model's queue full or no room made in time (503), a model too large
     for the memory budget (507, with the bytes), a failed load (503, with its reason)."""
-    capacity = service.model_capacity(slot.config) if slot.is_chat else None
+    # why only with several models: one model's queue is the service's, which admission bounds as before
+    capacity = service.model_capacity(slot.config) if slot.is_chat and service.models.is_multi else None
     try:
         return await service.models.acquire(slot, capacity)
     except HomepdError as exc:

@@ -56,6 +56,15 @@ def fake_footprint_bytes(config: EngineConfig) -> int:
     return (1 << 20) + config.n_ctx * 1024
 
 
+def estimate_for(config: EngineConfig, setup) -> int:
+    """The planner's estimate of a chat model prepared as ``setup`` (reads its GGUF header): the weights once,
+    each worker's KV cache for ``n_ctx`` and overhead, with the margin; the KV arena and store at their sizes."""
+    header = read_gguf_header(setup.model_path)
+    n_workers = len(setup.placements)
+    return estimate_bytes(header.size_bytes, header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS,
+                          config.n_ctx * n_workers, n_workers, (setup.kv_arena_bytes or 0) + (setup.kv_store_bytes or 0))
+
+
 def placement_key(config: EngineConfig) -> str:
     where = f"gpu{config.gpu_index}:{config.n_gpu_layers}" if config.gpu_index is not None else "cpu"
     return f"{config.mode}/{where}" + (f"x{config.n_replicas}" if config.mode == "replicas" else "")
@@ -107,7 +116,7 @@ class Loader:
                 return
             slot.begin_load()
             await self._start_engine(slot, setup)
-            footprint = await self._measure(slot, footprint, time.monotonic() - t0)
+            footprint = await self._measure(slot, footprint, time.monotonic() - t0, setup.kv_store_bytes or 0)
         except BaseException as exc:
             why = exc.args[0] if isinstance(exc, HomepdError) and exc.args else f"{type(exc).__name__}: {exc}"
             if slot.state is ModelState.LOADING:
@@ -180,11 +189,7 @@ class Loader:
                 slot.footprint.source is FootprintSource.MEASURED:
             return slot.footprint, setup
         stored = await asyncio.to_thread(self._stored, key)
-        header = await asyncio.to_thread(read_gguf_header, setup.model_path)
-        n_workers = len(setup.placements)
-        estimate = estimate_bytes(header.size_bytes, header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS,
-                                  config.n_ctx * n_workers, n_workers,
-                                  (setup.kv_arena_bytes or 0) + (setup.kv_store_bytes or 0))
+        estimate = await asyncio.to_thread(estimate_for, config, setup)
         if stored is not None:
             return dataclasses.replace(stored, estimate_bytes=estimate, model_name=slot.name), setup
         return Footprint(key, estimate, FootprintSource.ESTIMATED, estimate, model_name=slot.name), setup
@@ -192,7 +197,7 @@ class Loader:
     async def _start_engine(self, slot: ModelSlot, setup) -> None:
         service = self.service
         engine = service.new_engine(slot.config, setup)
-        slot.engine = engine
+        slot.engine, slot.model_path = engine, setup.model_path
         try:
             await engine.start()
             if service.settings.warmup:
@@ -202,7 +207,7 @@ class Loader:
             await engine.stop()
             raise
 
-    async def _measure(self, slot: ModelSlot, planned: Footprint, load_s: float) -> Footprint:
+    async def _measure(self, slot: ModelSlot, planned: Footprint, load_s: float, kv_store_bytes: int) -> Footprint:
         """The footprint as loaded: the fake's declared one, else the workers' measured memory (the
         controller's own share left out, the KV store counted at its size, since it may fill), recorded."""
         if planned.source is FootprintSource.DECLARED:
@@ -210,7 +215,7 @@ class Loader:
         engine = slot.engine
         memory = await asyncio.to_thread(engine.measure_memory)
         controller = sum(p.rest_bytes + p.weights_copied_bytes for p in memory.processes if p.role == "controller")
-        measured = memory.total_bytes - controller - memory.kv_store_bytes + (engine.setup.kv_store_bytes or 0)
+        measured = memory.total_bytes - controller - memory.kv_store_bytes + kv_store_bytes
         footprint = Footprint(planned.key, measured, FootprintSource.MEASURED, planned.estimate_bytes, load_s,
                               planned.n_loads + 1, _now_iso(), slot.name)
         if self._open_store is not None:

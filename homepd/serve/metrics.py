@@ -109,6 +109,7 @@ class EngineCollector:
                                      "too slowly (each such client is sent a 'missed' event with its count)")
         missed.add_metric([], s.n_events_missed)
         yield missed
+        yield from model_metrics(s.models)
         engine = s.engine
         if engine is None or engine.tokenizer is None:
             return
@@ -252,6 +253,45 @@ def prefix_cache_metrics(stats_by_worker: dict):
     for worker, stats in workers:
         mode.add_metric([worker, stats.mode.value], 1.0)
     yield mode
+
+
+def model_metrics(models):
+    """Per served model: its state, footprint, requests, loads, evictions and load seconds; the memory budget."""
+    states = GaugeMetricFamily("homepd_model_state", "1 for the state each served model is in",
+                               labels=["model", "state"])
+    footprint = GaugeMetricFamily("homepd_model_footprint_bytes", "What each model takes loaded: measured "
+                                  "(else estimated from its GGUF header) while it is resident, else 0",
+                                  labels=["model", "source"])
+    in_flight = GaugeMetricFamily("homepd_model_requests_in_flight", "Requests running on or waiting for each "
+                                  "model (its load included)", labels=["model"])
+    loads = CounterMetricFamily("homepd_model_loads", "Loads of each model", labels=["model"])
+    failures = CounterMetricFamily("homepd_model_load_failures", "Failed loads of each model", labels=["model"])
+    evictions = CounterMetricFamily("homepd_model_evictions", "Unloads of each model to make room for another",
+                                    labels=["model"])
+    load_s = CounterMetricFamily("homepd_model_load_seconds", "Seconds spent loading each model", labels=["model"])
+    last_used = GaugeMetricFamily("homepd_model_last_used_timestamp_seconds", "When each model last got a request "
+                                  "(Unix time)", labels=["model"])
+    for slot in models.slots.values():
+        state = models.state(slot.card)
+        for value in type(state):
+            states.add_metric([slot.name, value.value], float(value is state))
+        fp = slot.footprint
+        footprint.add_metric([slot.name, fp.source.value if fp else "none"],
+                             float(fp.footprint_bytes if fp and slot.is_resident else 0))
+        in_flight.add_metric([slot.name], slot.n_in_flight)
+        loads.add_metric([slot.name], slot.n_loads)
+        failures.add_metric([slot.name], slot.n_load_failures)
+        evictions.add_metric([slot.name], slot.n_evictions)
+        load_s.add_metric([slot.name], slot.load_s_total)
+        if slot.last_used_unix_s is not None:
+            last_used.add_metric([slot.name], slot.last_used_unix_s)
+    yield from (states, footprint, in_flight, loads, failures, evictions, load_s, last_used)
+    status = models.status()
+    if status["budget_bytes"] is not None:
+        yield _gauge("homepd_memory_budget_bytes", "The bytes the served models may take together "
+                     "(--memory-budget)", status["budget_bytes"])
+    yield _gauge("homepd_memory_planned_bytes", "What the resident models take, as planned (measured footprints, "
+                 "else estimates)", status["used_bytes"])
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -115,14 +115,21 @@ class Service:
 
         return Store.open(self.settings.db)
 
-    @property
-    def engine(self):
-        """The default chat model's engine (the first configured), None while it is not loaded."""
+    def _default_engine(self):
         return self.models.default_engine
 
-    @engine.setter
-    def engine(self, engine) -> None:
+    def _set_default_engine(self, engine) -> None:
         self.models.default.engine = engine
+
+    # the default chat model's engine (the first configured), None while it is not loaded
+    engine = property(_default_engine, _set_default_engine)
+
+    def check_open(self) -> None:
+        """Refuse (503) a request while the service drains, has failed or stopped, before it waits for a model."""
+        if self.state in ("draining", "failed", "stopped"):
+            code, message = self.unavailable_reason() or ("draining", "homepd is shutting down")
+            self.metrics.rejected.labels(code).inc()
+            raise unavailable(message, code, retry_after_s=30)
 
     # start-up ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -137,7 +144,7 @@ class Service:
             if self.sampler is not None:
                 self.sampler.register_process(os.getpid(), "controller")
             await self.models.loader.ensure_loaded(self.models.default, "start")
-            model_file = os.path.basename(self.engine.model_path)
+            model_file = os.path.basename(self.models.default.model_path)
             self.served_model_ids = tuple(dict.fromkeys((self.config.model, os.path.splitext(model_file)[0],
                                                          *self.settings.served_model_names)))
             if self.sampler is not None:  # why: so /metrics has every process's memory from its first scrape once

@@ -1,0 +1,216 @@
+"""Several models in one ``homepd serve`` (issue 45) over real HTTP, on the fake backend (real worker processes,
+real loads and unloads; the fake declares its footprint, 1 MiB + 1 KiB a KV cell, so a budget can hold exactly
+one model): loads on demand and single flight, eviction under a budget, pinned and busy models kept, keep-alive
+expiry, no reload for another ``num_ctx``, the listings during a load, and the errors (unknown model, too large,
+a load that fails).  The pure planning is ``tests/unit/test_model_planner.py``; real models are
+``test_serve_models_real.py``."""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_serve_harness import ServeProcess
+
+SMALL_BYTES = (1 << 20) + 1024 * 1024        # the fake's declared footprint at n_ctx 1024
+BIG_BYTES = (1 << 20) + 300_000 * 1024       # ... at n_ctx 300,000 (a long stream keeps a model busy)
+BUDGET_BYTES = SMALL_BYTES + BIG_BYTES + 100_000_000   # the pinned model and one big one, never two big ones
+LONG = {"max_tokens": 200_000, "stream": True, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "tell me everything"}]}
+LOAD_DELAY_S = "0.5"                         # each fake load lasts this long (in its worker process)
+
+
+def chat(c, model: str, content: str = "hi", **extra):
+    return c.post("/v1/chat/completions", json={"model": model, "max_tokens": 4,
+                                                "messages": [{"role": "user", "content": content}], **extra})
+
+
+def slot(status: dict, name: str) -> dict:
+    return next(m for m in status["served_models"] if m["name"] == f"{name}:latest")
+
+
+def models_of(c) -> dict[str, dict]:
+    return {m["name"].removesuffix(":latest"): m for m in c.get("/status").json()["served_models"]}
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory):
+    """Room for every model: a (default), b, c, d, and one whose load fails."""
+    proc = ServeProcess(tmp_path_factory.mktemp("models"), "--backend", "fake", "--n-ctx", "1024", "--no-advice",
+                        "--model", "a", "--model", "b", "--model", "c", "--model", "d",
+                        "--model", "fake://broken", env={"HOMEPD_FAKE_LOAD_DELAY_S": LOAD_DELAY_S})
+    yield proc.wait_ready()
+    assert proc.terminate() == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    """A budget that holds the pinned model p and one other: a, b, and huge (which never fits)."""
+    tmp = tmp_path_factory.mktemp("tight")
+    (tmp / "config.toml").write_text("""
+[models.p]
+n_ctx = 1024
+pin = true
+aliases = ["pinned"]
+
+[models.a]
+n_ctx = 300000
+
+[models.b]
+n_ctx = 300000
+
+[models.huge]
+n_ctx = 1000000
+""")
+    proc = ServeProcess(tmp, "--backend", "fake", "--no-advice", "--memory-budget", str(BUDGET_BYTES),
+                        "--max-tokens", "200000",
+                        env={"HOMEPD_CONFIG": str(tmp / "config.toml")})
+    yield proc.wait_ready()
+    assert proc.terminate() == 0, proc.log()
+
+
+def test_models_lists_each_model_with_its_state(roomy):
+    with roomy.client() as c:
+        data = {m["id"]: m["meta"] for m in c.get("/v1/models").json()["data"]}
+        tags = {m["name"]: m["state"] for m in c.get("/api/tags").json()["models"]}
+        ps = [m["name"] for m in c.get("/api/ps").json()["models"]]
+    assert list(data) == ["a", "b", "c", "d", "broken"]
+    assert data["a"]["state"] == "loaded" and data["d"]["state"] == "unloaded" and data["a"]["n_ctx"] == 1024
+    assert tags["a:latest"] == "loaded" and tags["d:latest"] == "unloaded"
+    assert "a:latest" in ps and "d:latest" not in ps
+
+
+def test_alternating_two_models_with_room_for_both_loads_each_once_and_evicts_nothing(roomy):
+    with roomy.client() as c:
+        for model in ("a", "b", "a", "b"):
+            r = chat(c, model)
+            assert r.status_code == 200 and r.json()["model"] == model
+        models = models_of(c)
+    assert (models["a"]["loads"], models["b"]["loads"]) == (1, 1)
+    assert models["a"]["evictions"] == models["b"]["evictions"] == 0
+
+
+def test_twenty_concurrent_requests_for_an_unloaded_model_wait_on_one_load_while_listings_answer(roomy):
+    states, healths = [], []
+    done = threading.Event()
+
+    def watch():
+        with roomy.client(timeout=5.0) as c:
+            while not done.is_set():
+                healths.append(c.get("/health").status_code)
+                states.append({m["id"]: m["meta"]["state"] for m in c.get("/v1/models").json()["data"]}["c"])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with roomy.client() as c, ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(lambda i: chat(c, "c", f"question {i}"), range(20)))
+    finally:
+        done.set()
+        watcher.join()
+    assert [r.status_code for r in answers] == [200] * 20
+    assert "loading" in states and set(healths) == {200}  # the listings answered during the load
+    with roomy.client() as c:
+        assert models_of(c)["c"]["loads"] == 1
+
+
+def test_a_request_keep_alive_unloads_the_model_when_it_ends(roomy):
+    with roomy.client() as c:
+        r = c.post("/api/chat", json={"model": "d", "stream": False, "keep_alive": "1s",
+                                      "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 2}})
+        assert r.status_code == 200
+    status = roomy.wait_until(lambda s: slot(s, "d")["state"] == "unloaded", what="d unloaded by its keep-alive")
+    assert slot(status, "d")["loads"] == 1 and slot(status, "d")["evictions"] == 0
+
+
+def test_another_num_ctx_causes_no_reload(roomy):
+    with roomy.client() as c:
+        before = models_of(c)["a"]["loads"]
+        for num_ctx in (256, 1024, 8192):  # smaller, equal and larger than the loaded 1024: served as loaded
+            r = c.post("/api/chat", json={"model": "a", "stream": False, "options": {"num_ctx": num_ctx,
+                                                                                     "num_predict": 2},
+                                          "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200
+        assert models_of(c)["a"]["loads"] == before
+        long = chat(c, "a", "x" * 2000)  # a prompt the loaded context cannot hold: both sizes named
+        assert long.status_code == 400 and long.json()["error"]["n_ctx"] == 1024
+
+
+def test_an_unknown_model_is_a_404_listing_the_known_ones(roomy):
+    with roomy.client() as c:
+        openai, ollama = chat(c, "gpt-4o-mini"), c.post("/api/chat", json={"model": "nope", "messages": []})
+    assert openai.status_code == 404 and "the models are a, b, c, d, broken" in openai.json()["error"]["message"]
+    assert ollama.status_code == 404 and "a, b, c, d, broken" in ollama.json()["error"]
+
+
+def test_a_load_that_fails_fails_only_that_models_requests(roomy):
+    with roomy.client() as c:
+        broken = chat(c, "broken")
+        assert broken.status_code == 503 and broken.json()["error"]["code"] == "model_load_failed"
+        assert "not a GGUF file" in broken.json()["error"]["message"]
+        assert chat(c, "a").status_code == 200
+        models = models_of(c)
+    assert models["broken"]["state"] == "unloaded" and "not a GGUF file" in models["broken"]["error"]
+    assert models["broken"]["load_failures"] == 1
+
+
+def test_with_a_budget_for_one_every_switch_evicts_and_queued_requests_are_answered(tight):
+    with tight.client() as c:
+        for i, model in enumerate(("a", "b", "a", "b")):
+            with ThreadPoolExecutor(4) as pool:  # several requests queue on each load
+                answers = list(pool.map(lambda j: chat(c, model, f"q{j}"), range(4)))
+            assert [r.status_code for r in answers] == [200] * 4
+        status = c.get("/status").json()
+    a, b = slot(status, "a"), slot(status, "b")
+    assert (a["loads"], a["evictions"], b["loads"], b["evictions"]) == (2, 2, 2, 1)
+    assert slot(status, "p")["evictions"] == 0 and slot(status, "p")["state"] == "loaded"  # pinned: never the victim
+    reasons = [e["reason"] for e in status["memory"]["recent_loads"] if e["model"] in ("a", "b")]
+    assert reasons[1:] == ["evicted a to fit b: 308 MB needed, 100 MB free (308 MB freed)",
+                           "evicted b to fit a: 308 MB needed, 100 MB free (308 MB freed)",
+                           "evicted a to fit b: 308 MB needed, 100 MB free (308 MB freed)"]
+    assert status["memory"]["used_bytes"] <= status["memory"]["budget_bytes"]
+
+
+def test_a_model_with_a_stream_in_flight_is_not_evicted_the_other_load_waits(tight):
+    with tight.client() as c, tight.client() as other:
+        assert chat(c, "a").status_code == 200
+        evictions_before = models_of(c)["a"]["evictions"]
+        with ThreadPoolExecutor(1) as pool:
+            with c.stream("POST", "/v1/chat/completions", json={"model": "a", **LONG}) as stream:
+                lines = stream.iter_lines()  # why kept: a dropped line iterator closes the stream
+                assert json.loads(next(lines)[6:])["model"] == "a"
+                waiting = pool.submit(chat, other, "b")  # needs a's room; a is busy while its stream runs
+                tight.wait_until(lambda s: slot(s, "b")["in_flight"] == 1, what="b's request waiting for room")
+                status = c.get("/status").json()
+                assert slot(status, "a")["state"] == "loaded" and slot(status, "a")["in_flight"] == 1
+                assert slot(status, "b")["state"] == "unloaded"
+            # the stream's client has left: a's request is cancelled, a is idle, b evicts it and loads
+            assert waiting.result().status_code == 200
+        models = models_of(c)
+    assert models["a"]["evictions"] == evictions_before + 1 and models["b"]["state"] == "loaded"
+
+
+def test_a_model_too_large_for_the_budget_is_a_507_with_the_bytes(tight):
+    with tight.client() as c:
+        r = chat(c, "huge")
+        assert chat(c, "pinned").status_code == 200  # the others serve on
+    error = r.json()["error"]
+    assert r.status_code == 507 and error["code"] == "model_too_large"
+    assert error["needed_bytes"] == (1 << 20) + 1_000_000 * 1024 and error["budget_bytes"] == BUDGET_BYTES
+    assert f"needs {error['needed_bytes']:,} bytes" in error["message"]
+
+
+def test_metrics_give_each_models_state_footprint_loads_and_evictions(tight):
+    with tight.client() as c:
+        text = c.get("/metrics").text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("homepd_model_state", (("model", "p"), ("state", "loaded")))] == 1.0
+    assert samples[("homepd_model_state", (("model", "p"), ("state", "unloaded")))] == 0.0
+    assert samples[("homepd_model_footprint_bytes", (("model", "p"), ("source", "declared")))] == SMALL_BYTES
+    assert samples[("homepd_model_loads_total", (("model", "p"),))] == 1.0
+    assert samples[("homepd_model_evictions_total", (("model", "a"),))] >= 1.0
+    assert samples[("homepd_memory_budget_bytes", ())] == BUDGET_BYTES
