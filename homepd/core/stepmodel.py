@@ -10,12 +10,14 @@ towards the previous estimate so that a run of identical steps (the same chunk a
 make it degenerate.  Pure: no clock, no numpy (4×4 solves in Python are ~20 µs, once per step).
 
 ``chunk_for_itl`` turns the model around: the largest prompt budget that keeps a step with ``n_decode``
-decodes within an ITL budget, less a margin of the model's recent error (the box's noise is part of
-what an ITL budget must hold).
+decodes within an ITL budget at the tail of the box's noise (the box's noise is part of what an ITL budget
+must hold): less a margin of the model's recent error, and within the 99th percentile of the recent steps'
+lateness as a share of their prediction (``late_share``), whichever holds the step shorter.
 """
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 import statistics
 
@@ -30,6 +32,13 @@ ERROR_CLIP = 3.0         # no single step moves it by more than this many times 
 ERROR_FLOOR_MS = 2.0     # the least it is clipped from (an error of 0 would clip every later one to 0)
 N_FIRST_ERRORS = 5       # it starts from the median of this many
 N_CONFIRM = 3            # a lateness this many steps in a row show is a change of the box, not an outlier
+LATE_WINDOW = 256        # the recent steps whose lateness (a share of their prediction) the tail is read from
+MIN_LATE_STEPS = 64      # fewer than this, and the tail is not read (the absolute margin alone holds)
+LATE_QUANTILE = 0.99
+# why a clip: a step more than twice as long as predicted was stopped by something its size did not cause (the
+# VM's neighbour, a page fault: 6-token steps of ~90 ms ran 2.9 and 3.2 s here); a smaller step would not have
+# avoided it, and taking it whole would shrink every budget to the minimum for the window's 256 steps
+LATE_CLIP = 1.0
 
 
 def features(n_prompt: int, n_decode: int, kv_in_use: int) -> tuple[float, ...]:
@@ -48,6 +57,7 @@ class OnlineStepModel:
         self._err2 = 0.0
         self._first_errors: list[float] = []
         self._recent_late: collections.deque[float] = collections.deque(maxlen=N_CONFIRM)
+        self._late_shares: collections.deque[float] = collections.deque(maxlen=LATE_WINDOW)
         self.coef = [0.0] * N_FEATURES
         self._estimate: StepEstimate | None = None  # of the current coefficients (estimate() is read per plan)
 
@@ -56,7 +66,10 @@ class OnlineStepModel:
             return
         x = features(n_prompt, n_decode, kv_in_use)
         if self.ready:
-            err = step_ms - sum(c * xi for c, xi in zip(self.coef, x))
+            predicted = sum(c * xi for c, xi in zip(self.coef, x))
+            err = step_ms - predicted
+            if predicted >= 1.0:
+                self._late_shares.append(min(LATE_CLIP, max(0.0, err) / predicted))
             # why one-sided: the error is the margin a step keeps below its budget, against running longer than
             # predicted; a step shorter than predicted needs none (its prediction already left room), and counting
             # it twice starved the chunk.  Scaled by √2, symmetric noise gives its RMS.
@@ -110,12 +123,22 @@ class OnlineStepModel:
     def error_ms(self) -> float:
         return math.sqrt(self._err2)
 
+    @property
+    def late_share(self) -> float:
+        """The ``LATE_QUANTILE`` of the recent steps' lateness as a share of their prediction (0 before
+        ``MIN_LATE_STEPS``): one step in a hundred ran this much longer than predicted, or more."""
+        n = len(self._late_shares)
+        if n < MIN_LATE_STEPS:
+            return 0.0
+        k = max(1, math.ceil(n * (1.0 - LATE_QUANTILE)))
+        return heapq.nlargest(k, self._late_shares)[-1]
+
     def estimate(self) -> StepEstimate | None:
         if not self.ready:
             return None
         if self._estimate is None:
             self._estimate = StepEstimate(*self.coef, n_steps=self.n_steps, error_ms=self.error_ms,
-                                          n_prompt_steps=self.n_prompt_steps)
+                                          n_prompt_steps=self.n_prompt_steps, late_share=self.late_share)
         return self._estimate
 
 

@@ -142,7 +142,7 @@ class DeadlineGrant:
 class PromptPace:
     """How long the steps of one prompt's remaining ``left`` tokens take, by the step-time model: each step
     beside ``n_decode`` decodes, priced at the context it will have half-way (its own cells join it as it
-    goes), with twice the model's recent error as margin on every step (as the ITL budget's steps have)."""
+    goes), each at the tail of the box's noise (``StepEstimate.tail_ms``, as the ITL budget's steps are)."""
     est: StepEstimate
     n_decode: int
     kv_in_use: int
@@ -150,7 +150,7 @@ class PromptPace:
 
     def step_ms(self, b: int) -> float:
         """One step carrying ``b`` of its tokens."""
-        return self.est.predict_ms(b, self.n_decode, self.kv_in_use + self.left // 2) + 2.0 * self.est.error_ms
+        return self.est.tail_ms(b, self.n_decode, self.kv_in_use + self.left // 2)
 
     def done_s(self, start_s: float, n_left: int, b: int) -> float:
         """When ``n_left`` of its tokens are done from ``start_s``, at ``b`` a step."""
@@ -187,8 +187,8 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
       budget.  Otherwise the grant keeps one request more within both budgets (the prompt) and puts none over
       that a refusal would not: it is granted.  A stream that already missed a gap has nothing left to lose.
 
-    The step granted is at the ceiling (with the model's recent error twice over as margin, as the ITL budget's
-    own steps have): the gaps it puts over the ITL budget are missed whatever its size, and the prompt's first
+    The step granted is at the ceiling (at the tail of the box's noise, ``StepEstimate.tail_ms``, as the ITL
+    budget's own steps are): the gaps it puts over the ITL budget are missed whatever its size, and the prompt's first
     token comes soonest.  Every decode still takes its token in it."""
     interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
     head = next((s for s in prompts if s.request_class != RequestClass.BACKGROUND), None)
@@ -224,7 +224,7 @@ def lost_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence],
     mean TTFT, and while it prefills it holds a sequence id that the prompts behind it wait for.  So once
     such a prompt is admitted (it holds an id, is prefilling, and even steps at the ceiling from now on would
     not keep its deadline), while interactive streams decode, every step it is served in may be as long as
-    the gap ceiling (less twice the model's recent error) and no longer: the streams beside it see gaps
+    the gap ceiling (at the tail of the box's noise) and no longer: the streams beside it see gaps
     up to the ceiling for the few seconds it takes, instead of the prompt taking four to five times longer at
     the ITL budget's steps (docs/scheduling.md, "Deadlines against gaps").  A prompt that is only waiting
     gets nothing here: it is admitted when an id and its turn in the order come."""
@@ -245,7 +245,7 @@ def lost_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence],
                  and s.seq_id is not None and s.is_prefilling and is_lost(s)), None)
     if lost is None:
         return None
-    step_ms = est.predict_ms(ceiling, n_decode, kv_in_use) + 2.0 * est.error_ms
+    step_ms = est.tail_ms(ceiling, n_decode, kv_in_use)
     return DeadlineGrant(lost.request_id, ceiling, step_ms, sum(1 for s in interactive if not s.gap_broken), lost=True)
 
 

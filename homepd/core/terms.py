@@ -56,17 +56,29 @@ class StepEstimate:
     error_ms: float           # how much longer than predicted steps ran (before each update): one-sided, robust
                               # (OnlineStepModel.observe); symmetric noise gives its RMS
     n_prompt_steps: int = 0   # steps with prompt tokens: what the prefill cost is measured from
+    late_share: float = 0.0   # the tail of the recent lateness, as a share of the predicted time (its 99th
+                              # percentile: OnlineStepModel.late_share); 0: not measured yet
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0) -> float:
         return (self.base_ms + self.ms_per_prompt_token * n_prompt + self.ms_per_decode_token * n_decode
                 + self.ms_per_kv_ktoken * (n_prompt + n_decode) * kv_in_use / 1000.0)
 
+    def tail_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, margin_sd: float = 2.0) -> float:
+        """How long such a step may run at the tail of the box's noise: the prediction with ``margin_sd`` times
+        the recent error, or stretched by the recent lateness's 99th percentile, whichever is longer.  What a
+        budget must hold (a gap SLO lives in the tail): on a 2-vCPU VM a step's noise grows with its length, and
+        an absolute margin fitted mostly on short decode steps let 85 ms prompt steps run 95-109 ms."""
+        predicted = self.predict_ms(n_prompt, n_decode, kv_in_use)
+        return max(predicted + margin_sd * self.error_ms, predicted * (1.0 + self.late_share))
+
     def chunk_for_itl(self, itl_budget_ms: float, n_decode: int, kv_in_use: int = 0, lo: int = 8,
                       hi: int = 2048, margin_sd: float = 2.0) -> int:
-        """Largest prompt budget (clamped to [lo, hi]) with predicted step time + ``margin_sd`` × recent
-        error within ``itl_budget_ms``; ``lo`` when even a step without prompt tokens would be over."""
-        room = itl_budget_ms - margin_sd * self.error_ms - self.predict_ms(0, n_decode, kv_in_use)
-        return int(max(lo, min(hi, math.floor(room / self.prompt_token_ms(kv_in_use)))))
+        """Largest prompt budget (clamped to [lo, hi]) whose step's ``tail_ms`` is within ``itl_budget_ms``;
+        ``lo`` when even a step without prompt tokens would be over."""
+        per_token = self.prompt_token_ms(kv_in_use)
+        base = self.predict_ms(0, n_decode, kv_in_use)
+        room = min(itl_budget_ms - margin_sd * self.error_ms, itl_budget_ms / (1.0 + self.late_share)) - base
+        return int(max(lo, min(hi, math.floor(room / per_token))))
 
     def prompt_token_ms(self, kv_in_use: int = 0) -> float:
         """What one more prompt token adds to a step with ``kv_in_use`` cells in use (at least 1 µs)."""
