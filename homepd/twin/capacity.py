@@ -41,7 +41,7 @@ COARSE_SEEDS = 4
 COARSE_STEPS_PER_OCTAVE = 2
 FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %
 MAX_BRACKET_MOVES = 12
-PREDICTION_DRAWS = 8
+PREDICTION_DRAWS = 16   # a check's trace is short: its draws cost ~0.1 s each
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class RunFigures:
     misses: dict[str, int]
     virtual_s: float
     sim_s: float
+    met: tuple[bool, ...] = ()           # each request's outcome, in the trace's order (what a check is tested on)
 
 
 Requests = Callable[[float, int], list[SimRequest]]   # (rate, seed) -> the seed's trace at that rate
@@ -81,22 +82,23 @@ def run_figures(config: EngineConfig, cal: Calibration, requests: list[SimReques
     sim_s = time.perf_counter() - t0
     allowance = None if run.stopped else drain_allowance_s(run.requests, slo, speeds)
     deadline = max(lc.arrived_s for lc in run.requests) + allowance if allowance is not None else None
-    met, misses = 0, {}
+    outcomes, misses = [], {}
     for lc in run.requests:
         if run.stopped and lc.ended_s is None:
+            outcomes.append(False)
             continue  # the run stopped once decided: what had not ended is not met (what a stopped probe counts)
         missed = slo.miss(lc)
         what = slo.target_text(missed) if missed is not None else None
         if what is None and deadline is not None and lc.ended_s is not None and lc.ended_s > deadline:
             what = KEPT_UP
-        if what is None:
-            met += 1
-        else:
+        outcomes.append(what is None)
+        if what is not None:
             misses[what] = misses.get(what, 0) + 1
+    met = sum(outcomes)
     ttft = tuple(lc.ttft_s * 1e3 for lc in run.requests if lc.ttft_s is not None)
     gaps = tuple(max(lc.itl_s) * 1e3 for lc in run.requests
                  if lc.request_class is RequestClass.INTERACTIVE and len(lc.token_times_s) > 1)
-    return RunFigures(rate_rps, seed, met / len(requests), ttft, gaps, misses, run.end_s, sim_s)
+    return RunFigures(rate_rps, seed, met / len(requests), ttft, gaps, misses, run.end_s, sim_s, tuple(outcomes))
 
 
 # the pool's workers read what every run shares from here (forked: nothing is pickled but the task)
@@ -324,8 +326,10 @@ def _decided_by(figures: list[RunFigures], capacity: float | None, target_share:
 def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], slo: SLO,
             speeds: tuple[float | None, float | None], rate_rps: float, n_draws: int = PREDICTION_DRAWS
             ) -> TwinPrediction:
-    """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise."""
+    """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise, and
+    each request's share of the draws in which it met its SLO (``TwinPrediction.chances``)."""
     figs = [run_figures(config, cal, requests, slo, speeds, rate_rps, seed) for seed in range(n_draws)]
+    n = min(len(f.met) for f in figs)
 
     def mean(values):
         values = [v for v in values if v is not None]
@@ -334,4 +338,5 @@ def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], 
     return TwinPrediction(statistics.mean(f.attainment for f in figs),
                           mean(percentile(list(f.ttft_ms), 50) for f in figs),
                           mean(percentile(list(f.ttft_ms), 90) for f in figs),
-                          mean(percentile(list(f.gap_ms), 90) for f in figs), n_draws)
+                          mean(percentile(list(f.gap_ms), 90) for f in figs), n_draws,
+                          tuple(sum(f.met[i] for f in figs) / len(figs) for i in range(n)))

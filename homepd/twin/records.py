@@ -87,6 +87,7 @@ class TwinPrediction:
     ttft_ms_p90: float | None
     gap_ms_p90: float | None
     n_draws: int
+    chances: tuple[float, ...] = ()   # each request's share of the draws in which it met its SLO, in trace order
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,14 @@ class TwinCheck:
     predicted_ttft_ms_p90: float | None
     predicted_gap_ms_p90: float | None
     mix: str = ""                     # the trace's mix ("": a run stored before checks named it)
+    # the twin's chance for each request of meeting its SLO (its share of ``n_draws`` draws), in the trace's order;
+    # (): a check stored before they were kept (``homepd.twin.check`` then judges by the error alone)
+    predicted_chances: tuple[float, ...] = ()
+    n_draws: int = 0
+
+    @property
+    def measured_met(self) -> int:
+        return round(self.measured_attainment * self.n_requests)
 
     @property
     def attainment_error_points(self) -> float:

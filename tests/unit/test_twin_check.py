@@ -1,0 +1,52 @@
+"""Whether a twin is trusted (homepd.twin.check): the measured count of requests within their SLO against the
+twin's predictive band for that very trace, the probe's own noise counted."""
+from __future__ import annotations
+
+import math
+
+from homepd.twin.check import ALPHA, band, chance, met_pmf, verdict
+from homepd.twin.records import TwinCheck
+
+
+def check(n: int, met: int, chances: tuple[float, ...] | None, n_draws: int = 16,
+          predicted: float | None = None) -> TwinCheck:
+    chances = chances if chances is not None else ()
+    predicted = predicted if predicted is not None else (sum(chances) / n if chances else 1.0)
+    return TwinCheck(0.5, 1000, n, met / n, 150.0, 3000.0, 90.0, predicted, 140.0, 2800.0, 85.0, mix="mixed",
+                     predicted_chances=chances, n_draws=n_draws)
+
+
+def test_the_pmf_of_equal_chances_is_the_binomial():
+    pmf = met_pmf([0.8] * 10)
+    assert math.isclose(sum(pmf), 1.0)
+    for k, p in enumerate(pmf):
+        assert math.isclose(p, math.comb(10, k) * 0.8 ** k * 0.2 ** (10 - k))
+
+
+def test_the_band_leaves_at_most_alpha_outside():
+    pmf = met_pmf([chance(0.9, 16)] * 20)
+    low, high = band(pmf, ALPHA)
+    assert sum(pmf[:low]) <= ALPHA / 2 and sum(pmf[high + 1:]) <= ALPHA / 2
+    assert sum(pmf[:low + 1]) > ALPHA / 2        # one more count in would be past the tail
+
+
+def test_two_misses_in_twelve_do_not_condemn_a_twin_that_saw_none():
+    # 17 points off: over the old fixed bound of 15, within what 12 requests can show
+    trusted, why, error = verdict((check(12, 10, (1.0,) * 12),))
+    assert trusted and round(error) == 17 and "10 of 12 met" in why
+
+
+def test_a_twin_far_from_the_measurement_is_not_trusted():
+    trusted, why, _ = verdict((check(12, 7, (1.0,) * 12),))
+    assert not trusted and why.startswith("not trusted")
+
+
+def test_more_probes_narrow_the_band():
+    one = check(12, 9, (0.97,) * 12)
+    assert verdict((one,))[0]
+    assert not verdict((one, one, one))[0]   # 27 of 36 where the twin expects ~34
+
+
+def test_checks_stored_before_the_chances_are_judged_by_the_error():
+    assert verdict((check(12, 10, None, predicted=0.9),))[0]          # 7 points
+    assert not verdict((check(12, 9, None, predicted=1.0),))[0]       # 25 points, over 15
