@@ -32,6 +32,7 @@ log = logging.getLogger("homepd.serve")
 KV_BYTES_PER_TOKEN_GUESS = 64 << 10
 MULTI_MODEL_KV_STORE_BYTES = 64 << 20   # each model's KV store when several are served and none is set
 RECENT_LOADS = 32
+REMEASURE_S = 30.0   # an idle loaded model is measured again at most this often
 
 
 class ModelTooLarge(EngineError):
@@ -197,7 +198,7 @@ class Loader:
     async def _start_engine(self, slot: ModelSlot, setup) -> None:
         service = self.service
         engine = service.new_engine(slot.config, setup)
-        slot.engine, slot.model_path = engine, setup.model_path
+        slot.engine, slot.model_path, slot.kv_store_bytes = engine, setup.model_path, setup.kv_store_bytes or 0
         try:
             await engine.start()
             if service.settings.warmup:
@@ -214,10 +215,10 @@ class Loader:
             return dataclasses.replace(planned, load_s=load_s)
         engine = slot.engine
         memory = await asyncio.to_thread(engine.measure_memory)
-        controller = sum(p.rest_bytes + p.weights_copied_bytes for p in memory.processes if p.role == "controller")
-        measured = memory.total_bytes - controller - memory.kv_store_bytes + kv_store_bytes
+        measured = footprint_of(memory, kv_store_bytes)
         footprint = Footprint(planned.key, measured, FootprintSource.MEASURED, planned.estimate_bytes, load_s,
                               planned.n_loads + 1, _now_iso(), slot.name)
+        slot.measured_s = time.monotonic()
         if self._open_store is not None:
             await asyncio.to_thread(self._store_footprint, footprint, memory.to_dict())
         log.info("homepd: %s measured at %s MB (estimated %s MB)", slot.name, f"{measured / 1e6:,.0f}",
@@ -257,7 +258,32 @@ class Loader:
             slot.cancel_expiry()
             slot.expires_at_unix_s = time.time() + keep_s
             slot.expiry = asyncio.get_running_loop().create_task(self._expire(slot, keep_s))
-        asyncio.get_running_loop().create_task(self._notify())
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._notify())
+        fp = slot.footprint
+        if slot.is_chat and fp is not None and fp.source is FootprintSource.MEASURED and \
+                time.monotonic() - slot.measured_s >= REMEASURE_S:
+            slot.measured_s = time.monotonic()
+            loop.create_task(self._remeasure(slot))
+
+    async def _remeasure(self, slot: ModelSlot) -> None:
+        """Measure an idle loaded model again: compute buffers grow with the largest step it ran, so the
+        footprint its first load recorded (after a one-token warm-up) is raised to the largest seen."""
+        engine, fp = slot.engine, slot.footprint
+        if engine is None or slot.current_state() is not ModelState.LOADED:
+            return
+        try:
+            memory = await asyncio.to_thread(engine.measure_memory)
+        except Exception as exc:  # a measurement is never worth a request: keep the one we have
+            log.warning("homepd: could not measure %s again: %s", slot.name, exc)
+            return
+        measured = footprint_of(memory, slot.kv_store_bytes)
+        if measured > fp.footprint_bytes and slot.engine is engine:
+            slot.footprint = dataclasses.replace(fp, footprint_bytes=measured, measured_at=_now_iso())
+            log.info("homepd: %s measured at %s MB once it had run (was %s MB)", slot.name,
+                     f"{measured / 1e6:,.0f}", f"{fp.footprint_bytes / 1e6:,.0f}")
+            if self._open_store is not None:
+                await asyncio.to_thread(self._store_footprint, slot.footprint, memory.to_dict(), False)
 
     async def _notify(self) -> None:
         async with self._cond:
@@ -293,14 +319,22 @@ class Loader:
             log.warning("homepd: could not read the footprint of %s from the store: %s", key.model_key[:12], exc)
             return None
 
-    def _store_footprint(self, footprint: Footprint, breakdown: dict) -> None:
+    def _store_footprint(self, footprint: Footprint, breakdown: dict, is_load: bool = True) -> None:
         from homepd.store.footprints import record_footprint  # why: the store (sqlite) loads only when used
 
         try:
             with self._open_store() as store:
-                record_footprint(store, footprint, breakdown)
+                record_footprint(store, footprint, breakdown, is_load)
         except Exception as exc:
             log.warning("homepd: could not record the footprint of %s: %s", footprint.model_name, exc)
+
+
+def footprint_of(memory, kv_store_bytes: int) -> int:
+    """A loaded model's footprint from its engine's ``MemoryBreakdown``: everything its processes hold, less
+    the controller's own share (the service's, not the model's), with the KV store counted at its size (it
+    fills as prefixes are saved) instead of its resident pages."""
+    controller = sum(p.rest_bytes + p.weights_copied_bytes for p in memory.processes if p.role == "controller")
+    return memory.total_bytes - controller - memory.kv_store_bytes + kv_store_bytes
 
 
 def _now_iso() -> str:

@@ -44,6 +44,8 @@ class ModelSlot:
         self.state_since_s = time.monotonic()
         self.engine = None                          # the chat model's Engine while loaded
         self.model_path: str | None = None          # its file, as its last load resolved it
+        self.kv_store_bytes = 0                     # its engine's KV store size (counted whole in its footprint)
+        self.measured_s = 0.0                       # when its footprint was last measured (monotonic)
         self.embedder: EmbeddingModel | None = None  # the embedding model's handle (it loads itself)
         self.footprint: Footprint | None = None     # what the plan counts (measured, estimated or declared)
         self.n_loads = self.n_evictions = self.n_load_failures = self.n_uses = 0

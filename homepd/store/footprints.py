@@ -1,7 +1,7 @@
 """The ``model_footprints`` table: each model's measured memory and load time, per allocation (its
 ``FootprintKey``), so that a service plans its next load of it from a measurement, not an estimate.
 
-    record_footprint(store, footprint, breakdown=None)   # upsert; n_loads counts up
+    record_footprint(store, footprint, breakdown=None, is_load=True)   # upsert; n_loads counts a load
     load_footprint(store, key) -> Footprint | None
 """
 from __future__ import annotations
@@ -14,14 +14,15 @@ from homepd.models.footprint import Footprint, FootprintKey, FootprintSource
 _KEY = tuple(f.name for f in dataclasses.fields(FootprintKey))
 
 
-def record_footprint(store, footprint: Footprint, breakdown: dict | None = None) -> None:
-    """Write ``footprint`` (measured) over any earlier record of its key, counting the loads."""
+def record_footprint(store, footprint: Footprint, breakdown: dict | None = None, is_load: bool = True) -> None:
+    """Write ``footprint`` (measured) over any earlier record of its key, counting the loads (``is_load``
+    False: a measurement of a model already loaded, which raises its figure and counts no load)."""
     key = dataclasses.asdict(footprint.key)
     with store._lock, store.db.atomic():
         before = load_footprint(store, footprint.key)
         store.db["model_footprints"].upsert({
             **key, "footprint_bytes": footprint.footprint_bytes, "estimate_bytes": footprint.estimate_bytes,
-            "load_s": footprint.load_s, "n_loads": (before.n_loads if before else 0) + 1,
+            "load_s": footprint.load_s, "n_loads": (before.n_loads if before else 0) + is_load,
             "measured_at": footprint.measured_at, "model_name": footprint.model_name,
             "breakdown_json": json.dumps(breakdown) if breakdown is not None else None}, pk=_KEY)
 

@@ -32,3 +32,11 @@ def test_another_context_size_is_another_record():
         record_footprint(store, measured(330_000_000, 1.7, bigger))
         assert load_footprint(store, bigger).footprint_bytes == 330_000_000
         assert load_footprint(store, KEY).footprint_bytes == 250_000_000
+
+
+def test_a_measurement_of_a_loaded_model_raises_its_figure_and_counts_no_load():
+    with Store.open(":memory:") as store:
+        record_footprint(store, measured(250_000_000, 1.5))
+        record_footprint(store, measured(270_000_000, 1.5), is_load=False)
+        got = load_footprint(store, KEY)
+    assert (got.footprint_bytes, got.n_loads) == (270_000_000, 1)
