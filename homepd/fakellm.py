@@ -36,6 +36,8 @@ from homepd.errors import ModelError, RequestError, WorkerError
 FAKE_MODEL_PATH = "fake://model"
 # a model path the fake refuses to load, as llama.cpp refuses a corrupt GGUF (tests of a failed load)
 FAKE_BROKEN_PREFIX = "fake://broken"
+# a model path whose worker process dies while it loads (tests of a worker crash during a load)
+FAKE_CRASH_PREFIX = "fake://crash"
 # seconds a fake context takes to create, in its worker process (tests that need a load to last: several models)
 LOAD_DELAY_ENV = "HOMEPD_FAKE_LOAD_DELAY_S"
 BOS, EOS, N_VOCAB = 1, 2, 259
@@ -132,6 +134,8 @@ class FakeContext:
 
     def __init__(self, model: FakeModel, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
                  n_ubatch: int | None = None, kv_unified: bool = True, flash_attn: bool | None = None):
+        if str(model.path).startswith(FAKE_CRASH_PREFIX):
+            os._exit(3)  # why: the worker dies as a llama.cpp abort would, before it reports ready
         if os.environ.get(LOAD_DELAY_ENV):
             time.sleep(float(os.environ[LOAD_DELAY_ENV]))  # why: a load that lasts, in the worker (never the loop)
         self.model = model

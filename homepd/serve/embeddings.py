@@ -59,10 +59,8 @@ def embedding_card(service, name: str, *, strict: bool, not_found=None) -> Model
                        code="model_not_embedding", param="model")
     if card is None and strict:
         raise not_found(name) if not_found else APIError(
-            404, f"model {cut(name)!r} is not served here", "not_found_error", "model_not_found", "model")
-    if card is None and service.models.is_multi:
-        raise APIError(404, f"model {cut(name)!r} is not served here; the models are {service.models.known_names()}",
-                       "not_found_error", "model_not_found", "model")
+            404, f"model {cut(name)!r} is not served here; the models are {service.models.known_names()}",
+            "not_found_error", "model_not_found", "model")
     if embedding is None:
         raise APIError(400, "this service has no embedding model: start homepd serve with --embedding-model "
                             "all-minilm-l6-v2 (a catalog name or a GGUF path)", code="model_not_embedding",

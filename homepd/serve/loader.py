@@ -297,6 +297,12 @@ class Loader:
             await self.unload(slot)
 
     async def close(self) -> None:
+        """Stop every engine (the service is stopping); a load under way is cancelled first, so that no
+        worker starts after the stop."""
+        loads = [s.loading for s in self.slots.values() if s.loading is not None]
+        for load in loads:
+            load.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
         for slot in self.slots.values():
             slot.cancel_expiry()
             if slot.is_chat and slot.engine is not None:

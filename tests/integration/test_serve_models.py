@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -38,10 +39,12 @@ def models_of(c) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def roomy(tmp_path_factory):
-    """Room for every model: a (default), b, c, d, and one whose load fails."""
+    """Room for every model: a (default), b, c, d, two whose loads fail (a corrupt file, a worker that dies
+    loading), and an embedding model."""
     proc = ServeProcess(tmp_path_factory.mktemp("models"), "--backend", "fake", "--n-ctx", "1024", "--no-advice",
                         "--model", "a", "--model", "b", "--model", "c", "--model", "d",
-                        "--model", "fake://broken", env={"HOMEPD_FAKE_LOAD_DELAY_S": LOAD_DELAY_S})
+                        "--model", "fake://broken", "--model", "fake://crash", "--embedding-model", "all-minilm-l6-v2",
+                        env={"HOMEPD_FAKE_LOAD_DELAY_S": LOAD_DELAY_S})
     yield proc.wait_ready()
     assert proc.terminate() == 0, proc.log()
 
@@ -61,6 +64,7 @@ n_ctx = 300000
 
 [models.b]
 n_ctx = 300000
+keep_alive = "1h"
 
 [models.huge]
 n_ctx = 1000000
@@ -77,10 +81,11 @@ def test_models_lists_each_model_with_its_state(roomy):
         data = {m["id"]: m["meta"] for m in c.get("/v1/models").json()["data"]}
         tags = {m["name"]: m["state"] for m in c.get("/api/tags").json()["models"]}
         ps = [m["name"] for m in c.get("/api/ps").json()["models"]]
-    assert list(data) == ["a", "b", "c", "d", "broken"]
+    assert list(data) == ["a", "b", "c", "d", "broken", "crash", "all-minilm-l6-v2"]
     assert data["a"]["state"] == "loaded" and data["d"]["state"] == "unloaded" and data["a"]["n_ctx"] == 1024
     assert tags["a:latest"] == "loaded" and tags["d:latest"] == "unloaded"
     assert "a:latest" in ps and "d:latest" not in ps
+    assert data["all-minilm-l6-v2"]["role"] == "embedding"
 
 
 def test_alternating_two_models_with_room_for_both_loads_each_once_and_evicts_nothing(roomy):
@@ -144,17 +149,31 @@ def test_an_unknown_model_is_a_404_listing_the_known_ones(roomy):
         openai, ollama = chat(c, "gpt-4o-mini"), c.post("/api/chat", json={"model": "nope", "messages": []})
     assert openai.status_code == 404 and "the models are a, b, c, d, broken" in openai.json()["error"]["message"]
     assert ollama.status_code == 404 and "a, b, c, d, broken" in ollama.json()["error"]
+    with roomy.client() as c:
+        embedded = c.post("/v1/embeddings", json={"model": "nope", "input": "hi"})
+    assert embedded.status_code == 404 and "all-minilm-l6-v2" in embedded.json()["error"]["message"]
 
 
 def test_a_load_that_fails_fails_only_that_models_requests(roomy):
     with roomy.client() as c:
-        broken = chat(c, "broken")
-        assert broken.status_code == 503 and broken.json()["error"]["code"] == "model_load_failed"
+        broken, crash = chat(c, "broken"), chat(c, "crash")
+        for r in (broken, crash):
+            assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed", r.text
         assert "not a GGUF file" in broken.json()["error"]["message"]
+        assert "could not be loaded" in crash.json()["error"]["message"]
         assert chat(c, "a").status_code == 200
         models = models_of(c)
-    assert models["broken"]["state"] == "unloaded" and "not a GGUF file" in models["broken"]["error"]
-    assert models["broken"]["load_failures"] == 1
+    for name in ("broken", "crash"):
+        assert models[name]["state"] == "unloaded" and models[name]["error"] and models[name]["load_failures"] == 1
+
+
+def test_the_embedding_model_serves_beside_several_chat_models(roomy):
+    with roomy.client() as c:
+        r = c.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": ["a cat", "a dog"]})
+        assert r.status_code == 200 and len(r.json()["data"]) == 2
+        assert chat(c, "a").status_code == 200
+        models = models_of(c)
+    assert models["all-minilm-l6-v2"]["state"] == "loaded" and models["all-minilm-l6-v2"]["loads"] == 1
 
 
 def test_with_a_budget_for_one_every_switch_evicts_and_queued_requests_are_answered(tight):
@@ -191,6 +210,20 @@ def test_a_model_with_a_stream_in_flight_is_not_evicted_the_other_load_waits(tig
             assert waiting.result().status_code == 200
         models = models_of(c)
     assert models["a"]["evictions"] == evictions_before + 1 and models["b"]["state"] == "loaded"
+
+
+def test_a_request_keep_alive_is_capped_by_the_models_own(tight):
+    with tight.client() as c:
+        t0 = time.time()
+        r = c.post("/api/chat", json={"model": "b", "stream": False, "keep_alive": -1, "options": {"num_predict": 2},
+                                      "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+        status = tight.wait_until(lambda s: slot(s, "b")["expires_at_unix_s"] is not None, what="b's keep-alive")
+        ps = {m["name"]: m for m in c.get("/api/ps").json()["models"]}
+    assert slot(status, "b")["keep_alive_s"] == 3600.0  # for good, as asked, is at most b's hour
+    assert t0 + 3600 <= slot(status, "b")["expires_at_unix_s"] <= time.time() + 3600
+    assert ps["b:latest"]["size"] == BIG_BYTES and ps["b:latest"]["expires_at"].startswith(
+        time.strftime("%Y", time.gmtime(t0 + 3600)))
 
 
 def test_a_model_too_large_for_the_budget_is_a_507_with_the_bytes(tight):
