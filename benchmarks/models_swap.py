@@ -33,7 +33,8 @@ import httpx
 from homepd.config import EngineConfig
 from homepd.launch import prepare
 from homepd.models.resolve import resolve_model
-from homepd.serve.loader import MULTI_MODEL_KV_STORE_BYTES, estimate_for
+from homepd.serve.footprints import estimate_for
+from homepd.serve.loader import MULTI_MODEL_KV_STORE_BYTES
 
 MODELS = ("smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m")
 QUESTION = [{"role": "user", "content": "Name one colour of the rainbow."}]

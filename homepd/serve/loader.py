@@ -7,29 +7,25 @@ resident (``plan_load``): it fits, or the chosen idle models are evicted first, 
 to go idle (bounded by ``--load-timeout``), or it cannot fit even alone (``ModelTooLarge``: 507 with the
 bytes).  One plan at a time (a lock), so two loads never count the same free bytes; the loads themselves and
 every blocking call (prepare, process start, the memory measurement, sqlite) run off the event loop.
-After a load the footprint is measured (the workers' PSS by what holds it, ``Engine.measure_memory``) and
-recorded; each load is logged with its reason.  A model whose keep-alive ends with no request on it unloads.
+After a load the footprint is measured and recorded (``homepd.serve.footprints``); each load is logged with
+its reason.  A model whose keep-alive ends with no request on it unloads.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime as dt
 import logging
 import time
 
-from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 from homepd.engine.embedder import ModelState
 from homepd.errors import EngineError, HomepdError
-from homepd.launch import prepare
-from homepd.models.footprint import KV_TYPE, Footprint, FootprintKey, FootprintSource
-from homepd.models.gguf import read_gguf_header
-from homepd.models.planner import PlanKind, estimate_bytes, plan_load
+from homepd.models.footprint import Footprint, FootprintSource
+from homepd.models.planner import PlanKind, plan_load
+from homepd.serve.footprints import Footprints
 from homepd.serve.slots import LoadEvent, ModelSlot
 
 log = logging.getLogger("homepd.serve")
-KV_BYTES_PER_TOKEN_GUESS = 64 << 10
 MULTI_MODEL_KV_STORE_BYTES = 64 << 20   # each model's KV store when several are served and none is set
 RECENT_LOADS = 32
 REMEASURE_S = 30.0   # an idle loaded model is measured again at most this often
@@ -51,32 +47,12 @@ class LoadWaitTimeout(EngineError):
     """No room for the model within the load timeout: every model that would make room stayed busy."""
 
 
-def fake_footprint_bytes(config: EngineConfig) -> int:
-    """The fake backend's declared footprint: 1 MiB of "weights" and 1 KiB a KV cell (deterministic, so the
-    logic's tests can set a budget that holds exactly one model)."""
-    return (1 << 20) + config.n_ctx * 1024
-
-
-def estimate_for(config: EngineConfig, setup) -> int:
-    """The planner's estimate of a chat model prepared as ``setup`` (reads its GGUF header): the weights once,
-    each worker's KV cache for ``n_ctx`` and overhead, with the margin; the KV arena and store at their sizes."""
-    header = read_gguf_header(setup.model_path)
-    n_workers = len(setup.placements)
-    return estimate_bytes(header.size_bytes, header.kv_bytes_per_token or KV_BYTES_PER_TOKEN_GUESS,
-                          config.n_ctx * n_workers, n_workers, (setup.kv_arena_bytes or 0) + (setup.kv_store_bytes or 0))
-
-
-def placement_key(config: EngineConfig) -> str:
-    where = f"gpu{config.gpu_index}:{config.n_gpu_layers}" if config.gpu_index is not None else "cpu"
-    return f"{config.mode}/{where}" + (f"x{config.n_replicas}" if config.mode == "replicas" else "")
-
-
 class Loader:
     def __init__(self, service, budget_bytes: int, store_opener=None, load_timeout_s: float = 300.0):
         self.service = service
         self.budget_bytes = budget_bytes
         self.load_timeout_s = load_timeout_s
-        self._open_store = store_opener          # None: nothing recorded (the fake backend)
+        self.footprints = Footprints(store_opener, service.config.backend == "fake")
         self._cond = asyncio.Condition()         # one plan at a time; notified when a model goes idle or unloads
         self.recent: list[LoadEvent] = []
         self.slots: dict[str, ModelSlot] = {}
@@ -104,7 +80,7 @@ class Loader:
         t0 = time.monotonic()
         setup = None
         try:
-            footprint, setup = await self._footprint(slot)
+            footprint, setup = await self.footprints.planned(slot)
             reason = await self._make_room(slot, footprint, reason)
             slot.footprint = footprint
             if not slot.is_chat:  # why: the embedder has its own lifecycle (and keep-alive); the room is made
@@ -117,7 +93,7 @@ class Loader:
                 return
             slot.begin_load()
             await self._start_engine(slot, setup)
-            footprint = await self._measure(slot, footprint, time.monotonic() - t0, setup.kv_store_bytes or 0)
+            footprint = await self.footprints.measured(slot, footprint, time.monotonic() - t0, setup.kv_store_bytes or 0)
         except BaseException as exc:
             why = exc.args[0] if isinstance(exc, HomepdError) and exc.args else f"{type(exc).__name__}: {exc}"
             if slot.state is ModelState.LOADING:
@@ -173,28 +149,6 @@ class Loader:
                 except asyncio.TimeoutError:
                     pass
 
-    async def _footprint(self, slot: ModelSlot) -> tuple[Footprint, object]:
-        """What the load will take (measured before, else estimated), and the prepared setup (chat)."""
-        if not slot.is_chat:
-            size = slot.card.size_bytes or 1 << 20
-            est = estimate_bytes(size, 0, 0, 0) if not self.service.models.is_fake else size
-            return slot.footprint or Footprint(FootprintKey(slot.name, 0, 0, KV_TYPE, "cpu"), est,
-                                               FootprintSource.ESTIMATED, est), None
-        config = slot.config
-        setup = await asyncio.to_thread(prepare, config, pull=False, progress=False)
-        key = FootprintKey(setup.model_fingerprint, config.n_ctx, config.n_seq_max, KV_TYPE, placement_key(config))
-        if config.backend == "fake":
-            n = fake_footprint_bytes(config)
-            return Footprint(key, n, FootprintSource.DECLARED, n, model_name=slot.name), setup
-        if slot.footprint is not None and slot.footprint.key == key and \
-                slot.footprint.source is FootprintSource.MEASURED:
-            return slot.footprint, setup
-        stored = await asyncio.to_thread(self._stored, key)
-        estimate = await asyncio.to_thread(estimate_for, config, setup)
-        if stored is not None:
-            return dataclasses.replace(stored, estimate_bytes=estimate, model_name=slot.name), setup
-        return Footprint(key, estimate, FootprintSource.ESTIMATED, estimate, model_name=slot.name), setup
-
     async def _start_engine(self, slot: ModelSlot, setup) -> None:
         service = self.service
         engine = service.new_engine(slot.config, setup)
@@ -207,23 +161,6 @@ class Loader:
         except BaseException:
             await engine.stop()
             raise
-
-    async def _measure(self, slot: ModelSlot, planned: Footprint, load_s: float, kv_store_bytes: int) -> Footprint:
-        """The footprint as loaded: the fake's declared one, else the workers' measured memory (the
-        controller's own share left out, the KV store counted at its size, since it may fill), recorded."""
-        if planned.source is FootprintSource.DECLARED:
-            return dataclasses.replace(planned, load_s=load_s)
-        engine = slot.engine
-        memory = await asyncio.to_thread(engine.measure_memory)
-        measured = footprint_of(memory, kv_store_bytes)
-        footprint = Footprint(planned.key, measured, FootprintSource.MEASURED, planned.estimate_bytes, load_s,
-                              planned.n_loads + 1, _now_iso(), slot.name)
-        slot.measured_s = time.monotonic()
-        if self._open_store is not None:
-            await asyncio.to_thread(self._store_footprint, footprint, memory.to_dict())
-        log.info("homepd: %s measured at %s MB (estimated %s MB)", slot.name, f"{measured / 1e6:,.0f}",
-                 f"{(planned.estimate_bytes or 0) / 1e6:,.0f}")
-        return footprint
 
     # unloading -------------------------------------------------------------------------------------
     async def unload(self, slot: ModelSlot, is_eviction: bool = False) -> None:
@@ -264,26 +201,7 @@ class Loader:
         if slot.is_chat and fp is not None and fp.source is FootprintSource.MEASURED and \
                 time.monotonic() - slot.measured_s >= REMEASURE_S:
             slot.measured_s = time.monotonic()
-            loop.create_task(self._remeasure(slot))
-
-    async def _remeasure(self, slot: ModelSlot) -> None:
-        """Measure an idle loaded model again: compute buffers grow with the largest step it ran, so the
-        footprint its first load recorded (after a one-token warm-up) is raised to the largest seen."""
-        engine, fp = slot.engine, slot.footprint
-        if engine is None or slot.current_state() is not ModelState.LOADED:
-            return
-        try:
-            memory = await asyncio.to_thread(engine.measure_memory)
-        except Exception as exc:  # a measurement is never worth a request: keep the one we have
-            log.warning("homepd: could not measure %s again: %s", slot.name, exc)
-            return
-        measured = footprint_of(memory, slot.kv_store_bytes)
-        if measured > fp.footprint_bytes and slot.engine is engine:
-            slot.footprint = dataclasses.replace(fp, footprint_bytes=measured, measured_at=_now_iso())
-            log.info("homepd: %s measured at %s MB once it had run (was %s MB)", slot.name,
-                     f"{measured / 1e6:,.0f}", f"{fp.footprint_bytes / 1e6:,.0f}")
-            if self._open_store is not None:
-                await asyncio.to_thread(self._store_footprint, slot.footprint, memory.to_dict(), False)
+            loop.create_task(self.footprints.remeasured(slot))
 
     async def _notify(self) -> None:
         async with self._cond:
@@ -312,36 +230,3 @@ class Loader:
     # records -------------------------------------------------------------------------------------
     def _record(self, event: LoadEvent) -> None:
         self.recent = [*self.recent[-(RECENT_LOADS - 1):], event]
-
-    def _stored(self, key: FootprintKey) -> Footprint | None:
-        if self._open_store is None:
-            return None
-        from homepd.store.footprints import load_footprint  # why: the store (sqlite) loads only when used
-
-        try:
-            with self._open_store() as store:
-                return load_footprint(store, key)
-        except Exception as exc:  # a store that cannot be read never stops a load: the estimate plans it
-            log.warning("homepd: could not read the footprint of %s from the store: %s", key.model_key[:12], exc)
-            return None
-
-    def _store_footprint(self, footprint: Footprint, breakdown: dict, is_load: bool = True) -> None:
-        from homepd.store.footprints import record_footprint  # why: the store (sqlite) loads only when used
-
-        try:
-            with self._open_store() as store:
-                record_footprint(store, footprint, breakdown, is_load)
-        except Exception as exc:
-            log.warning("homepd: could not record the footprint of %s: %s", footprint.model_name, exc)
-
-
-def footprint_of(memory, kv_store_bytes: int) -> int:
-    """A loaded model's footprint from its engine's ``MemoryBreakdown``: everything its processes hold, less
-    the controller's own share (the service's, not the model's), with the KV store counted at its size (it
-    fills as prefixes are saved) instead of its resident pages."""
-    controller = sum(p.rest_bytes + p.weights_copied_bytes for p in memory.processes if p.role == "controller")
-    return memory.total_bytes - controller - memory.kv_store_bytes + kv_store_bytes
-
-
-def _now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

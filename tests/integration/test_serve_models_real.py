@@ -4,11 +4,11 @@ footprint measured and set against the estimate that planned its first load; a c
 its own requests only.  The logic is tested on the fake backend (``test_serve_models.py``)."""
 from __future__ import annotations
 
-import dataclasses
 
 from homepd.config import EngineConfig
 from homepd.launch import prepare
-from homepd.serve.loader import MULTI_MODEL_KV_STORE_BYTES, estimate_for
+from homepd.serve.footprints import estimate_for
+from homepd.serve.loader import MULTI_MODEL_KV_STORE_BYTES
 from test_serve_harness import ServeProcess
 
 SMOL, GEMMA = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m"
