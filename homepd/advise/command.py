@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from homepd.advise.campaign.run import AdviseSettings, Campaign, Progress
+from homepd.advise.campaign.pooled import MAX_EARLIER
 from homepd.advise.export.apply import advice_values, choose
 from homepd.advise.report.images import image_stem, write_run_images
 from homepd.advise.report.render import render_result
@@ -48,6 +49,9 @@ def register(subparsers) -> None:
     p.add_argument("--twin-seeds", type=int, default=None, metavar="N",
                    help=f"seeds the twin simulates each rate on (default {N_SEEDS}, at least {MIN_SEEDS}): "
                         "fewer is faster and gives a wider interval")
+    p.add_argument("--twin-pool", type=int, default=None, metavar="N",
+                   help=f"earlier calibrations of each candidate on this box (same settings, the last 24 h) its "
+                        f"twin pools with this run's (default {MAX_EARLIER}; 0: this run's burst alone)")
     p.add_argument("--budget", default=None, metavar="DURATION",
                    help="wall-clock budget of the campaign, shared out between its searches (30m, 90s, 1h; "
                         "default 30m, quick 105s): a longer budget gives finer answers")
@@ -121,6 +125,10 @@ def _settings(args, base) -> AdviseSettings:
             raise ConfigError(f"--twin-seeds must be at least {MIN_SEEDS} (the interval of a median needs "
                               f"them), got {args.twin_seeds}")
         kw["twin_seeds"] = args.twin_seeds
+    if args.twin_pool is not None:
+        if args.twin_pool < 0:
+            raise ConfigError(f"--twin-pool must be 0 or more, got {args.twin_pool}")
+        kw["twin_pool"] = args.twin_pool
     if args.budget is not None:
         kw["wall_budget_s"] = parse_duration_s(args.budget, "--budget")
     if args.candidates is not None:

@@ -10,6 +10,12 @@ capacity is the median of the seeds' capacities; its interval is the order-stati
 least 90 % confidence, distribution-free); the seeds' spread is kept too.  Runs go to a pool of processes (one per
 core): the engine is not running while the twin is.
 
+**Calibrations pooled.**  ``pool``: earlier calibrations of the same candidate on the same box (the campaign
+finds them: ``homepd.advise.campaign.pooled``); seed ``s`` (and a prediction's draw ``s``) runs on
+``(cal, *pool)[s % n]``.  A 17-second burst sees the box for 17 seconds: on a 2-vCPU VM two bursts a few minutes
+apart fitted steps 25 % apart and tails twice as long, and the capacity moved ×2 with them; across several,
+the median is the box's, and the seeds' spread carries the calibrations' own.
+
 **Prediction.**  A given trace (a probe's own requests and arrivals) simulated with ``n_draws`` draws of the box's
 noise: the mean attainment, TTFT p50 and p90 and the p90 of each interactive request's largest gap, what the
 evidence shows beside the measurement.
@@ -108,16 +114,17 @@ _SHARED: dict = {}
 def _run_task(task: tuple[float, int]) -> RunFigures:
     rate, seed = task
     s = _SHARED
-    return run_figures(s["config"], s["cal"], s["requests"](rate, seed), s["slo"], s["speeds"], rate, seed,
-                       s["stop_share"])
+    cals = s["cals"]
+    return run_figures(s["config"], cals[seed % len(cals)], s["requests"](rate, seed), s["slo"], s["speeds"], rate,
+                       seed, s["stop_share"])
 
 
 class _Runner:
     """Runs (rate, seed) tasks in a pool of forked processes (one per usable core), or in this process."""
 
-    def __init__(self, config, cal, requests: Requests, slo, speeds, processes: int | None,
+    def __init__(self, config, cals: tuple[Calibration, ...], requests: Requests, slo, speeds, processes: int | None,
                  stop_share: float | None = None):
-        _SHARED.update(config=config, cal=cal, requests=requests, slo=slo, speeds=speeds, stop_share=stop_share)
+        _SHARED.update(config=config, cals=cals, requests=requests, slo=slo, speeds=speeds, stop_share=stop_share)
         n = processes or len(os.sched_getaffinity(0))
         self.pool = multiprocessing.get_context("fork").Pool(n) if n > 1 else None
         self.figures: dict[tuple[float, int], RunFigures] = {}
@@ -150,10 +157,11 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
                   speeds: tuple[float | None, float | None], start_rps: float, *, mix: str = "mixed",
                   n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS, target_share: float = DEFAULT_TARGET_SHARE,
                   processes: int | None = None, min_rate_rps: float = 1 / 64, max_rate_rps: float = 64.0,
-                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE) -> TwinCapacity:
-    """The capacity of ``config`` (calibrated as ``cal``) on ``requests(rate, seed)``; see the module docstring."""
+                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, pool: tuple[Calibration, ...] = ()) -> TwinCapacity:
+    """The capacity of ``config`` (calibrated as ``cal``, with the earlier calibrations ``pool``) on
+    ``requests(rate, seed)``; see the module docstring."""
     t0 = time.monotonic()
-    runner = _Runner(config, cal, requests, slo, speeds, processes, stop_share=target_share)
+    runner = _Runner(config, (cal, *pool), requests, slo, speeds, processes, stop_share=target_share)
     passes = lambda fig: fig.attainment >= target_share - 1e-12  # noqa: E731
     try:
         lo, hi = _coarse_bracket(runner, start_rps, target_share, min_rate_rps, max_rate_rps)
@@ -175,14 +183,14 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
         resolution_rps=(capacity or 1.0) * (2 ** (1 / steps_per_octave) - 1),
         sim_s=sum(f.sim_s for f in figures), virtual_s=sum(f.virtual_s for f in figures),
         wall_s=time.monotonic() - t0, decided_by=_decided_by(figures, capacity, target_share),
-        attainment_at_half=half)
+        attainment_at_half=half, n_calibrations=1 + len(pool))
 
 
 def attainment_at(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,
                   speeds: tuple[float | None, float | None], rate_rps: float, seeds: range,
                   processes: int | None = None) -> list[RunFigures]:
     """Each seed's run at ``rate_rps`` to its end (every request's outcome counted), in the pool."""
-    runner = _Runner(config, cal, requests, slo, speeds, processes)
+    runner = _Runner(config, (cal,), requests, slo, speeds, processes)
     try:
         return runner.run([(rate_rps, s) for s in seeds])
     finally:
@@ -324,11 +332,13 @@ def _decided_by(figures: list[RunFigures], capacity: float | None, target_share:
 # ---- one trace -------------------------------------------------------------------------------------------------
 
 def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], slo: SLO,
-            speeds: tuple[float | None, float | None], rate_rps: float, n_draws: int = PREDICTION_DRAWS
-            ) -> TwinPrediction:
+            speeds: tuple[float | None, float | None], rate_rps: float, n_draws: int = PREDICTION_DRAWS,
+            pool: tuple[Calibration, ...] = ()) -> TwinPrediction:
     """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise, and
     each request's share of the draws in which it met its SLO (``TwinPrediction.chances``)."""
-    figs = [run_figures(config, cal, requests, slo, speeds, rate_rps, seed) for seed in range(n_draws)]
+    cals = (cal, *pool)
+    figs = [run_figures(config, cals[seed % len(cals)], requests, slo, speeds, rate_rps, seed)
+            for seed in range(n_draws)]
     n = min(len(f.met) for f in figs)
 
     def mean(values):

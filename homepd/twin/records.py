@@ -58,6 +58,7 @@ class TwinCapacity:
     confidence: float = CONFIDENCE
     # the attainment pooled over a few seeds at half the capacity (None: not run, or a run stored before it)
     attainment_at_half: float | None = None
+    n_calibrations: int = 1           # the calibrations its seeds ran on: this run's and earlier ones (pooled)
 
     @property
     def speedup(self) -> float:
@@ -139,6 +140,8 @@ class TwinEvidence:
     why: str = ""
     attainment_error_points: float | None = None
     config: EngineConfig | None = None     # the candidate's engine configuration (what-if and live advice replay it)
+    # earlier runs whose calibration of the candidate, on the same box and settings, the twin pooled with this one
+    pooled_runs: tuple[int, ...] = ()
 
     def capacity(self, mix: str) -> TwinCapacity | None:
         return next((c for c in self.capacities if c.mix == mix), None)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import functools
 import time
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ from homepd.advise.campaign.budgets import FULL_WALL_BUDGET_S, QUICK_WALL_BUDGET
 from homepd.advise.campaign.capacity import CapacityCurve, SearchSettings, combine, probe_span_s, start_rate_rps
 from homepd.advise.campaign.probes import decided_failing, search_capacity
 from homepd.advise.campaign.exercised import not_exercised
+from homepd.advise.campaign.pooled import MAX_EARLIER, earlier_calibrations
 from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.advise.campaign.twinned import MIN_CHECK_REQUESTS, TwinSearch, twinnable
 from homepd.config import EngineConfig
@@ -128,6 +130,8 @@ class AdviseSettings:
     twin_steps_per_octave: int = FINE_STEPS_PER_OCTAVE   # the twin's rate grid (16: 4.4 % a step)
     check_requests: int = MIN_CHECK_REQUESTS   # a check probe's requests at least
     twin_seeds: int = N_SEEDS                  # seeds the twin runs each rate on (fewer: faster, a wider interval)
+    # earlier calibrations of a candidate on this box its twin pools with the run's own (homepd.advise.campaign.pooled)
+    twin_pool: int = MAX_EARLIER
 
     @classmethod
     def quick_settings(cls, **kw) -> "AdviseSettings":
@@ -252,6 +256,8 @@ class Campaign:
         self._screened: dict[tuple[str, str], object] = {}  # (candidate, mix) -> the screen's SearchOutcome
         self._n_probes = 0  # probes replayed so far: each one's requests are tagged with its number
         self.twins: dict[str, TwinEvidence] = {}  # candidate -> its twin (calibration, capacities, checks)
+        self._pools: dict[str, tuple[Calibration, ...]] = {}  # candidate -> the earlier calibrations its twin pools
+        self._hardware: dict | None = None
 
     async def run(self) -> AdviseResult:
         self._t0 = time.monotonic()
@@ -272,7 +278,7 @@ class Campaign:
         reserve = RECOVERY_RESERVE_S * n_archs if s.recovery else 0.0
         end = None if s.wall_budget_s is None else self._t0 + s.wall_budget_s - reserve
         screen_end = end if end is None or s.refine is None else self._t0 + (end - self._t0) * SCREEN_SHARE
-        hardware = to_plain(to_dict(box, plan))
+        self._hardware = hardware = to_plain(to_dict(box, plan))
         run_id = None
         if self.store is not None:
             run_id = self.store.begin_run("advise", {"base": to_plain(self.base), "settings": to_plain(s)},
@@ -416,7 +422,15 @@ class Campaign:
         """The candidate's capacity on ``mix`` from its twin, checked by measured probes at it
         (``homepd.advise.campaign.twinned``)."""
         s = self.settings
-        self._report(f"{cand.name}: the twin on the {mix} trace ({s.twin_seeds} seeds x {N_REQUESTS} requests)")
+        mine = self.twins[cand.name]
+        if not mine.capacities:  # the first mix: the earlier calibrations it pools are looked up once
+            earlier = await asyncio.to_thread(earlier_calibrations, self.store, run_id, cand.name, cal,
+                                              self._hardware, dt.datetime.now(dt.timezone.utc), s.twin_pool)
+            mine = self.twins[cand.name] = replace(mine, pooled_runs=tuple(r for r, _ in earlier))
+            self._pools[cand.name] = tuple(c for _, c in earlier)
+        pooled = f", pooled with run(s) {', '.join(map(str, mine.pooled_runs))}" if mine.pooled_runs else ""
+        self._report(f"{cand.name}: the twin on the {mix} trace ({s.twin_seeds} seeds x {N_REQUESTS} requests"
+                     f"{pooled})")
         search = TwinSearch(config, cal, mix, self.slo, self.speeds, self._budgeted(s.search),
                             make=lambda rate, n, seed: self._trace(mix, n, rate, seed),
                             tokenize=lambda r: engine.prepare(r.prompt, messages=list(r.messages) if r.messages
@@ -424,7 +438,8 @@ class Campaign:
                             run_probe=lambda trace, rate, seed: self._check_probe(engine, cand, mix, trace, rate,
                                                                                   seed, run_id),
                             n_checks=s.twin_checks, steps_per_octave=s.twin_steps_per_octave,
-                            check_requests=s.check_requests, n_seeds=s.twin_seeds)
+                            check_requests=s.check_requests, n_seeds=s.twin_seeds,
+                            pool=self._pools.get(cand.name, ()))
         found = await search.run(self._start_rate(mix), seed=s.seed,
                                  on_simulated=lambda: self._step_done(f"{cand.name}: the twin done"))
         curve = found.outcome.curve

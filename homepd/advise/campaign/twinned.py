@@ -60,11 +60,13 @@ class TwinSearch:
                  make: Callable[[float, int, int], Trace], tokenize,
                  run_probe: Callable[[Trace, float, int], Awaitable[tuple[Trace, RunRecord]]], n_checks: int = 1,
                  n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS,
-                 steps_per_octave: int = FINE_STEPS_PER_OCTAVE, check_requests: int = MIN_CHECK_REQUESTS):
+                 steps_per_octave: int = FINE_STEPS_PER_OCTAVE, check_requests: int = MIN_CHECK_REQUESTS,
+                 pool: tuple[Calibration, ...] = ()):
         self.config, self.cal, self.mix, self.slo, self.speeds = config, cal, mix, slo, speeds
         self.search, self.make, self.tokenize, self.run_probe = search, make, tokenize, run_probe
         self.n_checks, self.n_seeds, self.n_requests = n_checks, n_seeds, n_requests
         self.steps_per_octave, self.check_requests = steps_per_octave, check_requests
+        self.pool = pool      # earlier calibrations of the candidate on this box (``homepd.advise.campaign.pooled``)
 
     async def run(self, start_rps: float, seed: int = 0, on_simulated: Callable[[], None] = lambda: None
                   ) -> TwinOutcome:
@@ -75,7 +77,7 @@ class TwinSearch:
         twin = await asyncio.to_thread(twin_capacity, self.config, self.cal, requests, self.slo, self.speeds,
                                        start_rps, mix=self.mix, n_seeds=self.n_seeds, n_requests=self.n_requests,
                                        target_share=self.search.target_share,
-                                       steps_per_octave=self.steps_per_octave)
+                                       steps_per_octave=self.steps_per_octave, pool=self.pool)
         on_simulated()
         # why not the twin's lowest rate when nothing passed: its search walks down to 1/64 req/s, where a check of
         # 12 requests ran for 13 minutes of a 2-minute quick campaign; where the search started, the check still
@@ -89,7 +91,7 @@ class TwinSearch:
             trace, record = await self.run_probe(trace, rate, check_seed)
             ids = [tuple(self.tokenize(r)) for r in trace]
             predicted = await asyncio.to_thread(predict, self.config, self.cal, of_trace(trace, ids), self.slo,
-                                                self.speeds, rate)
+                                                self.speeds, rate, pool=self.pool)
             probe = probe_of(record, rate, check_seed, self.slo, self.speeds, n_planned=n)
             checks.append(check_of(record, probe, predicted, self.mix))
             probes.append(probe)

@@ -183,6 +183,9 @@ def render_twins(result: AdviseResult) -> str:
             lines.append(f"    warning: the box was busy during its calibration (other processes used "
                          f"{twin.calibration.other_cpu_cores:.1f} cores): its twin is a busy box's, slower than "
                          "this box quiet; run again with nothing else running")
+        if twin.pooled_runs:
+            lines.append(f"    calibration: this run's burst pooled with run(s) {', '.join(map(str, twin.pooled_runs))}"
+                         " (this box, the same settings, within 24 h): each seed runs on one of them")
         for cap in twin.capacities:
             seeds = sorted(c or 0.0 for c in cap.seed_capacities)
             lines.append(f"    {cap.mix}: {fmt(cap.capacity_rps, '.2f')} req/s, {cap.confidence:.0%} interval "
