@@ -3,7 +3,9 @@
 Starts ``homepd serve`` with SmolLM2-135M and Gemma 3 270M (``--model`` twice) and a memory budget that holds
 the larger one alone (its estimate, as the service plans a first load, plus 16 MiB), or, with ``--room``, both.
 Then a two-model alternating trace: ``--rounds`` times A then B, one short streamed chat each (temperature 0,
-``--max-tokens`` tokens), then a second one on the model just loaded, one after the other.  Meanwhile a thread asks ``/health`` and ``/v1/models`` every
+``--max-tokens`` tokens) behind the same ~300-token system prompt, then a second one on the model just loaded,
+one after the other.  The ``cached`` column is the prompt tokens served from a reused prefix: after a swap back,
+those the model's kept KV store restored (its prefixes saved there when it was evicted).  Meanwhile a thread asks ``/health`` and ``/v1/models`` every
 20 ms, to show that they answer during the loads.  It prints per request the model, whether it swapped, its
 TTFT as the client saw it (request sent -> first content token) and the load it waited for; per model its loads,
 evictions, load seconds and footprint measured against estimated; and the listings' latency during loads.
@@ -37,7 +39,12 @@ from homepd.serve.footprints import estimate_for
 from homepd.serve.loader import MULTI_MODEL_KV_STORE_BYTES
 
 MODELS = ("smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m")
-QUESTION = [{"role": "user", "content": "Name one colour of the rainbow."}]
+# a home assistant's context, as Home Assistant sends before every question (about 300 tokens): after a swap back
+# it is restored from the model's kept KV store instead of prefilled again
+CONTEXT = ("You are a voice assistant for a home. Devices: " + ", ".join(
+    f"{room} light (on), {room} thermostat (20 C), {room} window (closed)"
+    for room in ("kitchen", "living room", "bedroom", "bathroom", "office", "hall", "garage", "garden")) + ".")
+QUESTION = [{"role": "system", "content": CONTEXT}, {"role": "user", "content": "Name one colour of the rainbow."}]
 
 
 def free_port() -> int:
@@ -52,21 +59,26 @@ def estimate(name: str, n_ctx: int) -> int:
     return estimate_for(config, prepare(config, pull=False, progress=False))
 
 
-def ttft_of(client: httpx.Client, model: str, max_tokens: int) -> tuple[float, str]:
-    """Seconds from sending the request to its first content token, and the text."""
-    t0, first, text = time.monotonic(), None, []
-    body = {"model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+def ttft_of(client: httpx.Client, model: str, max_tokens: int) -> tuple[float, str, int]:
+    """Seconds from sending the request to its first content token, the text, and the prompt tokens served
+    from a reused prefix (the context's, or the KV store's)."""
+    t0, first, text, cached = time.monotonic(), None, [], 0
+    body = {"model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choices = json.loads(line[6:]).get("choices") or [{}]
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+            choices = chunk.get("choices") or [{}]
             piece = (choices[0].get("delta") or {}).get("content")
             if piece:
                 first = first or time.monotonic()
                 text.append(piece)
-    return (first or time.monotonic()) - t0, "".join(text)
+    return (first or time.monotonic()) - t0, "".join(text), cached
 
 
 def main() -> int:
@@ -120,11 +132,11 @@ def main() -> int:
                 for model in MODELS:
                     for turn in (0, 1):  # the first request after the swap, then one on the loaded model
                         before = {m["name"]: m["loads"] for m in client.get("/status").json()["served_models"]}
-                        ttft_s, text = ttft_of(client, model, args.max_tokens)
+                        ttft_s, text, cached = ttft_of(client, model, args.max_tokens)
                         after = {m["name"]: m["loads"] for m in client.get("/status").json()["served_models"]}
                         loaded = after[f"{model}:latest"] > before[f"{model}:latest"]
                         rows.append({"model": model, "swapped": model != previous, "loaded": loaded,
-                                     "ttft_s": round(ttft_s, 3), "text": text[:40]})
+                                     "ttft_s": round(ttft_s, 3), "cached_tokens": cached, "text": text[:32]})
                         previous = model
             stop.set()
             watcher.join()
@@ -159,10 +171,10 @@ def report(args, budget: int, estimates: dict, rows: list[dict], status: dict, l
         return
     print(f"budget {budget / 1e6:,.0f} MB ({'room for both' if args.room else 'the larger model alone'}), "
           f"n_ctx {args.n_ctx}, {args.threads} threads")
-    print(f"{'model':30} {'swap':>5} {'load':>5} {'TTFT s':>7}  text")
+    print(f"{'model':30} {'swap':>5} {'load':>5} {'TTFT s':>7} {'cached':>7}  text")
     for r in rows:
         print(f"{r['model']:30} {'yes' if r['swapped'] else '':>5} {'yes' if r['loaded'] else '':>5} "
-              f"{r['ttft_s']:7.2f}  {r['text']!r}")
+              f"{r['ttft_s']:7.2f} {r['cached_tokens']:7d}  {r['text']!r}")
     swap = [r["ttft_s"] for r in rows if r["loaded"]]
     warm = [r["ttft_s"] for r in rows if not r["loaded"]]
     if swap:

@@ -1,8 +1,9 @@
 """The models one service serves: ``--model`` given more than once, and ``[models.NAME]`` tables of the config file.
 
 Each ``ModelSpec`` is frozen data: the name it is served under, its catalog name or GGUF path, its aliases, its
-role (chat or embedding), its own engine settings (any ``EngineConfig`` key: ``mode``, ``n_ctx``,
-``n_seq_max``, ``threads``, ``gpu``...), its keep-alive and whether it is pinned.  A table looks like::
+role (chat or embedding), its own engine settings (any ``EngineConfig`` key, as the file's top level takes
+them: ``mode``, ``n_ctx``, ``n_seq_max``, ``n_threads``, ``gpu_index``, ``kv_store_bytes``...), its
+keep-alive and whether it is pinned.  A table looks like::
 
     [models.assist]                 # served as "assist"
     model = "smollm2-135m-instruct-q4_1"

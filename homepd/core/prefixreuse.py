@@ -72,7 +72,8 @@ class StoreOps(Protocol):
     busy_ms: float
 
     def save(self, seq_id: int, tokens: tuple[int, ...]) -> None:
-        """``seq_id``'s KV (holding ``tokens``) is about to be dropped from the context: keep it if worth it."""
+        """``seq_id``'s KV (holding ``tokens``) is about to be dropped from the context, or its model unloaded
+        (``PrefixReuse.save_all``): keep it if worth it."""
 
     def lookup(self, prompt_ids, mode: ReuseMode, max_tokens: int) -> StoreHitLike | None:
         """The stored entry sharing the longest prefix with ``prompt_ids`` (at most ``max_tokens`` of it)."""
@@ -294,6 +295,16 @@ class PrefixReuse:
             self.store.save(entry.seq_id, entry.tokens)
         self.kv.drop(entry.seq_id)
         self.n_evictions += 1
+
+    def save_all(self) -> int:
+        """Save every cached entry into the store, its KV kept in the context, the least recently used first
+        (so that when the store is full the hottest prefixes are the ones it keeps); the entries offered."""
+        if self.store is None:
+            return 0
+        entries = self.index.lru()
+        for entry in entries:
+            self.store.save(entry.seq_id, entry.tokens)
+        return len(entries)
 
     def evict_lru(self) -> bool:
         """Evict the least recently used entry; False if there is none."""

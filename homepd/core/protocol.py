@@ -369,6 +369,19 @@ class StoreSaved:
 
 
 @dataclass(frozen=True)
+class SaveCachedPrefixes:
+    """Controller -> worker: save every prefix cached in the context into the store (the model is about to be
+    unloaded, its store kept for its next load); answered with ``CachedPrefixesSaved``."""
+
+
+@dataclass(frozen=True)
+class CachedPrefixesSaved:
+    """Worker -> controller: the cached prefixes are in the store (``n_entries`` of the context's were offered;
+    each saved one was reported with ``StoreSaved``)."""
+    n_entries: int
+
+
+@dataclass(frozen=True)
 class StoreDropped:
     """Worker -> controller: these store entries are gone (evicted for room, or superseded)."""
     offsets: tuple[int, ...]

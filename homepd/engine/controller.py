@@ -28,6 +28,7 @@ from homepd.core.lifecycle import RESUMED_FROM_EXTENT, Lifecycle, RequestState
 from homepd.core.protocol import (EngineSetup, Heartbeat, KVHandoff, KVImported, KVPreempted,
                                   PrefixCacheStats, PrefixReused, RequestDone, StepRecord, StepReport, StoreDropped,
                                   StoreSaved, SubmitRequest, WorkerFatal, WorkerReady, WorkerSpec)
+from homepd.core.protocol import CachedPrefixesSaved, SaveCachedPrefixes
 from homepd.core.records import EngineSnapshot, FinishReason, MemoryBreakdown, WorkerEvent, WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.engine import recovery
@@ -49,9 +50,13 @@ _ids = itertools.count(1)
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, setup: EngineSetup, sampler=None):
+    def __init__(self, config: EngineConfig, setup: EngineSetup, sampler=None, kept_store=None):
         """``setup``: the resolved model and worker placements (``homepd.launch.prepare``).
-        ``sampler``: an optional running ``homepd.hw.monitor.Sampler``; worker pids are registered with it."""
+        ``sampler``: an optional running ``homepd.hw.monitor.Sampler``; worker pids are registered with it.
+        ``kept_store``: the KV store an earlier engine of the same model and settings kept when it stopped
+        (``stop(keep_store=True)``): its saved prefixes are restored from on a hit."""
+        self._kept_store = kept_store
+        self._prefix_saves: dict[str, asyncio.Future] = {}  # worker name -> its SaveCachedPrefixes' answer
         self.config = config.validated()
         self.topology = topology_for(self.config.mode)
         self.setup = setup
@@ -88,7 +93,8 @@ class Engine:
         for name, spec in worker_specs(self.config, self.setup).items():
             self.workers[name] = WorkerHandle(name, spec, self._loop, self._on_message, self._on_exit)
         try:
-            self.pool.open_store(self.setup.kv_store_bytes)
+            kept, self._kept_store = self._kept_store, None
+            self.pool.open_store(self.setup.kv_store_bytes, kept)
             await self.pool.start()
             self.requests.handoff = self.topology.make_handoff(self.config, self.setup, self.workers)
             for handle in self.workers.values():
@@ -100,9 +106,14 @@ class Engine:
             await self.stop()
             raise
 
-    async def stop(self) -> None:
+    async def stop(self, keep_store: bool = False):
+        """Stop the workers and end what still runs; with ``keep_store`` the KV store is not closed but
+        returned (a ``StoreBook``, or None without one), for the model's next engine (``kept_store``)."""
         self._stopping = True
-        await self.pool.stop()
+        if self._kept_store is not None:  # never started: the store it was given is closed with it
+            self._kept_store.close()
+            self._kept_store = None
+        store = await self.pool.stop(keep_store)
         for rid in list(self.requests.streams):
             self.requests.end(rid, RequestState.FAILED, time.monotonic(), error="engine stopped")
         self.handoff.close()
@@ -111,6 +122,32 @@ class Engine:
         if self.tokenizer is not None:
             self.tokenizer.close()
             self.tokenizer = None
+        return store
+
+    async def save_prefixes(self, timeout_s: float = 30.0) -> int:
+        """Have every worker with a KV store save the prefixes cached in its context into it (before a
+        ``stop(keep_store=True)``: the hottest are kept when the store is full); the entries the store then
+        holds.  A worker that does not answer within ``timeout_s`` saves what it saved."""
+        store = self.pool.store
+        if store is None:
+            return 0
+        loop = asyncio.get_running_loop()
+        for name, handle in self.workers.items():
+            if handle.role in store.segments and handle.is_alive and handle.ready is not None:
+                self._prefix_saves[name] = loop.create_future()
+                handle.send(SaveCachedPrefixes())
+        try:
+            await asyncio.wait_for(asyncio.gather(*self._prefix_saves.values()), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._prefix_saves.clear()
+        return sum(len(entries) for entries in store.entries.values())
+
+    def _on_prefixes_saved(self, handle: WorkerHandle, msg: CachedPrefixesSaved) -> None:
+        future = self._prefix_saves.get(handle.role)
+        if future is not None and not future.done():
+            future.set_result(msg.n_entries)
 
     async def __aenter__(self) -> "Engine":
         await self.start()
@@ -218,6 +255,7 @@ class Engine:
         WorkerReady: lambda self, handle, msg: None,  # the handle keeps it
         Heartbeat: lambda self, handle, msg: None,    # it only proves the worker alive
         WorkerFatal: _on_fatal,
+        CachedPrefixesSaved: _on_prefixes_saved,
     }
 
     # when a worker dies (decided by homepd.engine.recovery, applied here) -----------------

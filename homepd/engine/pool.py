@@ -36,24 +36,33 @@ class WorkerPool:
         for handle in self.handles.values():
             self.register(handle)
 
-    async def stop(self) -> None:
+    async def stop(self, keep_store: bool = False) -> StoreBook | None:
+        """Stop every worker; the KV store is closed, or with ``keep_store`` handed back (what it holds survives
+        for a later engine of the same model: ``open_store``'s ``kept``)."""
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await asyncio.gather(*(h.stop() for h in self.handles.values()))
         for handle in self.handles.values():
             self.unregister(handle.pid)
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        store, self.store = self.store, None
+        if store is not None and not keep_store:
+            store.close()
+            store = None
+        return store
 
-    def open_store(self, n_bytes: int) -> None:
+    def open_store(self, n_bytes: int, kept: StoreBook | None = None) -> None:
         """The KV store tier of ``n_bytes``: a segment per worker with a prefix cache (the budget split
-        evenly), each attached by its worker before its first request (the message waits in its backlog)."""
+        evenly), each attached by its worker before its first request (the message waits in its backlog).
+        ``kept``: the store an earlier engine of this model kept (``stop(keep_store=True)``), reused with what
+        it holds when it has a segment for each of these workers, else closed."""
         cached = [h for h in self.handles.values() if h.spec.max_cached_cells > 0]
+        if kept is not None and (not n_bytes or set(kept.segments) != {h.role for h in cached}):
+            kept.close()
+            kept = None
         if not n_bytes or not cached:
             return
-        self.store = StoreBook({h.role: n_bytes // len(cached) for h in cached})
+        self.store = kept if kept is not None else StoreBook({h.role: n_bytes // len(cached) for h in cached})
         for handle in cached:
             self.attach_store(handle)
 

@@ -21,9 +21,9 @@ from homepd.core.sampling import SamplingParams
 from homepd.engine.embedder import ModelState
 from homepd.errors import EngineError, HomepdError
 from homepd.models.footprint import Footprint, FootprintSource
-from homepd.models.planner import PlanKind, plan_load
+from homepd.models.planner import PlanKind, Resident, plan_load
 from homepd.serve.footprints import Footprints
-from homepd.serve.slots import LoadEvent, ModelSlot
+from homepd.serve.slots import KEPT_STORE_SUFFIX, LoadEvent, ModelSlot
 
 log = logging.getLogger("homepd.serve")
 MULTI_MODEL_KV_STORE_BYTES = 64 << 20   # each model's KV store when several are served and none is set
@@ -59,7 +59,13 @@ class Loader:
 
     # the plan ---------------------------------------------------------------------------------
     def used_bytes(self) -> int:
-        return sum(s.footprint.footprint_bytes for s in self.slots.values() if s.is_resident and s.footprint)
+        return sum(r.footprint_bytes for r in self._residents())
+
+    def _residents(self, but: ModelSlot | None = None) -> list[Resident]:
+        """What holds memory as the planner sees it: every resident model and each unloaded model's kept KV
+        store, but ``but``'s (a load's own kept store becomes part of its footprint)."""
+        out = [s.resident() for s in self.slots.values() if s is not but and s.is_resident]
+        return out + [s.kept_store_resident() for s in self.slots.values() if s is not but and s.kept_store]
 
     async def ensure_loaded(self, slot: ModelSlot, reason: str = "request") -> float:
         """Make ``slot`` loaded (waiting on the load under way, if any); the seconds waited."""
@@ -120,7 +126,7 @@ class Loader:
         deadline = time.monotonic() + self.load_timeout_s
         async with self._cond:
             while True:
-                others = [s.resident() for s in self.slots.values() if s is not slot and s.is_resident]
+                others = self._residents(but=slot)
                 plan = plan_load(slot.name, footprint.footprint_bytes, others, self.budget_bytes, time.monotonic())
                 if plan.kind is PlanKind.FITS:
                     return reason
@@ -136,7 +142,10 @@ class Loader:
                     line = plan.describe(slot.name)
                     log.info("homepd: %s", line)
                     for name in plan.victims:
-                        await self._unload(self.slots[name], is_eviction=True)
+                        if name.endswith(KEPT_STORE_SUFFIX):
+                            self._drop_kept_store(self.slots[name.removesuffix(KEPT_STORE_SUFFIX)])
+                        else:
+                            await self._unload(self.slots[name], is_eviction=True)
                     return line.replace("evicting", "evicted", 1)
                 left_s = deadline - time.monotonic()
                 log.info("homepd: %s", plan.describe(slot.name))
@@ -151,7 +160,8 @@ class Loader:
 
     async def _start_engine(self, slot: ModelSlot, setup) -> None:
         service = self.service
-        engine = service.new_engine(slot.config, setup)
+        kept, slot.kept_store = slot.kept_store, None
+        engine = service.new_engine(slot.config, setup, kept_store=kept)
         slot.engine, slot.model_path, slot.kv_store_bytes = engine, setup.model_path, setup.kv_store_bytes or 0
         try:
             await engine.start()
@@ -177,7 +187,14 @@ class Loader:
         slot.unloading = asyncio.get_running_loop().create_future()
         try:
             if slot.is_chat and slot.engine is not None:
-                await slot.engine.stop()
+                # why: its prefixes go to its KV store, kept for its next load (a return trip restores them
+                # instead of prefilling again); the store counts against the budget until then
+                n_saved = await slot.engine.save_prefixes()
+                kept = await slot.engine.stop(keep_store=n_saved > 0)
+                if kept is not None:
+                    slot.kept_store = kept
+                    log.info("homepd: %s's KV store kept with %d prefixes (%s MB) for its next load", slot.name,
+                             n_saved, f"{slot.kept_store_bytes / 1e6:,.1f}")
             elif slot.embedder is not None:
                 await slot.embedder.unload()
         finally:
@@ -187,6 +204,12 @@ class Loader:
             self._cond.notify_all()
         log.info("homepd: unloaded %s%s", slot.name, " (evicted)" if is_eviction else "")
         self.service.publish("model", {"model": slot.name, "state": "unloaded", "eviction": is_eviction})
+
+    def _drop_kept_store(self, slot: ModelSlot) -> None:
+        log.info("homepd: %s's kept KV store dropped to make room (%s MB)", slot.name,
+                 f"{slot.kept_store_bytes / 1e6:,.1f}")
+        slot.kept_store.close()
+        slot.kept_store = None
 
     def went_idle(self, slot: ModelSlot) -> None:
         """``slot`` has no request left: start its keep-alive, and wake loads waiting for room."""
@@ -223,6 +246,9 @@ class Loader:
         await asyncio.gather(*loads, return_exceptions=True)
         for slot in self.slots.values():
             slot.cancel_expiry()
+            if slot.kept_store is not None:
+                slot.kept_store.close()
+                slot.kept_store = None
             if slot.is_chat and slot.engine is not None:
                 await slot.engine.stop()
                 slot.unloaded()

@@ -340,9 +340,10 @@ class Service:
 
         self._spawn(wait_end())
 
-    def new_engine(self, config: EngineConfig, setup):
-        """The service's engine for ``config`` (not started): its sampler, and its steps feeding ``/events``."""
-        engine = Engine(config, setup, sampler=self.sampler)
+    def new_engine(self, config: EngineConfig, setup, kept_store=None):
+        """The service's engine for ``config`` (not started): its sampler, and its steps feeding ``/events``;
+        ``kept_store``: the KV store its model's previous engine kept (``homepd.serve.loader``)."""
+        engine = Engine(config, setup, sampler=self.sampler, kept_store=kept_store)
         engine.step_listeners.append(self._on_step)
         return engine
 

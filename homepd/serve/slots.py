@@ -19,6 +19,8 @@ from homepd.models.card import ModelCard
 from homepd.models.footprint import Footprint
 from homepd.models.planner import Resident
 
+KEPT_STORE_SUFFIX = ":kv-store"  # the planner's name of a model's kept KV store
+
 
 @dataclass(frozen=True)
 class LoadEvent:
@@ -46,6 +48,7 @@ class ModelSlot:
         self.model_path: str | None = None          # its file, as its last load resolved it
         self.kv_store_bytes = 0                     # its engine's KV store size (counted whole in its footprint)
         self.measured_s = 0.0                       # when its footprint was last measured (monotonic)
+        self.kept_store = None                      # unloaded: the KV store its engine kept, with its prefixes
         self.embedder: EmbeddingModel | None = None  # the embedding model's handle (it loads itself)
         self.footprint: Footprint | None = None     # what the plan counts (measured, estimated or declared)
         self.n_loads = self.n_evictions = self.n_load_failures = self.n_uses = 0
@@ -126,6 +129,18 @@ class ModelSlot:
         self.expires_at_unix_s = None
 
     # as the planner and the faces see it ---------------------------------------------------------
+    @property
+    def kept_store_bytes(self) -> int:
+        """What the KV store kept from its last engine holds (its saved prefixes' extents)."""
+        book = self.kept_store
+        return sum(e.extent_bytes for entries in book.entries.values() for e in entries.values()) if book else 0
+
+    def kept_store_resident(self) -> Resident:
+        """The kept KV store as the planner sees it: memory that frees at no reload cost (its prefixes are
+        then prefilled again)."""
+        return Resident(self.name + KEPT_STORE_SUFFIX, self.kept_store_bytes, reload_s=0.0,
+                        last_used_s=self.last_used_s, n_uses=self.n_uses)
+
     def resident(self) -> Resident:
         return Resident(self.name, self.footprint.footprint_bytes if self.footprint else 0,
                         is_pinned=self.is_pinned, n_in_flight=self.n_in_flight,
@@ -144,5 +159,5 @@ class ModelSlot:
                 "in_flight": self.n_in_flight, "loads": self.n_loads, "evictions": self.n_evictions,
                 "load_failures": self.n_load_failures, "load_seconds_total": round(self.load_s_total, 3),
                 "last_load_s": self.last_load_s, "uses": self.n_uses, "last_used_unix_s": self.last_used_unix_s,
-                "keep_alive_s": self.keep_alive_s, "expires_at_unix_s": self.expires_at_unix_s,
+                "kept_kv_store_bytes": self.kept_store_bytes, "keep_alive_s": self.keep_alive_s, "expires_at_unix_s": self.expires_at_unix_s,
                 "error": self.error}

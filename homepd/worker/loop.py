@@ -20,7 +20,7 @@ from homepd.core.terms import ReuseMode
 from homepd.core.protocol import CacheSource, KVPreempted, PrefixReused
 from homepd.core.records import PrefixCacheStats
 from homepd.core.protocol import (AttachStore, WorkerSpec, CancelRequest, Heartbeat, RequestDone, Shutdown, StepRecord, StepReport,
-                             SubmitRequest, TokenOut, WorkerFatal, WorkerReady, wire_fingerprint)
+                             CachedPrefixesSaved, SaveCachedPrefixes, SubmitRequest, TokenOut, WorkerFatal, WorkerReady, wire_fingerprint)
 from homepd.core.sampling import TokenLogprob, top_logprobs
 from homepd.core.scheduler import Scheduler, StepPlan
 from homepd.core.records import FinishReason
@@ -181,6 +181,9 @@ class WorkerLoop:
             self.running = False
         elif isinstance(msg, AttachStore):
             self.store.attach(msg)
+        elif isinstance(msg, SaveCachedPrefixes):
+            prefixes = self.scheduler.prefixes
+            self.conn.send(CachedPrefixesSaved(prefixes.save_all() if prefixes is not None else 0))
         elif not self.role.handle(msg):
             raise AssertionError(f"unknown message {msg!r}")
 

@@ -61,9 +61,11 @@ aliases = ["pinned"]
 
 [models.a]
 n_ctx = 300000
+kv_store_bytes = "8M"
 
 [models.b]
 n_ctx = 300000
+kv_store_bytes = "8M"
 keep_alive = "1h"
 
 [models.huge]
@@ -210,6 +212,22 @@ def test_a_model_with_a_stream_in_flight_is_not_evicted_the_other_load_waits(tig
             assert waiting.result().status_code == 200
         models = models_of(c)
     assert models["a"]["evictions"] == evictions_before + 1 and models["b"]["state"] == "loaded"
+
+
+def test_an_evicted_models_prefixes_are_kept_in_its_kv_store_and_restored_when_it_returns(tight):
+    question = "Here is my long question about the garden, the heating and the lights. " * 5
+    with tight.client() as c:
+        first = chat(c, "a", question)
+        assert first.status_code == 200
+        assert chat(c, "b").status_code == 200  # evicts a: its cached prefixes go to its KV store, kept
+        kept = models_of(c)["a"]
+        assert kept["state"] == "unloaded" and kept["kept_kv_store_bytes"] > 0
+        again = chat(c, "a", question)  # a reload that restores the conversation instead of prefilling it
+        assert again.status_code == 200 and again.json()["choices"] == first.json()["choices"]
+        assert models_of(c)["a"]["kept_kv_store_bytes"] == 0  # handed to its new engine
+    n_prompt = again.json()["usage"]["prompt_tokens"]
+    assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert n_prompt - 1 >= again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(question)
 
 
 def test_a_request_keep_alive_is_capped_by_the_models_own(tight):

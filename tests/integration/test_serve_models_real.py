@@ -13,6 +13,8 @@ from test_serve_harness import ServeProcess
 
 SMOL, GEMMA = "smollm2-135m-instruct-q4_1", "gemma3-270m-q4_k_m"
 N_CTX = 2048
+CONTEXT = "You are a voice assistant for a home. Devices: " + ", ".join(
+    f"{room} light (on), {room} window (closed)" for room in ("kitchen", "bedroom", "office", "hall", "garage")) + "."
 
 
 def estimate(path) -> int:
@@ -31,10 +33,17 @@ def test_two_real_models_alternate_under_a_budget_for_one_and_a_corrupt_one_fail
     try:
         server.wait_ready()
         with server.client(timeout=120.0) as c:
-            for model in (GEMMA, SMOL, GEMMA):
+            answers = []
+            for model in (SMOL, GEMMA, SMOL, GEMMA):  # SmolLM2 is loaded at start; then every switch evicts
                 r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 8, "temperature": 0,
-                                                         "messages": [{"role": "user", "content": "Say hi."}]})
+                                                         "messages": [{"role": "system", "content": CONTEXT},
+                                                                      {"role": "user", "content": "Say hi."}]})
                 assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+                answers.append(r.json())
+            # SmolLM2's return trip: its context came back from the KV store it kept when it was evicted
+            restored = answers[2]["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert answers[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            assert restored >= 64 and answers[2]["choices"] == answers[0]["choices"]
             bad = c.post("/v1/chat/completions", json={"model": "corrupt", "max_tokens": 4,
                                                        "messages": [{"role": "user", "content": "hi"}]})
             assert bad.status_code == 503 and bad.json()["error"]["code"] == "model_load_failed", bad.text
@@ -56,3 +65,6 @@ def test_two_real_models_alternate_under_a_budget_for_one_and_a_corrupt_one_fail
         f"{name}: loads {m['loads']}, last load {m['last_load_s']:.2f} s, measured {m['footprint_bytes']:,} B, "
         f"estimated {m['estimate_bytes']:,} B" for name, m in models.items() if name in (SMOL, GEMMA)))
     print("\n".join(f"{e['model']}: {e['load_s']:.2f} s ({e['reason']})" for e in status["memory"]["recent_loads"]))
+    print(f"SmolLM2's return trip: {restored} of {answers[2]['usage']['prompt_tokens']} prompt tokens restored from "
+          f"its kept KV store, TTFT {answers[2]['homepd']['ttft_s']:.3f} s against {answers[0]['homepd']['ttft_s']:.3f} s "
+          "the first time")

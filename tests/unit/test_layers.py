@@ -191,7 +191,7 @@ ENGINE_API = frozenset({
     "start", "stop", "submit", "cancel", "prepare", "config", "tokenizer", "chat_format",    # running, requests
     "health", "is_running", "restart_eta_s", "wait_restarts", "snapshot", "finished_since",  # read API
     "steps_since", "last_steps", "step_listeners", "step_estimate", "worker_events", "worker_pid", "n_streaming",
-    "kv_peak", "measure_memory", "cache_stats", "worker_specs",
+    "kv_peak", "measure_memory", "cache_stats", "worker_specs", "save_prefixes",
 })
 # ``engine`` names that are not an Engine: an export recipe's engine enum, the app's remote engine snapshot
 NOT_AN_ENGINE = {("homepd.advise.export.documents", "value"), ("homepd.tui.sources.remote", "mode")}

@@ -272,3 +272,33 @@ def test_finished_sequences_share_the_running_ids_places_whatever_ids_are_kept_f
     again = request("c2-next", [*firsts[1].prompt_ids, *firsts[1].output_ids, 7, 8, 9])
     finish(s, ctx, again)
     assert again.n_reused == 43  # the second's whole first turn (40 + 4 answer tokens, the last never computed)
+
+
+class RecordingStore:
+    """A stand-in for the KV store tier (``StoreOps``) that records what is saved, in order."""
+    capacity_bytes = 1 << 20
+
+    def __init__(self):
+        self.saved: list[tuple[int, tuple[int, ...]]] = []
+
+    def save(self, seq_id, tokens):
+        self.saved.append((seq_id, tuple(tokens)))
+
+    def peek(self, prompt_ids, mode, max_tokens):
+        return None
+
+    lookup = peek
+
+
+def test_before_an_unload_every_cached_prefix_is_saved_coldest_first_and_stays_in_the_context():
+    s, ctx = make(n_ctx=512, n_seq_max=4, max_cached_cells=300)
+    finish(s, ctx, request("a", range(1, 40)))
+    finish(s, ctx, request("b", range(100, 140)))
+    finish(s, ctx, request("a2", [*range(1, 40), 50, 51]))  # a's conversation again: now the hottest
+    store = s.prefixes.store = RecordingStore()
+    n_cached, n_cells = s.allocator.n_cached, ctx.n_cells_used
+    assert s.prefixes.save_all() == n_cached == 3
+    saved = [tokens for _, tokens in store.saved]
+    assert saved[-1][:41] == (*range(1, 40), 50, 51)  # the hottest last: a full store evicts it last
+    assert [t[0] for t in saved].index(100) < len(saved) - 1  # b's, used before, is saved before it
+    assert (s.allocator.n_cached, ctx.n_cells_used) == (n_cached, n_cells)  # nothing left the context
