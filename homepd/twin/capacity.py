@@ -47,6 +47,7 @@ COARSE_SEEDS = 4
 COARSE_STEPS_PER_OCTAVE = 2
 FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %
 MAX_BRACKET_MOVES = 12
+SEED_FLOOR_OCTAVES = 2   # how far under the coarse bracket a seed's own search may go
 PREDICTION_DRAWS = 16   # a check's trace is short: its draws cost ~0.1 s each
 
 
@@ -166,7 +167,12 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
     try:
         lo, hi = _coarse_bracket(runner, start_rps, target_share, min_rate_rps, max_rate_rps)
         ratio = steps_per_octave // COARSE_STEPS_PER_OCTAVE
-        seed_caps = _seed_capacities(runner, n_seeds, lo * ratio, hi * ratio, passes, min_rate_rps, max_rate_rps,
+        # why a floor under the bracket: a seed that fails wherever it is tried walked down to 1/64 req/s, where a
+        # run of 200 requests simulates hours of sparse traffic step by step (a busy calibration's colocated twin
+        # took 122 s, 1.1 million simulated seconds, for a capacity its median did not use); a seed failing
+        # SEED_FLOOR_OCTAVES under the bracket's passing end counts as serving nothing
+        floor_rps = max(min_rate_rps, _rate(lo, COARSE_STEPS_PER_OCTAVE) / 2 ** SEED_FLOOR_OCTAVES)
+        seed_caps = _seed_capacities(runner, n_seeds, lo * ratio, hi * ratio, passes, floor_rps, max_rate_rps,
                                      steps_per_octave)
         capacity, interval = _median_interval(seed_caps)
         half = None

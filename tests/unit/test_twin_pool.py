@@ -2,7 +2,8 @@
 
 * the seeds run on each calibration in turn: seeds on a fast burst of one box serve more than seeds on a slow one,
   and the capacity (their median) lies between;
-* only earlier complete runs of the same box, the same candidate and the same workers, within a day, are pooled.
+* only earlier complete runs of the same box, the same candidate and the same workers, within a day, and with
+  a quiet burst, are pooled.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
     newer_homepd = dataclasses.replace(cal, workers=(dataclasses.replace(
         cal.workers[0], spec=dataclasses.replace(cal.workers[0].spec, wire="v2")),))
     assert not same_workers(cal, other_threads) and same_workers(cal, newer_homepd)
+    busy = dataclasses.replace(cal, other_cpu_cores=0.6)
     store = Runs([
         (stored(1, cal), BOX),                                           # pooled (the oldest)
         (stored(2, cal, age=MAX_AGE + dt.timedelta(hours=1)), BOX),      # too old
@@ -81,6 +83,7 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
         (stored(7, newer_homepd), BOX),                                  # pooled: only homepd's version differs
         (stored(8, cal), BOX),                                           # pooled
         (stored(9, cal), BOX),                                           # this run itself
+        (stored(10, busy), BOX),                                         # a busy box's burst
     ])
     found = earlier_calibrations(store, 9, NAME, cal, BOX, NOW, limit=3)
     assert [run_id for run_id, _ in found] == [8, 7, 1]

@@ -9,7 +9,9 @@ when they are of:
 * the same box: its host name, CPU model and logical cores;
 * the same candidate, with the same workers (every ``WorkerSpec`` field but the wire's fingerprint, which changes
   with homepd's version, not with the box): model, context, sequences, threads, cores, chunk and budgets;
-* a complete run, started within ``MAX_AGE`` of this one.
+* a complete run, started within ``MAX_AGE`` of this one;
+* a quiet burst: one during which other processes used a quarter of a core or more (``Calibration.busy``) is the
+  neighbour's, not the box's, and is left out (this run's own is used, with the report's warning).
 
 Each run adds its burst; the report names the runs pooled, and ``--twin-pool 0`` uses this run's alone.
 """
@@ -68,7 +70,7 @@ def earlier_calibrations(store, run_id: int | None, candidate: str, cal: Calibra
         if box_identity(run.hardware) != box or run.advice is None:
             continue
         twin = next((t for t in run.advice.twins if t.candidate == candidate), None)
-        if twin is not None and same_workers(twin.calibration, cal):
+        if twin is not None and not twin.calibration.busy and same_workers(twin.calibration, cal):
             found.append((row["id"], twin.calibration))
     return found
 
