@@ -28,6 +28,7 @@ from homepd.serve.slots import KEPT_STORE_SUFFIX, LoadEvent, ModelSlot
 log = logging.getLogger("homepd.serve")
 MULTI_MODEL_KV_STORE_BYTES = 64 << 20   # each model's KV store when several are served and none is set
 RECENT_LOADS = 32
+LOAD_RETRY_S = 10.0  # after a failed load, a model's requests get that failure this long without a new try
 REMEASURE_S = 30.0   # an idle loaded model is measured again at most this often
 
 
@@ -75,6 +76,12 @@ class Loader:
                 await asyncio.shield(slot.unloading)
                 continue
             if slot.loading is None:
+                failed_s = slot.failed_s
+                if failed_s is not None and (ago_s := time.monotonic() - failed_s) < LOAD_RETRY_S:
+                    # why: a model that cannot load (a worker that dies loading costs a process start) is not
+                    # tried again by every request
+                    raise LoadFailed(f"the model {slot.name} could not be loaded {ago_s:.0f} s ago: {slot.error} "
+                                     f"(it is tried again {LOAD_RETRY_S:g} s after a failure)")
                 slot.loading = asyncio.ensure_future(self._load(slot, reason))
                 slot.loading.add_done_callback(lambda f, s=slot: setattr(s, "loading", None))
             await asyncio.shield(slot.loading)
@@ -102,10 +109,9 @@ class Loader:
             footprint = await self.footprints.measured(slot, footprint, time.monotonic() - t0, setup.kv_store_bytes or 0)
         except BaseException as exc:
             why = exc.args[0] if isinstance(exc, HomepdError) and exc.args else f"{type(exc).__name__}: {exc}"
-            if slot.state is ModelState.LOADING:
-                slot.load_failed(str(why))
-            elif not isinstance(exc, (ModelTooLarge, LoadWaitTimeout)):
-                slot.error = str(why)
+            is_refusal = isinstance(exc, (ModelTooLarge, LoadWaitTimeout, asyncio.CancelledError))
+            if slot.state is ModelState.LOADING or not is_refusal:
+                slot.load_failed(str(why), is_failure=not is_refusal)
             self._record(LoadEvent(slot.name, reason, False, time.monotonic() - t0, None, str(why), time.time()))
             log.error("homepd: loading %s failed (%s): %s", slot.name, reason, why)
             async with self._cond:

@@ -58,6 +58,7 @@ class ModelSlot:
         self.last_used_unix_s: float | None = None
         self.n_in_flight = 0
         self.error: str | None = None               # why the last load failed
+        self.failed_s: float | None = None          # when (monotonic)
         self.loading: asyncio.Future | None = None  # the load under way (single flight)
         self.unloading: asyncio.Future | None = None
         self.keep_alive_s: float | None = spec.keep_alive_s   # after its last request (a request may shorten it)
@@ -98,10 +99,15 @@ class ModelSlot:
         self.last_load_s, self.footprint = load_s, footprint
         self._set(ModelState.LOADED)
 
-    def load_failed(self, error: str) -> None:
-        self.n_load_failures += 1
-        self.error, self.engine = error, None
-        self._set(ModelState.UNLOADED)
+    def load_failed(self, error: str, is_failure: bool = True) -> None:
+        """The load ended without a model: a failure (its file, its workers: counted, and retried only
+        after ``LOAD_RETRY_S``), or a load cancelled or refused for room (``is_failure`` False)."""
+        if is_failure:
+            self.n_load_failures += 1
+            self.error, self.failed_s = error, time.monotonic()
+        self.engine = None
+        if self.state is ModelState.LOADING:
+            self._set(ModelState.UNLOADED)
 
     def begin_unload(self, is_eviction: bool) -> None:
         self.n_evictions += is_eviction

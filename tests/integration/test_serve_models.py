@@ -164,6 +164,8 @@ def test_a_load_that_fails_fails_only_that_models_requests(roomy):
         assert "not a GGUF file" in broken.json()["error"]["message"]
         assert "could not be loaded" in crash.json()["error"]["message"]
         assert chat(c, "a").status_code == 200
+        again = chat(c, "crash")  # within the retry delay: the same failure, no second worker start
+        assert again.status_code == 503 and "tried again 10 s after a failure" in again.json()["error"]["message"]
         models = models_of(c)
     for name in ("broken", "crash"):
         assert models[name]["state"] == "unloaded" and models[name]["error"] and models[name]["load_failures"] == 1
