@@ -228,12 +228,13 @@ def _with_model_path(plan):
 
 def _what_if(args) -> int:
     # why: `homepd --help` does not load the twin (numpy-free, but the engine's policy and gate)
-    from homepd.advise.whatif import SAME, WhatIf, project, render
+    from homepd.advise.whatif import SAME, WhatIf, pooled_calibrations, project, render
     from homepd.engine.tokenizer import PromptTokenizer
 
     with Store.open(args.db, create=False) as store:
         run_id = store.resolve_run(args.run)
         run = store.load_run(run_id, timelines=False)
+        pools = pooled_calibrations(store, run) if run.advice and run.advice.twins else {}
     what = WhatIf(rate_scale=_positive(args.rate_scale, "--rate-scale"), long_share=_long_share(args.mix),
                   ttft_budget_ms=_positive(args.ttft_budget, "--ttft-budget"),
                   itl_budget_ms=_positive(args.itl_budget, "--itl-budget"), n_seq_max=args.n_seq_max,
@@ -249,7 +250,7 @@ def _what_if(args) -> int:
         traffic = next(iter(given_sources(args.db, base.backend, model_path, traffic=args.traffic).values()))
     t0 = time.monotonic()
     with PromptTokenizer(base, model_path) as tokenizer:
-        projections = project(run, what, tokenizer, traffic=traffic)
+        projections = project(run, what, tokenizer, traffic=traffic, pools=pools)
     if args.json:
         print(json.dumps({"run_id": run_id, "projected_from": f"run {run_id}'s calibration", "change": what.describe(),
                           "wall_s": time.monotonic() - t0,

@@ -22,6 +22,7 @@ from homepd.measure.metrics import SLO
 from homepd.measure.trace import make_trace
 from homepd.measure.trace.model import tagged
 from homepd.store.records import Run
+from homepd.store.errors import RunNotFoundError
 from homepd.twin.capacity import attainment_at, twin_capacity
 from homepd.twin.calibration import Calibration
 from homepd.twin.records import CALIBRATION_MIX, TwinCapacity, TwinEvidence
@@ -105,20 +106,27 @@ def changed(twin: TwinEvidence, what: WhatIf) -> tuple[EngineConfig, Calibration
     """The candidate's configuration and calibration under the change: every worker's spec rebuilt from the changed
     configuration's budgets, sequences and chunk (the box's measured costs stay)."""
     config = what.config(twin.config)
+    return config, respec(twin.calibration, config)
+
+
+def respec(cal: Calibration, config: EngineConfig) -> Calibration:
+    """``cal`` with every worker's spec rebuilt from ``config``'s budgets, sequences and chunk."""
     workers = []
-    for w in twin.calibration.workers:
+    for w in cal.workers:
         spec = replace(w.spec, n_seq_max=config.n_seq_max, chunk=config.chunk,
                        itl_budget_ms=itl_budget_ms(config, w.spec.role), idle_step_ms=idle_step_ms(config, w.spec.role),
                        gap_ceiling_ms=gap_ceiling_ms(config, w.spec.role))
         workers.append(replace(w, spec=spec))
-    return config, replace(twin.calibration, workers=tuple(workers))
+    return replace(cal, workers=tuple(workers))
 
 
 def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WHAT_IF_SEEDS,
-            n_requests: int = WHAT_IF_REQUESTS, processes: int | None = None) -> list[Projection]:
+            n_requests: int = WHAT_IF_REQUESTS, processes: int | None = None,
+            pools: dict[str, tuple[Calibration, ...]] | None = None) -> list[Projection]:
     """Every calibrated candidate of ``run`` under ``what``; ``tokenize(trace_request)`` -> prompt ids (a
     ``PromptTokenizer`` of the run's model); ``traffic``: a recorded-traffic source (its arrivals and prompts) in
-    place of the run's mix."""
+    place of the run's mix; ``pools``: candidate -> the earlier calibrations its twin pooled in the run
+    (``pooled_calibrations``), which the projection pools too, so that its twin is the run's."""
     twins = calibrated(run)
     settings = run.config
     if traffic is not None:
@@ -144,6 +152,7 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
     out = []
     for twin in twins:
         config, cal = changed(twin, what)
+        pool = tuple(respec(c, config) for c in (pools or {}).get(twin.candidate, ()))
         slo = SLO.from_budgets(config.class_budgets, token_target=settings.slo.token_target)
         before = _stored_capacity(twin)
         projected = stored[twin.candidate]
@@ -151,13 +160,36 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
             projected = twin_capacity(config, cal, requests, slo, speeds,
                                       before.capacity_rps if before and before.capacity_rps else 1.0,
                                       n_seeds=n_seeds, n_requests=n_requests, processes=processes,
-                                      steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE)
+                                      steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE, pool=pool)
         attainment = None
         if reference is not None:
             attainment = statistics.mean(f.attainment for f in attainment_at(
-                config, cal, requests, slo, speeds, reference, range(min(n_seeds, REFERENCE_SEEDS)), processes))
+                config, cal, requests, slo, speeds, reference, range(min(n_seeds, REFERENCE_SEEDS)), processes,
+                pool=pool))
         out.append(Projection(twin.candidate, twin.trusted, twin.why, before.capacity_rps if before else None,
                               projected, reference, attainment, reused=stored[twin.candidate] is not None))
+    return out
+
+
+def pooled_calibrations(store, run: Run) -> dict[str, tuple[Calibration, ...]]:
+    """candidate -> the calibrations of the earlier runs its twin pooled in ``run`` (``TwinEvidence.pooled_runs``),
+    read from ``store``; a run since deleted, or one without that candidate, is left out."""
+    out: dict[str, tuple[Calibration, ...]] = {}
+    loaded: dict[int, Run | None] = {}
+    for twin in calibrated(run):
+        cals = []
+        for run_id in twin.pooled_runs:
+            if run_id not in loaded:
+                try:
+                    loaded[run_id] = store.load_run(run_id, timelines=False)
+                except RunNotFoundError:
+                    loaded[run_id] = None
+            earlier = loaded[run_id]
+            match = next((t for t in (earlier.advice.twins if earlier and earlier.advice else ())
+                          if t.candidate == twin.candidate), None)
+            if match is not None:
+                cals.append(match.calibration)
+        out[twin.candidate] = tuple(cals)
     return out
 
 

@@ -132,7 +132,10 @@ class _Runner:
 
     def run(self, tasks: list[tuple[float, int]]) -> list[RunFigures]:
         todo = [t for t in dict.fromkeys(tasks) if t not in self.figures]
-        done = self.pool.map(_run_task, todo) if self.pool is not None and len(todo) > 1 else map(_run_task, todo)
+        # why one task at a time: runs are uneven (a failing one stops once decided), and map's default chunks of
+        # three left one process idle while the other finished its chunk
+        done = (self.pool.map(_run_task, todo, chunksize=1) if self.pool is not None and len(todo) > 1
+                else map(_run_task, todo))
         for task, figures in zip(todo, done):
             self.figures[task] = figures
         return [self.figures[t] for t in tasks]
@@ -194,9 +197,10 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
 
 def attainment_at(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,
                   speeds: tuple[float | None, float | None], rate_rps: float, seeds: range,
-                  processes: int | None = None) -> list[RunFigures]:
-    """Each seed's run at ``rate_rps`` to its end (every request's outcome counted), in the pool."""
-    runner = _Runner(config, (cal,), requests, slo, speeds, processes)
+                  processes: int | None = None, pool: tuple[Calibration, ...] = ()) -> list[RunFigures]:
+    """Each seed's run at ``rate_rps`` to its end (every request's outcome counted), in the pool (of processes; and
+    of calibrations, ``pool``, as ``twin_capacity``'s)."""
+    runner = _Runner(config, (cal, *pool), requests, slo, speeds, processes)
     try:
         return runner.run([(rate_rps, s) for s in seeds])
     finally:

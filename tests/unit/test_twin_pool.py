@@ -90,3 +90,18 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
     assert [run_id for run_id, _ in earlier_calibrations(store, 9, NAME, cal, BOX, NOW, limit=2)] == [8, 7]
     assert earlier_calibrations(store, 9, NAME, cal, BOX, NOW, limit=0) == []
     assert earlier_calibrations(store, 9, NAME, cal, None, NOW) == []   # a box never probed pools nothing
+
+
+def test_a_what_if_pools_the_calibrations_its_run_pooled():
+    from homepd.advise.whatif import WhatIf, project
+    from test_whatif import tokenize
+
+    fast, slow = one_worker(CONFIG, fixed_cost(40.0, 1.0, 4.0)), one_worker(CONFIG, fixed_cost(80.0, 2.0, 8.0))
+    run = dataclasses.replace(stored(11, fast), id=11)
+    what = WhatIf(itl_budget_ms=60.0)   # the slow burst's decode step (88 ms) cannot keep it, the fast one's can
+    (alone,) = project(run, what, tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1)
+    (pooled,) = project(run, what, tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1,
+                        pools={NAME: (slow,)})
+    assert pooled.projected.n_calibrations == 2 and alone.projected.n_calibrations == 1
+    on_slow = [c or 0.0 for c in pooled.projected.seed_capacities[1::2]]   # seeds 1 and 3 ran on the slow burst
+    assert max(on_slow) < min(c or 0.0 for c in alone.projected.seed_capacities)
