@@ -44,6 +44,10 @@ MIN_STEPS_PER_TERM = 5  # steps per fitted term before the batch-size knots are 
 # pooled residuals stand in
 MIN_BESIDE_RESIDUALS = 24
 ALONE, BESIDE_DECODE, BESIDE_PROMPT = 0, 1, 2  # what another worker runs during a step
+# why: a "slow" part that forgets most of itself from one step to the next is fast noise; fitted as an AR(1) it took
+# the whole variance (a colocated burst here: rho 0.30, share 1.0) and the twin drew Gaussian steps where the
+# measured residuals, drawn as they are, keep their tail
+MIN_SLOW_RHO = 0.5
 KNOTS = (2, 8, 32, 128)  # tokens in a step where its cost per token may change (a batch of 1 runs other kernels)
 
 
@@ -333,6 +337,8 @@ def persistence(rel: list[float]) -> tuple[float, float]:
     if ac1 <= 0.05 or ac5 <= 0.0:
         return 0.0, 0.0
     rho = min(0.995, (ac5 / ac1) ** 0.25)
+    if rho < MIN_SLOW_RHO:
+        return 0.0, 0.0
     return rho, min(1.0, ac1 / rho)
 
 

@@ -61,3 +61,23 @@ def test_a_calibration_stored_before_the_pools_draws_from_every_step():
     old = StepCost(cost.coef, cost.residuals, 0.0, 0.0, (), cost.n_steps)
     rng = random.Random(4)
     assert all(old.draw_ms(rng, [0.0], 0, 1, 0, BESIDE_PROMPT) > 0 for _ in range(100))
+
+
+def test_noise_that_forgets_itself_in_a_step_or_two_is_drawn_as_measured():
+    from homepd.twin.calibration import MIN_SLOW_RHO, autocorrelation, persistence
+
+    rng = random.Random(7)
+    white = [rng.gauss(0, 0.05) + (0.6 if rng.random() < 0.02 else 0.0) for _ in range(2000)]
+    rel, level = [], 0.0
+    for w in white:  # weakly persistent (0.4 a step): fast noise with a heavy tail, not a drift
+        level = 0.4 * level + w
+        rel.append(level)
+    fitted_rho = (autocorrelation(rel, 5) / autocorrelation(rel, 1)) ** 0.25
+    assert 0.3 < fitted_rho < MIN_SLOW_RHO      # an AR(1) fit would have taken ~80 % of the variance as "slow"
+    assert persistence(rel) == (0.0, 0.0)
+    slow, level = [], 0.0   # a drift that persists (0.95 a step) is the slow part
+    for w in white:
+        level = 0.95 * level + 0.3 * w
+        slow.append(level + rng.gauss(0, 0.01))
+    rho, share = persistence(slow)
+    assert rho > 0.8 and share > 0.5
