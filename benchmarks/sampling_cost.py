@@ -30,7 +30,7 @@ import numpy as np
 import llama_cpp as C
 
 from homepd.core.sampling import Grammar, ReferenceSampler, SamplingParams
-from homepd.core.textstream import TextStream
+from homepd.chat.textstream import TextStream
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.llm.sampler import CandidateBuffer, _chain
 from homepd.models.resolve import resolve_model

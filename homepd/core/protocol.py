@@ -145,7 +145,7 @@ class SubmitRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
-    stream: object | None = None   # homepd.core.textstream.TextStream
+    stream: object | None = None   # homepd.chat.textstream.TextStream
     request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # first token due (monotonic): arrival + the class's TTFT budget
     # a resumed request's earlier output (the tail of prompt_ids): its new sampler replays them (penalties, grammar)
@@ -319,7 +319,7 @@ class KVHandoff:
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     params: SamplingParams
-    stream: object         # homepd.core.textstream.TextStream
+    stream: object         # homepd.chat.textstream.TextStream
     n_bytes: int           # llama_state_seq_get_size: the payload
     n_tokens: int
     extent_wait_s: float   # prompt done -> extent allocated (back-pressure)

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field, replace
 
 from homepd.core.terms import RequestClass
 from homepd.core.sampling import SamplingParams
-from homepd.core.textstream import TextStream
 
 
 @dataclass(eq=False)
@@ -19,7 +18,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     is_finished: bool = False
     sampler: object | None = field(default=None, repr=False)  # the backend's (ctx.new_sampler): RNG, penalties, grammar
-    stream: TextStream | None = field(default=None, repr=False)     # held-back text and partial UTF-8
+    stream: object | None = field(default=None, repr=False)  # held-back text, partial UTF-8: homepd.chat.textstream
     request_class: RequestClass = RequestClass.INTERACTIVE
     deadline_s: float | None = None  # when its first token is due (monotonic): arrival + its class's TTFT budget
     arrival_order: int | None = None  # set by the scheduler when it first sees seq: higher = newer

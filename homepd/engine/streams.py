@@ -9,7 +9,7 @@ from homepd.core.lifecycle import Lifecycle
 from homepd.core.protocol import SubmitRequest
 from homepd.core.records import FinishReason
 from homepd.core.sampling import TokenLogprob
-from homepd.core.textstream import TextStream
+from homepd.chat.textstream import TextStream
 from homepd.engine.recovery import HeldRequest
 
 

@@ -27,7 +27,7 @@ from homepd.core.records import FinishReason
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import OnlineStepModel
 from homepd.core.steppolicy import StepPolicy
-from homepd.core.textstream import TextStream
+from homepd.chat.textstream import TextStream
 from homepd.hw.smaps import anon_intervals, new_intervals, resident_bytes
 from homepd.worker.prefixkv import ContextKV
 from homepd.worker.roles import Role, make_role

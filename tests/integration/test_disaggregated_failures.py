@@ -19,7 +19,7 @@ from homepd.llm import LlamaContext, LlamaModel
 from homepd.core.protocol import KVHandoff, RequestDone
 from homepd.models.resolve import fingerprint
 from homepd.core.sampling import SamplingParams
-from homepd.core.textstream import TextStream
+from homepd.chat.textstream import TextStream
 from homepd.core.protocol import WorkerSpec
 from homepd.worker.loop import WorkerLoop
 

@@ -11,7 +11,7 @@ from homepd.core.protocol import (AttachExtents, CancelRequest, KVHandoff, KVImp
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler
 from homepd.core.sequence import Sequence
-from homepd.core.textstream import TextStream
+from homepd.chat.textstream import TextStream
 from homepd.fakellm import FakeContext, FakeModel
 from homepd.kv.pool import KVArena
 from homepd.worker.handoff import DecodeRole, PrefillRole

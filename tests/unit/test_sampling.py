@@ -5,7 +5,7 @@ import pytest
 
 from homepd.errors import RequestError
 from homepd.core.sampling import SamplingParams, ReferenceSampler
-from homepd.core.textstream import TextStream
+from homepd.chat.textstream import TextStream
 
 
 def test_greedy_is_argmax():
