@@ -185,8 +185,7 @@ def pooled_calibrations(store, run: Run) -> dict[str, tuple[Calibration, ...]]:
                 except RunNotFoundError:
                     loaded[run_id] = None
             earlier = loaded[run_id]
-            match = next((t for t in (earlier.advice.twins if earlier and earlier.advice else ())
-                          if t.candidate == twin.candidate), None)
+            match = earlier.advice.twin(twin.candidate) if earlier and earlier.advice else None
             if match is not None:
                 cals.append(match.calibration)
         out[twin.candidate] = tuple(cals)

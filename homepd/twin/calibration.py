@@ -217,8 +217,8 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
         contention_prompt = max(0.0, (1 + level + contention_prompt) / (1 + level) - 1) if 1 + level > 0 else 0.0
         coef = tuple(c * max(0.1, 1 + level) for c in coef)
     cost = StepCost(coef, (), 0.0, 0.0, (), len(steps), contention=contention, contention_prompt=contention_prompt)
-    rel = [m / cost.predict_ms(*shape, beside=_beside(lo, ho)) - 1.0
-           for m, shape, lo, ho in zip(ms, shapes, light, heavy)]
+    kinds = [_beside(lo, ho) for lo, ho in zip(light, heavy)]   # what ran beside each step
+    rel = [m / cost.predict_ms(*shape, beside=kind) - 1.0 for m, shape, kind in zip(ms, shapes, kinds)]
     rho, slow_share = persistence(rel)
     var = sum(r * r for r in rel) / len(rel) if rel else 0.0
     # the fast part: what an exponential smoothing at the slow part's memory leaves
@@ -233,7 +233,6 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     residuals = [f * scale for f in fast]
     beside: tuple[tuple[float, ...], ...] = ()
     if others:
-        kinds = [_beside(lo, ho) for lo, ho in zip(light, heavy)]
         beside = tuple(tuple(r for r, k in zip(residuals, kinds) if k == kind)
                        for kind in (ALONE, BESIDE_DECODE, BESIDE_PROMPT))
     return StepCost(coef, tuple(residuals), rho, math.sqrt(slow_share * var), overhead, len(steps),

@@ -115,9 +115,13 @@ _SHARED: dict = {}
 def _run_task(task: tuple[float, int]) -> RunFigures:
     rate, seed = task
     s = _SHARED
-    cals = s["cals"]
-    return run_figures(s["config"], cals[seed % len(cals)], s["requests"](rate, seed), s["slo"], s["speeds"], rate,
-                       seed, s["stop_share"])
+    return run_figures(s["config"], calibration_for(s["cals"], seed), s["requests"](rate, seed), s["slo"],
+                       s["speeds"], rate, seed, s["stop_share"])
+
+
+def calibration_for(cals: tuple[Calibration, ...], seed: int) -> Calibration:
+    """The calibration seed ``seed`` runs on: this run's and the pooled ones in turn (the module docstring)."""
+    return cals[seed % len(cals)]
 
 
 class _Runner:
@@ -346,8 +350,7 @@ def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], 
             pool: tuple[Calibration, ...] = ()) -> TwinPrediction:
     """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise, and
     each request's share of the draws in which it met its SLO (``TwinPrediction.chances``)."""
-    cals = (cal, *pool)
-    figs = [run_figures(config, cals[seed % len(cals)], requests, slo, speeds, rate_rps, seed)
+    figs = [run_figures(config, calibration_for((cal, *pool), seed), requests, slo, speeds, rate_rps, seed)
             for seed in range(n_draws)]
     n = min(len(f.met) for f in figs)
 

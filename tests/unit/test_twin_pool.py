@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from homepd.advise.campaign.pooled import MAX_AGE, earlier_calibrations, same_workers
+from homepd.advise.campaign.pooled import MAX_AGE, earlier_calibrations, recent_runs, same_workers
 from homepd.core.modes import Candidate, Mode
 from homepd.measure.metrics import SLO
 from homepd.store.records import Run, RunAdvice, RunConfig
@@ -85,11 +85,12 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
         (stored(9, cal), BOX),                                           # this run itself
         (stored(10, busy), BOX),                                         # a busy box's burst
     ])
-    found = earlier_calibrations(store, 9, NAME, cal, BOX, NOW, limit=3)
+    runs = recent_runs(store, 9, BOX, NOW)
+    found = earlier_calibrations(runs, NAME, cal, limit=3)
     assert [run_id for run_id, _ in found] == [8, 7, 1]
-    assert [run_id for run_id, _ in earlier_calibrations(store, 9, NAME, cal, BOX, NOW, limit=2)] == [8, 7]
-    assert earlier_calibrations(store, 9, NAME, cal, BOX, NOW, limit=0) == []
-    assert earlier_calibrations(store, 9, NAME, cal, None, NOW) == []   # a box never probed pools nothing
+    assert [run_id for run_id, _ in earlier_calibrations(runs, NAME, cal, limit=2)] == [8, 7]
+    assert earlier_calibrations(runs, NAME, cal, limit=0) == []
+    assert recent_runs(store, 9, None, NOW) == []   # a box never probed pools nothing
 
 
 def test_a_what_if_pools_the_calibrations_its_run_pooled():

@@ -21,6 +21,9 @@ import dataclasses
 import datetime as dt
 import logging
 
+from homepd.core.records import RecordShapeError
+from homepd.store.errors import RunNotFoundError
+from homepd.store.records import Run
 from homepd.twin.calibration import Calibration
 
 log = logging.getLogger("homepd.advise")
@@ -46,32 +49,40 @@ def same_workers(a: Calibration, b: Calibration) -> bool:
                for wa, wb in zip(a.workers, b.workers))
 
 
-def earlier_calibrations(store, run_id: int | None, candidate: str, cal: Calibration, hardware: dict | None,
-                         now: dt.datetime, limit: int = MAX_EARLIER) -> list[tuple[int, Calibration]]:
-    """Up to ``limit`` (run id, calibration) of ``candidate`` from earlier complete runs of this box, newest first,
-    that ``same_workers`` as ``cal`` and started within ``MAX_AGE`` of ``now``."""
+def recent_runs(store, run_id: int | None, hardware: dict | None, now: dt.datetime) -> list[Run]:
+    """The complete runs of this box (``box_identity``) other than ``run_id`` that started within ``MAX_AGE`` of
+    ``now`` and hold a recommendation, newest first: what a campaign reads from the store once, for every
+    candidate's ``earlier_calibrations``."""
     box = box_identity(hardware)
-    if store is None or limit <= 0 or box is None:
+    if store is None or box is None:
         return []
-    found: list[tuple[int, Calibration]] = []
+    runs = []
     for row in store.list_runs(limit=N_RUNS_LOOKED_AT):
-        if len(found) >= limit:
-            break
-        if row["id"] == run_id or row["status"] != "complete" or candidate not in row["candidates"]:
+        if row["id"] == run_id or row["status"] != "complete" or not row["candidates"]:
             continue
         started = _parse_time(row.get("started_at"))
         if started is None or now - started > MAX_AGE:
             continue
         try:
             run = store.load_run(row["id"], timelines=False)
-        except Exception as e:  # a row an older homepd wrote that no longer decodes: skip it, say so
+        except (RecordShapeError, RunNotFoundError) as e:  # a row an older homepd wrote that no longer decodes
             log.info("run %s not pooled: %s", row["id"], e)
             continue
-        if box_identity(run.hardware) != box or run.advice is None:
-            continue
-        twin = next((t for t in run.advice.twins if t.candidate == candidate), None)
-        if twin is not None and not twin.calibration.busy and same_workers(twin.calibration, cal):
-            found.append((row["id"], twin.calibration))
+        if box_identity(run.hardware) == box and run.advice is not None:
+            runs.append(run)
+    return runs
+
+
+def earlier_calibrations(runs: list[Run], candidate: str, cal: Calibration,
+                         limit: int = MAX_EARLIER) -> list[tuple[int, Calibration]]:
+    """Up to ``limit`` (run id, calibration) of ``candidate`` from ``runs`` (``recent_runs``, newest first) whose
+    burst was quiet and whose workers are ``same_workers`` as ``cal``'s."""
+    found: list[tuple[int, Calibration]] = []
+    for run in runs:
+        twin = run.advice.twin(candidate)
+        if len(found) < limit and twin is not None and not twin.calibration.busy and \
+                same_workers(twin.calibration, cal):
+            found.append((run.id, twin.calibration))
     return found
 
 

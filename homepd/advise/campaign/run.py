@@ -38,7 +38,7 @@ from homepd.advise.campaign.budgets import FULL_WALL_BUDGET_S, QUICK_WALL_BUDGET
 from homepd.advise.campaign.capacity import CapacityCurve, SearchSettings, combine, probe_span_s, start_rate_rps
 from homepd.advise.campaign.probes import decided_failing, search_capacity
 from homepd.advise.campaign.exercised import not_exercised
-from homepd.advise.campaign.pooled import MAX_EARLIER, earlier_calibrations
+from homepd.advise.campaign.pooled import MAX_EARLIER, earlier_calibrations, recent_runs
 from homepd.advise.campaign.recommend import Candidate, Evidence, Measurement, Recommendation, recommend
 from homepd.advise.campaign.twinned import MIN_CHECK_REQUESTS, TwinSearch, twinnable
 from homepd.config import EngineConfig
@@ -258,6 +258,7 @@ class Campaign:
         self.twins: dict[str, TwinEvidence] = {}  # candidate -> its twin (calibration, capacities, checks)
         self._pools: dict[str, tuple[Calibration, ...]] = {}  # candidate -> the earlier calibrations its twin pools
         self._hardware: dict | None = None
+        self._recent_runs: list[Run] | None = None  # this box's recent runs, whose calibrations twins pool
 
     async def run(self) -> AdviseResult:
         self._t0 = time.monotonic()
@@ -424,8 +425,10 @@ class Campaign:
         s = self.settings
         mine = self.twins[cand.name]
         if not mine.capacities:  # the first mix: the earlier calibrations it pools are looked up once
-            earlier = await asyncio.to_thread(earlier_calibrations, self.store, run_id, cand.name, cal,
-                                              self._hardware, dt.datetime.now(dt.timezone.utc), s.twin_pool)
+            if self._recent_runs is None:  # the store is read once a campaign, for every candidate
+                self._recent_runs = await asyncio.to_thread(recent_runs, self.store, run_id, self._hardware,
+                                                            dt.datetime.now(dt.timezone.utc))
+            earlier = earlier_calibrations(self._recent_runs, cand.name, cal, s.twin_pool)
             mine = self.twins[cand.name] = replace(mine, pooled_runs=tuple(r for r, _ in earlier))
             self._pools[cand.name] = tuple(c for _, c in earlier)
         pooled = f", pooled with run(s) {', '.join(map(str, mine.pooled_runs))}" if mine.pooled_runs else ""
