@@ -98,9 +98,7 @@ class Loader:
             slot.footprint = footprint
             if not slot.is_chat:  # why: the embedder has its own lifecycle (and keep-alive); the room is made
                 await slot.embedder.load()
-                slot.n_loads += 1
-                slot.last_load_s = time.monotonic() - t0
-                slot.load_s_total += slot.last_load_s
+                slot.count_load(time.monotonic() - t0)
                 self._record(LoadEvent(slot.name, reason, True, slot.last_load_s, footprint.footprint_bytes, None,
                                        time.time()))
                 return
@@ -116,7 +114,7 @@ class Loader:
             log.error("homepd: loading %s failed (%s): %s", slot.name, reason, why)
             async with self._cond:
                 self._cond.notify_all()
-            if isinstance(exc, (ModelTooLarge, LoadWaitTimeout, asyncio.CancelledError)):
+            if is_refusal:
                 raise
             raise LoadFailed(f"the model {slot.name} could not be loaded: {why}") from None
         load_s = time.monotonic() - t0

@@ -94,10 +94,15 @@ class ModelSlot:
         self._set(ModelState.LOADING)
 
     def loaded(self, load_s: float, footprint: Footprint) -> None:
+        self.count_load(load_s)
+        self.footprint = footprint
+        self._set(ModelState.LOADED)
+
+    def count_load(self, load_s: float) -> None:
+        """A load done in ``load_s`` (the chat engine's, or the embedder's, which keeps its own state)."""
         self.n_loads += 1
         self.load_s_total += load_s
-        self.last_load_s, self.footprint = load_s, footprint
-        self._set(ModelState.LOADED)
+        self.last_load_s = load_s
 
     def load_failed(self, error: str, is_failure: bool = True) -> None:
         """The load ended without a model: a failure (its file, its workers: counted, and retried only
