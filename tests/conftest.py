@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 import homepd
 from homepd.models.catalog import DEFAULT_MODEL
@@ -139,12 +140,47 @@ def end_with_the_run(pytest_pid: int) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, the modules with a ``whole_box`` test go last: there the workers take turns at the whole
-    box, instead of one waiting, idle, for each of the other's long tests to end (measured: 60-130 s idle)."""
+    """Under xdist, the ``whole_box`` tests go last, each module's together: there the workers take turns at the
+    whole box, instead of one waiting, idle, for each of the other's long tests to end (measured: 60-130 s
+    idle).  The other tests of their modules stay where they were, in the part where both workers run at once
+    (``RunScopeScheduling`` makes each module's two runs two units of work)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (the workers collect; addopts keep this order: no reorder)
-        module_of = lambda item: item.nodeid.split("::")[0]
-        boxed = {module_of(item) for item in items if item.get_closest_marker("whole_box")}
-        items.sort(key=lambda item: module_of(item) in boxed)  # stable: the rest keep their order
+        items.sort(key=lambda item: item.get_closest_marker("whole_box") is not None)  # stable
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope``: a unit of work is a run of one module's tests in the collection order
+    (``RunScopeScheduling``), not the whole module."""
+    if config.getoption("dist") == "loadscope":
+        return RunScopeScheduling(config, log)
+    return None
+
+
+class RunScopeScheduling(LoadScopeScheduling):
+    """loadscope, where a module's tests that the collection order puts apart (its ``whole_box`` tests, moved
+    last by ``pytest_collection_modifyitems``) are two units of work, each sent to a worker whole.  why: with
+    the module as the unit, a module with one ``whole_box`` test went last whole, and its other tests ran in
+    the part where the workers take turns (test_cli's 20 s, test_resume's 11 s).  No module that holds a
+    ``whole_box`` test has a module-scoped fixture, which its two units would each set up."""
+
+    unit_of: dict[str, str] = {}  # nodeid -> its unit, once the workers' collections are in
+
+    def schedule(self) -> None:
+        if self.collection is None and self.collection_is_completed and self.registered_collections:
+            collection = next(iter(self.registered_collections.values()))
+            self.unit_of = {}
+            runs: dict[str, int] = {}
+            previous = None
+            for nodeid in collection:
+                scope = super()._split_scope(nodeid)
+                if scope != previous:
+                    runs[scope] = runs.get(scope, -1) + 1
+                    previous = scope
+                self.unit_of[nodeid] = scope if runs[scope] == 0 else f"{scope}@{runs[scope]}"
+        super().schedule()
+
+    def _split_scope(self, nodeid: str) -> str:
+        return self.unit_of.get(nodeid) or super()._split_scope(nodeid)
 
 
 def pytest_xdist_auto_num_workers(config):
