@@ -48,7 +48,13 @@ ALONE, BESIDE_DECODE, BESIDE_PROMPT = 0, 1, 2  # what another worker runs during
 # the whole variance (a colocated burst here: rho 0.30, share 1.0) and the twin drew Gaussian steps where the
 # measured residuals, drawn as they are, keep their tail
 MIN_SLOW_RHO = 0.5
-KNOTS = (2, 8, 32, 128)  # tokens in a step where its cost per token may change (a batch of 1 runs other kernels)
+KNOTS = (2, 8, 32, 128)
+# why: a step this many times its fitted time was stopped by something its size did not cause (the VM's neighbour,
+# a page-fault storm): 4-token steps of ~100 ms ran 2.2 and 3.0 s in one 38-s burst here, 75-ms steps 443 and 490 ms
+# in another, each at the burst's start; drawn as relative noise onto every later step, one such burst's twin
+# served 0.12 req/s where the measured checks after it met 12 of 12 at 0.42-0.53 (the step policy's own tail
+# reading clips lateness at 2x for the same reason: ``homepd.core.stepmodel.LATE_CLIP``)
+STALL_RATIO = 3.0  # tokens in a step where its cost per token may change (a batch of 1 runs other kernels)
 
 
 def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
@@ -87,6 +93,7 @@ class StepCost:
     # a neighbour with fewer than ``MIN_BESIDE_RESIDUALS`` steps is drawn from ``residuals`` (all of them); ():
     # a calibration stored before they were kept apart
     residuals_beside: tuple[tuple[float, ...], ...] = ()
+    n_stalled: int = 0                # steps that ran over ``STALL_RATIO`` times their fitted time
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
         ms = max(0.1, sum(c * x for c, x in zip(self.coef, cost_features(n_prompt, n_decode, kv_in_use))))
@@ -189,6 +196,16 @@ class Calibration:
     def busy(self) -> bool:
         return self.other_cpu_cores is not None and self.other_cpu_cores >= BUSY_CORES
 
+    @property
+    def n_stalled(self) -> int:
+        """Steps of the burst the box stopped (``STALL_RATIO``), over every worker."""
+        return sum(w.cost.n_stalled for w in self.workers)
+
+    @property
+    def disturbed(self) -> bool:
+        """A burst that saw the box busy or stalled: its twin is that minute's, not the box's (not pooled later)."""
+        return self.busy or self.n_stalled > 0
+
     def worker(self, name: str) -> WorkerCalibration:
         return next(w for w in self.workers if w.name == name)
 
@@ -219,6 +236,7 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     cost = StepCost(coef, (), 0.0, 0.0, (), len(steps), contention=contention, contention_prompt=contention_prompt)
     kinds = [_beside(lo, ho) for lo, ho in zip(light, heavy)]   # what ran beside each step
     rel = [m / cost.predict_ms(*shape, beside=kind) - 1.0 for m, shape, kind in zip(ms, shapes, kinds)]
+    n_stalled = sum(1 for r in rel if r >= STALL_RATIO - 1.0)
     rho, slow_share = persistence(rel)
     var = sum(r * r for r in rel) / len(rel) if rel else 0.0
     # the fast part: what an exponential smoothing at the slow part's memory leaves
@@ -237,7 +255,7 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
                        for kind in (ALONE, BESIDE_DECODE, BESIDE_PROMPT))
     return StepCost(coef, tuple(residuals), rho, math.sqrt(slow_share * var), overhead, len(steps),
                     rms=math.sqrt(var), contention=contention, contention_prompt=contention_prompt,
-                    residuals_beside=beside)
+                    residuals_beside=beside, n_stalled=n_stalled)
 
 
 def warm_shapes(steps: list[StepRecord], n: int = WARM_SHAPES) -> tuple[tuple[int, int, int], ...]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 from homepd.core.protocol import StepRecord
-from homepd.twin.calibration import (ALONE, BESIDE_PROMPT, MIN_BESIDE_RESIDUALS, StepCost, step_cost)
+from homepd.twin.calibration import (ALONE, BESIDE_PROMPT, MIN_BESIDE_RESIDUALS, STALL_RATIO, StepCost,
+                                     step_cost)
 
 
 def decode_worker_and_prefill_neighbour(n: int = 400, seed: int = 3) -> tuple[list[StepRecord], list[StepRecord]]:
@@ -81,3 +82,24 @@ def test_noise_that_forgets_itself_in_a_step_or_two_is_drawn_as_measured():
         slow.append(level + rng.gauss(0, 0.01))
     rho, share = persistence(slow)
     assert rho > 0.8 and share > 0.5
+
+
+def test_steps_the_box_stopped_are_counted_and_the_rest_are_not():
+    """Steps of a burst that ran over STALL_RATIO times their fitted time are counted (the burst is then not pooled:
+    homepd.advise.campaign.pooled); the box's ordinary noise, up to twice a step's time, is not."""
+    rng = random.Random(5)
+    steps, t = [], 0.0
+    for i in range(200):
+        n = 1 + i % 8
+        ms = (10.0 + 5.0 * n) * (2.0 if i % 50 == 7 else rng.uniform(0.9, 1.1))   # four steps at 2x: noise
+        steps.append(StepRecord("colocated", i, t, t + ms / 1e3, ("a",) * n, ()))
+        t += ms / 1e3 + 0.001
+    assert step_cost(steps).n_stalled == 0
+    stalled = list(steps)
+    for i in (30, 31, 120):   # the box stopped three steps (a page-fault storm)
+        s = stalled[i]
+        stalled[i] = StepRecord(s.worker_role, s.index, s.t_start_s, s.t_start_s + (s.t_end_s - s.t_start_s) * 8,
+                                s.decode_request_ids, s.prefill)
+    cost = step_cost(stalled)
+    assert cost.n_stalled == 3
+    assert all(cost.predict_ms(0, n) * STALL_RATIO > (10.0 + 5.0 * n) * 2 for n in (1, 8))  # the fit held

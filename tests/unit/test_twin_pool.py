@@ -73,6 +73,9 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
         cal.workers[0], spec=dataclasses.replace(cal.workers[0].spec, wire="v2")),))
     assert not same_workers(cal, other_threads) and same_workers(cal, newer_homepd)
     busy = dataclasses.replace(cal, other_cpu_cores=0.6)
+    stalled = dataclasses.replace(cal, workers=(dataclasses.replace(
+        cal.workers[0], cost=dataclasses.replace(cal.workers[0].cost, n_stalled=2)),))
+    assert stalled.disturbed and busy.disturbed and not cal.disturbed
     store = Runs([
         (stored(1, cal), BOX),                                           # pooled (the oldest)
         (stored(2, cal, age=MAX_AGE + dt.timedelta(hours=1)), BOX),      # too old
@@ -84,6 +87,7 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
         (stored(8, cal), BOX),                                           # pooled
         (stored(9, cal), BOX),                                           # this run itself
         (stored(10, busy), BOX),                                         # a busy box's burst
+        (stored(11, stalled), BOX),                                      # a burst the box stalled
     ])
     runs = recent_runs(store, 9, BOX, NOW)
     found = earlier_calibrations(runs, NAME, cal, limit=3)
