@@ -21,6 +21,7 @@ numbers out; ``homepd.twin.burst`` runs the burst on an engine.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -93,7 +94,7 @@ class StepCost:
     # a neighbour with fewer than ``MIN_BESIDE_RESIDUALS`` steps is drawn from ``residuals`` (all of them); ():
     # a calibration stored before they were kept apart
     residuals_beside: tuple[tuple[float, ...], ...] = ()
-    n_stalled: int = 0                # steps that ran over ``STALL_RATIO`` times their fitted time
+    n_stalled: int = 0                # steps that ran over ``STALL_RATIO`` times their fitted time (left out)
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
         ms = max(0.1, sum(c * x for c, x in zip(self.coef, cost_features(n_prompt, n_decode, kv_in_use))))
@@ -218,7 +219,26 @@ class Calibration:
 def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: float | None = None) -> StepCost:
     """The step cost of one worker's ``steps`` (in the order it ran them); ``others``: the other workers' steps of
     the same run, whose overlap with each of these measures the contention between them; ``base_ms``: a step's
-    fixed part, given (``narrow``: a burst that cannot tell it from the cost per token)."""
+    fixed part, given (``narrow``: a burst that cannot tell it from the cost per token).
+
+    Steps the box stopped (``STALL_RATIO`` times their fitted time or more) are left out of the fit and of the
+    noise, and counted (``StepCost.n_stalled``).  # why: a burst sees 0-3 of them, clustered (its first seconds, a
+    neighbour's minute), which says nothing of how often the box stalls while it serves; drawn as every step's noise
+    they made a twin put the largest gap's p90 at 171 ms where the check after it measured 80, and a 3-s stall in
+    the least squares dragged every coefficient up.  The measured checks are what says whether the box stalls
+    while serving (a twin that leaves out stalls the box keeps having fails its check)."""
+    cost, rel = _step_cost(steps, others, base_ms)
+    stalled = {i for i, r in enumerate(rel) if r >= STALL_RATIO - 1.0}
+    if not stalled or len(stalled) * 2 > len(steps):   # most steps "stalled": the fit is wrong, not the box
+        return cost
+    kept = [st for i, st in enumerate(steps) if i not in stalled]
+    cost, _ = _step_cost(kept, others, base_ms)
+    return dataclasses.replace(cost, n_stalled=len(stalled))
+
+
+def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float | None
+               ) -> tuple[StepCost, list[float]]:
+    """``step_cost`` of every one of ``steps``, and each step's time relative to its fitted time, less one."""
     shapes = [(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use) for s in steps]
     light, heavy = overlaps(steps, others)
     ms = [s.duration_ms for s in steps]
@@ -236,7 +256,6 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     cost = StepCost(coef, (), 0.0, 0.0, (), len(steps), contention=contention, contention_prompt=contention_prompt)
     kinds = [_beside(lo, ho) for lo, ho in zip(light, heavy)]   # what ran beside each step
     rel = [m / cost.predict_ms(*shape, beside=kind) - 1.0 for m, shape, kind in zip(ms, shapes, kinds)]
-    n_stalled = sum(1 for r in rel if r >= STALL_RATIO - 1.0)
     rho, slow_share = persistence(rel)
     var = sum(r * r for r in rel) / len(rel) if rel else 0.0
     # the fast part: what an exponential smoothing at the slow part's memory leaves
@@ -255,7 +274,7 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
                        for kind in (ALONE, BESIDE_DECODE, BESIDE_PROMPT))
     return StepCost(coef, tuple(residuals), rho, math.sqrt(slow_share * var), overhead, len(steps),
                     rms=math.sqrt(var), contention=contention, contention_prompt=contention_prompt,
-                    residuals_beside=beside, n_stalled=n_stalled)
+                    residuals_beside=beside), rel
 
 
 def warm_shapes(steps: list[StepRecord], n: int = WARM_SHAPES) -> tuple[tuple[int, int, int], ...]:

@@ -185,8 +185,9 @@ def render_twins(result: AdviseResult) -> str:
                          "this box quiet; run again with nothing else running")
         if twin.calibration.n_stalled:
             lines.append(f"    warning: the box stopped {twin.calibration.n_stalled} step(s) of its calibration for "
-                         "3x their time or more (a page-fault storm, the VM's neighbour): its twin draws those stalls "
-                         "as the box's noise, and later runs do not pool it")
+                         "3x their time or more (a page-fault storm, the VM's neighbour): they are left out of its "
+                         "twin's step times (its check says whether the box stalls while serving), and later runs "
+                         "do not pool this burst")
         if twin.pooled_runs:
             lines.append(f"    calibration: this run's burst pooled with run(s) {', '.join(map(str, twin.pooled_runs))}"
                          " (this box, the same settings, within 24 h): each seed runs on one of them")
