@@ -160,7 +160,7 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
             projected = twin_capacity(config, cal, requests, slo, speeds,
                                       before.capacity_rps if before and before.capacity_rps else 1.0,
                                       n_seeds=n_seeds, n_requests=n_requests, processes=processes,
-                                      steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE, pool=pool)
+                                      steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE, pool=pool, at_half=False)
         attainment = None
         if reference is not None:
             attainment = statistics.mean(f.attainment for f in attainment_at(

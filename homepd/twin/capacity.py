@@ -165,9 +165,11 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
                   speeds: tuple[float | None, float | None], start_rps: float, *, mix: str = "mixed",
                   n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS, target_share: float = DEFAULT_TARGET_SHARE,
                   processes: int | None = None, min_rate_rps: float = 1 / 64, max_rate_rps: float = 64.0,
-                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, pool: tuple[Calibration, ...] = ()) -> TwinCapacity:
+                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, pool: tuple[Calibration, ...] = (),
+                  at_half: bool = True) -> TwinCapacity:
     """The capacity of ``config`` (calibrated as ``cal``, with the earlier calibrations ``pool``) on
-    ``requests(rate, seed)``; see the module docstring."""
+    ``requests(rate, seed)``; see the module docstring.  ``at_half``: also the attainment at half the capacity
+    (``COARSE_SEEDS`` runs more: what the campaign's rule reads to tell noise from load; what-if does not)."""
     t0 = time.monotonic()
     runner = _Runner(config, (cal, *pool), requests, slo, speeds, processes, stop_share=target_share)
     passes = lambda fig: fig.attainment >= target_share - 1e-12  # noqa: E731
@@ -183,7 +185,7 @@ def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, sl
                                      steps_per_octave)
         capacity, interval = _median_interval(seed_caps)
         half = None
-        if capacity is not None:
+        if capacity is not None and at_half:
             # why: how flat the curve is below the capacity says whether load or the box's noise makes the misses
             half = statistics.mean(f.attainment for f in runner.run([(capacity / 2, s) for s in range(COARSE_SEEDS)]))
     finally:

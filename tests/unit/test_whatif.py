@@ -80,6 +80,8 @@ def test_a_gap_budget_is_simulated_again_a_looser_one_buys_capacity_a_tighter_on
     (tight,) = project(run, WhatIf(itl_budget_ms=40.0), tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS,
                        processes=1)
     assert loose.projected.wall_s > 0 and loose.measured_rps == measured
+    # what-if asks for the capacity only: no runs at half of it (the campaign's rule reads those, a projection not)
+    assert loose.projected.attainment_at_half is None
     assert loose.projected.capacity_rps > measured
     assert (tight.projected.capacity_rps or 0.0) < measured   # a decode step alone takes 60 ms and more
     assert "gap budget 200 ms" in render(run, WhatIf(itl_budget_ms=200.0), [loose])
