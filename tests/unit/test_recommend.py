@@ -201,3 +201,23 @@ def test_twins_within_a_few_percent_are_an_answer_with_the_figure_not_a_tie():
         twin_curve("colocated-chunk-64", 0.70, (0.66, 0.74), at_half=1.0),
         twin_curve("colocated-unchunked", 0.68, (0.64, 0.71), at_half=1.0)]))
     assert rec.confidence == "medium" and rec.confidence_why.startswith("within 3%: either serves this box")
+
+
+def test_a_colocated_capacity_under_its_only_failed_probe_is_not_beaten_by_a_disaggregated_one_below_it():
+    """A colocated twin that failed its check (8 of 12 at 0.65 req/s) leaves one failing probe: its capacity lies
+    somewhere under 0.65, not at 0, so a disaggregated twin's 0.41 is not "x inf" ahead; one at 0.80 is."""
+    from dataclasses import replace
+    from homepd.advise.campaign.capacity import CapacityCurve, Probe
+    co = Candidate("colocated-adaptive", "colocated", chunk=256)
+    failed = CapacityCurve("colocated-adaptive", "mixed", 0.9, 0.1,
+                           (Probe(0.65, 12, 8 / 12, None, 0, 18.5, {"interactive": 0.7}, {"every gap <= 100 ms": 4}),),
+                           None, None, "every gap <= 100 ms")
+    runs = {("colocated-adaptive", "mixed"): [m(0.39, slowdown=2.2, samples=144)], ("disaggregated", "mixed"): [m(0.4)]}
+    below = recommend(with_capacity(evidence(runs, candidates=(co, DIS)),
+                                    [failed, twin_curve("disaggregated", 0.41, (0.32, 0.55))]))
+    assert below.candidate == co and below.rule == "disaggregated-no-clear-margin"
+    assert "capacity lies somewhere under 0.65 req/s" in below.reason
+    assert below.tied_with == ("disaggregated",) and below.confidence == "low"
+    above = recommend(with_capacity(evidence(runs, candidates=(co, DIS)),
+                                    [failed, replace(twin_curve("disaggregated", 0.80, (0.74, 0.86)))]))
+    assert above.candidate == DIS and above.rule == "disaggregated-wins" and not above.tied_with

@@ -250,8 +250,12 @@ def answer_interval(curve: CapacityCurve) -> tuple[float, float]:
 
 def within_spread(a: CapacityCurve, b: CapacityCurve) -> bool:
     """Whether two candidates' capacities cannot be told apart: the higher capacity lies within the lower one's
-    answer interval, or (twins' curves, two-sided intervals) the lower one within the higher one's."""
+    answer interval, or (twins' curves, two-sided intervals) the lower one within the higher one's; where nothing
+    passed for one, whether the other's capacity lies under its lowest failing rate."""
     if a.capacity_rps is None or b.capacity_rps is None:
-        return a.capacity_rps is None and b.capacity_rps is None
+        # nothing passed for one: its capacity lies under its lowest failing rate, which holds any capacity below it
+        known = a if a.capacity_rps is not None else b
+        unknown = b if known is a else a
+        return known.capacity_rps is None or known.capacity_rps < answer_interval(unknown)[1]
     lo, hi = sorted((a, b), key=lambda c: c.capacity_rps)
     return hi.capacity_rps <= answer_interval(lo)[1] + 1e-12 or lo.capacity_rps >= answer_interval(hi)[0] - 1e-12

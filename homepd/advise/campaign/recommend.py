@@ -17,10 +17,11 @@ disagree.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
-from homepd.advise.campaign.capacity import CapacityCurve, within_spread
+from homepd.advise.campaign.capacity import CapacityCurve, answer_interval, within_spread
 from homepd.twin.records import is_noise_bound
 from homepd.core.modes import Candidate
 
@@ -94,6 +95,7 @@ class Row:
     from_twin: bool = False                  # the capacity is its twin's (checked and trusted), not a search's
     attainment_at_half: float | None = None  # its twin's attainment at half the capacity
     noise_bound: bool = False                # ... so low the curve is flat (``is_noise_bound``)
+    below_rps: float | None = None           # nothing passed: the capacity lies under this (the lowest failing rate)
 
     @property
     def is_lower_bound(self) -> bool:
@@ -154,8 +156,17 @@ def summarize_rows(evidence: Evidence) -> list[Row]:
             has_curve=curve is not None, capacity_interval_rps=curve.interval_rps if curve else None,
             from_twin=curve is not None and curve.source == "twin",
             attainment_at_half=curve.attainment_at_half if curve else None,
-            noise_bound=curve is not None and is_noise_bound(curve.attainment_at_half, curve.target_share)))
+            noise_bound=curve is not None and is_noise_bound(curve.attainment_at_half, curve.target_share),
+            below_rps=_below(curve)))
     return rows
+
+
+def _below(curve: CapacityCurve | None) -> float | None:
+    """Where nothing passed, the rate the capacity lies under (its lowest failing probe); else None."""
+    if curve is None or curve.capacity_rps is not None:
+        return None
+    upper = answer_interval(curve)[1]
+    return upper if math.isfinite(upper) else None
 
 
 def _goodput_key(row: Row):
@@ -233,6 +244,16 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
             f"interference is measured and disaggregated serving meets both targets, but the best colocated "
             f"{what} is only a lower bound ({_score_text(best_co, by_cap)}: nothing failed), so its margin "
             f"({_score_text(d, by_cap)}) cannot be told from the x{DISAGG_MARGIN} needed; {co_text}")
+    if by_cap and best_co.capacity_rps is None and best_co.below_rps is not None and d_score < best_co.below_rps:
+        # why: a colocated candidate whose twin failed its check and whose one measured probe failed has a capacity
+        # somewhere under that probe, not 0: a disaggregated twin's capacity under the same rate is not ahead of it
+        # (a quick run answered "disaggregated-wins, x inf" from one failed colocated check at 0.65 req/s against
+        # a disaggregated 0.41)
+        return best_co.candidate, "disaggregated-no-clear-margin", (
+            f"interference is measured and disaggregated serving meets both targets ({_score_text(d, by_cap)}), "
+            f"but no rate passed for {best_co.candidate}, whose capacity lies somewhere under "
+            f"{_fmt(best_co.below_rps)} req/s: disaggregation's margin over it cannot be told (a full campaign "
+            f"measures lower rates); {co_text}")
     if margin < DISAGG_MARGIN:
         return best_co.candidate, "disaggregated-no-clear-margin", (
             f"interference is measured and disaggregated serving meets both targets, but its {what} "
