@@ -18,7 +18,9 @@ from homepd.core.sampling import SamplingParams
 from engine_helpers import PROMPTS, coloc, disagg, generate_all, make_engine, run
 from test_engine_correctness import MARGIN_LOGITS
 
-pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (conftest.py)
+# the engine's tests are disaggregated, prefill and decode on cores apart: whole_box (tests/conftest.py, BoxShare);
+# the handoff's own test (two processes of one thread each, no engine, its arena its own) runs beside the others
+whole_box = pytest.mark.whole_box
 
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
 
@@ -82,6 +84,7 @@ def test_handoff_is_lossless_across_processes(request, which):
     assert len(differing_words) <= 4 * len(ids) + 8
 
 
+@whole_box
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
 def test_alone_disaggregated_equals_colocated_token_for_token(request, which):
     path = request.getfixturevalue("default_model_path" if which == "smollm2" else "gemma_model_path")
@@ -98,6 +101,7 @@ def test_alone_disaggregated_equals_colocated_token_for_token(request, which):
     assert all(not s.n_prompt_tokens for s in steps if s.worker_role == "decode")
 
 
+@whole_box
 def test_concurrent_disaggregated_requests_pass_teacher_forced_check(default_model_path):
     model = LlamaModel(default_model_path)
     tokens, steps, records = run(generate_all(disagg(default_model_path), PROMPTS, GREEDY))
@@ -114,6 +118,7 @@ def test_concurrent_disaggregated_requests_pass_teacher_forced_check(default_mod
     model.close()
 
 
+@whole_box
 def test_arena_exhaustion_makes_prefill_wait_not_fail(default_model_path):
     """One handoff in the arena at a time, one decode sequence: request 0 decodes for long; request 1 is
     exported and sits in the arena (the decode worker has no free sequence); request 2's prompt finishes
