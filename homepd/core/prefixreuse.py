@@ -64,7 +64,8 @@ class StoreOps(Protocol):
     n_entries: int
     used_bytes: int
     capacity_bytes: int                      # 0: no store attached (saves and lookups do nothing)
-    save_ms_per_token: float | None          # measured (None: nothing saved yet)
+    save_ms_per_token: float | None          # measured (None: nothing saved yet): a save's cost per token
+    save_base_ms: float | None               # ... and its fixed part (``homepd.kv.savecost``)
     restore_ms_per_token: float | None       # measured (None: nothing restored yet)
     # milliseconds its saves and restores have taken so far: they run between two steps, so a decoding
     # stream waits for them as for a step (a conversation 900 cells deep took 170 ms to save without flash
@@ -336,4 +337,5 @@ class PrefixReuse:
             n_pauses=self.n_pauses, n_pause_resumed_tokens=self.n_pause_resumed_tokens,
             store_capacity_bytes=self.store.capacity_bytes if self.store is not None else 0,
             store_save_ms_per_token=self.store.save_ms_per_token if self.store is not None else None,
+            store_save_base_ms=self.store.save_base_ms if self.store is not None else None,
             store_restore_ms_per_token=self.store.restore_ms_per_token if self.store is not None else None)

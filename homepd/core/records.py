@@ -88,7 +88,8 @@ class PrefixCacheStats:
     n_pauses: int = 0             # prefills that gave their sequence id to an interactive prompt ahead (KV kept)
     n_pause_resumed_tokens: int = 0  # prompt tokens those took back resuming (not computed, and not hits)
     store_capacity_bytes: int = 0    # the KV store tier's bytes for this worker (0: no store attached)
-    store_save_ms_per_token: float | None = None     # its saves' mean cost per token (None: none yet)
+    store_save_ms_per_token: float | None = None     # its saves' cost per token (None: none yet)
+    store_save_base_ms: float | None = None          # ... and their fixed part (None: none yet, or not measured)
     store_restore_ms_per_token: float | None = None  # its restores' cost per token, averaged (None: none yet)
     mode: ReuseMode = ReuseMode.OFF  # what llama.cpp allows for this cache type (off, any prefix, exact)
 

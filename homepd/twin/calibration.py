@@ -152,13 +152,14 @@ class Reuse:
     store_capacity_bytes: int = 0
     save_ms_per_token: float | None = None
     restore_ms_per_token: float | None = None
+    save_base_ms: float = 0.0     # a save's fixed part (0: a calibration that priced saves per token only)
 
     @classmethod
     def of(cls, stats: PrefixCacheStats | None, can_share: bool) -> "Reuse":
         if stats is None:
             return cls()
         return cls(ReuseMode(stats.mode).value, can_share, stats.store_capacity_bytes, stats.store_save_ms_per_token,
-                   stats.store_restore_ms_per_token)
+                   stats.store_restore_ms_per_token, stats.store_save_base_ms or 0.0)
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,7 @@ class _Store:
         self.capacity_bytes = reuse.store_capacity_bytes
         self.index = StoreIndex(reuse.store_capacity_bytes) if reuse.store_capacity_bytes else None
         self.save_ms_per_token = reuse.save_ms_per_token
+        self.save_base_ms = reuse.save_base_ms if reuse.save_ms_per_token is not None else None
         self.restore_ms_per_token = reuse.restore_ms_per_token
         self._save_ms = reuse.save_ms_per_token or reuse.restore_ms_per_token or UNMEASURED_STORE_MS_PER_TOKEN
         self._restore_ms = reuse.restore_ms_per_token or self._save_ms
@@ -127,7 +128,7 @@ class _Store:
             return
         offset, extent, _ = placed
         self.index.insert(offset, extent, payload, tuple(tokens))
-        self.busy_ms += self._save_ms * len(tokens)
+        self.busy_ms += (self.save_base_ms or 0.0) + self._save_ms * len(tokens)
 
     def lookup(self, prompt_ids, mode: ReuseMode, max_tokens: int):
         hit = self.peek(prompt_ids, mode, max_tokens)

@@ -15,6 +15,7 @@ from homepd.core.terms import ReuseMode, StepEstimate
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import AttachStore, StoreDropped
 from homepd.errors import ExtentError, HomepdError
+from homepd.kv.savecost import SaveCost
 from homepd.kv.store import StoreSegment, saved_message
 from homepd.kv.storeindex import StoreHit
 from homepd.kv.segment import unlink_pool_of
@@ -39,9 +40,10 @@ class ContextStore:
         self.busy_ms = 0.0  # saves and restores so far (StoreOps.busy_ms)
         self.segment: StoreSegment | None = None
         self.restore_ms_per_token: float | None = None  # measured (EMA); None until the first restore
-        self.save_ms_per_token: float | None = None    # the mean over every save so far
-        self._saved_ms = 0.0
-        self._saved_tokens = 0
+        # a save's fixed part and its cost per token, fitted over every save so far (``SaveCost``)
+        self.save_base_ms: float | None = None
+        self.save_ms_per_token: float | None = None
+        self._save_cost = SaveCost()
 
     def attach(self, msg: AttachStore) -> None:
         if self.segment is not None:
@@ -80,11 +82,10 @@ class ContextStore:
         took_ms = (self.clock() - t0) * 1e3
         self.busy_ms += took_ms
         if entry is not None:
-            # why the mean of every save, not the latest: one save's time swings x2 (a page first touched, the
-            # other worker's step beside it), and the twin's calibration read the latest (homepd.twin.calibration)
-            self._saved_ms += took_ms
-            self._saved_tokens += len(tokens)
-            self.save_ms_per_token = self._saved_ms / self._saved_tokens
+            # why every save, not the latest: one save's time swings x2 (a page first touched, the other worker's
+            # step beside it), and the twin's calibration read the latest (homepd.twin.calibration)
+            self._save_cost.add(len(tokens), took_ms)
+            self.save_base_ms, self.save_ms_per_token = self._save_cost.fit()
         gone = tuple(e.offset for e in (*dropped, *evicted))
         if gone:
             self.send(StoreDropped(gone))
