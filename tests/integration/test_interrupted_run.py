@@ -32,8 +32,8 @@ def test_an_interrupted_run_leaves_no_homepd_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HOMEPD_"))}
     env["HOMEPD_HELD_PIDS"] = str(held)
     # why: of the installed plugins only xdist's (and the timeout the suite's ini sets) are the suite's way of
-    # running a test; loading the others (hypothesis, schemathesis: their packages assert-rewritten in both
-    # processes) took 5 of the nested run's 7.5 s before its server was up
+    # running a test; autoloaded, the others (hypothesis, schemathesis: their whole packages assert-rewritten in
+    # both processes) took 5 of the nested run's 7.5 s before its server was up
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "xdist.plugin",
                             "-p", "pytest_timeout", "-p", "no:cacheprovider", str(HERE / "held_server.py")],
