@@ -81,7 +81,8 @@ def test_long_prompt_is_chunked_and_never_stalls_a_decoding_request(default_mode
 
     async def scenario():
         async with make_engine(coloc(default_model_path, chunk=chunk)) as engine:
-            short = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=120, ignore_eos=True))
+            # why 48: it must still decode through the long prompt's ~10 chunks; every token past that is waited for
+            short = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=48, ignore_eos=True))
             async for event in short:  # wait until it decodes
                 break
             long = await engine.submit(long_prompt, params=SamplingParams(max_tokens=4, ignore_eos=True))
