@@ -2,8 +2,9 @@
 
 # why not a mean per token: a save's time is mostly fixed.  Measured on the 2-vCPU VM (SmolLM2, no flash
 # attention), 61 saves: ~80-token prefixes took 5-33 ms (median 14), ~450-token documents 16-72 ms (median 27).
-# The mean per token (0.10-0.18 ms) priced a document's save at 83 ms, and the twin, which adds a save's time
-# between two steps as the worker does, put a 97-ms gap before every chat decoding beside a document that ended.
+# The mean per token (0.10-0.18 ms) priced a ~460-token document's save at ~87 ms, and the twin, which adds a
+# save's time between two steps as the worker does, gave every chat decoding beside a document that ended a gap of
+# ~101 ms (the save and a 14-ms decode step): 16 of the 18 requests it had miss the gap budget on a check's trace.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from homepd.core.records import to_plain
 from homepd.measure.memory import CATEGORIES, breakdown_mib
 from homepd.measure.replay import RunRecord
 from homepd.measure.report import fmt
+from homepd.twin.calibration import STALL_RATIO
 
 MIB = 2 ** 20
 
@@ -185,7 +186,7 @@ def render_twins(result: AdviseResult) -> str:
                          "this box quiet; run again with nothing else running")
         if twin.calibration.n_stalled:
             lines.append(f"    warning: the box stopped {twin.calibration.n_stalled} step(s) of its calibration for "
-                         "3x their time or more (a page-fault storm, the VM's neighbour): they are left out of its "
+                         f"{STALL_RATIO:g}x their time or more (a page-fault storm, the VM's neighbour): they are left out of its "
                          "twin's step times (its check says whether the box stalls while serving), and later runs "
                          "do not pool this burst")
         if twin.pooled_runs:
