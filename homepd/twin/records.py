@@ -46,6 +46,8 @@ class TwinCapacity:
     target_share: float
     capacity_rps: float | None
     interval_rps: tuple[float, float] | None
+    # each seed's (None: nothing passed); a seed shown to lie wholly above or below the median's interval is not
+    # searched further, and its entry is the highest rate it passed (homepd.twin.capacity._seed_capacities)
     seed_capacities: tuple[float | None, ...]
     points: tuple[TwinPoint, ...]
     n_seeds: int

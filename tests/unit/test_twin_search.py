@@ -1,0 +1,81 @@
+"""The twin's capacity search (``homepd.twin.capacity``): the coarse bracket, then each seed on the fine grid, searched
+only while the median or its interval needs it.  Runs on constructed seeds whose capacities are known (a run
+passes at or below its seed's capacity), through a runner that counts the runs: no simulation."""
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from homepd.twin import capacity as cap
+
+STEPS = 16
+
+
+class Seeds:
+    """``_Runner``'s two members over seeds of known capacity: ``figures`` and ``run(tasks)``."""
+
+    def __init__(self, capacities: list[float]):
+        self.capacities = capacities
+        self.figures: dict = {}
+
+    def run(self, tasks):
+        for rate, seed in tasks:
+            if (rate, seed) not in self.figures:
+                ok = rate <= self.capacities[seed] * (1 + 1e-9)
+                self.figures[rate, seed] = SimpleNamespace(rate_rps=rate, seed=seed, attainment=0.95 if ok else 0.5)
+        return [self.figures[t] for t in tasks]
+
+
+def search(capacities: list[float], start: float) -> tuple[list[float | None], int]:
+    runner = Seeds(capacities)
+    lo, hi = cap._coarse_bracket(runner, start, 0.9, 1 / 64, 64.0)
+    ratio = STEPS // cap.COARSE_STEPS_PER_OCTAVE
+    found = cap._seed_capacities(runner, len(capacities), lo * ratio, hi * ratio, lambda f: f.attainment >= 0.9,
+                                 1 / 64, 64.0, STEPS)
+    return found, len(runner.figures)
+
+
+def on_grid(rate: float) -> float:
+    return 2.0 ** (math.floor(math.log2(rate) * STEPS + 1e-9) / STEPS)
+
+
+def spread_seeds(rng: random.Random, n: int, sd_octaves: float) -> list[float]:
+    centre = rng.uniform(-1.0, 1.0)
+    return [2.0 ** (centre + rng.gauss(0.0, sd_octaves)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("n_seeds", [8, 20])
+def test_the_median_and_interval_are_those_of_every_seed_searched_to_its_end(n_seeds):
+    rng = random.Random(n_seeds)
+    for _ in range(30):
+        capacities = spread_seeds(rng, n_seeds, 0.25)
+        found, _ = search(capacities, 2.0 ** rng.uniform(-1.5, 1.5))
+        median, interval = cap._median_interval(found)
+        truth, truth_interval = cap._median_interval([on_grid(c) for c in capacities])
+        assert median == pytest.approx(truth) and interval == pytest.approx(truth_interval)
+
+
+def test_a_seed_the_answer_does_not_read_is_left_once_it_is_shown_outside(monkeypatch):
+    rng = random.Random(5)
+    gated = every = 0
+    for _ in range(30):
+        capacities = spread_seeds(rng, 20, 0.25)
+        start = 2.0 ** rng.uniform(-1.0, 1.0)
+        gated += search(capacities, start)[1]
+        with monkeypatch.context() as m:   # every rank read: each seed searched to its end, as before the gate
+            m.setattr(cap, "_needed_ranks", lambda n: tuple(range(n)))
+            every += search(capacities, start)[1]
+    assert gated < 0.9 * every, (gated, every)
+
+
+def test_a_seed_left_early_keeps_a_bound_on_its_side_of_the_interval():
+    # 18 seeds together, one far above and one far below: neither is read by the median or its interval
+    capacities = [1.0 * 2 ** (i / 64) for i in range(18)] + [6.0, 0.2]
+    found, _ = search(capacities, 1.0)
+    median, (lo, hi) = cap._median_interval(found)
+    assert lo <= median <= hi
+    assert hi < found[18] <= on_grid(6.0)        # searched only until it showed above the interval
+    assert found[19] is None or found[19] < lo   # and this one below it
