@@ -23,7 +23,7 @@ from homepd.measure.trace import make_trace
 from homepd.measure.trace.model import tagged
 from homepd.store.records import Run
 from homepd.store.errors import RunNotFoundError
-from homepd.twin.capacity import attainment_at, twin_capacity
+from homepd.twin.capacity import CapacityQuestion, twin_capacities
 from homepd.twin.calibration import Calibration
 from homepd.twin.records import CALIBRATION_MIX, TwinCapacity, TwinEvidence
 from homepd.twin.traces import TWIN_TAG, TraceRequests
@@ -149,23 +149,29 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
     searched = any(cap is None for cap in stored.values())
     requests.prepare(range(n_seeds if searched else min(n_seeds, REFERENCE_SEEDS)))
     speeds = _speeds(run)
-    out = []
+    # every candidate's search and reference runs go to one pool together (its rounds filled by all of them)
+    plans, questions, references = [], [], []
     for twin in twins:
         config, cal = changed(twin, what)
         pool = tuple(respec(c, config) for c in (pools or {}).get(twin.candidate, ()))
         slo = SLO.from_budgets(config.class_budgets, token_target=settings.slo.token_target)
         before = _stored_capacity(twin)
-        projected = stored[twin.candidate]
-        if projected is None:
-            projected = twin_capacity(config, cal, requests, slo, speeds,
-                                      before.capacity_rps if before and before.capacity_rps else 1.0,
-                                      n_seeds=n_seeds, n_requests=n_requests, processes=processes,
-                                      steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE, pool=pool, at_half=False)
-        attainment = None
+        question = CapacityQuestion(config, cal, requests, slo, speeds,
+                                    before.capacity_rps if before and before.capacity_rps else 1.0,
+                                    n_seeds=n_seeds, n_requests=n_requests,
+                                    steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE, pool=pool, at_half=False)
+        plans.append((twin, before))
+        if stored[twin.candidate] is None:
+            questions.append(question)
         if reference is not None:
-            attainment = statistics.mean(f.attainment for f in attainment_at(
-                config, cal, requests, slo, speeds, reference, range(min(n_seeds, REFERENCE_SEEDS)), processes,
-                pool=pool))
+            references.append((question, reference, range(min(n_seeds, REFERENCE_SEEDS))))
+    capacities, reference_runs = twin_capacities(questions, processes, references) if questions or references \
+        else ([], [])
+    searched_caps, runs_at = iter(capacities), iter(reference_runs)
+    out = []
+    for twin, before in plans:
+        projected = stored[twin.candidate] or next(searched_caps)
+        attainment = statistics.mean(f.attainment for f in next(runs_at)) if reference is not None else None
         out.append(Projection(twin.candidate, twin.trusted, twin.why, before.capacity_rps if before else None,
                               projected, reference, attainment, reused=stored[twin.candidate] is not None))
     return out
@@ -218,7 +224,7 @@ def render(run: Run, what: WhatIf, projections: list[Projection]) -> str:
     best = max(projections, key=lambda p: p.projected.capacity_rps or 0.0)
     lines.append(f"best under this change: {best.candidate} ({_rps(best.projected.capacity_rps)} req/s, "
                  f"{best.projected.n_seeds} seeds x {best.projected.n_requests} requests, "
-                 f"{sum(p.projected.wall_s for p in projections):.1f} s)")
+                 f"{max(p.projected.wall_s for p in projections):.1f} s, the candidates searched together)")
     if all(p.reused for p in projections):
         lines.append("only the rate changed: each capacity is the run's own twin's; the attainment at the new rate "
                      "is projected")

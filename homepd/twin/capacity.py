@@ -27,8 +27,8 @@ import multiprocessing
 import os
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Generator
 
 from homepd.measure.curve import KEPT_UP, drain_allowance_s
 from homepd.twin.calibration import Calibration
@@ -108,15 +108,26 @@ def run_figures(config: EngineConfig, cal: Calibration, requests: list[SimReques
     return RunFigures(rate_rps, seed, met / len(requests), ttft, gaps, misses, run.end_s, sim_s, tuple(outcomes))
 
 
-# the pool's workers read what every run shares from here (forked: nothing is pickled but the task)
-_SHARED: dict = {}
+@dataclass(frozen=True)
+class _Job:
+    """What one question's runs share (a candidate's configuration, calibrations, traces, SLO)."""
+    config: EngineConfig
+    cals: tuple[Calibration, ...]
+    requests: Requests
+    slo: SLO
+    speeds: tuple[float | None, float | None]
+    stop_share: float | None = None
 
 
-def _run_task(task: tuple[float, int]) -> RunFigures:
-    rate, seed = task
-    s = _SHARED
-    return run_figures(s["config"], calibration_for(s["cals"], seed), s["requests"](rate, seed), s["slo"],
-                       s["speeds"], rate, seed, s["stop_share"])
+# the pool's workers read the jobs from here (forked: nothing is pickled but the task)
+_JOBS: dict[int, _Job] = {}
+
+
+def _run_task(task: tuple[int, float, int]) -> RunFigures:
+    key, rate, seed = task
+    j = _JOBS[key]
+    return run_figures(j.config, calibration_for(j.cals, seed), j.requests(rate, seed), j.slo, j.speeds, rate, seed,
+                       j.stop_share)
 
 
 def calibration_for(cals: tuple[Calibration, ...], seed: int) -> Calibration:
@@ -125,30 +136,58 @@ def calibration_for(cals: tuple[Calibration, ...], seed: int) -> Calibration:
 
 
 class _Runner:
-    """Runs (rate, seed) tasks in a pool of forked processes (one per usable core), or in this process."""
+    """Runs (job, rate, seed) tasks in a pool of forked processes (one per usable core), or in this process."""
 
-    def __init__(self, config, cals: tuple[Calibration, ...], requests: Requests, slo, speeds, processes: int | None,
-                 stop_share: float | None = None):
-        _SHARED.update(config=config, cals=cals, requests=requests, slo=slo, speeds=speeds, stop_share=stop_share)
+    def __init__(self, jobs: list[_Job], processes: int | None):
+        _JOBS.clear()
+        _JOBS.update(enumerate(jobs))
         n = processes or len(os.sched_getaffinity(0))
         self.pool = multiprocessing.get_context("fork").Pool(n) if n > 1 else None
-        self.figures: dict[tuple[float, int], RunFigures] = {}
+        self.figures: dict[int, dict[tuple[float, int], RunFigures]] = {key: {} for key in range(len(jobs))}
 
-    def run(self, tasks: list[tuple[float, int]]) -> list[RunFigures]:
-        todo = [t for t in dict.fromkeys(tasks) if t not in self.figures]
+    def run(self, tasks: list[tuple[int, float, int]]) -> list[RunFigures]:
+        todo = [t for t in dict.fromkeys(tasks) if t[1:] not in self.figures[t[0]]]
         # why one task at a time: runs are uneven (a failing one stops once decided), and map's default chunks of
         # three left one process idle while the other finished its chunk
         done = (self.pool.map(_run_task, todo, chunksize=1) if self.pool is not None and len(todo) > 1
                 else map(_run_task, todo))
-        for task, figures in zip(todo, done):
-            self.figures[task] = figures
-        return [self.figures[t] for t in tasks]
+        for (key, *task), figures in zip(todo, done):
+            self.figures[key][tuple(task)] = figures
+        return [self.figures[key][rate, seed] for key, rate, seed in tasks]
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
             self.pool.join()
-        _SHARED.clear()
+        _JOBS.clear()
+
+
+# A search is a generator: it yields the (rate, seed) runs it needs next, is sent their figures, and returns its
+# answer; ``_drive`` runs every search's next runs together, so that several questions share one pool's rounds.
+Search = Generator[list[tuple[float, int]], list[RunFigures], object]
+
+
+def _drive(runner: _Runner, searches: list[Search]) -> list[tuple[object, float]]:
+    """Each search's answer and the seconds it took (searches ``i`` runs on ``runner``'s job ``i``)."""
+    t0 = time.monotonic()
+    out: list[tuple[object, float]] = [(None, 0.0)] * len(searches)
+    pending: dict[int, list[tuple[float, int]]] = {}
+
+    def advance(i: int, figures: list[RunFigures] | None) -> None:
+        try:
+            pending[i] = searches[i].send(figures)
+        except StopIteration as stop:
+            pending.pop(i, None)
+            out[i] = (stop.value, time.monotonic() - t0)
+
+    for i in range(len(searches)):
+        advance(i, None)
+    while pending:
+        rounds = list(pending.items())
+        done = iter(runner.run([(i, rate, seed) for i, tasks in rounds for rate, seed in tasks]))
+        for i, tasks in rounds:
+            advance(i, [next(done) for _ in tasks])
+    return out
 
 
 # ---- the search ----------------------------------------------------------------------------------------------
@@ -161,68 +200,101 @@ def _index(rate: float, steps: int) -> int:
     return round(math.log2(rate) * steps)
 
 
+@dataclass(frozen=True)
+class CapacityQuestion:
+    """One candidate's capacity question for ``twin_capacities`` (the arguments of ``twin_capacity``)."""
+    config: EngineConfig
+    cal: Calibration
+    requests: Requests
+    slo: SLO
+    speeds: tuple[float | None, float | None]
+    start_rps: float
+    mix: str = "mixed"
+    n_seeds: int = N_SEEDS
+    n_requests: int = N_REQUESTS
+    target_share: float = DEFAULT_TARGET_SHARE
+    min_rate_rps: float = 1 / 64
+    max_rate_rps: float = 64.0
+    steps_per_octave: int = FINE_STEPS_PER_OCTAVE
+    pool: tuple[Calibration, ...] = ()
+    at_half: bool = True
+
+    def job(self) -> _Job:
+        return _Job(self.config, (self.cal, *self.pool), self.requests, self.slo, self.speeds, self.target_share)
+
+
 def twin_capacity(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,
-                  speeds: tuple[float | None, float | None], start_rps: float, *, mix: str = "mixed",
-                  n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS, target_share: float = DEFAULT_TARGET_SHARE,
-                  processes: int | None = None, min_rate_rps: float = 1 / 64, max_rate_rps: float = 64.0,
-                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, pool: tuple[Calibration, ...] = (),
-                  at_half: bool = True) -> TwinCapacity:
+                  speeds: tuple[float | None, float | None], start_rps: float, *, processes: int | None = None,
+                  **options) -> TwinCapacity:
     """The capacity of ``config`` (calibrated as ``cal``, with the earlier calibrations ``pool``) on
-    ``requests(rate, seed)``; see the module docstring.  ``at_half``: also the attainment at half the capacity
-    (``COARSE_SEEDS`` runs more: what the campaign's rule reads to tell noise from load; what-if does not)."""
-    t0 = time.monotonic()
-    runner = _Runner(config, (cal, *pool), requests, slo, speeds, processes, stop_share=target_share)
+    ``requests(rate, seed)``; see the module docstring and ``CapacityQuestion`` for the options.  ``at_half``: also
+    the attainment at half the capacity (``COARSE_SEEDS`` runs more: what the campaign's rule reads to tell noise
+    from load; what-if does not)."""
+    (answer,), _ = twin_capacities([CapacityQuestion(config, cal, requests, slo, speeds, start_rps, **options)],
+                                   processes)
+    return answer
+
+
+def twin_capacities(questions: list[CapacityQuestion], processes: int | None = None,
+                    reference: list[tuple[CapacityQuestion, float, range]] = ()
+                    ) -> tuple[list[TwinCapacity], list[list[RunFigures]]]:
+    """Every question's capacity, searched together: each round runs every search's next runs in one pool (a
+    search of a few seeds leaves cores idle in its last rounds, which another's fill); and, for each ``reference``
+    (question, rate, seeds), those seeds' runs at that rate to their end (every request's outcome counted)."""
+    jobs = [q.job() for q in questions] + [replace(q.job(), stop_share=None) for q, _, _ in reference]
+    runner = _Runner(jobs, processes)
+    try:
+        searches = [_capacity_search(q, runner.figures[i]) for i, q in enumerate(questions)]
+        searches += [_runs_at(rate, seeds) for _, rate, seeds in reference]
+        answers = _drive(runner, searches)
+    finally:
+        runner.close()
+    return ([replace(answer, wall_s=wall_s) for answer, wall_s in answers[:len(questions)]],
+            [answer for answer, _ in answers[len(questions):]])
+
+
+def _runs_at(rate_rps: float, seeds: range):
+    return (yield [(rate_rps, s) for s in seeds])
+
+
+def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFigures]):
+    """The search of one question (a ``Search``): ``figures`` is its job's runs so far (the runner's)."""
+    target_share, steps_per_octave = q.target_share, q.steps_per_octave
     passes = lambda fig: fig.attainment >= target_share - 1e-12  # noqa: E731
-    try:
-        lo, hi = _coarse_bracket(runner, start_rps, target_share, min_rate_rps, max_rate_rps)
-        ratio = steps_per_octave // COARSE_STEPS_PER_OCTAVE
-        # why a floor under the bracket: a seed that fails wherever it is tried walked down to 1/64 req/s, where a
-        # run of 200 requests simulates hours of sparse traffic step by step (a busy calibration's colocated twin
-        # took 122 s, 1.1 million simulated seconds, for a capacity its median did not use); a seed failing
-        # SEED_FLOOR_OCTAVES under the bracket's passing end counts as serving nothing
-        floor_rps = max(min_rate_rps, _rate(lo, COARSE_STEPS_PER_OCTAVE) / 2 ** SEED_FLOOR_OCTAVES)
-        seed_caps = _seed_capacities(runner, n_seeds, lo * ratio, hi * ratio, passes, floor_rps, max_rate_rps,
-                                     steps_per_octave)
-        capacity, interval = _median_interval(seed_caps)
-        half = None
-        if capacity is not None and at_half:
-            # why: how flat the curve is below the capacity says whether load or the box's noise makes the misses
-            half = statistics.mean(f.attainment for f in runner.run([(capacity / 2, s) for s in range(COARSE_SEEDS)]))
-    finally:
-        runner.close()
-    figures = list(runner.figures.values())
-    points = _points(figures)
+    lo, hi = yield from _coarse_bracket(q.start_rps, target_share, q.min_rate_rps, q.max_rate_rps)
+    ratio = steps_per_octave // COARSE_STEPS_PER_OCTAVE
+    # why a floor under the bracket: a seed that fails wherever it is tried walked down to 1/64 req/s, where a
+    # run of 200 requests simulates hours of sparse traffic step by step (a busy calibration's colocated twin
+    # took 122 s, 1.1 million simulated seconds, for a capacity its median did not use); a seed failing
+    # SEED_FLOOR_OCTAVES under the bracket's passing end counts as serving nothing
+    floor_rps = max(q.min_rate_rps, _rate(lo, COARSE_STEPS_PER_OCTAVE) / 2 ** SEED_FLOOR_OCTAVES)
+    seed_caps = yield from _seed_capacities(figures, q.n_seeds, lo * ratio, hi * ratio, passes, floor_rps,
+                                            q.max_rate_rps, steps_per_octave)
+    capacity, interval = _median_interval(seed_caps)
+    half = None
+    if capacity is not None and q.at_half:
+        # why: how flat the curve is below the capacity says whether load or the box's noise makes the misses
+        half = statistics.mean(f.attainment for f in (yield [(capacity / 2, s) for s in range(COARSE_SEEDS)]))
+    runs = list(figures.values())
     return TwinCapacity(
-        candidate=cal.candidate, mix=mix, target_share=target_share, capacity_rps=capacity, interval_rps=interval,
-        seed_capacities=tuple(seed_caps), points=points, n_seeds=n_seeds, n_requests=n_requests,
+        candidate=q.cal.candidate, mix=q.mix, target_share=target_share, capacity_rps=capacity, interval_rps=interval,
+        seed_capacities=tuple(seed_caps), points=_points(runs), n_seeds=q.n_seeds, n_requests=q.n_requests,
         resolution_rps=(capacity or 1.0) * (2 ** (1 / steps_per_octave) - 1),
-        sim_s=sum(f.sim_s for f in figures), virtual_s=sum(f.virtual_s for f in figures),
-        wall_s=time.monotonic() - t0, decided_by=_decided_by(figures, capacity, target_share),
-        attainment_at_half=half, n_calibrations=1 + len(pool))
+        sim_s=sum(f.sim_s for f in runs), virtual_s=sum(f.virtual_s for f in runs),
+        wall_s=0.0, decided_by=_decided_by(runs, capacity, target_share),
+        attainment_at_half=half, n_calibrations=1 + len(q.pool))
 
 
-def attainment_at(config: EngineConfig, cal: Calibration, requests: Requests, slo: SLO,
-                  speeds: tuple[float | None, float | None], rate_rps: float, seeds: range,
-                  processes: int | None = None, pool: tuple[Calibration, ...] = ()) -> list[RunFigures]:
-    """Each seed's run at ``rate_rps`` to its end (every request's outcome counted), in the pool (of processes; and
-    of calibrations, ``pool``, as ``twin_capacity``'s)."""
-    runner = _Runner(config, (cal, *pool), requests, slo, speeds, processes)
-    try:
-        return runner.run([(rate_rps, s) for s in seeds])
-    finally:
-        runner.close()
-
-
-def _coarse_bracket(runner: _Runner, start_rps: float, target_share: float, min_rate: float,
-                    max_rate: float) -> tuple[int, int]:
+def _coarse_bracket(start_rps: float, target_share: float, min_rate: float, max_rate: float):
     """Adjacent coarse grid indices (passing, failing) of the attainment pooled over ``COARSE_SEEDS`` seeds, from
-    ``start_rps`` up while it passes and down while it fails (the range's end where it never turns)."""
+    ``start_rps`` up while it passes and down while it fails (the range's end where it never turns); a
+    ``Search``."""
     steps = COARSE_STEPS_PER_OCTAVE
     k_min, k_max = math.ceil(math.log2(min_rate) * steps), math.floor(math.log2(max_rate) * steps)
     k = min(max(_index(start_rps, steps), k_min), k_max)
     passed: dict[int, bool] = {}
     for _ in range(MAX_BRACKET_MOVES):
-        figs = runner.run([(_rate(k, steps), s) for s in range(COARSE_SEEDS)])
+        figs = yield [(_rate(k, steps), s) for s in range(COARSE_SEEDS)]
         passed[k] = statistics.mean(f.attainment for f in figs) >= target_share - 1e-12
         if passed[k]:
             if passed.get(k + 1) is False or k >= k_max:
@@ -238,8 +310,8 @@ def _coarse_bracket(runner: _Runner, start_rps: float, target_share: float, min_
     return (max(below) if below else low_fail - 1), low_fail
 
 
-def _seed_capacities(runner: _Runner, n_seeds: int, lo: int, hi: int, passes, min_rate: float,
-                     max_rate: float, steps: int = FINE_STEPS_PER_OCTAVE) -> list[float | None]:
+def _seed_capacities(figures: dict[tuple[float, int], RunFigures], n_seeds: int, lo: int, hi: int, passes,
+                     min_rate: float, max_rate: float, steps: int = FINE_STEPS_PER_OCTAVE):
     """Each seed's capacity on the fine grid, by bisection from [``lo``, ``hi``] (grid indices), every seed's
     next rate run together (one pool round per step).  The bracket's ends are taken as passing and failing
     until a seed's search ends on one: only then is that end run (a third fewer runs than running both ends of
@@ -253,7 +325,7 @@ def _seed_capacities(runner: _Runner, n_seeds: int, lo: int, hi: int, passes, mi
     k_min, k_max = math.ceil(math.log2(min_rate) * steps), math.floor(math.log2(max_rate) * steps)
     lo, hi = max(lo, k_min), min(hi, k_max)
     state = {s: {} for s in range(n_seeds)}       # seed -> {index: passed}
-    for (rate, seed), fig in runner.figures.items():   # the coarse bracket's runs are this grid's too
+    for (rate, seed), fig in figures.items():   # the coarse bracket's runs are this grid's too
         if seed < n_seeds:
             state[seed][_index(rate, steps)] = passes(fig)
     ranks = _needed_ranks(n_seeds)
@@ -266,7 +338,7 @@ def _seed_capacities(runner: _Runner, n_seeds: int, lo: int, hi: int, passes, mi
                 and (k := _next_assumed(seen, lo, hi, k_min, k_max, steps)) is not None}
         if not todo:
             break
-        for fig in runner.run([(_rate(k, steps), s) for s, k in todo.items()]):
+        for fig in (yield [(_rate(k, steps), s) for s, k in todo.items()]):
             state[fig.seed][_index(fig.rate_rps, steps)] = passes(fig)
     return [_capacity_of(seen, steps) for seen in state.values()]
 
@@ -380,11 +452,15 @@ def _decided_by(figures: list[RunFigures], capacity: float | None, target_share:
 
 def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], slo: SLO,
             speeds: tuple[float | None, float | None], rate_rps: float, n_draws: int = PREDICTION_DRAWS,
-            pool: tuple[Calibration, ...] = ()) -> TwinPrediction:
+            pool: tuple[Calibration, ...] = (), processes: int | None = None) -> TwinPrediction:
     """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise, and
-    each request's share of the draws in which it met its SLO (``TwinPrediction.chances``)."""
-    figs = [run_figures(config, calibration_for((cal, *pool), seed), requests, slo, speeds, rate_rps, seed)
-            for seed in range(n_draws)]
+    each request's share of the draws in which it met its SLO (``TwinPrediction.chances``); the draws run in a pool
+    of processes as a capacity's runs do."""
+    runner = _Runner([_Job(config, (cal, *pool), lambda rate, seed: requests, slo, speeds)], processes)
+    try:
+        ((figs, _),) = _drive(runner, [_runs_at(rate_rps, range(n_draws))])
+    finally:
+        runner.close()
     n = min(len(f.met) for f in figs)
 
     def mean(values):

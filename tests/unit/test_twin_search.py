@@ -15,27 +15,32 @@ STEPS = 16
 
 
 class Seeds:
-    """``_Runner``'s two members over seeds of known capacity: ``figures`` and ``run(tasks)``."""
+    """``_Runner``'s two members over seeds of known capacity, for one job: ``figures`` and ``run(tasks)``."""
 
     def __init__(self, capacities: list[float]):
         self.capacities = capacities
-        self.figures: dict = {}
+        self.figures: dict = {0: {}}
 
     def run(self, tasks):
-        for rate, seed in tasks:
-            if (rate, seed) not in self.figures:
+        runs = self.figures[0]
+        for _, rate, seed in tasks:
+            if (rate, seed) not in runs:
                 ok = rate <= self.capacities[seed] * (1 + 1e-9)
-                self.figures[rate, seed] = SimpleNamespace(rate_rps=rate, seed=seed, attainment=0.95 if ok else 0.5)
-        return [self.figures[t] for t in tasks]
+                runs[rate, seed] = SimpleNamespace(rate_rps=rate, seed=seed, attainment=0.95 if ok else 0.5)
+        return [runs[rate, seed] for _, rate, seed in tasks]
 
 
 def search(capacities: list[float], start: float) -> tuple[list[float | None], int]:
     runner = Seeds(capacities)
-    lo, hi = cap._coarse_bracket(runner, start, 0.9, 1 / 64, 64.0)
-    ratio = STEPS // cap.COARSE_STEPS_PER_OCTAVE
-    found = cap._seed_capacities(runner, len(capacities), lo * ratio, hi * ratio, lambda f: f.attainment >= 0.9,
-                                 1 / 64, 64.0, STEPS)
-    return found, len(runner.figures)
+
+    def whole():
+        lo, hi = yield from cap._coarse_bracket(start, 0.9, 1 / 64, 64.0)
+        ratio = STEPS // cap.COARSE_STEPS_PER_OCTAVE
+        return (yield from cap._seed_capacities(runner.figures[0], len(capacities), lo * ratio, hi * ratio,
+                                                lambda f: f.attainment >= 0.9, 1 / 64, 64.0, STEPS))
+
+    ((found, _),) = cap._drive(runner, [whole()])
+    return found, len(runner.figures[0])
 
 
 def on_grid(rate: float) -> float:
