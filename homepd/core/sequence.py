@@ -41,7 +41,7 @@ class Sequence:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.n_prefilled < self.n_prompt
+        return self.n_prefilled < len(self.prompt_ids)   # why not n_prompt: read per sequence per step (the twin)
 
     @property
     def n_ctx_needed(self) -> int:
@@ -56,7 +56,11 @@ class Sequence:
     @property
     def n_kv_tokens(self) -> int:
         """Tokens currently held in this sequence's KV cache."""
-        return self.n_prefilled if self.is_prefilling else self.n_prompt + max(0, len(self.output_ids) - 1)
+        n_prompt = len(self.prompt_ids)
+        if self.n_prefilled < n_prompt:
+            return self.n_prefilled
+        n_out = len(self.output_ids)
+        return n_prompt + n_out - 1 if n_out else n_prompt
 
     def pause(self) -> None:
         """Its prefill stops and its sequence id goes (its KV stays, as a cached prefix of its own prompt): it

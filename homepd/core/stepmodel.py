@@ -68,8 +68,9 @@ class OnlineStepModel:
         if n_prompt <= 0 and n_decode <= 0 or not math.isfinite(step_ms) or step_ms < 0:
             return
         x = features(n_prompt, n_decode, kv_in_use)
-        if self.ready:
-            predicted = sum(c * xi for c, xi in zip(self.coef, x))
+        if self.n_steps >= MIN_STEPS:   # ready
+            c0, c1, c2, c3 = self.coef
+            predicted = c0 + c1 * x[1] + c2 * x[2] + c3 * x[3]
             err = step_ms - predicted
             if predicted >= 1.0:
                 share = min(LATE_CLIP, max(0.0, err) / predicted)
@@ -109,12 +110,12 @@ class OnlineStepModel:
     def _solve(self) -> list[float]:
         """(XᵀX + ρ·diag) c = Xᵀy + ρ·diag·c_prev: ridge towards the previous estimate."""
         scale = max(self.xtx[0][0], 1e-9)
-        a = [row[:] for row in self.xtx]
-        b = self.xty[:]
-        for i in range(N_FEATURES):
-            rho = RIDGE * scale * (1.0 if i == 0 else 1e-2)
-            a[i][i] += rho
-            b[i] += rho * self.coef[i]
+        r0, r = RIDGE * scale * 1.0, RIDGE * scale * 1e-2
+        (a00, _, _, _), (a10, a11, _, _), (a20, a21, a22, _), (a30, a31, a32, a33) = self.xtx
+        (b0, b1, b2, b3), (c0, c1, c2, c3) = self.xty, self.coef
+        # why the lower triangle only, as tuples: it is all _solve_spd reads, and this runs after every step
+        a = ((a00 + r0,), (a10, a11 + r), (a20, a21, a22 + r), (a30, a31, a32, a33 + r))
+        b = [b0 + r0 * c0, b1 + r * c1, b2 + r * c2, b3 + r * c3]
         solved = _solve_spd(a, b)
         if solved is None:
             return self.coef
@@ -148,11 +149,12 @@ class OnlineStepModel:
         return self._estimate
 
 
-def _solve_spd(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Solve ``a`` x = ``b`` for the 4×4 symmetric positive definite ``a`` (the ridged normal equations) by
+def _solve_spd(a: tuple[tuple[float, ...], ...], b: list[float]) -> list[float] | None:
+    """Solve ``a`` x = ``b`` for the 4×4 symmetric positive definite ``a`` (the ridged normal equations; its lower
+    triangle, rows of 1 to 4) by
     Cholesky, written out; None when it is not positive definite.  # why written out: it runs after every step,
     in every worker and every simulated one (``homepd.twin``), and loops cost 4x here."""
-    (a00, _, _, _), (a10, a11, _, _), (a20, a21, a22, _), (a30, a31, a32, a33) = a
+    (a00,), (a10, a11), (a20, a21, a22), (a30, a31, a32, a33) = a
     if a00 <= 1e-12:
         return None
     l00 = math.sqrt(a00)

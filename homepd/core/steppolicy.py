@@ -334,7 +334,7 @@ class StepPolicy:
         deadline order assumes each step gives, or with a gap ceiling what a step at its share holds, if more
         (a prompt whose deadline a grant keeps is not late: ``deadline_grant``)."""
         est = self.estimate()
-        if est is None:
+        if est is None or not prompts:   # why: most steps only decode (the twin runs this per step)
             return prompt_order(prompts, now_s, None)
         if self.adaptive and self.gap_ceiling_ms:
             tokens_per_step = max(tokens_per_step, est.chunk_for_itl(self._step_ceiling_ms(), n_decode, kv_in_use,

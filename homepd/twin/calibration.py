@@ -97,7 +97,16 @@ class StepCost:
     n_stalled: int = 0                # steps that ran over ``STALL_RATIO`` times their fitted time (left out)
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
-        ms = max(0.1, sum(c * x for c, x in zip(self.coef, cost_features(n_prompt, n_decode, kv_in_use))))
+        c = self.coef
+        if len(c) == 8:   # why written out: ``coef · cost_features``, the same sum in the same order, per simulated step
+            n = n_prompt + n_decode
+            k0, k1, k2, k3 = KNOTS
+            ms = (c[0] + c[1] * n + c[2] * (n - k0 if n > k0 else 0) + c[3] * (n - k1 if n > k1 else 0)
+                  + c[4] * (n - k2 if n > k2 else 0) + c[5] * (n - k3 if n > k3 else 0) + c[6] * n_decode
+                  + c[7] * (n * kv_in_use / 1e3))
+            ms = ms if ms > 0.1 else 0.1
+        else:
+            ms = max(0.1, sum(c * x for c, x in zip(self.coef, cost_features(n_prompt, n_decode, kv_in_use))))
         if beside == BESIDE_DECODE:
             return ms * (1.0 + self.contention)
         return ms * (1.0 + self.contention_prompt) if beside == BESIDE_PROMPT else ms

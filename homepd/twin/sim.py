@@ -335,9 +335,11 @@ class _Sim:
 
     def step_end(self, t: float, w: _Worker, plan: StepPlan, t_start: float) -> None:
         w.index += 1
+        # why the ids only when kept: the gate reads a step's budget, grant and wait, not who ran in it
+        keep = self.keep_steps
         record = StepRecord(worker_role=w.role, index=w.index, t_start_s=t_start, t_end_s=t,
-                            decode_request_ids=tuple(s.request_id for s in plan.decode),
-                            prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill),
+                            decode_request_ids=tuple(s.request_id for s in plan.decode) if keep else (),
+                            prefill=tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill) if keep else (),
                             budget=plan.budget, kv_in_use=plan.kv_in_use,
                             granted_to=plan.grant.request_id if plan.grant is not None else None,
                             grant_lost=plan.grant is not None and plan.grant.lost, store_ms=plan.store_ms,
