@@ -48,6 +48,8 @@ COARSE_STEPS_PER_OCTAVE = 2
 FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %
 MAX_BRACKET_MOVES = 12
 SEED_FLOOR_OCTAVES = 2   # how far under the coarse bracket a seed's own search may go
+TARGET_HALF_WIDTH = 0.12   # seeds are added while the interval is wider than this share either way ...
+MORE_SEEDS = 10            # ... this many at a time (CapacityQuestion.max_seeds)
 PREDICTION_DRAWS = 16   # a check's trace is short: its draws cost ~0.1 s each
 
 
@@ -218,6 +220,14 @@ class CapacityQuestion:
     steps_per_octave: int = FINE_STEPS_PER_OCTAVE
     pool: tuple[Calibration, ...] = ()
     at_half: bool = True
+    # seeds are added (``MORE_SEEDS`` at a time, up to ``max_seeds``) while the interval's half-width, as a share
+    # of the capacity, is over ``half_width``; ``max_seeds`` None: ``n_seeds`` only
+    max_seeds: int | None = None
+    half_width: float = TARGET_HALF_WIDTH
+
+    def __post_init__(self):
+        if self.max_seeds is None or self.max_seeds < self.n_seeds:
+            object.__setattr__(self, "max_seeds", self.n_seeds)
 
     def job(self) -> _Job:
         return _Job(self.config, (self.cal, *self.pool), self.requests, self.slo, self.speeds, self.target_share)
@@ -268,9 +278,17 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
     # took 122 s, 1.1 million simulated seconds, for a capacity its median did not use); a seed failing
     # SEED_FLOOR_OCTAVES under the bracket's passing end counts as serving nothing
     floor_rps = max(q.min_rate_rps, _rate(lo, COARSE_STEPS_PER_OCTAVE) / 2 ** SEED_FLOOR_OCTAVES)
-    seed_caps = yield from _seed_capacities(figures, q.n_seeds, lo * ratio, hi * ratio, passes, floor_rps,
-                                            q.max_rate_rps, steps_per_octave)
-    capacity, interval = _median_interval(seed_caps)
+    n_seeds = q.n_seeds
+    while True:
+        seed_caps = yield from _seed_capacities(figures, n_seeds, lo * ratio, hi * ratio, passes, floor_rps,
+                                                q.max_rate_rps, steps_per_octave)
+        capacity, interval = _median_interval(seed_caps)
+        # why more seeds where the interval is wide: pooled calibrations or a noisy burst spread the seeds, and 20
+        # of them left one disaggregated twin's interval at +-19 %; the order statistics of more seeds narrow it
+        # (ranks 5-14 of 20, 10-19 of 30: about a third narrower), and the seeds already searched are kept
+        if n_seeds >= q.max_seeds or capacity is None or (interval[1] - interval[0]) / 2 / capacity <= q.half_width:
+            break
+        n_seeds = min(q.max_seeds, n_seeds + MORE_SEEDS)
     half = None
     if capacity is not None and q.at_half:
         # why: how flat the curve is below the capacity says whether load or the box's noise makes the misses
@@ -278,7 +296,7 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
     runs = list(figures.values())
     return TwinCapacity(
         candidate=q.cal.candidate, mix=q.mix, target_share=target_share, capacity_rps=capacity, interval_rps=interval,
-        seed_capacities=tuple(seed_caps), points=_points(runs), n_seeds=q.n_seeds, n_requests=q.n_requests,
+        seed_capacities=tuple(seed_caps), points=_points(runs), n_seeds=n_seeds, n_requests=q.n_requests,
         resolution_rps=(capacity or 1.0) * (2 ** (1 / steps_per_octave) - 1),
         sim_s=sum(f.sim_s for f in runs), virtual_s=sum(f.virtual_s for f in runs),
         wall_s=0.0, decided_by=_decided_by(runs, capacity, target_share),

@@ -26,7 +26,8 @@ class Seeds:
         for _, rate, seed in tasks:
             if (rate, seed) not in runs:
                 ok = rate <= self.capacities[seed] * (1 + 1e-9)
-                runs[rate, seed] = SimpleNamespace(rate_rps=rate, seed=seed, attainment=0.95 if ok else 0.5)
+                runs[rate, seed] = cap.RunFigures(rate, seed, 0.95 if ok else 0.5, ttft_ms=(100.0,), gap_ms=(50.0,),
+                                                  misses={} if ok else {"TTFT": 1}, virtual_s=1.0, sim_s=0.0)
         return [runs[rate, seed] for _, rate, seed in tasks]
 
 
@@ -84,3 +85,28 @@ def test_a_seed_left_early_keeps_a_bound_on_its_side_of_the_interval():
     assert lo <= median <= hi
     assert hi < found[18] <= on_grid(6.0)        # searched only until it showed above the interval
     assert found[19] is None or found[19] < lo   # and this one below it
+
+
+def capacity_of(capacities: list[float], n_seeds: int, max_seeds: int | None):
+    runner = Seeds(capacities)
+    question = cap.CapacityQuestion(config=None, cal=SimpleNamespace(candidate="c"), requests=None, slo=None,
+                                    speeds=(None, None), start_rps=1.0, n_seeds=n_seeds, max_seeds=max_seeds,
+                                    steps_per_octave=STEPS, at_half=False)
+    ((found, _),) = cap._drive(runner, [cap._capacity_search(question, runner.figures[0])])
+    return found, set(runner.figures[0])
+
+
+def test_seeds_are_added_while_the_interval_is_wider_than_its_target():
+    rng = random.Random(11)
+    wide = [2.0 ** rng.gauss(0.0, 0.5) for _ in range(40)]     # seeds a wide box's twin spreads
+    (alone, alone_runs), (more, more_runs) = capacity_of(wide, 20, None), capacity_of(wide, 20, 30)
+    assert alone.n_seeds == 20 and alone.half_width > cap.TARGET_HALF_WIDTH
+    assert more.n_seeds == 30 and more.half_width < alone.half_width
+    assert alone_runs < more_runs     # the first 20 seeds' runs are kept, not run again
+
+
+def test_a_narrow_interval_gets_no_more_seeds():
+    rng = random.Random(12)
+    narrow = [2.0 ** rng.gauss(0.0, 0.05) for _ in range(40)]
+    found, _ = capacity_of(narrow, 20, 30)
+    assert found.n_seeds == 20 and found.half_width <= cap.TARGET_HALF_WIDTH

@@ -63,7 +63,7 @@ from homepd.store import rows
 from homepd.store.records import Run, decode_run
 from homepd.twin.burst import burst_trace, calibrate
 from homepd.twin.calibration import Calibration
-from homepd.twin.capacity import FINE_STEPS_PER_OCTAVE, N_REQUESTS, N_SEEDS
+from homepd.twin.capacity import FINE_STEPS_PER_OCTAVE, MORE_SEEDS, N_REQUESTS, N_SEEDS
 from homepd.twin.check import verdict
 from homepd.twin.records import CALIBRATION_MIX, TwinEvidence
 
@@ -130,6 +130,13 @@ class AdviseSettings:
     twin_steps_per_octave: int = FINE_STEPS_PER_OCTAVE   # the twin's rate grid (16: 4.4 % a step)
     check_requests: int = MIN_CHECK_REQUESTS   # a check probe's requests at least
     twin_seeds: int = N_SEEDS                  # seeds the twin runs each rate on (fewer: faster, a wider interval)
+    # seeds the twin may add where its interval is wider than TARGET_HALF_WIDTH (homepd.twin.capacity); a campaign
+    # asked for fewer than N_SEEDS asked for speed, and gets none
+    twin_more_seeds: int = MORE_SEEDS
+
+    @property
+    def twin_max_seeds(self) -> int:
+        return self.twin_seeds + (self.twin_more_seeds if self.twin_seeds >= N_SEEDS else 0)
     # earlier calibrations of a candidate on this box its twin pools with the run's own (homepd.advise.campaign.pooled)
     twin_pool: int = MAX_EARLIER
 
@@ -441,7 +448,7 @@ class Campaign:
                             run_probe=lambda trace, rate, seed: self._check_probe(engine, cand, mix, trace, rate,
                                                                                   seed, run_id),
                             n_checks=s.twin_checks, steps_per_octave=s.twin_steps_per_octave,
-                            check_requests=s.check_requests, n_seeds=s.twin_seeds,
+                            check_requests=s.check_requests, n_seeds=s.twin_seeds, max_seeds=s.twin_max_seeds,
                             pool=self._pools.get(cand.name, ()))
         found = await search.run(self._start_rate(mix), seed=s.seed,
                                  on_simulated=lambda: self._step_done(f"{cand.name}: the twin done"))

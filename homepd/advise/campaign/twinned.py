@@ -61,10 +61,11 @@ class TwinSearch:
                  run_probe: Callable[[Trace, float, int], Awaitable[tuple[Trace, RunRecord]]], n_checks: int = 1,
                  n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS,
                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, check_requests: int = MIN_CHECK_REQUESTS,
-                 pool: tuple[Calibration, ...] = ()):
+                 pool: tuple[Calibration, ...] = (), max_seeds: int | None = None):
         self.config, self.cal, self.mix, self.slo, self.speeds = config, cal, mix, slo, speeds
         self.search, self.make, self.tokenize, self.run_probe = search, make, tokenize, run_probe
         self.n_checks, self.n_seeds, self.n_requests = n_checks, n_seeds, n_requests
+        self.max_seeds = max(n_seeds, max_seeds or n_seeds)   # seeds added where the interval is wide
         self.steps_per_octave, self.check_requests = steps_per_octave, check_requests
         self.pool = pool      # earlier calibrations of the candidate on this box (``homepd.advise.campaign.pooled``)
 
@@ -73,9 +74,10 @@ class TwinSearch:
         """The twin's capacity (``on_simulated`` called when it is found), then the checks at it."""
         requests = TraceRequests(lambda rate, n, s: tagged(self.make(rate, n, s), TWIN_TAG), self.n_requests,
                                  self.tokenize)
-        await asyncio.to_thread(requests.prepare, range(self.n_seeds))
+        await asyncio.to_thread(requests.prepare, range(self.max_seeds))
         twin = await asyncio.to_thread(twin_capacity, self.config, self.cal, requests, self.slo, self.speeds,
-                                       start_rps, mix=self.mix, n_seeds=self.n_seeds, n_requests=self.n_requests,
+                                       start_rps, mix=self.mix, n_seeds=self.n_seeds, max_seeds=self.max_seeds,
+                                       n_requests=self.n_requests,
                                        target_share=self.search.target_share,
                                        steps_per_octave=self.steps_per_octave, pool=self.pool)
         on_simulated()
