@@ -368,6 +368,7 @@ class Campaign:
             for mix in mixes:
                 if cal is not None and self._twinnable(mix):
                     await self._twin_search(engine, cand, config, cal, mix, evidence, run_id)
+                    self._searches_left = max(0, self._searches_left - 1)
                     continue
                 screened = self._screened.get((cand.name, mix))
                 curves, repeats = [], range(self._repeats(mix) if refine else 1)
@@ -449,7 +450,7 @@ class Campaign:
                                                                                   seed, run_id),
                             n_checks=s.twin_checks, steps_per_octave=s.twin_steps_per_octave,
                             check_requests=s.check_requests, n_seeds=s.twin_seeds, max_seeds=s.twin_max_seeds,
-                            pool=self._pools.get(cand.name, ()))
+                            pool=self._pools.get(cand.name, ()), afford=self._affords)
         found = await search.run(self._start_rate(mix), seed=s.seed,
                                  on_simulated=lambda: self._step_done(f"{cand.name}: the twin done"))
         curve = found.outcome.curve
@@ -483,6 +484,14 @@ class Campaign:
         given traffic), once elsewhere (a 30-minute budget on 2 cores holds no more)."""
         s = self.settings
         return s.repeats if mix in s.repeat_mixes or len(s.mixes) == 1 else 1
+
+    def _affords(self, seconds: float) -> bool:
+        """Whether this search's share of the time left (as ``_budgeted`` shares it) holds ``seconds`` more.
+        # why: the full campaign's second check on each mix (42 checks of 15-50 s) ran it to 2,309 s of its
+        # 1,800 s budget; a check after the first is dropped once the budget is behind"""
+        if self._deadline is None:
+            return True
+        return (self._deadline - time.monotonic()) / max(1, self._searches_left) >= seconds
 
     def _budgeted(self, search: SearchSettings) -> SearchSettings:
         """``search`` with its probe length from the SLO (``probe_span_s``) and its arrivals' budget cut to this

@@ -13,6 +13,7 @@ searched by measurement only (``homepd.advise.campaign.probes``).
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -61,11 +62,15 @@ class TwinSearch:
                  run_probe: Callable[[Trace, float, int], Awaitable[tuple[Trace, RunRecord]]], n_checks: int = 1,
                  n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS,
                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, check_requests: int = MIN_CHECK_REQUESTS,
-                 pool: tuple[Calibration, ...] = (), max_seeds: int | None = None):
+                 pool: tuple[Calibration, ...] = (), max_seeds: int | None = None,
+                 afford: Callable[[float], bool] = lambda seconds: True):
         self.config, self.cal, self.mix, self.slo, self.speeds = config, cal, mix, slo, speeds
         self.search, self.make, self.tokenize, self.run_probe = search, make, tokenize, run_probe
         self.n_checks, self.n_seeds, self.n_requests = n_checks, n_seeds, n_requests
         self.max_seeds = max(n_seeds, max_seeds or n_seeds)   # seeds added where the interval is wide
+        # afford(seconds): whether the campaign's budget affords another check as long as the last (the first
+        # check always runs)
+        self.afford = afford
         self.steps_per_octave, self.check_requests = steps_per_octave, check_requests
         self.pool = pool      # earlier calibrations of the candidate on this box (``homepd.advise.campaign.pooled``)
 
@@ -86,7 +91,11 @@ class TwinSearch:
         # asks what the twin says (that it fails there)
         rate = twin.capacity_rps or start_rps
         checks, probes, records = [], [], {}
+        last_s = 0.0
         for i in range(self.n_checks):
+            if i and not self.afford(last_s):
+                break
+            t0 = time.monotonic()
             check_seed = CHECK_SEED_BASE + seed * 10 + i
             n = max(self.check_requests, probe_requests(rate, self.search))
             trace = self.make(rate, n, check_seed)
@@ -98,6 +107,7 @@ class TwinSearch:
             checks.append(check_of(record, probe, predicted, self.mix))
             probes.append(probe)
             records[rate] = record
+            last_s = time.monotonic() - t0
         trusted, _, _ = verdict(tuple(checks))
         if trusted and twin.capacity_rps is not None:
             curve = CapacityCurve(self.cal.candidate, self.mix, self.search.target_share, twin.resolution_rps,

@@ -1,0 +1,55 @@
+"""A campaign's twin search on one mix (``homepd.advise.campaign.twinned.TwinSearch``): the twin's capacity, then
+its checks, of which the campaign's budget may drop those after the first.  The constructed calibration of
+``test_whatif``; each "measured" probe is the twin's own run of the check's trace (what a check needs of a
+probe: its requests' lifecycles), so nothing here is timed."""
+from __future__ import annotations
+
+import asyncio
+
+from homepd.advise.campaign.capacity import SearchSettings
+from homepd.advise.campaign.twinned import TwinSearch
+from homepd.measure.metrics import SLO, summarize
+from homepd.measure.replay import RunRecord
+from homepd.measure.trace import make_trace
+from homepd.twin.sim import simulate
+from homepd.twin.traces import of_trace
+
+from test_twin import fixed_cost, one_worker
+from test_whatif import CONFIG, N_REQUESTS, N_SEEDS, tokenize
+
+CAL = one_worker(CONFIG, fixed_cost(60.0, 1.5, 5.0))
+SLO_ = SLO.from_budgets(CONFIG.class_budgets)
+
+
+def make(rate, n, seed):
+    return make_trace("mixed", n, rate, max_tokens=16, long_tokens=120, ignore_eos=True, seed=seed)
+
+
+def search(n_checks: int, afford) -> tuple[int, object]:
+    probes = []
+
+    async def run_probe(trace, rate, seed):
+        probes.append(rate)
+        run = simulate(CONFIG, CAL, of_trace(trace, [tokenize(r) for r in trace]), seed)
+        return trace, RunRecord(mode="colocated", config={}, trace_name="mixed", summary=summarize(run.requests, []),
+                                stalls=(), worker_events=(), memory=(), kv_arena_bytes=0, energy_j={},
+                                requests=tuple(run.requests))
+
+    twin = TwinSearch(CONFIG, CAL, "mixed", SLO_, (None, None), SearchSettings(), make, tokenize, run_probe,
+                      n_checks=n_checks, n_seeds=N_SEEDS, n_requests=N_REQUESTS, steps_per_octave=8,
+                      check_requests=8, afford=afford)
+    found = asyncio.run(twin.run(1.0))
+    return len(probes), found
+
+
+def test_every_check_runs_while_the_budget_affords_it():
+    asked = []
+    n, found = search(2, lambda seconds: asked.append(seconds) or True)
+    assert n == 2 and len(found.checks) == 2
+    assert len(asked) == 1 and asked[0] >= 0.0     # asked once, before the second, with the first's duration
+
+
+def test_a_check_after_the_first_is_dropped_when_the_budget_is_behind():
+    n, found = search(2, lambda seconds: False)
+    assert n == 1 and len(found.checks) == 1
+    assert found.outcome.curve.capacity_rps is not None   # one check still decides whether the twin is trusted
