@@ -110,3 +110,14 @@ def test_a_narrow_interval_gets_no_more_seeds():
     narrow = [2.0 ** rng.gauss(0.0, 0.05) for _ in range(40)]
     found, _ = capacity_of(narrow, 20, 30)
     assert found.n_seeds == 20 and found.half_width <= cap.TARGET_HALF_WIDTH
+
+
+def test_the_coarse_bracket_follows_the_seeds_median_not_one_seed_s_deep_miss():
+    runner = Seeds([2.0, 2.0, 2.0, 0.3])     # three of the four coarse seeds serve 2 req/s, one 0.3
+
+    def bracket():
+        return (yield from cap._coarse_bracket(1.0, 0.9, 1 / 64, 64.0))
+
+    ((found, _),) = cap._drive(runner, [bracket()])
+    lo, hi = (cap._rate(k, cap.COARSE_STEPS_PER_OCTAVE) for k in found)
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0 * 2 ** 0.5)
