@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import _thread
 import compileall
+import concurrent.futures
 import contextlib
 import fcntl
+import multiprocessing
 import os
+import re
 import tempfile
 import threading
 import time
@@ -109,6 +112,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "two_cores: needs every core in its affinity (two or more), not alone")
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         compile_homepd()
+        rewrite_tests(config)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(BoxShare(config.workerinput["workerid"], config.workerinput["testrunuid"]),
                                       "homepd-box-share")
@@ -122,6 +126,48 @@ def compile_homepd() -> None:
     compiled its homepd imports from source again (0.6 s a worker, 1.7 s a server).  py_compile writes it
     whatever that variable says.  (The dependencies' stays uncompiled: docs/testing.md says why.)"""
     compileall.compile_dir(str(Path(homepd.__file__).parent), quiet=1, workers=0)
+
+
+def rewrite_tests(config) -> None:
+    """The suite's test modules, assert-rewritten once before the workers start, two processes at a time, and
+    their helpers compiled.  why: pytest keeps a test module's rewritten code in ``__pycache__`` only where
+    bytecode may be written, so where PYTHONDONTWRITEBYTECODE is set (this VM, CI) each xdist worker parsed and
+    rewrote all of them again: 5 s of each worker's collection, on each core.  pytest reads the cache whatever
+    that variable says (a hash-checked pyc: an edited module is rewritten again).  Written with pytest's own
+    rewriter (private: where it is gone or asserts are not rewritten, the workers rewrite as before)."""
+    try:
+        from _pytest.assertion.rewrite import PYC_TAIL, _read_pyc, get_cache_dir
+    except ImportError:
+        return
+    if config.getoption("assertmode") != "rewrite":
+        return
+    tests = Path(__file__).parent
+    compileall.compile_dir(str(tests), quiet=1, workers=0, rx=re.compile(r"(^|/)(test_[^/]*|conftest)\.py$"))
+    todo = [str(path) for path in sorted(tests.rglob("*.py"))
+            if (path.name.startswith("test_") or path.name == "conftest.py")
+            and _read_pyc(path, get_cache_dir(path) / (path.name[:-3] + PYC_TAIL)) is None]
+    if not todo:
+        return
+    _REWRITING["config"] = config
+    n = min(len(todo), len(os.sched_getaffinity(0)))
+    try:
+        with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+            list(pool.map(_rewrite_one, todo, chunksize=4))
+    finally:
+        _REWRITING.clear()
+
+
+_REWRITING: dict = {}  # the forked rewriters read the run's config here
+
+
+def _rewrite_one(path: str) -> None:
+    from _pytest.assertion.rewrite import PYC_TAIL, _rewrite_test, _write_pyc, assertstate_key, get_cache_dir
+
+    config, fn = _REWRITING["config"], Path(path)
+    source_hash, code = _rewrite_test(fn, config)
+    cache = get_cache_dir(fn)
+    cache.mkdir(exist_ok=True)
+    _write_pyc(config.stash[assertstate_key], code, source_hash, cache / (fn.name[:-3] + PYC_TAIL))
 
 
 ORPHAN_GRACE_S = 20.0
