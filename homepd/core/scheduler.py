@@ -285,8 +285,16 @@ class Scheduler:
     def _reserve_decode_cells(self) -> tuple[Eviction, ...]:
         """Grow the reservation of every decode whose next token needs a cell, oldest first; when the
         context is full, take cells back from the victims the policy names until it fits."""
+        # why only those whose next token outgrows their cells, and sorted only then: nearly every step needs no cell
+        # (reservations grow a block at a time), and one that does not grow is untouched by the others' growth
+        # but for being evicted (the twin runs this per simulated step)
+        n_cells_of = self.allocator.n_cells_of
+        growing = [s for s in self.running
+                   if not s.is_prefilling and kvpolicy.cells_to_grow(s, n_cells_of(s.seq_id)) is not None]
+        if not growing:
+            return ()
         evicted: list[Eviction] = []
-        for seq in sorted((s for s in self.running if not s.is_prefilling), key=lambda s: s.arrival_order):
+        for seq in sorted(growing, key=lambda s: s.arrival_order):
             while seq.seq_id is not None:
                 grow = kvpolicy.cells_to_grow(seq, self.allocator.n_cells_of(seq.seq_id))
                 if grow is None:
