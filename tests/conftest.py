@@ -1,7 +1,6 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
-import _thread
 import compileall
 import concurrent.futures
 import contextlib
@@ -9,6 +8,7 @@ import fcntl
 import multiprocessing
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -180,7 +180,9 @@ def end_with_the_run(pytest_pid: int) -> None:
     start die with whoever started them (``homepd.osutil.die_with_parent``)."""
     while os.getppid() == pytest_pid:
         time.sleep(0.5)
-    _thread.interrupt_main()
+    # why a signal to the main thread, not _thread.interrupt_main(): that only sets a flag, which a test blocked in
+    # a wait (a lock, a socket) sees when it wakes; until then execnet's own SIGINT, 5 s later, ended it
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
     time.sleep(ORPHAN_GRACE_S)
     os._exit(3)
 
