@@ -13,8 +13,9 @@ import asyncio
 import time
 from dataclasses import replace
 
-from homepd.twin.calibration import (Calibration, Reuse, WorkerCalibration, handoff_of, narrow, prepare_cost,
-                                     step_cost, warm_shapes)
+from homepd.core.protocol import StepRecord
+from homepd.twin.calibration import (Calibration, Reuse, StepCost, WorkerCalibration, handoff_of, narrow,
+                                     prepare_cost, step_cost, warm_shapes)
 from homepd.hw.monitor import other_cpu_cores
 from homepd.core.modes import Role
 from homepd.measure.metrics import SLO
@@ -27,6 +28,7 @@ BURST_PER_SEQUENCE = 3        # requests per sequence id of each entry worker
 MIN_BURST_REQUESTS = 8
 N_PREPARE_SAMPLES = 6
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
+MIN_PROMPT_STEPS = 5          # a worker with fewer prompt steps in the burst borrows another's (worker_costs)
 
 
 def burst_size(n_seq_max: int, n_entry_workers: int, per_sequence: int = BURST_PER_SEQUENCE) -> int:
@@ -57,16 +59,7 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
     specs = engine.worker_specs()
     cache = engine.cache_stats()
     own = {name: [s for s in steps if s.worker_role == name] for name in specs}
-    others = {name: [s for s in steps if s.worker_role != name] for name in specs}
-    costs = {name: step_cost(own[name], others[name]) for name in specs}
-    # a worker whose burst cannot tell its fixed part from its cost per token takes the fixed part of the one
-    # whose burst can (the same llama.cpp loop on the same kind of core); its cost per token is its own
-    wide = [n for n in specs if not narrow(own[n])]
-    if wide:
-        best = max(wide, key=lambda n: len(own[n]))
-        for name in specs:
-            if name not in wide and own[name]:
-                costs[name] = step_cost(own[name], others[name], base_ms=costs[best].coef[0])
+    costs = worker_costs(steps, list(specs))
     workers = tuple(WorkerCalibration(name, spec, costs[name], Reuse.of(cache.get(name), can_share=spec.kv_unified),
                                       warm=warm_shapes(own[name]))
                     for name, spec in specs.items())
@@ -80,6 +73,39 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
                        kv_max=max((s.kv_in_use for s in steps), default=0),
                        prefill_n_ctx=prefill.n_ctx if prefill is not None else None,
                        other_cpu_cores=busy_cores), record
+
+
+def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCost]:
+    """Each worker's step cost from the burst's ``steps`` (every worker's, in the order they ran), each fitted on its
+    own steps, with what its burst could not measure taken from a worker of the same candidate that did (the same
+    llama.cpp loop, model and thread count, on the same kind of core):
+
+    * a worker whose burst cannot tell its fixed part from its cost per token (``narrow``) takes the fixed part of
+      the one whose burst can; its cost per token is its own;
+    * a worker whose burst ran fewer than ``MIN_PROMPT_STEPS`` steps with prompt tokens is fitted with the prompt
+      steps of the worker that ran the most, priced as that worker's fit prices them alone: its own steps alone
+      cannot tell a prompt token's cost from a decode token's (a disaggregated decode worker's burst is decodes
+      only: its fit priced a prompt token at 2 ms where its check's 17-token local prefills took 250 ms a step,
+      and the twin put those requests' TTFT at 63 ms where the clients measured 273)."""
+    own = {name: [s for s in steps if s.worker_role == name] for name in names}
+    others = {name: [s for s in steps if s.worker_role != name] for name in names}
+    costs = {name: step_cost(own[name], others[name]) for name in names}
+    wide = [n for n in names if not narrow(own[n])]
+    base = {}
+    if wide:
+        best = max(wide, key=lambda n: len(own[n]))
+        for name in names:
+            if name not in wide and own[name]:
+                base[name] = costs[best].coef[0]
+                costs[name] = step_cost(own[name], others[name], base_ms=base[name])
+    prompts = {n: [s for s in own[n] if s.n_prompt_tokens > 0] for n in names}
+    lender = max(names, key=lambda n: len(prompts[n]), default=None)
+    if lender is not None and len(prompts[lender]) >= MIN_PROMPT_STEPS:
+        for name in names:
+            if name != lender and own[name] and len(prompts[name]) < MIN_PROMPT_STEPS:
+                costs[name] = step_cost(own[name], others[name], base_ms=base.get(name),
+                                        borrowed=[(s, costs[lender]) for s in prompts[lender]])
+    return costs
 
 
 def _with_siblings(workers: tuple[WorkerCalibration, ...]):
