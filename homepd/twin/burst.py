@@ -5,8 +5,8 @@ The burst is the mixed trace's first requests (short chats and documents, the pr
 loop of ``n_seq_max`` per entry worker: every decode batch size up to ``--n-seq-max`` appears, prompt slices of
 every size the candidate's own step policy cuts, and the KV in use climbs to what documents and their neighbours
 hold.  Then a trickle of short prompts one at a time (``trickle_trace``): the small prompt steps at a shallow KV
-that the burst's batched prompts never make.  Each worker is fitted on its own steps, on its own placement, with
-what its burst could not measure taken from a sibling (``worker_costs``).  The controller's template and tokenizer
+that the burst's batched prompts never make.  Each worker is fitted on its own steps, on its own placement
+(``worker_costs``).  The controller's template and tokenizer
 are timed on the same prompts, and a disaggregated candidate's handoffs give the KV handoff's cost.
 """
 from __future__ import annotations
@@ -30,7 +30,6 @@ BURST_PER_SEQUENCE = 3        # requests per sequence id of each entry worker
 MIN_BURST_REQUESTS = 8
 N_PREPARE_SAMPLES = 6
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
-MIN_PROMPT_STEPS = 5          # a worker with fewer prompt steps in the burst borrows another's (worker_costs)
 TRICKLE_REQUESTS = 4          # the burst's tail: short prompts one at a time ...
 TRICKLE_TOKENS = 4            # ... of this many output tokens
 TRICKLE_SEED = 78
@@ -93,34 +92,26 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
 
 def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCost]:
     """Each worker's step cost from the burst's ``steps`` (every worker's, in the order they ran), each fitted on its
-    own steps, with what its burst could not measure taken from a worker of the same candidate that did (the same
-    llama.cpp loop, model and thread count, on the same kind of core):
+    own steps; a worker whose burst cannot tell its fixed part from its cost per token (``narrow``) takes the fixed
+    part of the one whose burst can (the same llama.cpp loop on the same kind of core); its cost per token is its
+    own.
 
-    * a worker whose burst cannot tell its fixed part from its cost per token (``narrow``) takes the fixed part of
-      the one whose burst can; its cost per token is its own;
-    * a worker whose burst ran fewer than ``MIN_PROMPT_STEPS`` steps with prompt tokens is fitted with the prompt
-      steps of the worker that ran the most, priced as that worker's fit prices them alone: its own steps alone
-      cannot tell a prompt token's cost from a decode token's (a disaggregated decode worker's burst is decodes
-      only: its fit priced a prompt token at 2 ms where its check's 17-token local prefills took 250 ms a step,
-      and the twin put those requests' TTFT at 63 ms where the clients measured 273)."""
+    Not yet measured: a prompt token's cost on a worker whose burst ran no prompt step (a disaggregated decode
+    worker's burst is decodes only, so its fit cannot tell a prompt token from a decode token: it priced one at 2 ms
+    where its check's 17-token local prefills took 250 ms a step).  Fitting it jointly with the prefill worker's
+    prompt steps priced those right but pulled its decode steps 15 % up (a ridge shrinks the decode term, whose
+    feature is small), and that twin's capacity fell from the 0.59-0.68 req/s its earlier checks passed at to 0.32:
+    a two-stage fit (the lender's prompt terms fixed, the worker's own fixed part and decode term fitted on what is
+    left of its steps) is the way, not done."""
     own = {name: [s for s in steps if s.worker_role == name] for name in names}
     others = {name: [s for s in steps if s.worker_role != name] for name in names}
     costs = {name: step_cost(own[name], others[name]) for name in names}
     wide = [n for n in names if not narrow(own[n])]
-    base = {}
     if wide:
         best = max(wide, key=lambda n: len(own[n]))
         for name in names:
             if name not in wide and own[name]:
-                base[name] = costs[best].coef[0]
-                costs[name] = step_cost(own[name], others[name], base_ms=base[name])
-    prompts = {n: [s for s in own[n] if s.n_prompt_tokens > 0] for n in names}
-    lender = max(names, key=lambda n: len(prompts[n]), default=None)
-    if lender is not None and len(prompts[lender]) >= MIN_PROMPT_STEPS:
-        for name in names:
-            if name != lender and own[name] and len(prompts[name]) < MIN_PROMPT_STEPS:
-                costs[name] = step_cost(own[name], others[name], base_ms=base.get(name),
-                                        borrowed=[(s, costs[lender]) for s in prompts[lender]])
+                costs[name] = step_cost(own[name], others[name], base_ms=costs[best].coef[0])
     return costs
 
 

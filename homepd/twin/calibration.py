@@ -226,13 +226,10 @@ class Calibration:
 
 # ---- fitting --------------------------------------------------------------------------------------------------
 
-def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: float | None = None,
-              borrowed: list[tuple[StepRecord, StepCost]] = ()) -> StepCost:
+def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: float | None = None) -> StepCost:
     """The step cost of one worker's ``steps`` (in the order it ran them); ``others``: the other workers' steps of
     the same run, whose overlap with each of these measures the contention between them; ``base_ms``: a step's
-    fixed part, given (``narrow``: a burst that cannot tell it from the cost per token); ``borrowed``: another
-    worker's steps, each with that worker's cost, which prices it alone: they join the fit of the cost (what this
-    worker's own steps cannot tell apart), not its contention or noise (``homepd.twin.burst.worker_costs``).
+    fixed part, given (``narrow``: a burst that cannot tell it from the cost per token).
 
     Steps the box stopped (``STALL_RATIO`` times their fitted time or more) are left out of the fit and of the
     noise, and counted (``StepCost.n_stalled``).  # why: a burst sees 0-3 of them, clustered (its first seconds, a
@@ -240,25 +237,22 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     they made a twin put the largest gap's p90 at 171 ms where the check after it measured 80, and a 3-s stall in
     the least squares dragged every coefficient up.  The measured checks are what says whether the box stalls
     while serving (a twin that leaves out stalls the box keeps having fails its check)."""
-    cost, rel = _step_cost(steps, others, base_ms, borrowed)
+    cost, rel = _step_cost(steps, others, base_ms)
     stalled = {i for i, r in enumerate(rel) if r >= STALL_RATIO - 1.0}
     if not stalled or len(stalled) * 2 > len(steps):   # most steps "stalled": the fit is wrong, not the box
         return cost
     kept = [st for i, st in enumerate(steps) if i not in stalled]
-    cost, _ = _step_cost(kept, others, base_ms, borrowed)
+    cost, _ = _step_cost(kept, others, base_ms)
     return dataclasses.replace(cost, n_stalled=len(stalled))
 
 
-def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float | None,
-               borrowed: list[tuple[StepRecord, StepCost]] = ()) -> tuple[StepCost, list[float]]:
+def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float | None
+               ) -> tuple[StepCost, list[float]]:
     """``step_cost`` of every one of ``steps``, and each step's time relative to its fitted time, less one."""
     shapes = [(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use) for s in steps]
     light, heavy = overlaps(steps, others)
     ms = [s.duration_ms for s in steps]
-    lent = [(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use) for s, _ in borrowed]
-    lent_ms = [cost.predict_ms(*shape) for shape, (_, cost) in zip(lent, borrowed)]
-    coef = physical_fit([cost_features(*shape) for shape in shapes + lent], ms + lent_ms, base_ms) if steps \
-        else (1.0,)
+    coef = physical_fit([cost_features(*shape) for shape in shapes], ms, base_ms) if steps else (1.0,)
     level, contention, contention_prompt = 0.0, 0.0, 0.0
     if others and steps:
         # the residuals against what ran beside each step: an intercept (the fit above absorbed the average) and

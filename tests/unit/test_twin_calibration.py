@@ -108,37 +108,3 @@ def test_steps_the_box_stopped_are_counted_and_the_rest_are_not():
     assert all(abs(cost.predict_ms(0, n) / quiet.predict_ms(0, n) - 1) < 0.02 for n in (1, 4, 8))
     assert max(cost.residuals) < STALL_RATIO - 1.0 and max(cost.residuals) < 1.5 * max(quiet.residuals)
 
-
-def disaggregated_burst(seed: int = 5) -> list[StepRecord]:
-    """A disaggregated burst as this box runs it: the prefill worker's prompt steps of 16-256 tokens (18 ms and
-    9 ms a token), and, on cores of its own at the same time, the decode worker's 1-4 decode steps (18 ms and
-    4 ms a token) and no prompt step at all; 1 ms of noise."""
-    rng = random.Random(seed)
-    steps, t = [], 0.0
-    for i in range(24):
-        n = rng.choice((16, 48, 100, 180, 256))
-        ms = 18.0 + 9.0 * n + rng.uniform(-1.0, 1.0)
-        steps.append(StepRecord("prefill", i, t, t + ms / 1e3, (), (("p", n),)))
-        t += ms / 1e3 + 0.001
-    t = 0.0
-    for i in range(400):
-        d = 1 + i % 4
-        ms = 18.0 + 4.0 * d + rng.uniform(-1.0, 1.0)
-        steps.append(StepRecord("decode", i, t, t + ms / 1e3, tuple(f"r{k}" for k in range(d)), ()))
-        t += ms / 1e3 + 0.001
-    return steps
-
-
-def test_a_worker_whose_burst_ran_no_prompt_step_prices_one_as_the_worker_that_did():
-    from homepd.twin.burst import worker_costs
-
-    steps = disaggregated_burst()
-    costs = worker_costs(steps, ["prefill", "decode"])
-    alone = step_cost([s for s in steps if s.worker_role == "decode"], [s for s in steps if s.worker_role != "decode"])
-    local_prefill = 18.0 + 9.0 * 17 + 4.0 * 4          # a 17-token prompt beside 4 decodes, were it measured
-    assert alone.predict_ms(17, 4) < 0.6 * local_prefill   # its own decodes alone price the prompt far too low
-    assert abs(costs["decode"].predict_ms(17, 4) - local_prefill) < 0.2 * local_prefill
-    for d in (1, 2, 3, 4):                                  # and its decodes as before
-        assert abs(costs["decode"].predict_ms(0, d) - (18.0 + 4.0 * d)) < 0.1 * (18.0 + 4.0 * d)
-    assert costs["prefill"] == step_cost([s for s in steps if s.worker_role == "prefill"],
-                                         [s for s in steps if s.worker_role != "prefill"])
