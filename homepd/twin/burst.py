@@ -4,9 +4,7 @@ and what the twin learns from it (``homepd.twin.calibration``).
 The burst is the mixed trace's first requests (short chats and documents, the probes' own shapes) in a closed
 loop of ``n_seq_max`` per entry worker: every decode batch size up to ``--n-seq-max`` appears, prompt slices of
 every size the candidate's own step policy cuts, and the KV in use climbs to what documents and their neighbours
-hold.  Then a trickle of short prompts one at a time (``trickle_trace``): the small prompt steps at a shallow KV
-that the burst's batched prompts never make.  Each worker is fitted on its own steps, on its own placement
-(``worker_costs``).  The controller's template and tokenizer
+hold.  Each worker is fitted on its own steps, on its own placement (``worker_costs``).  The controller's template and tokenizer
 are timed on the same prompts, and a disaggregated candidate's handoffs give the KV handoff's cost.
 """
 from __future__ import annotations
@@ -30,9 +28,6 @@ BURST_PER_SEQUENCE = 3        # requests per sequence id of each entry worker
 MIN_BURST_REQUESTS = 8
 N_PREPARE_SAMPLES = 6
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
-TRICKLE_REQUESTS = 4          # the burst's tail: short prompts one at a time ...
-TRICKLE_TOKENS = 4            # ... of this many output tokens
-TRICKLE_SEED = 78
 
 
 def burst_size(n_seq_max: int, n_entry_workers: int, per_sequence: int = BURST_PER_SEQUENCE) -> int:
@@ -49,12 +44,6 @@ def burst_trace(config, per_sequence: int, *, max_tokens: int, long_tokens: int,
                       ignore_eos=True, seed=seed)
 
 
-def trickle_trace() -> Trace:
-    """Short prompts one at a time, a few tokens each: the small prompt steps at a shallow KV a burst lacks."""
-    return make_trace("short", TRICKLE_REQUESTS, 1.0, concurrency=1, max_tokens=TRICKLE_TOKENS, ignore_eos=True,
-                      seed=TRICKLE_SEED)
-
-
 async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None, sampler=None
                     ) -> tuple[Calibration, RunRecord]:
     """Run ``trace`` (a closed-loop burst: ``Trace.concurrency`` set) on the started ``engine``; its calibration
@@ -62,11 +51,6 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
     t0 = time.monotonic()
     record = await run_trace(engine, tagged(trace, "[calibration] "), trace_name="calibration", slo=slo,
                              sampler=sampler)
-    # why a trickle after the burst: the burst's concurrent prompts are batched into large steps, so no step of a
-    # few dozen tokens at a shallow KV was seen, and the fit priced one by extrapolation (a disaggregated prefill
-    # worker's 16-25-token steps took 156-306 ms where its fit, from 124- and 256-token steps, said 150-190)
-    trickle = await run_trace(engine, tagged(trickle_trace(), "[calibration] "), trace_name="calibration",
-                              slo=slo, sampler=sampler)
     t1 = time.monotonic()
     burst_s = t1 - t0
     busy_cores = other_cpu_cores(sampler.history(t0), t0, t1) if sampler is not None else None
@@ -83,8 +67,8 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
     base_ms, per_token_ms = prepare_cost(samples)
     prefill = specs.get(Role.PREFILL.value)
     return Calibration(candidate=candidate, workers=workers, prepare_base_ms=base_ms,
-                       prepare_ms_per_token=per_token_ms, handoff=handoff_of(record.requests + trickle.requests),
-                       n_requests=len(record.requests) + len(trickle.requests), burst_s=burst_s,
+                       prepare_ms_per_token=per_token_ms, handoff=handoff_of(record.requests),
+                       n_requests=len(record.requests), burst_s=burst_s,
                        kv_max=max((s.kv_in_use for s in steps), default=0),
                        prefill_n_ctx=prefill.n_ctx if prefill is not None else None,
                        other_cpu_cores=busy_cores), record
@@ -102,7 +86,13 @@ def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCos
     prompt steps priced those right but pulled its decode steps 15 % up (a ridge shrinks the decode term, whose
     feature is small), and that twin's capacity fell from the 0.59-0.68 req/s its earlier checks passed at to 0.32:
     a two-stage fit (the lender's prompt terms fixed, the worker's own fixed part and decode term fitted on what is
-    left of its steps) is the way, not done."""
+    left of its steps) is the way, not done.  Nor a prefill worker's small prompt steps: the burst batches its
+    prompts into 124-256-token steps.  A trickle of 4 short prompts one at a time after the burst measured them, but
+    its steps ran alone where the burst's ran beside the sibling's, and since the cost is fitted on raw times before
+    the contention is regressed, it skewed the decode worker's fit (its fixed part 18 -> 0 ms, a 4-decode step
+    51 -> 76 ms) and three quick runs put disaggregated-routed at 0.27-0.32 req/s where its twin on the earlier
+    checks' traces predicted 99 % at 0.6-0.68 (measured 100 %): it was taken out; the fit must regress contention
+    with the cost, not after it, before such steps can join."""
     own = {name: [s for s in steps if s.worker_role == name] for name in names}
     others = {name: [s for s in steps if s.worker_role != name] for name in names}
     costs = {name: step_cost(own[name], others[name]) for name in names}
