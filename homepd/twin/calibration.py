@@ -67,6 +67,7 @@ def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
     return [1.0, float(n), *(float(max(0, n - k)) for k in KNOTS), float(n_decode), n * kv_in_use / 1e3]
 
 BUSY_CORES = 0.25  # other processes' CPU (cores) during a burst above which its calibration is called busy
+UNUSABLE_STALLED_SHARE = 0.1   # a burst with this share of its steps stalled is run again (Calibration.unusable)
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,19 @@ class Calibration:
     def disturbed(self) -> bool:
         """A burst that saw the box busy or stalled: its twin is that minute's, not the box's (not pooled later)."""
         return self.busy or self.n_stalled > 0
+
+    @property
+    def stalled_share(self) -> float:
+        """The share of the burst's steps the box stopped."""
+        n = sum(w.cost.n_steps + w.cost.n_stalled for w in self.workers)
+        return self.n_stalled / n if n else 0.0
+
+    @property
+    def unusable(self) -> bool:
+        """So disturbed that its twin is not the box's at all: busy, or a tenth of its steps stalled (a burst beside
+        another process's tests: 0.53 cores busy, 41 of 171 steps stalled, its twin predicted a TTFT p50 of 156 s
+        for a check the engine served at 176 ms).  The campaign runs such a burst again (``quieter``)."""
+        return self.busy or self.stalled_share >= UNUSABLE_STALLED_SHARE
 
     def worker(self, name: str) -> WorkerCalibration:
         return next(w for w in self.workers if w.name == name)
@@ -451,3 +465,11 @@ def prepare_cost(samples: list[tuple[int, float]]) -> tuple[float, float]:
 
 def _nonnegative(coef: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(max(0.0, c) for c in coef)
+
+
+def quieter(first: Calibration, second: Calibration) -> Calibration:
+    """Of a burst and its rerun, the one the box disturbed less: the usable one, else the less busy and stalled."""
+    if first.unusable != second.unusable:
+        return second if first.unusable else first
+    key = lambda c: (c.other_cpu_cores or 0.0) + c.stalled_share  # noqa: E731
+    return second if key(second) <= key(first) else first

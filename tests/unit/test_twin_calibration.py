@@ -108,3 +108,22 @@ def test_steps_the_box_stopped_are_counted_and_the_rest_are_not():
     assert all(abs(cost.predict_ms(0, n) / quiet.predict_ms(0, n) - 1) < 0.02 for n in (1, 4, 8))
     assert max(cost.residuals) < STALL_RATIO - 1.0 and max(cost.residuals) < 1.5 * max(quiet.residuals)
 
+
+
+def test_a_busy_or_stalling_burst_is_unusable_and_its_rerun_kept_when_quieter():
+    import dataclasses
+
+    from homepd.twin.calibration import BUSY_CORES, Calibration, WorkerCalibration, quieter
+
+    def burst(other_cores: float, n_steps: int, n_stalled: int) -> Calibration:
+        cost = StepCost((20.0, 1.0), (), 0.0, 0.0, (), n_steps, n_stalled=n_stalled)
+        worker = WorkerCalibration("colocated", None, cost)
+        return Calibration("c", (worker,), other_cpu_cores=other_cores)
+
+    quiet, busy, stalling = burst(0.01, 170, 1), burst(BUSY_CORES + 0.28, 170, 0), burst(0.02, 130, 41)
+    assert not quiet.unusable and busy.unusable and stalling.unusable
+    assert quieter(busy, quiet) is quiet and quieter(quiet, busy) is quiet
+    # both unusable: the less disturbed (0.02 cores and 24 % of steps stalled, against 0.53 cores)
+    assert quieter(stalling, busy) is stalling and quieter(busy, stalling) is stalling
+    less_busy = dataclasses.replace(busy, other_cpu_cores=BUSY_CORES + 0.1)
+    assert quieter(busy, less_busy) is less_busy and quieter(less_busy, busy) is less_busy

@@ -193,10 +193,14 @@ def render_twins(result: AdviseResult) -> str:
             lines.append(f"    calibration: this run's burst pooled with run(s) {', '.join(map(str, twin.pooled_runs))}"
                          " (this box, the same settings, within 24 h): each seed runs on one of them")
         for cap in twin.capacities:
-            seeds = sorted(c or 0.0 for c in cap.seed_capacities)
+            # a seed with no passing rate failed wherever it was searched: the twin stops searching one once it
+            # lies below the interval (homepd.twin.capacity._seed_capacities), so it is counted, not shown as 0
+            seeds = sorted(c for c in cap.seed_capacities if c)
+            none = len(cap.seed_capacities) - len(seeds)
             lines.append(f"    {cap.mix}: {fmt(cap.capacity_rps, '.2f')} req/s, {cap.confidence:.0%} interval "
                          f"{_interval(cap.interval_rps)} (half-width {fmt(cap.half_width, '.0%')}); seeds "
-                         f"{fmt(seeds[0] if seeds else None, '.2f')}-{fmt(seeds[-1] if seeds else None, '.2f')}; "
+                         f"{fmt(seeds[0] if seeds else None, '.2f')}-{fmt(seeds[-1] if seeds else None, '.2f')}"
+                         f"{f' ({none} with no rate passed where searched)' if none else ''}; "
                          f"{cap.n_seeds} seeds x {cap.n_requests} requests, {cap.virtual_s:.0f} s simulated in "
                          f"{cap.wall_s:.1f} s ({cap.speedup:.0f}x real time a process)")
             if cap.attainment_at_half is not None:
