@@ -13,7 +13,8 @@ from homepd.models.gguf import read_gguf_header
 
 from engine_helpers import PROMPTS, coloc, disagg, generate_all, make_engine, run
 
-pytestmark = pytest.mark.whole_box  # disaggregated: prefill and decode on cores apart (tests/conftest.py, BoxShare)
+# disaggregated: prefill and decode on cores apart (tests/conftest.py, BoxShare)
+whole_box = pytest.mark.whole_box
 
 MIB = 1 << 20
 
@@ -28,7 +29,7 @@ def measured(config):
     return run(scenario())
 
 
-@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+@pytest.mark.parametrize("mode", ["colocated", pytest.param("disaggregated", marks=whole_box)])
 def test_breakdown_sizes_each_roles_kv_and_counts_weights_and_arena_once(default_model_path, mode):
     header = read_gguf_header(default_model_path)
     per_token = header.kv_bytes_per_token
@@ -56,10 +57,11 @@ def test_breakdown_sizes_each_roles_kv_and_counts_weights_and_arena_once(default
     assert pss_sum - MIB <= b.total_bytes <= pss_sum + b.weights_shared_bytes + b.arena_bytes
 
 
+@whole_box
 def test_a_prompt_longer_than_the_prefill_context_is_prefilled_on_decode_with_colocated_output(default_model_path):
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    # ~300 tokens: over a 256-token prefill context (llama.cpp's smallest: it pads n_ctx to 256); 6: under it
-    prompts = [" ".join(PROMPTS * 3), PROMPTS[0]]
+    # 289 tokens: over a 256-token prefill context (llama.cpp's smallest: it pads n_ctx to 256); 5: under it
+    prompts = [" ".join(PROMPTS * 2 + PROMPTS[3:]), PROMPTS[0]]
     col, _, _ = run(generate_all(coloc(default_model_path, n_threads=1), prompts, params))
     dis, steps, records = run(generate_all(disagg(default_model_path, prefill_n_ctx=256), prompts, params))
     assert dis == col

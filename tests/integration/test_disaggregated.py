@@ -124,7 +124,9 @@ def test_arena_exhaustion_makes_prefill_wait_not_fail(default_model_path):
     exported and sits in the arena (the decode worker has no free sequence); request 2's prompt finishes
     and must wait for room — until request 0 ends and request 1 is imported."""
     cfg = disagg(default_model_path, n_extents=1, n_seq_max=1)
-    lengths = [200, 24, 24]
+    # why 80: request 0 decodes for ~2 s, while the three prompts (5, 13 and 29 tokens) are prefilled and handed
+    # off in well under one; 1 and 2 need only a few tokens each once they are in
+    lengths = [80, 8, 8]
 
     async def scenario():
         async with make_engine(cfg) as engine:

@@ -26,10 +26,11 @@ from homepd.worker.loop import WorkerLoop
 from engine_helpers import PROMPTS, fake_disagg, fake_text, make_engine, run, start_controller_and_kill_it
 from worker_fakes import Outbox
 
-# every test is disaggregated: prefill and decode on cores apart (conftest.py).  Alone, not two_cores: a killed
-# owner's arena lives on for a moment, and the other worker's leak check (tests/conftest.py) would count it as
-# its own (measured: "leaked shared-memory segments" in a test running beside these)
-pytestmark = pytest.mark.whole_box
+# every engine here is disaggregated: prefill and decode on cores apart (conftest.py).  Alone, not two_cores: a
+# killed owner's arena lives on for a moment, and the other worker's leak check (tests/conftest.py) would count it
+# as its own (measured: "leaked shared-memory segments" in a test running beside these).  The refused extents
+# need neither: one worker's loop in this process, its arena this process's
+whole_box = pytest.mark.whole_box
 
 
 def shm_segments_of_dead_owners() -> list[str]:
@@ -84,6 +85,7 @@ def test_decode_worker_refuses_a_mismatched_or_corrupted_extent(default_model_pa
     model.close()
 
 
+@whole_box
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 def test_kill_9_during_three_streams_ends_all_and_engine_recovers(victim):
     """Without resume: what the worker held ends with an error; the rest goes on."""
@@ -123,6 +125,7 @@ def test_kill_9_during_three_streams_ends_all_and_engine_recovers(victim):
     assert not shm_segments_of_dead_owners()
 
 
+@whole_box
 def test_decode_death_resumes_every_request():
     """n_seq_max=1: while request 0 decodes, requests 1 and 2 wait in READY extents.  Kill the decode
     worker: 1 and 2 are imported from their extents by the restarted worker (no second prefill); 0 lost
@@ -185,6 +188,7 @@ asyncio.run(main())
 """
 
 
+@whole_box
 def test_killed_controller_leaves_no_worker_and_no_segment():
     def segments_exist(words):
         assert words[2:] and all(os.path.exists(f"/dev/shm/{n}") for n in words[2:])

@@ -11,9 +11,8 @@ from homepd.core.sampling import SamplingParams
 
 from engine_helpers import make_engine, PROMPTS, run
 
-pytestmark = pytest.mark.whole_box  # pins workers to cores apart (tests/conftest.py, BoxShare)
 
-
+@pytest.mark.whole_box  # pins workers to cores apart (tests/conftest.py, BoxShare)
 def test_disaggregated_workers_are_pinned_to_split_cores(default_model_path):
     async def scenario():
         cfg = EngineConfig(model=str(default_model_path), mode="disaggregated", n_ctx=512)
@@ -40,9 +39,11 @@ def test_disaggregated_workers_are_pinned_to_split_cores(default_model_path):
 
 def test_gpu_placement_sets_visible_device_and_offload(default_model_path):
     """On this CPU-only build llama.cpp ignores the offload; the worker still gets the GPU's env."""
+    core = min(os.sched_getaffinity(0))  # one core this test may use (under the suite's workers, its own)
+
     async def scenario():
         cfg = EngineConfig(model=str(default_model_path), n_ctx=256, gpu_index=1, n_gpu_layers=-1,
-                           cpu_cores=(0,), n_threads=1)
+                           cpu_cores=(core,), n_threads=1)
         async with make_engine(cfg) as engine:
             (w,) = engine.snapshot().workers
             proc = psutil.Process(w.pid)
@@ -53,5 +54,5 @@ def test_gpu_placement_sets_visible_device_and_offload(default_model_path):
     w, visible, affinity, events = run(scenario())
     assert visible == "1" and w.cuda_visible_devices == "1"
     assert w.n_gpu_layers == 999  # -1 = every layer
-    assert affinity == [0] and w.n_threads == 1
+    assert affinity == [core] and w.n_threads == 1
     assert events[-1].kind == "done"
