@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from homepd.measure.trace import make_trace, write_trace
 from homepd.osutil import die_with_parent
 
 # advise places every architecture (tests/conftest.py, BoxShare); the fake backend: the pictures, not the speed
@@ -33,8 +34,13 @@ def test_advise_writes_its_pictures_and_history_plot_writes_them_again(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "HOMEPD_DB"}
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
     db = tmp_path / "runs.db"
+    # why a trace file of five requests: the pictures are drawn from whatever the campaign measured; on the
+    # default mixed trace the campaign took 12 s, on this 8 s
+    trace = tmp_path / "five.jsonl"
+    write_trace(make_trace("mixed", 5, 4.0, max_tokens=6, seed=3), trace)
     out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--no-recovery",
-                 "--candidates", "colocated-chunk-256,disaggregated", "--twin-seeds", "5", env=env)
+                 "--candidates", "colocated-chunk-256,disaggregated", "--twin-seeds", "5", "--trace-file", str(trace),
+                 env=env)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     where = tmp_path / "advise"  # beside the database in use, not in the default data directory
