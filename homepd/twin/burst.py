@@ -27,6 +27,7 @@ from homepd.measure.trace.model import tagged
 BURST_PER_SEQUENCE = 3        # requests per sequence id of each entry worker
 MIN_BURST_REQUESTS = 8
 N_PREPARE_SAMPLES = 6
+MIN_PROMPT_STEPS = 5          # a worker with fewer prompt steps takes another's cost per token
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
 
 
@@ -76,23 +77,24 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
 
 def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCost]:
     """Each worker's step cost from the burst's ``steps`` (every worker's, in the order they ran), each fitted on its
-    own steps; a worker whose burst cannot tell its fixed part from its cost per token (``narrow``) takes the fixed
-    part of the one whose burst can (the same llama.cpp loop on the same kind of core); its cost per token is its
-    own.
+    own steps, in two stages where its own cannot tell the terms apart:
 
-    Not yet measured: a prompt token's cost on a worker whose burst ran no prompt step (a disaggregated decode
-    worker's burst is decodes only, so its fit cannot tell a prompt token from a decode token: it priced one at 2 ms
-    where its check's 17-token local prefills took 250 ms a step).  Fitting it jointly with the prefill worker's
-    prompt steps priced those right but pulled its decode steps 15 % up (a ridge shrinks the decode term, whose
-    feature is small), and that twin's capacity fell from the 0.59-0.68 req/s its earlier checks passed at to 0.32:
-    a two-stage fit (the lender's prompt terms fixed, the worker's own fixed part and decode term fitted on what is
-    left of its steps) is the way, not done.  Nor a prefill worker's small prompt steps: the burst batches its
-    prompts into 124-256-token steps.  A trickle of 4 short prompts one at a time after the burst measured them, but
-    its steps ran alone where the burst's ran beside the sibling's, and since the cost is fitted on raw times before
-    the contention is regressed, it skewed the decode worker's fit (its fixed part 18 -> 0 ms, a 4-decode step
-    51 -> 76 ms) and three quick runs put disaggregated-routed at 0.27-0.32 req/s where its twin on the earlier
-    checks' traces predicted 99 % at 0.6-0.68 (measured 100 %): it was taken out; the fit must regress contention
-    with the cost, not after it, before such steps can join."""
+    * a worker whose burst cannot tell its fixed part from its cost per token (``narrow``: a disaggregated prefill
+      worker's few chunks of one size) takes the fixed part of the one whose burst can (the same llama.cpp loop on
+      the same kind of core); its cost per token is its own;
+    * a worker whose burst ran fewer than ``MIN_PROMPT_STEPS`` prompt steps (a disaggregated decode worker's burst
+      is decodes only, so a prompt token and a decode token are one column to it: it priced a prompt token at 2 ms
+      where its check's 17-token local prefills took 250 ms a step) takes the cost per token of the worker that ran
+      most prompt steps, as that one runs alone, and fits its own fixed part, decode term and attention on what
+      that leaves of its steps, then its contention as before.  Its decode steps come out as its own fit put
+      them (the fixed part and decode term absorb the difference).  # why two stages: a joint least squares over
+      both workers' steps priced the prompt steps right but pulled the decode steps 15 % up (the ridge shrinks the
+      small decode feature), and its twin's capacity fell from the 0.59-0.68 req/s its checks passed at to 0.32.
+
+    Not measured: a prefill worker's small prompt steps (the burst batches its prompts into 124-256-token steps).
+    A trickle of short prompts one at a time after the burst measured them, but its steps ran alone where the
+    burst's ran beside the sibling's, and it skewed the decode worker's fit (fixed part 18 -> 0 ms): contention
+    must be regressed with the cost, not after it, before such steps can join."""
     own = {name: [s for s in steps if s.worker_role == name] for name in names}
     others = {name: [s for s in steps if s.worker_role != name] for name in names}
     costs = {name: step_cost(own[name], others[name]) for name in names}
@@ -102,6 +104,12 @@ def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCos
         for name in names:
             if name not in wide and own[name]:
                 costs[name] = step_cost(own[name], others[name], base_ms=costs[best].coef[0])
+    n_prompt = {name: sum(1 for s in own[name] if s.n_prompt_tokens > 0) for name in names}
+    lender = max(names, key=lambda n: n_prompt[n], default=None)
+    if lender is not None and n_prompt[lender] >= MIN_PROMPT_STEPS:
+        for name in names:
+            if n_prompt[name] < MIN_PROMPT_STEPS and own[name]:
+                costs[name] = step_cost(own[name], others[name], token_terms=costs[lender].coef)
     return costs
 
 

@@ -50,12 +50,13 @@ ALONE, BESIDE_DECODE, BESIDE_PROMPT = 0, 1, 2  # what another worker runs during
 # measured residuals, drawn as they are, keep their tail
 MIN_SLOW_RHO = 0.5
 KNOTS = (2, 8, 32, 128)
+TOKEN_TERMS = (1, 2, 3, 4, 5)   # cost_features' cost per token and its batch-size knots
 # why: a step this many times its fitted time was stopped by something its size did not cause (the VM's neighbour,
 # a page-fault storm): 4-token steps of ~100 ms ran 2.2 and 3.0 s in one 38-s burst here, 75-ms steps 443 and 490 ms
 # in another, each at the burst's start; drawn as relative noise onto every later step, one such burst's twin
 # served 0.12 req/s where the measured checks after it met 12 of 12 at 0.42-0.53 (the step policy's own tail
 # reading clips lateness at 2x for the same reason: ``homepd.core.stepmodel.LATE_CLIP``)
-STALL_RATIO = 3.0  # tokens in a step where its cost per token may change (a batch of 1 runs other kernels)
+STALL_RATIO = 3.0
 
 
 def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
@@ -240,10 +241,14 @@ class Calibration:
 
 # ---- fitting --------------------------------------------------------------------------------------------------
 
-def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: float | None = None) -> StepCost:
+def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: float | None = None,
+              token_terms: tuple[float, ...] | None = None) -> StepCost:
     """The step cost of one worker's ``steps`` (in the order it ran them); ``others``: the other workers' steps of
     the same run, whose overlap with each of these measures the contention between them; ``base_ms``: a step's
-    fixed part, given (``narrow``: a burst that cannot tell it from the cost per token).
+    fixed part, given (``narrow``: a burst that cannot tell it from the cost per token); ``token_terms``: another
+    worker's fitted ``coef``, whose cost per token (the batch-size terms, running alone) this worker takes as its
+    own, its fixed part, decode term and attention fitted on what is left of its steps (``worker_costs``: a burst
+    that ran no prompt step cannot tell a prompt token from a decode token).
 
     Steps the box stopped (``STALL_RATIO`` times their fitted time or more) are left out of the fit and of the
     noise, and counted (``StepCost.n_stalled``).  # why: a burst sees 0-3 of them, clustered (its first seconds, a
@@ -251,32 +256,45 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     they made a twin put the largest gap's p90 at 171 ms where the check after it measured 80, and a 3-s stall in
     the least squares dragged every coefficient up.  The measured checks are what says whether the box stalls
     while serving (a twin that leaves out stalls the box keeps having fails its check)."""
-    cost, rel = _step_cost(steps, others, base_ms)
+    cost, rel = _step_cost(steps, others, base_ms, token_terms)
     stalled = {i for i, r in enumerate(rel) if r >= STALL_RATIO - 1.0}
     if not stalled or len(stalled) * 2 > len(steps):   # most steps "stalled": the fit is wrong, not the box
         return cost
     kept = [st for i, st in enumerate(steps) if i not in stalled]
-    cost, _ = _step_cost(kept, others, base_ms)
+    cost, _ = _step_cost(kept, others, base_ms, token_terms)
     return dataclasses.replace(cost, n_stalled=len(stalled))
 
 
-def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float | None
-               ) -> tuple[StepCost, list[float]]:
+def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float | None,
+               token_terms: tuple[float, ...] | None = None) -> tuple[StepCost, list[float]]:
     """``step_cost`` of every one of ``steps``, and each step's time relative to its fitted time, less one."""
     shapes = [(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use) for s in steps]
     light, heavy = overlaps(steps, others)
     ms = [s.duration_ms for s in steps]
-    coef = physical_fit([cost_features(*shape) for shape in shapes], ms, base_ms) if steps else (1.0,)
-    level, contention, contention_prompt = 0.0, 0.0, 0.0
-    if others and steps:
-        # the residuals against what ran beside each step: an intercept (the fit above absorbed the average) and
-        # one factor per kind of neighbour; the steps' own cost is then scaled back to running alone
-        base = StepCost(coef, (), 0.0, 0.0, (), len(steps))
-        rel = [m / base.predict_ms(*shape) - 1.0 for m, shape in zip(ms, shapes)]
-        level, contention, contention_prompt = least_squares([[1.0, lo, ho] for lo, ho in zip(light, heavy)], rel)
-        contention = max(0.0, (1 + level + contention) / (1 + level) - 1) if 1 + level > 0 else 0.0
-        contention_prompt = max(0.0, (1 + level + contention_prompt) / (1 + level) - 1) if 1 + level > 0 else 0.0
-        coef = tuple(c * max(0.1, 1 + level) for c in coef)
+    rows = [cost_features(*shape) for shape in shapes]
+    fixed = {i: token_terms[i] for i in TOKEN_TERMS} if token_terms is not None and steps else {}
+    # why twice, where terms are given: they are another worker's running alone, and the fit below is on these
+    # steps' raw times (beside a neighbour, slower), scaled back to running alone after it; the given terms enter
+    # the second fit scaled as the first fit's contention says, so that they come out of the scaling as given
+    scale = 1.0
+    for _ in range(2 if fixed else 1):
+        if fixed:
+            coef = partial_fit(rows, ms, {i: c / scale for i, c in fixed.items()})
+        else:
+            coef = physical_fit(rows, ms, base_ms) if steps else (1.0,)
+        level, contention, contention_prompt = 0.0, 0.0, 0.0
+        if others and steps:
+            # the residuals against what ran beside each step: an intercept (the fit above absorbed the average)
+            # and one factor per kind of neighbour; the steps' cost is then scaled back to running alone
+            base = StepCost(coef, (), 0.0, 0.0, (), len(steps))
+            rel = [m / base.predict_ms(*shape) - 1.0 for m, shape in zip(ms, shapes)]
+            level, contention, contention_prompt = least_squares([[1.0, lo, ho] for lo, ho in zip(light, heavy)],
+                                                                 rel)
+            contention = max(0.0, (1 + level + contention) / (1 + level) - 1) if 1 + level > 0 else 0.0
+            contention_prompt = (max(0.0, (1 + level + contention_prompt) / (1 + level) - 1) if 1 + level > 0
+                                 else 0.0)
+            scale = max(0.1, 1 + level)
+            coef = tuple(c * scale for c in coef)
     cost = StepCost(coef, (), 0.0, 0.0, (), len(steps), contention=contention, contention_prompt=contention_prompt)
     kinds = [_beside(lo, ho) for lo, ho in zip(light, heavy)]   # what ran beside each step
     rel = [m / cost.predict_ms(*shape, beside=kind) - 1.0 for m, shape, kind in zip(ms, shapes, kinds)]
@@ -388,6 +406,24 @@ def physical_fit(rows: list[list[float]], y: list[float], base_ms: float | None 
         if broken is None:
             return tuple(coef)
         active.remove(broken)
+
+
+def partial_fit(rows: list[list[float]], y: list[float], fixed: dict[int, float]) -> tuple[float, ...]:
+    """``least_squares`` over the terms of ``cost_features`` not in ``fixed`` (index -> its coefficient, given),
+    fitted to what the fixed ones leave of each step; kept physical as ``physical_fit`` keeps it (no negative
+    attention or fixed part: such a term is dropped and the rest fitted again)."""
+    kv = len(rows[0]) - 1
+    free = [i for i in range(len(rows[0])) if i not in fixed]
+    rest = [v - sum(r[i] * c for i, c in fixed.items()) for r, v in zip(rows, y)]
+    while True:
+        fitted = least_squares([[r[i] for i in free] for r in rows], rest)
+        coef = [fixed.get(i, 0.0) for i in range(len(rows[0]))]
+        for i, c in zip(free, fitted):
+            coef[i] = c
+        drop = next((i for i in (kv, 0) if i in free and coef[i] < 0), None)
+        if drop is None:
+            return tuple(coef)
+        free.remove(drop)
 
 
 def persistence(rel: list[float]) -> tuple[float, float]:

@@ -127,3 +127,47 @@ def test_a_busy_or_stalling_burst_is_unusable_and_its_rerun_kept_when_quieter():
     assert quieter(stalling, busy) is stalling and quieter(busy, stalling) is stalling
     less_busy = dataclasses.replace(busy, other_cpu_cores=BUSY_CORES + 0.1)
     assert quieter(busy, less_busy) is less_busy and quieter(less_busy, busy) is less_busy
+
+
+def test_a_worker_whose_burst_ran_no_prompt_step_prices_prompt_tokens_as_the_prefill_worker_does():
+    """A disaggregated burst: the prefill worker runs 128- and 256-token chunks, the decode worker batches of 1-4
+    decodes, half of them beside a chunk (each 1.3x as long there), some chunks alone.  Alone, on the same kind of core, a token of either
+    costs 4.5 ms, a decode 10 ms more (its logits and sample), a step 18 ms.  The decode worker's own steps cannot
+    tell a prompt token from a decode token; it takes the prefill worker's cost per token, and its decode steps stay
+    as its own fit put them."""
+    from homepd.twin.burst import worker_costs
+
+    def alone_ms(n_prompt: int, n_decode: int) -> float:
+        return 18.0 + 4.5 * (n_prompt + n_decode) + 10.0 * n_decode
+
+    rng = random.Random(11)
+    decode, prefill, t = [], [], 0.0
+    for block in range(40):
+        beside = block % 2 == 1
+        start = t
+        for i in range(8):
+            n = 1 + (block + i) % 4
+            ms = alone_ms(0, n) * (1.3 if beside else 1.0) * rng.uniform(0.95, 1.05)
+            decode.append(StepRecord("decode", len(decode), t, t + ms / 1e3, tuple(f"r{k}" for k in range(n)), ()))
+            t += ms / 1e3 + 0.001
+        if beside:   # one chunk spans the block (its own time is its own: 18 + 4.5 a token)
+            chunk = 128 if block % 4 == 1 else 256
+            prefill.append(StepRecord("prefill", len(prefill), start, start + alone_ms(chunk, 0) * 1.3 / 1e3, (),
+                                      ((f"d{block}", chunk),)))
+            t = max(t, prefill[-1].t_end_s) + 0.001
+        if block % 4 == 2:   # and one runs alone, while the decode worker waits for a handoff
+            prefill.append(StepRecord("prefill", len(prefill), t, t + alone_ms(256, 0) / 1e3, (), ((f"e{block}", 256),)))
+            t = prefill[-1].t_end_s + 0.001
+    steps = sorted(decode + prefill, key=lambda s: s.t_start_s)
+    costs = worker_costs(steps, ["prefill", "decode"])
+    fitted = costs["decode"]
+    assert abs(fitted.predict_ms(17, 1) / alone_ms(17, 1) - 1) < 0.15
+    assert abs(fitted.predict_ms(64, 2) / alone_ms(64, 2) - 1) < 0.15
+    own = step_cost(decode, prefill)
+    for n in (1, 2, 4):   # its decode steps, alone and beside a chunk, as its own steps put them
+        for beside, truth in ((ALONE, alone_ms(0, n)), (BESIDE_PROMPT, 1.3 * alone_ms(0, n))):
+            assert abs(fitted.predict_ms(0, n, beside=beside) / own.predict_ms(0, n, beside=beside) - 1) < 0.03
+            assert abs(fitted.predict_ms(0, n, beside=beside) / truth - 1) < 0.08
+    # fitted on its own steps alone, a prompt token costs what its fit gave a decode token's terms: 17 of them well
+    # over the truth
+    assert own.predict_ms(17, 1) > 1.25 * alone_ms(17, 1)
