@@ -50,7 +50,9 @@ ALONE, BESIDE_DECODE, BESIDE_PROMPT = 0, 1, 2  # what another worker runs during
 # measured residuals, drawn as they are, keep their tail
 MIN_SLOW_RHO = 0.5
 KNOTS = (2, 8, 32, 128)
-TOKEN_TERMS = (1, 2, 3, 4, 5)   # cost_features' cost per token and its batch-size knots
+# cost_features' terms by index: the fixed part, the cost per token and its batch-size knots, a decode token's
+# own, attention (every token's), and a decode token's attention over and above a prompt token's
+BASE, TOKEN_TERMS, DECODE, KV, DECODE_KV = 0, (1, 2, 3, 4, 5), 6, 7, 8
 # why: a step this many times its fitted time was stopped by something its size did not cause (the VM's neighbour,
 # a page-fault storm): 4-token steps of ~100 ms ran 2.2 and 3.0 s in one 38-s burst here, 75-ms steps 443 and 490 ms
 # in another, each at the burst's start; drawn as relative noise onto every later step, one such burst's twin
@@ -62,10 +64,16 @@ STALL_RATIO = 3.0
 def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
     """The features of a step's measured time: a fixed part, its tokens (piecewise linear at ``KNOTS``: llama.cpp's
     cost per token falls as the batch grows), its decode tokens (each a row of logits and a sample), and attention
-    over the KV in use.  Richer than the step policy's own model (``homepd.core.stepmodel``, four terms), which the
-    twin's workers still fit for themselves, as the real ones do."""
+    over the KV in use, with a term of its own for decode tokens (``DECODE_KV``).  Richer than the step policy's
+    own model (``homepd.core.stepmodel``, four terms), which the twin's workers still fit for themselves, as the
+    real ones do.
+
+    # why the decode tokens' attention apart: ``kv_in_use`` is every running sequence's cells, and a batch of
+    # decodes reads each sequence's own (a disaggregated decode worker's fit put 13 ms a token per 1,000 cells on
+    # its decodes, which priced a 20-token local prefill at 300 cells 80 ms of attention it does not spend)"""
     n = n_prompt + n_decode
-    return [1.0, float(n), *(float(max(0, n - k)) for k in KNOTS), float(n_decode), n * kv_in_use / 1e3]
+    return [1.0, float(n), *(float(max(0, n - k)) for k in KNOTS), float(n_decode), n * kv_in_use / 1e3,
+            n_decode * kv_in_use / 1e3]
 
 BUSY_CORES = 0.25  # other processes' CPU (cores) during a burst above which its calibration is called busy
 UNUSABLE_STALLED_SHARE = 0.1   # a burst with this share of its steps stalled is run again (Calibration.unusable)
@@ -100,12 +108,14 @@ class StepCost:
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
         c = self.coef
-        if len(c) == 8:   # why written out: ``coef · cost_features``, the same sum in the same order, per simulated step
+        if len(c) >= 8:   # why written out: ``coef · cost_features``, the same sum in the same order, per simulated step
             n = n_prompt + n_decode
             k0, k1, k2, k3 = KNOTS
             ms = (c[0] + c[1] * n + c[2] * (n - k0 if n > k0 else 0) + c[3] * (n - k1 if n > k1 else 0)
                   + c[4] * (n - k2 if n > k2 else 0) + c[5] * (n - k3 if n > k3 else 0) + c[6] * n_decode
                   + c[7] * (n * kv_in_use / 1e3))
+            if len(c) > 8:   # (8: a calibration stored before decode tokens' attention had its own term)
+                ms += c[8] * (n_decode * kv_in_use / 1e3)
             ms = ms if ms > 0.1 else 0.1
         else:
             ms = max(0.1, sum(c * x for c, x in zip(self.coef, cost_features(n_prompt, n_decode, kv_in_use))))
@@ -246,8 +256,9 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     """The step cost of one worker's ``steps`` (in the order it ran them); ``others``: the other workers' steps of
     the same run, whose overlap with each of these measures the contention between them; ``base_ms``: a step's
     fixed part, given (``narrow``: a burst that cannot tell it from the cost per token); ``token_terms``: another
-    worker's fitted ``coef``, whose cost per token (the batch-size terms, running alone) this worker takes as its
-    own, its fixed part, decode term and attention fitted on what is left of its steps (``worker_costs``: a burst
+    worker's fitted ``coef``, whose cost per token (the batch-size terms) and a token's attention, running alone, this
+    worker takes as its own, its fixed part, decode term and decode tokens' attention fitted on what is left of its
+    steps (``worker_costs``: a burst
     that ran no prompt step cannot tell a prompt token from a decode token).
 
     Steps the box stopped (``STALL_RATIO`` times their fitted time or more) are left out of the fit and of the
@@ -272,7 +283,7 @@ def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float
     light, heavy = overlaps(steps, others)
     ms = [s.duration_ms for s in steps]
     rows = [cost_features(*shape) for shape in shapes]
-    fixed = {i: token_terms[i] for i in TOKEN_TERMS} if token_terms is not None and steps else {}
+    fixed = {i: token_terms[i] for i in (*TOKEN_TERMS, KV)} if token_terms is not None and steps else {}
     # why twice, where terms are given: they are another worker's running alone, and the fit below is on these
     # steps' raw times (beside a neighbour, slower), scaled back to running alone after it; the given terms enter
     # the second fit scaled as the first fit's contention says, so that they come out of the scaling as given
@@ -368,7 +379,7 @@ def physical_fit(rows: list[list[float]], y: list[float], base_ms: float | None 
     the rest fitted again (a short burst does not pin every term down: a negative KV term bought a fit of the
     burst at the cost of every deeper context it had not seen).  ``base_ms``: the fixed part, given (the rest
     fitted to what is left of each step)."""
-    kv, decode, first_knot = len(rows[0]) - 1, len(rows[0]) - 2, 2
+    kv, decode, first_knot = KV, DECODE, TOKEN_TERMS[1]
     if base_ms is not None:
         coef = list(physical_fit([[0.0, *r[1:]] for r in rows], [v - base_ms for v in y]))
         coef[0] = base_ms
@@ -385,6 +396,9 @@ def physical_fit(rows: list[list[float]], y: list[float], base_ms: float | None 
             coef[i] = c
         if coef[kv] < 0:
             active.remove(kv)
+            continue
+        if DECODE_KV in active and coef[kv] + coef[DECODE_KV] < 0:   # decodes cheaper for more KV
+            active.remove(DECODE_KV)
             continue
         if coef[0] < 0 and 0 in active:
             active.remove(0)
@@ -412,7 +426,6 @@ def partial_fit(rows: list[list[float]], y: list[float], fixed: dict[int, float]
     """``least_squares`` over the terms of ``cost_features`` not in ``fixed`` (index -> its coefficient, given),
     fitted to what the fixed ones leave of each step; kept physical as ``physical_fit`` keeps it (no negative
     attention or fixed part: such a term is dropped and the rest fitted again)."""
-    kv = len(rows[0]) - 1
     free = [i for i in range(len(rows[0])) if i not in fixed]
     rest = [v - sum(r[i] * c for i, c in fixed.items()) for r, v in zip(rows, y)]
     while True:
@@ -420,7 +433,8 @@ def partial_fit(rows: list[list[float]], y: list[float], fixed: dict[int, float]
         coef = [fixed.get(i, 0.0) for i in range(len(rows[0]))]
         for i, c in zip(free, fitted):
             coef[i] = c
-        drop = next((i for i in (kv, 0) if i in free and coef[i] < 0), None)
+        negative = {KV: coef[KV], DECODE_KV: coef[KV] + coef[DECODE_KV], BASE: coef[BASE]}
+        drop = next((i for i, c in negative.items() if i in free and c < 0), None)
         if drop is None:
             return tuple(coef)
         free.remove(drop)

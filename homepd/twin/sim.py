@@ -30,13 +30,14 @@ from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import StepRecord
-from homepd.core.records import FinishReason
+from homepd.core.records import FinishReason, PrefixCacheStats
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler, StepPlan
 from homepd.core.sequence import Sequence
 from homepd.core.stepmodel import OnlineStepModel
 from homepd.core.steppolicy import StepPolicy
 from homepd.core.terms import RequestClass, ReuseMode
+from homepd.engine.affinity import PrefixAffinity
 from homepd.engine.gate import AdmissionGate, load_of
 from homepd.engine.topology import topology_for
 from homepd.kv.storeindex import StoreIndex
@@ -152,11 +153,13 @@ class _Store:
 
 
 class _Worker:
-    """One simulated worker: what a ``WorkerHandle`` shows the topology (``role``, ``spec``, ``failed``, ``ready``,
-    ``in_flight``) and what its process holds (the scheduler, its step model, its store)."""
+    """One simulated worker: what a ``WorkerHandle`` shows the topology and the prefix affinity (``role``, ``spec``,
+    ``failed``, ``ready``, ``in_flight``, ``cache_stats``' mode) and what its process holds (the scheduler, its step
+    model, its store)."""
 
     def __init__(self, cal: WorkerCalibration, bytes_per_token: int, rng: random.Random):
         self.role, self.spec, self.cost = cal.name, cal.spec, cal.cost
+        self.cache_stats = PrefixCacheStats(mode=ReuseMode(cal.reuse.mode))
         self.noise = cal.cost.start_noise(rng)  # the slow part of its step times (StepCost)
         self.failed, self.ready = None, True
         self.in_flight: set[str] = set()
@@ -187,6 +190,7 @@ class _Sim:
         self.topology = topology_for(config.mode)
         self.workers = {w.name: _Worker(w, cal.kv_bytes_per_token, self.rng) for w in cal.workers}
         self.gate = AdmissionGate(config)
+        self.affinity = PrefixAffinity()   # the controller's guess of what each worker holds (cache-aware routing)
         self.kv = _ArenaRoom(cal.prefill_n_ctx) if self.topology.uses_kv_arena else None
         self.events: list = []
         self.counter = itertools.count()
@@ -233,15 +237,19 @@ class _Sim:
     def route(self, t: float, rid: str, req: SimRequest) -> None:
         lc = self.lifecycles[rid]
         routed = self.topology.route_new(self.config, self.workers, self.kv, self.gate, self.load, req.n_prompt,
+                                         cached=lambda h: self.affinity.cached(h, req.prompt_ids),
                                          request_class=req.request_class)
         worker = routed.worker
-        decision = self.gate.decide(req.request_class, req.n_prompt, worker.role, worker.spec, self.load(worker))
+        decision = self.gate.decide(req.request_class, req.n_prompt - routed.n_cached_tokens, worker.role,
+                                    worker.spec, self.load(worker))
         if decision is not None and decision.verdict is Verdict.REJECT:
             lc.admission, lc.error = Verdict.REJECT.value, "rejected early (twin)"
             lc.advance(RequestState.FAILED, t)
             return
         self.gate.note_route(routed.reason)
         lc.routed_to, lc.route_reason = worker.role, routed.reason.value
+        lc.route_cached_tokens = routed.n_cached_tokens
+        self.affinity.holds(worker, req.prompt_ids)
         seq = Sequence(request_id=rid, prompt_ids=list(req.prompt_ids),
                        params=SamplingParams(max_tokens=req.max_tokens, ignore_eos=True),
                        request_class=req.request_class, deadline_s=self.gate.deadline_s(lc))
@@ -320,6 +328,7 @@ class _Sim:
                          n_prefilled=seq.n_prompt, output_ids=list(seq.output_ids), request_class=seq.request_class)
         decode.in_flight.add(seq.request_id)
         decode.imports.append(moved)
+        self.affinity.holds(decode, seq.prompt_ids)  # its next turn is not prefilled anew
         if not decode.busy:
             self.wake(t, decode)
 
@@ -330,6 +339,7 @@ class _Sim:
         lc.finish_reason = reason
         lc.advance(RequestState.FINISHED, t)
         self.gate.finished(lc)
+        self.affinity.ended(w, lc, (*seq.prompt_ids, *seq.output_ids), self.workers)
         if self.stop_when is not None and self.stop_when(lc):
             self.stopped = True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,7 @@ from homepd.config import EngineConfig
 from homepd.core import steppolicy
 from homepd.core.modes import Mode, Role
 from homepd.core.protocol import WorkerSpec
-from homepd.core.terms import RequestClass
+from homepd.core.terms import RequestClass, ReuseMode
 from homepd.engine.specs import gap_ceiling_ms, idle_step_ms, itl_budget_ms
 from homepd.twin.calibration import KNOTS, Calibration, StepCost, WorkerCalibration
 from homepd.twin.sim import SimRequest, simulate
@@ -127,3 +128,23 @@ def test_a_mode_s_routing_is_the_topology_s_own():
     routed = {lc.routed_to for lc in run.requests}
     assert routed == {"replica-0", "replica-1"}
     assert all(lc.ended_s is not None for lc in run.requests)
+
+
+def test_the_twin_routes_by_what_each_worker_holds_as_the_controller_does():
+    """Replicas with a prefix cache: a document's later questions go where its first one was prefilled (the
+    controller's ``PrefixAffinity``, fed as the engine feeds it), and reuse it there."""
+    config = EngineConfig(backend="fake", mode=Mode.REPLICAS, n_replicas=2, n_ctx=4096, n_seq_max=2, chunk=64,
+                          adaptive_chunk=False, prefix_cache=True)
+    base = one_worker(config, fixed_cost(5.0, 1.0, 4.0))
+    w = base.workers[0]
+    spec = replace(w.spec, max_cached_cells=2048, n_cached_ids=2)
+    cal = Calibration("replicas", tuple(WorkerCalibration(f"replica-{i}", spec, w.cost,
+                                                          replace(w.reuse, mode=ReuseMode.PREFIX.value))
+                                        for i in range(2)))
+    document = tuple(range(5000, 5300))
+    requests = [SimRequest(2.0 * i, document + tuple(range(100 * i, 100 * i + 8)), 4) for i in range(12)]
+    run = simulate(config, cal, requests, seed=4)
+    first = run.requests[0].routed_to
+    later = run.requests[1:]
+    assert all(lc.routed_to == first and lc.route_reason == "prefix_hit" for lc in later)
+    assert all(lc.route_cached_tokens >= len(document) and lc.n_cached_tokens >= len(document) for lc in later)

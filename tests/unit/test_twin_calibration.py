@@ -132,13 +132,14 @@ def test_a_busy_or_stalling_burst_is_unusable_and_its_rerun_kept_when_quieter():
 def test_a_worker_whose_burst_ran_no_prompt_step_prices_prompt_tokens_as_the_prefill_worker_does():
     """A disaggregated burst: the prefill worker runs 128- and 256-token chunks, the decode worker batches of 1-4
     decodes, half of them beside a chunk (each 1.3x as long there), some chunks alone.  Alone, on the same kind of core, a token of either
-    costs 4.5 ms, a decode 10 ms more (its logits and sample), a step 18 ms.  The decode worker's own steps cannot
+    costs 4.5 ms, a decode 10 ms more (its logits and sample) and 10 ms per 1,000 cells of KV (its attention), a
+    step 18 ms.  The decode worker's own steps cannot
     tell a prompt token from a decode token; it takes the prefill worker's cost per token, and its decode steps stay
     as its own fit put them."""
     from homepd.twin.burst import worker_costs
 
-    def alone_ms(n_prompt: int, n_decode: int) -> float:
-        return 18.0 + 4.5 * (n_prompt + n_decode) + 10.0 * n_decode
+    def alone_ms(n_prompt: int, n_decode: int, kv: int = 0) -> float:
+        return 18.0 + 4.5 * (n_prompt + n_decode) + 10.0 * n_decode + 10.0 * n_decode * kv / 1e3
 
     rng = random.Random(11)
     decode, prefill, t = [], [], 0.0
@@ -146,9 +147,10 @@ def test_a_worker_whose_burst_ran_no_prompt_step_prices_prompt_tokens_as_the_pre
         beside = block % 2 == 1
         start = t
         for i in range(8):
-            n = 1 + (block + i) % 4
-            ms = alone_ms(0, n) * (1.3 if beside else 1.0) * rng.uniform(0.95, 1.05)
-            decode.append(StepRecord("decode", len(decode), t, t + ms / 1e3, tuple(f"r{k}" for k in range(n)), ()))
+            n, kv = 1 + (block + i) % 4, 100 * (1 + (block + 3 * i) % 8)
+            ms = alone_ms(0, n, kv) * (1.3 if beside else 1.0) * rng.uniform(0.95, 1.05)
+            decode.append(StepRecord("decode", len(decode), t, t + ms / 1e3, tuple(f"r{k}" for k in range(n)), (),
+                                     kv_in_use=kv))
             t += ms / 1e3 + 0.001
         if beside:   # one chunk spans the block (its own time is its own: 18 + 4.5 a token)
             chunk = 128 if block % 4 == 1 else 256
@@ -163,11 +165,14 @@ def test_a_worker_whose_burst_ran_no_prompt_step_prices_prompt_tokens_as_the_pre
     fitted = costs["decode"]
     assert abs(fitted.predict_ms(17, 1) / alone_ms(17, 1) - 1) < 0.15
     assert abs(fitted.predict_ms(64, 2) / alone_ms(64, 2) - 1) < 0.15
+    # beside 600 cells of other sequences, a prompt pays no decode's attention (every running sequence's cells
+    # count in kv_in_use, and a decode reads its own): 20 tokens at 600 cells, not 120 ms more
+    assert abs(fitted.predict_ms(20, 0, 600) / alone_ms(20, 0, 600) - 1) < 0.15
     own = step_cost(decode, prefill)
-    for n in (1, 2, 4):   # its decode steps, alone and beside a chunk, as its own steps put them
-        for beside, truth in ((ALONE, alone_ms(0, n)), (BESIDE_PROMPT, 1.3 * alone_ms(0, n))):
-            assert abs(fitted.predict_ms(0, n, beside=beside) / own.predict_ms(0, n, beside=beside) - 1) < 0.03
-            assert abs(fitted.predict_ms(0, n, beside=beside) / truth - 1) < 0.08
+    for n, kv in ((1, 100), (2, 400), (4, 800)):   # its decode steps, alone and beside a chunk, as its own put them
+        for beside, truth in ((ALONE, alone_ms(0, n, kv)), (BESIDE_PROMPT, 1.3 * alone_ms(0, n, kv))):
+            assert abs(fitted.predict_ms(0, n, kv, beside) / own.predict_ms(0, n, kv, beside) - 1) < 0.03
+            assert abs(fitted.predict_ms(0, n, kv, beside) / truth - 1) < 0.08
     # fitted on its own steps alone, a prompt token costs what its fit gave a decode token's terms: 17 of them well
     # over the truth
     assert own.predict_ms(17, 1) > 1.25 * alone_ms(17, 1)
