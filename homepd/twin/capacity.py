@@ -224,6 +224,9 @@ class CapacityQuestion:
     # of the capacity, is over ``half_width``; ``max_seeds`` None: ``n_seeds`` only
     max_seeds: int | None = None
     half_width: float = TARGET_HALF_WIDTH
+    # affords(seconds): whether the caller's time budget holds ``seconds`` more (None: no budget); seeds are added
+    # only where it holds their estimated time (this search's time so far, per seed)
+    affords: Callable[[float], bool] | None = None
 
     def __post_init__(self):
         if self.max_seeds is None or self.max_seeds < self.n_seeds:
@@ -278,7 +281,7 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
     # took 122 s, 1.1 million simulated seconds, for a capacity its median did not use); a seed failing
     # SEED_FLOOR_OCTAVES under the bracket's passing end counts as serving nothing
     floor_rps = max(q.min_rate_rps, _rate(lo, COARSE_STEPS_PER_OCTAVE) / 2 ** SEED_FLOOR_OCTAVES)
-    n_seeds = q.n_seeds
+    n_seeds, t0 = q.n_seeds, time.monotonic()
     while True:
         seed_caps = yield from _seed_capacities(figures, n_seeds, lo * ratio, hi * ratio, passes, floor_rps,
                                                 q.max_rate_rps, steps_per_octave)
@@ -288,7 +291,12 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
         # (ranks 5-14 of 20, 10-19 of 30: about a third narrower), and the seeds already searched are kept
         if n_seeds >= q.max_seeds or capacity is None or (interval[1] - interval[0]) / 2 / capacity <= q.half_width:
             break
-        n_seeds = min(q.max_seeds, n_seeds + MORE_SEEDS)
+        more = min(q.max_seeds, n_seeds + MORE_SEEDS)
+        # why asked: a quick campaign's disaggregated twin added its 10 seeds after a 26-s search and ended the
+        # campaign at 125 s of its 2 minutes
+        if q.affords is not None and not q.affords((time.monotonic() - t0) * (more - n_seeds) / n_seeds):
+            break
+        n_seeds = more
     half = None
     if capacity is not None and q.at_half:
         # why: how flat the curve is below the capacity says whether load or the box's noise makes the misses

@@ -87,11 +87,11 @@ def test_a_seed_left_early_keeps_a_bound_on_its_side_of_the_interval():
     assert found[19] is None or found[19] < lo   # and this one below it
 
 
-def capacity_of(capacities: list[float], n_seeds: int, max_seeds: int | None):
+def capacity_of(capacities: list[float], n_seeds: int, max_seeds: int | None, affords=None):
     runner = Seeds(capacities)
     question = cap.CapacityQuestion(config=None, cal=SimpleNamespace(candidate="c"), requests=None, slo=None,
                                     speeds=(None, None), start_rps=1.0, n_seeds=n_seeds, max_seeds=max_seeds,
-                                    steps_per_octave=STEPS, at_half=False)
+                                    steps_per_octave=STEPS, at_half=False, affords=affords)
     ((found, _),) = cap._drive(runner, [cap._capacity_search(question, runner.figures[0])])
     return found, set(runner.figures[0])
 
@@ -103,6 +103,20 @@ def test_seeds_are_added_while_the_interval_is_wider_than_its_target():
     assert alone.n_seeds == 20 and alone.half_width > cap.TARGET_HALF_WIDTH
     assert more.n_seeds == 30 and more.half_width < alone.half_width
     assert alone_runs < more_runs     # the first 20 seeds' runs are kept, not run again
+
+
+def test_seeds_are_added_only_where_the_budget_affords_their_time():
+    rng = random.Random(11)
+    wide = [2.0 ** rng.gauss(0.0, 0.5) for _ in range(40)]
+    asked = []
+
+    def affords(seconds: float) -> bool:
+        asked.append(seconds)
+        return False
+
+    found, _ = capacity_of(wide, 20, 30, affords)
+    assert found.n_seeds == 20 and asked and all(s >= 0 for s in asked)
+    assert capacity_of(wide, 20, 30, lambda seconds: True)[0].n_seeds == 30
 
 
 def test_a_narrow_interval_gets_no_more_seeds():

@@ -69,7 +69,7 @@ class TwinSearch:
         self.n_checks, self.n_seeds, self.n_requests = n_checks, n_seeds, n_requests
         self.max_seeds = max(n_seeds, max_seeds or n_seeds)   # seeds added where the interval is wide
         # afford(seconds): whether the campaign's budget affords another check as long as the last (the first
-        # check always runs)
+        # check always runs), or the twin's seeds added where its interval is wide
         self.afford = afford
         self.steps_per_octave, self.check_requests = steps_per_octave, check_requests
         self.pool = pool      # earlier calibrations of the candidate on this box (``homepd.advise.campaign.pooled``)
@@ -84,7 +84,7 @@ class TwinSearch:
                                        start_rps, mix=self.mix, n_seeds=self.n_seeds, max_seeds=self.max_seeds,
                                        n_requests=self.n_requests,
                                        target_share=self.search.target_share,
-                                       steps_per_octave=self.steps_per_octave, pool=self.pool)
+                                       steps_per_octave=self.steps_per_octave, pool=self.pool, affords=self.afford)
         on_simulated()
         # why not the twin's lowest rate when nothing passed: its search walks down to 1/64 req/s, where a check of
         # 12 requests ran for 13 minutes of a 2-minute quick campaign; where the search started, the check still
