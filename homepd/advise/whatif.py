@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, replace
 
 from homepd.config import EngineConfig
@@ -28,9 +29,16 @@ from homepd.twin.calibration import Calibration
 from homepd.twin.records import CALIBRATION_MIX, TwinCapacity, TwinEvidence
 from homepd.twin.traces import TWIN_TAG, TraceRequests
 
-# why fewer seeds and requests and a coarser grid than the campaign's (20 x 200, 16 a octave): the answer is
-# wanted in seconds, and it is a projection either way; the interval says how wide it is
-WHAT_IF_SEEDS = 8
+# why fewer seeds and a coarser grid than the campaign's (20 x 200, 16 a octave): the answer is wanted in
+# seconds, and it is a projection either way; the interval says how wide it is.  Why seeds in waves within a time
+# budget, not a fixed number: a fixed 8 took 10.7-13.8 s on this 2-core box for a changed gap budget or sequence
+# count (the capacity it searches moves with the change), and would take twice that on a slower one; the first
+# wave always runs, and each further wave only where the budget still holds its time (the search's own time so
+# far, per seed) and the interval is wider than the campaign's target
+WHAT_IF_SEEDS = 4                # the first wave (the coarse bracket's seeds)
+WHAT_IF_MORE_SEEDS = 2           # each further wave
+WHAT_IF_MAX_SEEDS = 10
+WHAT_IF_BUDGET_S = 7.0           # for the searches, from the projection's start (the command ends within ~10 s)
 WHAT_IF_REQUESTS = 200
 WHAT_IF_STEPS_PER_OCTAVE = 8     # a grid step of 9 %
 SAME = object()              # a what-if field left as the run had it
@@ -122,11 +130,17 @@ def respec(cal: Calibration, config: EngineConfig) -> Calibration:
 
 def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WHAT_IF_SEEDS,
             n_requests: int = WHAT_IF_REQUESTS, processes: int | None = None,
-            pools: dict[str, tuple[Calibration, ...]] | None = None) -> list[Projection]:
+            pools: dict[str, tuple[Calibration, ...]] | None = None, max_seeds: int | None = None,
+            budget_s: float | None = WHAT_IF_BUDGET_S) -> list[Projection]:
     """Every calibrated candidate of ``run`` under ``what``; ``tokenize(trace_request)`` -> prompt ids (a
     ``PromptTokenizer`` of the run's model); ``traffic``: a recorded-traffic source (its arrivals and prompts) in
     place of the run's mix; ``pools``: candidate -> the earlier calibrations its twin pooled in the run
-    (``pooled_calibrations``), which the projection pools too, so that its twin is the run's."""
+    (``pooled_calibrations``), which the projection pools too, so that its twin is the run's.  ``n_seeds`` first,
+    then waves of ``WHAT_IF_MORE_SEEDS`` up to ``max_seeds`` (default ``WHAT_IF_MAX_SEEDS``, at least
+    ``n_seeds``) while ``budget_s`` (None: no budget, every wave) holds them."""
+    t0 = time.monotonic()
+    max_seeds = max(n_seeds, WHAT_IF_MAX_SEEDS if max_seeds is None else max_seeds)
+    affords = None if budget_s is None else lambda seconds: time.monotonic() + seconds <= t0 + budget_s
     twins = calibrated(run)
     settings = run.config
     if traffic is not None:
@@ -147,7 +161,7 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
     stored = {t.candidate: replace(cap, wall_s=0.0) if what.same_capacity and traffic is None
               and (cap := _stored_capacity(t)) is not None else None for t in twins}
     searched = any(cap is None for cap in stored.values())
-    requests.prepare(range(n_seeds if searched else min(n_seeds, REFERENCE_SEEDS)))
+    requests.prepare(range(max_seeds if searched else min(n_seeds, REFERENCE_SEEDS)))
     speeds = _speeds(run)
     # every candidate's search and reference runs go to one pool together (its rounds filled by all of them)
     plans, questions, references = [], [], []
@@ -158,7 +172,8 @@ def project(run: Run, what: WhatIf, tokenize, *, traffic=None, n_seeds: int = WH
         before = _stored_capacity(twin)
         question = CapacityQuestion(config, cal, requests, slo, speeds,
                                     before.capacity_rps if before and before.capacity_rps else 1.0,
-                                    n_seeds=n_seeds, n_requests=n_requests,
+                                    n_seeds=n_seeds, n_requests=n_requests, max_seeds=max_seeds,
+                                    more_seeds=WHAT_IF_MORE_SEEDS, affords=affords,
                                     steps_per_octave=WHAT_IF_STEPS_PER_OCTAVE, pool=pool, at_half=False)
         plans.append((twin, before))
         if stored[twin.candidate] is None:

@@ -224,6 +224,7 @@ class CapacityQuestion:
     # of the capacity, is over ``half_width``; ``max_seeds`` None: ``n_seeds`` only
     max_seeds: int | None = None
     half_width: float = TARGET_HALF_WIDTH
+    more_seeds: int = MORE_SEEDS
     # affords(seconds): whether the caller's time budget holds ``seconds`` more (None: no budget); seeds are added
     # only where it holds their estimated time (this search's time so far, per seed)
     affords: Callable[[float], bool] | None = None
@@ -291,7 +292,7 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
         # (ranks 5-14 of 20, 10-19 of 30: about a third narrower), and the seeds already searched are kept
         if n_seeds >= q.max_seeds or capacity is None or (interval[1] - interval[0]) / 2 / capacity <= q.half_width:
             break
-        more = min(q.max_seeds, n_seeds + MORE_SEEDS)
+        more = min(q.max_seeds, n_seeds + q.more_seeds)
         # why asked: a quick campaign's disaggregated twin added its 10 seeds after a 26-s search and ended the
         # campaign at 125 s of its 2 minutes
         if q.affords is not None and not q.affords((time.monotonic() - t0) * (more - n_seeds) / n_seeds):

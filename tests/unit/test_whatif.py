@@ -76,15 +76,29 @@ def test_a_rate_change_keeps_the_runs_capacity_and_projects_the_attainment_at_th
 def test_a_gap_budget_is_simulated_again_a_looser_one_buys_capacity_a_tighter_one_loses_it(run):
     measured = run.advice.twins[0].capacities[0].capacity_rps
     (loose,) = project(run, WhatIf(itl_budget_ms=200.0), tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS,
-                       processes=1)
+                       processes=1, max_seeds=N_SEEDS)
     (tight,) = project(run, WhatIf(itl_budget_ms=40.0), tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS,
-                       processes=1)
+                       processes=1, max_seeds=N_SEEDS)
     assert loose.projected.wall_s > 0 and loose.measured_rps == measured
     # what-if asks for the capacity only: no runs at half of it (the campaign's rule reads those, a projection not)
     assert loose.projected.attainment_at_half is None
     assert loose.projected.capacity_rps > measured
     assert (tight.projected.capacity_rps or 0.0) < measured   # a decode step alone takes 60 ms and more
     assert "gap budget 200 ms" in render(run, WhatIf(itl_budget_ms=200.0), [loose])
+
+
+def test_seeds_come_in_waves_while_the_time_budget_holds_them(run):
+    from homepd.twin.capacity import TARGET_HALF_WIDTH
+
+    what = WhatIf(itl_budget_ms=200.0)
+    (spent,) = project(run, what, tokenize, n_seeds=2, n_requests=N_REQUESTS, processes=1, max_seeds=6,
+                       budget_s=0.0)
+    assert spent.projected.n_seeds == 2          # the first wave always runs, and no more without time
+    (free,) = project(run, what, tokenize, n_seeds=2, n_requests=N_REQUESTS, processes=1, max_seeds=6,
+                      budget_s=None)
+    # every wave, unless the interval narrowed to the campaign's target first
+    assert free.projected.n_seeds == 6 or free.projected.half_width <= TARGET_HALF_WIDTH
+    assert free.projected.n_seeds > 2 or spent.projected.half_width <= TARGET_HALF_WIDTH
 
 
 def test_a_run_without_a_twin_names_what_to_run(run):
