@@ -14,8 +14,10 @@ import time
 from dataclasses import replace
 
 from homepd.core.protocol import StepRecord
-from homepd.twin.calibration import (Calibration, Reuse, StepCost, WorkerCalibration, handoff_of, narrow,
-                                     prepare_cost, step_cost, warm_shapes)
+from homepd.core.sampling import SamplingParams
+from homepd.core.terms import RequestClass
+from homepd.twin.calibration import (Calibration, Reuse, StepCost, WorkerCalibration, cold_steps, handoff_of,
+                                     narrow, prepare_cost, step_cost, warm_shapes, with_cold)
 from homepd.hw.monitor import other_cpu_cores
 from homepd.core.modes import Role
 from homepd.measure.metrics import SLO
@@ -27,6 +29,11 @@ from homepd.measure.trace.model import tagged
 BURST_PER_SEQUENCE = 3        # requests per sequence id of each entry worker
 MIN_BURST_REQUESTS = 8
 N_PREPARE_SAMPLES = 6
+# why: the burst is a closed loop, so its workers never idle, and a step after idleness runs longer
+# (``homepd.twin.calibration.COLD_IDLE_MS``); a few short prompts one at a time after it, each after a pause,
+# measure that (their steps price nothing else: run alone, they would skew a fit made beside the sibling worker)
+N_COLD_PROMPTS = 4
+COLD_PAUSE_S = 0.3
 MIN_PROMPT_STEPS = 5          # a worker with fewer prompt steps takes another's cost per token
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
 
@@ -55,11 +62,13 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
     t1 = time.monotonic()
     burst_s = t1 - t0
     busy_cores = other_cpu_cores(sampler.history(t0), t0, t1) if sampler is not None else None
-    steps = engine.steps_since(t0)
+    await _cold_prompts(engine, trace)
+    every = engine.steps_since(t0)
+    steps = [s for s in every if s.t_start_s < t1]
     specs = engine.worker_specs()
     cache = engine.cache_stats()
     own = {name: [s for s in steps if s.worker_role == name] for name in specs}
-    costs = worker_costs(steps, list(specs))
+    costs = worker_costs(steps, list(specs), cold=[s for s in every if s.t_start_s >= t1])
     workers = tuple(WorkerCalibration(name, spec, costs[name], Reuse.of(cache.get(name), can_share=spec.kv_unified),
                                       warm=warm_shapes(own[name]))
                     for name, spec in specs.items())
@@ -75,7 +84,7 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
                        other_cpu_cores=busy_cores), record
 
 
-def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCost]:
+def worker_costs(steps: list[StepRecord], names: list[str], cold: list[StepRecord] = ()) -> dict[str, StepCost]:
     """Each worker's step cost from the burst's ``steps`` (every worker's, in the order they ran), each fitted on its
     own steps, in two stages where its own cannot tell the terms apart:
 
@@ -90,6 +99,9 @@ def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCos
       them (the fixed part and decode term absorb the difference).  # why two stages: a joint least squares over
       both workers' steps priced the prompt steps right but pulled the decode steps 15 % up (the ridge shrinks the
       small decode feature), and its twin's capacity fell from the 0.59-0.68 req/s its checks passed at to 0.32.
+
+    ``cold``: steps run after the burst (``N_COLD_PROMPTS`` one at a time): those of them that followed idleness
+    join the burst's own in measuring each worker's ``StepCost.cold``; the rest price nothing.
 
     Not measured: a prefill worker's small prompt steps (the burst batches its prompts into 124-256-token steps).
     A trickle of short prompts one at a time after the burst measured them, but its steps ran alone where the
@@ -110,6 +122,12 @@ def worker_costs(steps: list[StepRecord], names: list[str]) -> dict[str, StepCos
         for name in names:
             if n_prompt[name] < MIN_PROMPT_STEPS and own[name]:
                 costs[name] = step_cost(own[name], others[name], token_terms=costs[lender].coef)
+    for name in names:   # the steps after idleness: the burst's own (step_cost's) and the cold prompts'
+        seq = own[name][-1:] + [s for s in cold if s.worker_role == name]
+        extra = [seq[i] for i in cold_steps(seq)]
+        if extra:
+            costs[name] = with_cold(costs[name], [own[name][i] for i in cold_steps(own[name])] + extra,
+                                    others[name] + [s for s in cold if s.worker_role != name])
     return costs
 
 
@@ -124,6 +142,19 @@ def _with_siblings(workers: tuple[WorkerCalibration, ...]):
         siblings = [o for o in workers if o.spec.role == w.spec.role and o.cost.n_steps >= MIN_FITTED_STEPS]
         best = max(siblings, key=lambda o: o.cost.n_steps, default=None)
         yield w if best is None else replace(w, cost=best.cost, reuse=best.reuse)
+
+
+async def _cold_prompts(engine, trace: Trace) -> None:
+    """``N_COLD_PROMPTS`` of the burst's own short prompts, tagged apart (their prefix cache is the burst's, not
+    theirs), one at a time, each after ``COLD_PAUSE_S`` of idleness (what a prompt arriving at an idle worker
+    meets); two tokens each."""
+    short = [r for r in trace if r.request_class is not RequestClass.BACKGROUND][:N_COLD_PROMPTS]
+    for k, req in enumerate(tagged(replace(trace, requests=tuple(short)), "[calibration idle] ")):
+        await asyncio.sleep(COLD_PAUSE_S)   # why a sleep: the idleness is what is measured, not a wait for an event
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        stream = await (engine.submit(messages=list(req.messages), params=params, request_class=req.request_class)
+                        if req.messages else engine.submit(req.prompt, params=params, request_class=req.request_class))
+        await stream.collect()
 
 
 def _prepare_samples(engine, trace: Trace) -> list[tuple[int, float]]:

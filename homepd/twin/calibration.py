@@ -9,7 +9,8 @@ numbers out; ``homepd.twin.burst`` runs the burst on an engine.
 * **A step's time** (``StepCost``): least squares over ``cost_features`` (a fixed part, the step's tokens with a
   cost per token that may change with the batch's size, its decode tokens, attention over the KV in use), and its
   noise: a slow part that persists from step to step and a fast part drawn from the measured residuals.  The
-  per-token SLO lives in the tail, so the twin draws the distribution, not the mean.
+  per-token SLO lives in the tail, so the twin draws the distribution, not the mean.  A step after its worker idled
+  runs longer than its shape says (``StepCost.cold``, measured on such steps, which the fit leaves out).
 * **Between steps** (``overhead_ms``): the loop's own time between one step's end and the next one's start while
   the worker is busy (the report to the controller, the inbox, the plan), less the KV store's saves and restores
   there (``StepRecord.store_ms``: the twin adds its own).
@@ -59,6 +60,12 @@ BASE, TOKEN_TERMS, DECODE, KV, DECODE_KV = 0, (1, 2, 3, 4, 5), 6, 7, 8
 # served 0.12 req/s where the measured checks after it met 12 of 12 at 0.42-0.53 (the step policy's own tail
 # reading clips lateness at 2x for the same reason: ``homepd.core.stepmodel.LATE_CLIP``)
 STALL_RATIO = 3.0
+# why: a step that starts after its worker idled runs longer than its shape says (llama.cpp's threads asleep, the
+# caches cold: a colocated worker's first prompt step after 0.1-1 s idle ran 1.5-2.0x its fitted time here, its
+# steps straight after another 0.97-1.28x), and at the rates a capacity is decided at, most prompts arrive at
+# an idle worker, so their TTFT is that step: the twin put colocated TTFT p50s 20-45 % under the checks'
+COLD_IDLE_MS = 25.0      # the loop's own time between steps stays under this (MAX_OVERHEAD_MS)
+MIN_COLD_STEPS = 3
 
 
 def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
@@ -105,6 +112,10 @@ class StepCost:
     # a calibration stored before they were kept apart
     residuals_beside: tuple[tuple[float, ...], ...] = ()
     n_stalled: int = 0                # steps that ran over ``STALL_RATIO`` times their fitted time (left out)
+    # how much longer a step runs when its worker was idle before it (``COLD_IDLE_MS`` or more: the first step of
+    # a prompt arriving at an idle worker), as a share; 0: not measured (fewer than ``MIN_COLD_STEPS`` such steps)
+    cold: float = 0.0
+    n_cold: int = 0                   # the steps after idleness it was measured on (left out of the fit)
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
         c = self.coef
@@ -124,15 +135,17 @@ class StepCost:
         return ms * (1.0 + self.contention_prompt) if beside == BESIDE_PROMPT else ms
 
     def draw_ms(self, rng: random.Random, noise: list[float], n_prompt: int, n_decode: int,
-                kv_in_use: int = 0, beside: int = ALONE) -> float:
+                kv_in_use: int = 0, beside: int = ALONE, idle_ms: float = 0.0) -> float:
         """A step's time as the box gives it; ``noise`` holds the slow part between draws (one per worker);
-        ``beside``: what another worker is running meanwhile (``ALONE``, ``BESIDE_DECODE``, ``BESIDE_PROMPT``)."""
+        ``beside``: what another worker is running meanwhile (``ALONE``, ``BESIDE_DECODE``, ``BESIDE_PROMPT``);
+        ``idle_ms``: how long its worker was idle before it (``cold``)."""
         slow = noise[0] = self.rho * noise[0] + self.innovation_sd * rng.gauss(0.0, 1.0)
         pool = self.residuals_beside[beside] if beside < len(self.residuals_beside) else ()
         if len(pool) < MIN_BESIDE_RESIDUALS:
             pool = self.residuals
         fast = pool[int(rng.random() * len(pool))] if pool else 0.0
-        return self.predict_ms(n_prompt, n_decode, kv_in_use, beside) * max(0.05, 1.0 + slow + fast)
+        ms = self.predict_ms(n_prompt, n_decode, kv_in_use, beside) * max(0.05, 1.0 + slow + fast)
+        return ms * (1.0 + self.cold) if idle_ms >= COLD_IDLE_MS else ms
 
     @property
     def innovation_sd(self) -> float:
@@ -267,13 +280,38 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     they made a twin put the largest gap's p90 at 171 ms where the check after it measured 80, and a 3-s stall in
     the least squares dragged every coefficient up.  The measured checks are what says whether the box stalls
     while serving (a twin that leaves out stalls the box keeps having fails its check)."""
+    idle = set(cold_steps(steps))
+    cold = [st for i, st in enumerate(steps) if i in idle] if len(idle) * 2 < len(steps) else []
+    if cold:   # fitted on the steps of a busy worker; the cold ones priced after
+        steps = [st for i, st in enumerate(steps) if i not in idle]
     cost, rel = _step_cost(steps, others, base_ms, token_terms)
     stalled = {i for i, r in enumerate(rel) if r >= STALL_RATIO - 1.0}
-    if not stalled or len(stalled) * 2 > len(steps):   # most steps "stalled": the fit is wrong, not the box
-        return cost
-    kept = [st for i, st in enumerate(steps) if i not in stalled]
-    cost, _ = _step_cost(kept, others, base_ms, token_terms)
-    return dataclasses.replace(cost, n_stalled=len(stalled))
+    if stalled and len(stalled) * 2 <= len(steps):   # most steps "stalled": the fit is wrong, not the box
+        kept = [st for i, st in enumerate(steps) if i not in stalled]
+        cost, _ = _step_cost(kept, others, base_ms, token_terms)
+        cost = dataclasses.replace(cost, n_stalled=len(stalled))
+    return with_cold(cost, cold, others)
+
+
+def cold_steps(steps: list[StepRecord]) -> list[int]:
+    """The indices of ``steps`` (one worker's, in the order it ran them) that started after it idled
+    ``COLD_IDLE_MS`` or more (the KV store's saves and restores between them are not idleness); the first step,
+    whose idleness before it is not known, is not one."""
+    return [i for i in range(1, len(steps))
+            if (steps[i].t_start_s - steps[i - 1].t_end_s) * 1e3 - steps[i].store_ms >= COLD_IDLE_MS]
+
+
+def with_cold(cost: StepCost, cold: list[StepRecord], others: list[StepRecord] = ()) -> StepCost:
+    """``cost`` with its ``cold`` share measured on ``cold``, the steps after idleness: the median of their times
+    over their fitted times (with what ran beside each), less one; 0 (not measured) from fewer than
+    ``MIN_COLD_STEPS``."""
+    picked = list(cold)
+    if len(picked) < MIN_COLD_STEPS:
+        return dataclasses.replace(cost, cold=0.0, n_cold=len(picked))
+    light, heavy = overlaps(picked, others)
+    ratios = [s.duration_ms / cost.predict_ms(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use, _beside(lo, ho))
+              for s, lo, ho in zip(picked, light, heavy)]
+    return dataclasses.replace(cost, cold=max(0.0, statistics.median(ratios) - 1.0), n_cold=len(picked))
 
 
 def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float | None,

@@ -132,7 +132,8 @@ def test_a_mode_s_routing_is_the_topology_s_own():
 
 def test_the_twin_routes_by_what_each_worker_holds_as_the_controller_does():
     """Replicas with a prefix cache: a document's later questions go where its first one was prefilled (the
-    controller's ``PrefixAffinity``, fed as the engine feeds it), and reuse it there."""
+    controller's ``PrefixAffinity``, fed as the engine feeds it), and reuse it there; prompts that share nothing
+    go by load."""
     config = EngineConfig(backend="fake", mode=Mode.REPLICAS, n_replicas=2, n_ctx=4096, n_seq_max=2, chunk=64,
                           adaptive_chunk=False, prefix_cache=True)
     base = one_worker(config, fixed_cost(5.0, 1.0, 4.0))
@@ -142,9 +143,44 @@ def test_the_twin_routes_by_what_each_worker_holds_as_the_controller_does():
                                                           replace(w.reuse, mode=ReuseMode.PREFIX.value))
                                         for i in range(2)))
     document = tuple(range(5000, 5300))
-    requests = [SimRequest(2.0 * i, document + tuple(range(100 * i, 100 * i + 8)), 4) for i in range(12)]
+    requests = [SimRequest(1.0 * i, (document if i % 2 == 0 else (9000 + i,) * 50) + tuple(range(100 * i, 100 * i + 8)),
+                           4) for i in range(24)]
     run = simulate(config, cal, requests, seed=4)
     first = run.requests[0].routed_to
-    later = run.requests[1:]
+    later = run.requests[2::2]
     assert all(lc.routed_to == first and lc.route_reason == "prefix_hit" for lc in later)
     assert all(lc.route_cached_tokens >= len(document) and lc.n_cached_tokens >= len(document) for lc in later)
+
+
+def test_a_prompt_arriving_at_an_idle_worker_pays_its_measured_cold_step():
+    """Requests 5 s apart (the worker idles between them): with ``StepCost.cold`` 1.0 each one's first step, its
+    TTFT, takes twice as long; the decode steps that follow it straight away do not."""
+    config = EngineConfig(backend="fake", mode="colocated", n_ctx=4096, n_seq_max=2, chunk=None,
+                          adaptive_chunk=False, prefix_cache=False)
+    warm = fixed_cost(5.0, 1.0, 4.0)
+    requests = [SimRequest(5.0 * i, tuple(range(1000 * i, 1000 * i + 40)), 4) for i in range(6)]
+    runs = [simulate(config, one_worker(config, cost), requests, seed=1) for cost in (warm, replace(warm, cold=1.0))]
+    for quiet, cold in zip(*(run.requests for run in runs)):
+        assert cold.ttft_s == pytest.approx(2 * quiet.ttft_s, rel=0.01)
+        assert cold.token_times_s[-1] - cold.first_token_s == pytest.approx(quiet.token_times_s[-1] - quiet.first_token_s,
+                                                                            rel=0.01)
+
+
+def test_a_head_every_prompt_shares_is_held_by_every_worker_as_after_the_burst():
+    """Every prompt starts with the same 30 tokens (the chat template's head): the controller a probe runs on has
+    seen them on both replicas in its burst, so they decide nothing and requests spread by load (started empty,
+    the twin had sent all of them to the first replica to hold the head)."""
+    config = EngineConfig(backend="fake", mode=Mode.REPLICAS, n_replicas=2, n_ctx=4096, n_seq_max=2, chunk=64,
+                          adaptive_chunk=False, prefix_cache=True)
+    base = one_worker(config, fixed_cost(5.0, 1.0, 4.0))
+    w = base.workers[0]
+    spec = replace(w.spec, max_cached_cells=2048, n_cached_ids=2)
+    cal = Calibration("replicas", tuple(WorkerCalibration(f"replica-{i}", spec, w.cost,
+                                                          replace(w.reuse, mode=ReuseMode.PREFIX.value))
+                                        for i in range(2)))
+    head = tuple(range(7000, 7030))
+    requests = [SimRequest(0.2 * i, head + tuple(range(100 * i, 100 * i + 60)), 16) for i in range(40)]
+    run = simulate(config, cal, requests, seed=5)
+    share = sum(lc.routed_to == "replica-1" for lc in run.requests) / len(run.requests)
+    assert 0.3 <= share <= 0.7
+    assert all(lc.route_reason != "prefix_hit" for lc in run.requests)
