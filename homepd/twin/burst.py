@@ -32,8 +32,8 @@ N_PREPARE_SAMPLES = 6
 # why: the burst is a closed loop, so its workers never idle, and a step after idleness runs longer
 # (``homepd.twin.calibration.COLD_IDLE_MS``); a few short prompts one at a time after it, each after a pause,
 # measure that (their steps price nothing else: run alone, they would skew a fit made beside the sibling worker)
-N_COLD_PROMPTS = 4
-COLD_PAUSE_S = 0.3
+N_COLD_PROMPTS = 3
+COLD_PAUSE_S = 0.2
 MIN_PROMPT_STEPS = 5          # a worker with fewer prompt steps takes another's cost per token
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
 
