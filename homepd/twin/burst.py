@@ -95,8 +95,8 @@ def worker_costs(steps: list[StepRecord], names: list[str], cold: list[StepRecor
       is decodes only, so a prompt token and a decode token are one column to it: it priced a prompt token at 2 ms
       where its check's 17-token local prefills took 250 ms a step) takes the cost per token and a token's
       attention of the worker that ran most prompt steps, as that one runs alone, and fits its own fixed part,
-      decode term and decode tokens' attention on what that leaves of its steps, then its contention as before.  Its decode steps come out as its own fit put
-      them (the fixed part and decode term absorb the difference).  # why two stages: a joint least squares over
+      decode term and decode tokens' attention on what that leaves of its steps, then its contention as before.
+      Its decode steps come out as its own fit put them (the fixed part and decode term absorb the difference).  # why two stages: a joint least squares over
       both workers' steps priced the prompt steps right but pulled the decode steps 15 % up (the ridge shrinks the
       small decode feature), and its twin's capacity fell from the 0.59-0.68 req/s its checks passed at to 0.32.
 

@@ -119,7 +119,7 @@ class StepCost:
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
         c = self.coef
-        if len(c) >= 8:   # why written out: ``coef · cost_features``, the same sum in the same order, per simulated step
+        if len(c) >= 8:   # why written out: ``coef · cost_features``, the same sum in the same order, per step
             n = n_prompt + n_decode
             k0, k1, k2, k3 = KNOTS
             ms = (c[0] + c[1] * n + c[2] * (n - k0 if n > k0 else 0) + c[3] * (n - k1 if n > k1 else 0)

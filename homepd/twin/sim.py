@@ -160,6 +160,7 @@ class _Worker:
     def __init__(self, cal: WorkerCalibration, bytes_per_token: int, rng: random.Random):
         self.role, self.spec, self.cost = cal.name, cal.spec, cal.cost
         self.cache_stats = PrefixCacheStats(mode=ReuseMode(cal.reuse.mode))
+        self.reuses = self.cache_stats.mode is not ReuseMode.OFF
         self.noise = cal.cost.start_noise(rng)  # the slow part of its step times (StepCost)
         self.failed, self.ready = None, True
         self.in_flight: set[str] = set()
@@ -240,7 +241,7 @@ class _Sim:
                 return
         if head and len(requests) > 1:
             for w in self.workers.values():
-                if w.cost.n_steps:
+                if w.cost.n_steps and w.reuses:
                     self.affinity.holds(w, head)
 
     def push(self, t: float, kind: int, *payload) -> None:
@@ -274,7 +275,8 @@ class _Sim:
         self.gate.note_route(routed.reason)
         lc.routed_to, lc.route_reason = worker.role, routed.reason.value
         lc.route_cached_tokens = routed.n_cached_tokens
-        self.affinity.holds(worker, req.prompt_ids)
+        if worker.reuses:
+            self.affinity.holds(worker, req.prompt_ids)
         seq = Sequence(request_id=rid, prompt_ids=list(req.prompt_ids),
                        params=SamplingParams(max_tokens=req.max_tokens, ignore_eos=True),
                        request_class=req.request_class, deadline_s=self.gate.deadline_s(lc))
@@ -354,7 +356,8 @@ class _Sim:
                          n_prefilled=seq.n_prompt, output_ids=list(seq.output_ids), request_class=seq.request_class)
         decode.in_flight.add(seq.request_id)
         decode.imports.append(moved)
-        self.affinity.holds(decode, seq.prompt_ids)  # its next turn is not prefilled anew
+        if decode.reuses:
+            self.affinity.holds(decode, seq.prompt_ids)  # its next turn is not prefilled anew
         if not decode.busy:
             self.wake(t, decode)
 
@@ -365,7 +368,8 @@ class _Sim:
         lc.finish_reason = reason
         lc.advance(RequestState.FINISHED, t)
         self.gate.finished(lc)
-        self.affinity.ended(w, lc, (*seq.prompt_ids, *seq.output_ids), self.workers)
+        if w.reuses:   # (a worker whose cache reuses nothing is never credited: nothing to keep for it)
+            self.affinity.ended(w, lc, (*seq.prompt_ids, *seq.output_ids), self.workers)
         if self.stop_when is not None and self.stop_when(lc):
             self.stopped = True
 

@@ -133,11 +133,10 @@ def test_a_busy_or_stalling_burst_is_unusable_and_its_rerun_kept_when_quieter():
 
 def test_a_worker_whose_burst_ran_no_prompt_step_prices_prompt_tokens_as_the_prefill_worker_does():
     """A disaggregated burst: the prefill worker runs 128- and 256-token chunks, the decode worker batches of 1-4
-    decodes, half of them beside a chunk (each 1.3x as long there), some chunks alone.  Alone, on the same kind of core, a token of either
-    costs 4.5 ms, a decode 10 ms more (its logits and sample) and 10 ms per 1,000 cells of KV (its attention), a
-    step 18 ms.  The decode worker's own steps cannot
-    tell a prompt token from a decode token; it takes the prefill worker's cost per token, and its decode steps stay
-    as its own fit put them."""
+    decodes, half of them beside a chunk (each 1.3x as long there), some chunks alone.  Alone, on the same kind of
+    core, a token of either costs 4.5 ms, a decode 10 ms more (its logits and sample) and 10 ms per 1,000 cells of
+    KV (its attention), a step 18 ms.  The decode worker's own steps cannot tell a prompt token from a decode
+    token; it takes the prefill worker's cost per token, and its decode steps stay as its own fit put them."""
     from homepd.twin.burst import worker_costs
 
     def alone_ms(n_prompt: int, n_decode: int, kv: int = 0) -> float:
@@ -160,7 +159,8 @@ def test_a_worker_whose_burst_ran_no_prompt_step_prices_prompt_tokens_as_the_pre
                                       ((f"d{block}", chunk),)))
             t = max(t, prefill[-1].t_end_s) + 0.001
         if block % 4 == 2:   # and one runs alone, while the decode worker waits for a handoff
-            prefill.append(StepRecord("prefill", len(prefill), t, t + alone_ms(256, 0) / 1e3, (), ((f"e{block}", 256),)))
+            prefill.append(StepRecord("prefill", len(prefill), t, t + alone_ms(256, 0) / 1e3, (),
+                                      ((f"e{block}", 256),)))
             t = prefill[-1].t_end_s + 0.001
     steps = sorted(decode + prefill, key=lambda s: s.t_start_s)
     costs = worker_costs(steps, ["prefill", "decode"])

@@ -104,8 +104,8 @@ def test_a_what_if_pools_the_calibrations_its_run_pooled():
     fast, slow = one_worker(CONFIG, fixed_cost(40.0, 1.0, 4.0)), one_worker(CONFIG, fixed_cost(80.0, 2.0, 8.0))
     run = dataclasses.replace(stored(11, fast), id=11)
     what = WhatIf(itl_budget_ms=60.0)   # the slow burst's decode step (88 ms) cannot keep it, the fast one's can
-    (alone,) = project(run, what, tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1)
-    (pooled,) = project(run, what, tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1,
+    (alone,) = project(run, what, tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1, max_seeds=N_SEEDS)
+    (pooled,) = project(run, what, tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1, max_seeds=N_SEEDS,
                         pools={NAME: (slow,)})
     assert pooled.projected.n_calibrations == 2 and alone.projected.n_calibrations == 1
     on_slow = [c or 0.0 for c in pooled.projected.seed_capacities[1::2]]   # seeds 1 and 3 ran on the slow burst
