@@ -101,7 +101,7 @@ def worker_costs(steps: list[StepRecord], names: list[str], cold: list[StepRecor
       small decode feature), and its twin's capacity fell from the 0.59-0.68 req/s its checks passed at to 0.32.
 
     ``cold``: steps run after the burst (``N_COLD_PROMPTS`` one at a time): those of them that followed idleness
-    join the burst's own in measuring each worker's ``StepCost.cold``; the rest price nothing.
+    join the burst's own in measuring each worker's ``StepCost.cold_ms``; the rest price nothing.
 
     Not measured: a prefill worker's small prompt steps (the burst batches its prompts into 124-256-token steps).
     A trickle of short prompts one at a time after the burst measured them, but its steps ran alone where the

@@ -10,7 +10,7 @@ numbers out; ``homepd.twin.burst`` runs the burst on an engine.
   cost per token that may change with the batch's size, its decode tokens, attention over the KV in use), and its
   noise: a slow part that persists from step to step and a fast part drawn from the measured residuals.  The
   per-token SLO lives in the tail, so the twin draws the distribution, not the mean.  A step after its worker idled
-  runs longer than its shape says (``StepCost.cold``, measured on such steps, which the fit leaves out).
+  runs longer than its shape says (``StepCost.cold_ms``, measured on such steps, which the fit leaves out).
 * **Between steps** (``overhead_ms``): the loop's own time between one step's end and the next one's start while
   the worker is busy (the report to the controller, the inbox, the plan), less the KV store's saves and restores
   there (``StepRecord.store_ms``: the twin adds its own).
@@ -63,7 +63,9 @@ STALL_RATIO = 3.0
 # why: a step that starts after its worker idled runs longer than its shape says (llama.cpp's threads asleep, the
 # caches cold: a colocated worker's first prompt step after 0.1-1 s idle ran 1.5-2.0x its fitted time here, its
 # steps straight after another 0.97-1.28x), and at the rates a capacity is decided at, most prompts arrive at
-# an idle worker, so their TTFT is that step: the twin put colocated TTFT p50s 20-45 % under the checks'
+# an idle worker, so their TTFT is that step: the twin put colocated TTFT p50s 20-45 % under the checks'.  Why
+# added, not a share: it is a wake-up, measured on short steps; as a share (x1.5-3) it made a 256-token chunk
+# after idleness seconds longer, and a fixed-chunk twin's documents missed their TTFT (0.04 req/s against 0.33)
 COLD_IDLE_MS = 25.0      # the loop's own time between steps stays under this (MAX_OVERHEAD_MS)
 MIN_COLD_STEPS = 3
 
@@ -113,8 +115,8 @@ class StepCost:
     residuals_beside: tuple[tuple[float, ...], ...] = ()
     n_stalled: int = 0                # steps that ran over ``STALL_RATIO`` times their fitted time (left out)
     # how much longer a step runs when its worker was idle before it (``COLD_IDLE_MS`` or more: the first step of
-    # a prompt arriving at an idle worker), as a share; 0: not measured (fewer than ``MIN_COLD_STEPS`` such steps)
-    cold: float = 0.0
+    # a prompt arriving at an idle worker), in ms; 0: not measured (fewer than ``MIN_COLD_STEPS`` such steps)
+    cold_ms: float = 0.0
     n_cold: int = 0                   # the steps after idleness it was measured on (left out of the fit)
 
     def predict_ms(self, n_prompt: int, n_decode: int, kv_in_use: int = 0, beside: int = ALONE) -> float:
@@ -138,14 +140,14 @@ class StepCost:
                 kv_in_use: int = 0, beside: int = ALONE, idle_ms: float = 0.0) -> float:
         """A step's time as the box gives it; ``noise`` holds the slow part between draws (one per worker);
         ``beside``: what another worker is running meanwhile (``ALONE``, ``BESIDE_DECODE``, ``BESIDE_PROMPT``);
-        ``idle_ms``: how long its worker was idle before it (``cold``)."""
+        ``idle_ms``: how long its worker was idle before it (``cold_ms``)."""
         slow = noise[0] = self.rho * noise[0] + self.innovation_sd * rng.gauss(0.0, 1.0)
         pool = self.residuals_beside[beside] if beside < len(self.residuals_beside) else ()
         if len(pool) < MIN_BESIDE_RESIDUALS:
             pool = self.residuals
         fast = pool[int(rng.random() * len(pool))] if pool else 0.0
         ms = self.predict_ms(n_prompt, n_decode, kv_in_use, beside) * max(0.05, 1.0 + slow + fast)
-        return ms * (1.0 + self.cold) if idle_ms >= COLD_IDLE_MS else ms
+        return ms + self.cold_ms if idle_ms >= COLD_IDLE_MS else ms
 
     @property
     def innovation_sd(self) -> float:
@@ -302,16 +304,16 @@ def cold_steps(steps: list[StepRecord]) -> list[int]:
 
 
 def with_cold(cost: StepCost, cold: list[StepRecord], others: list[StepRecord] = ()) -> StepCost:
-    """``cost`` with its ``cold`` share measured on ``cold``, the steps after idleness: the median of their times
-    over their fitted times (with what ran beside each), less one; 0 (not measured) from fewer than
+    """``cost`` with its ``cold_ms`` measured on ``cold``, the steps after idleness: the median of their times less
+    their fitted times (with what ran beside each), at least 0; 0 (not measured) from fewer than
     ``MIN_COLD_STEPS``."""
     picked = list(cold)
     if len(picked) < MIN_COLD_STEPS:
-        return dataclasses.replace(cost, cold=0.0, n_cold=len(picked))
+        return dataclasses.replace(cost, cold_ms=0.0, n_cold=len(picked))
     light, heavy = overlaps(picked, others)
-    ratios = [s.duration_ms / cost.predict_ms(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use, _beside(lo, ho))
-              for s, lo, ho in zip(picked, light, heavy)]
-    return dataclasses.replace(cost, cold=max(0.0, statistics.median(ratios) - 1.0), n_cold=len(picked))
+    extra = [s.duration_ms - cost.predict_ms(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use, _beside(lo, ho))
+             for s, lo, ho in zip(picked, light, heavy)]
+    return dataclasses.replace(cost, cold_ms=max(0.0, statistics.median(extra)), n_cold=len(picked))
 
 
 def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float | None,

@@ -153,15 +153,16 @@ def test_the_twin_routes_by_what_each_worker_holds_as_the_controller_does():
 
 
 def test_a_prompt_arriving_at_an_idle_worker_pays_its_measured_cold_step():
-    """Requests 5 s apart (the worker idles between them): with ``StepCost.cold`` 1.0 each one's first step, its
-    TTFT, takes twice as long; the decode steps that follow it straight away do not."""
+    """Requests 5 s apart (the worker idles between them): with ``StepCost.cold_ms`` 45 each one's first step, its
+    TTFT, takes 45 ms longer; the decode steps that follow it straight away do not."""
     config = EngineConfig(backend="fake", mode="colocated", n_ctx=4096, n_seq_max=2, chunk=None,
                           adaptive_chunk=False, prefix_cache=False)
     warm = fixed_cost(5.0, 1.0, 4.0)
     requests = [SimRequest(5.0 * i, tuple(range(1000 * i, 1000 * i + 40)), 4) for i in range(6)]
-    runs = [simulate(config, one_worker(config, cost), requests, seed=1) for cost in (warm, replace(warm, cold=1.0))]
+    runs = [simulate(config, one_worker(config, cost), requests, seed=1)
+            for cost in (warm, replace(warm, cold_ms=45.0))]
     for quiet, cold in zip(*(run.requests for run in runs)):
-        assert cold.ttft_s == pytest.approx(2 * quiet.ttft_s, rel=0.01)
+        assert cold.ttft_s == pytest.approx(quiet.ttft_s + 0.045, rel=0.01)
         decoding = [lc.token_times_s[-1] - lc.first_token_s for lc in (quiet, cold)]
         assert decoding[1] == pytest.approx(decoding[0], rel=0.01)
 

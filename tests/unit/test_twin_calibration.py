@@ -181,8 +181,8 @@ def test_a_worker_whose_burst_ran_no_prompt_step_prices_prompt_tokens_as_the_pre
 
 
 def test_a_step_after_idleness_is_priced_apart_and_left_out_of_the_fit():
-    """A busy worker's steps (10 + 5 ms a token) and, now and then, one after 0.3 s idle that runs 1.6x as long
-    (threads asleep, caches cold): the fit is the busy steps', and the idle ones' share is measured."""
+    """A busy worker's steps (10 + 5 ms a token) and, now and then, one after 0.3 s idle that runs 30 ms longer
+    (threads asleep, caches cold): the fit is the busy steps', and what the idle ones add is measured."""
     from homepd.twin.calibration import COLD_IDLE_MS
 
     def worker(idle: bool) -> list[StepRecord]:
@@ -193,17 +193,17 @@ def test_a_step_after_idleness_is_priced_apart_and_left_out_of_the_fit():
             after_idle = idle and i % 30 == 29
             if after_idle:
                 t += 0.3
-            ms = (10.0 + 5.0 * n) * (1.6 if after_idle else 1.0) * rng.uniform(0.97, 1.03)
+            ms = (10.0 + 5.0 * n) * rng.uniform(0.97, 1.03) + (30.0 if after_idle else 0.0)
             steps.append(StepRecord("colocated", i, t, t + ms / 1e3, ("a",) * n, ()))
             t += ms / 1e3 + 0.001
         return steps
 
     cost, busy = step_cost(worker(idle=True)), step_cost(worker(idle=False))
-    assert cost.n_cold == 8 and abs(cost.cold - 0.6) < 0.05
-    assert busy.n_cold == 0 and busy.cold == 0.0
+    assert cost.n_cold == 8 and abs(cost.cold_ms - 30.0) < 2.0
+    assert busy.n_cold == 0 and busy.cold_ms == 0.0
     assert all(abs(cost.predict_ms(0, n) / busy.predict_ms(0, n) - 1) < 0.01 for n in (1, 4, 8))
     rng2 = random.Random(1)
     warm = cost.draw_ms(rng2, [0.0], 0, 4, 0, ALONE, idle_ms=COLD_IDLE_MS - 1)
     rng2 = random.Random(1)
     cold = cost.draw_ms(rng2, [0.0], 0, 4, 0, ALONE, idle_ms=300.0)
-    assert cold == pytest.approx(warm * (1 + cost.cold))
+    assert cold == pytest.approx(warm + cost.cold_ms)

@@ -189,8 +189,8 @@ def render_twins(result: AdviseResult) -> str:
                          f"{STALL_RATIO:g}x their time or more (a page-fault storm, the VM's neighbour): they are left out of its "
                          "twin's step times (its check says whether the box stalls while serving), and later runs "
                          "do not pool this burst")
-        cold = [f"{w.name} x{1 + w.cost.cold:.2f} ({w.cost.n_cold} steps)" for w in twin.calibration.workers
-                if w.cost.cold > 0]
+        cold = [f"{w.name} +{w.cost.cold_ms:.0f} ms ({w.cost.n_cold} steps)" for w in twin.calibration.workers
+                if w.cost.cold_ms > 0]
         if cold:
             lines.append(f"    calibration: a step after its worker idled runs longer: {', '.join(cold)}")
         if twin.pooled_runs:
