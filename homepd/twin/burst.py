@@ -96,9 +96,10 @@ def worker_costs(steps: list[StepRecord], names: list[str], cold: list[StepRecor
       where its check's 17-token local prefills took 250 ms a step) takes the cost per token and a token's
       attention of the worker that ran most prompt steps, as that one runs alone, and fits its own fixed part,
       decode term and decode tokens' attention on what that leaves of its steps, then its contention as before.
-      Its decode steps come out as its own fit put them (the fixed part and decode term absorb the difference).  # why two stages: a joint least squares over
-      both workers' steps priced the prompt steps right but pulled the decode steps 15 % up (the ridge shrinks the
-      small decode feature), and its twin's capacity fell from the 0.59-0.68 req/s its checks passed at to 0.32.
+      Its decode steps come out as its own fit put them (the fixed part and decode term absorb the difference).
+      # why two stages: a joint least squares over both workers' steps priced the prompt steps right but pulled
+      the decode steps 15 % up (the ridge shrinks the small decode feature), and its twin's capacity fell from the
+      0.59-0.68 req/s its checks passed at to 0.32.
 
     ``cold``: steps run after the burst (``N_COLD_PROMPTS`` one at a time): those of them that followed idleness
     join the burst's own in measuring each worker's ``StepCost.cold_ms``; the rest price nothing.
@@ -149,7 +150,7 @@ async def _cold_prompts(engine, trace: Trace) -> None:
     theirs), one at a time, each after ``COLD_PAUSE_S`` of idleness (what a prompt arriving at an idle worker
     meets); two tokens each."""
     short = [r for r in trace if r.request_class is not RequestClass.BACKGROUND][:N_COLD_PROMPTS]
-    for k, req in enumerate(tagged(replace(trace, requests=tuple(short)), "[calibration idle] ")):
+    for req in tagged(replace(trace, requests=tuple(short)), "[calibration idle] "):
         await asyncio.sleep(COLD_PAUSE_S)   # why a sleep: the idleness is what is measured, not a wait for an event
         params = SamplingParams(max_tokens=2, ignore_eos=True)
         stream = await (engine.submit(messages=list(req.messages), params=params, request_class=req.request_class)

@@ -271,10 +271,9 @@ def step_cost(steps: list[StepRecord], others: list[StepRecord] = (), base_ms: f
     """The step cost of one worker's ``steps`` (in the order it ran them); ``others``: the other workers' steps of
     the same run, whose overlap with each of these measures the contention between them; ``base_ms``: a step's
     fixed part, given (``narrow``: a burst that cannot tell it from the cost per token); ``token_terms``: another
-    worker's fitted ``coef``, whose cost per token (the batch-size terms) and a token's attention, running alone, this
-    worker takes as its own, its fixed part, decode term and decode tokens' attention fitted on what is left of its
-    steps (``worker_costs``: a burst
-    that ran no prompt step cannot tell a prompt token from a decode token).
+    worker's fitted ``coef``, whose cost per token (the batch-size terms) and a token's attention, running alone,
+    this worker takes as its own, its fixed part, decode term and decode tokens' attention fitted on what is left
+    of its steps (``worker_costs``: a burst that ran no prompt step cannot tell a prompt token from a decode token).
 
     Steps the box stopped (``STALL_RATIO`` times their fitted time or more) are left out of the fit and of the
     noise, and counted (``StepCost.n_stalled``).  # why: a burst sees 0-3 of them, clustered (its first seconds, a

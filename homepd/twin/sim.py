@@ -30,6 +30,7 @@ from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import StepRecord
+from homepd.core.radix import common_length
 from homepd.core.records import FinishReason, PrefixCacheStats
 from homepd.core.sampling import SamplingParams
 from homepd.core.scheduler import Scheduler, StepPlan
@@ -225,24 +226,16 @@ class _Sim:
         it).  # why: started empty, the replica router sent every request of a mixed trace to the first replica
         to hold that head (a prefix hit on 30 shared tokens), and the twin put replicas-2 at 0.32 req/s where
         the measured probe met 100 % at 0.45 with the requests spread by load, as the warm controller spreads them"""
-        head: tuple[int, ...] | None = None
-        for req in requests:
-            ids = req.prompt_ids
-            if head is None:
-                head = ids
-                continue
-            n = 0
-            for a, b in zip(head, ids):
-                if a != b:
-                    break
-                n += 1
-            head = head[:n]
+        if len(requests) < 2:
+            return
+        head = requests[0].prompt_ids
+        for req in requests[1:]:
+            head = head[:common_length(head, req.prompt_ids)]
             if not head:
                 return
-        if head and len(requests) > 1:
-            for w in self.workers.values():
-                if w.cost.n_steps and w.reuses:
-                    self.affinity.holds(w, head)
+        for w in self.workers.values():
+            if w.cost.n_steps and w.reuses:
+                self.affinity.holds(w, head)
 
     def push(self, t: float, kind: int, *payload) -> None:
         heapq.heappush(self.events, (t, next(self.counter), kind, payload))

@@ -130,21 +130,25 @@ def test_a_mode_s_routing_is_the_topology_s_own():
     assert all(lc.ended_s is not None for lc in run.requests)
 
 
+def replicas_with_prefix_caches() -> tuple[EngineConfig, Calibration]:
+    """Two replicas whose caches keep finished prefixes (reused by any later prompt that shares them)."""
+    config = EngineConfig(backend="fake", mode=Mode.REPLICAS, n_replicas=2, n_ctx=4096, n_seq_max=2, chunk=64,
+                          adaptive_chunk=False, prefix_cache=True)
+    w = one_worker(config, fixed_cost(5.0, 1.0, 4.0)).workers[0]
+    spec = replace(w.spec, max_cached_cells=2048, n_cached_ids=2)
+    reuse = replace(w.reuse, mode=ReuseMode.PREFIX.value)
+    return config, Calibration("replicas", tuple(WorkerCalibration(f"replica-{i}", spec, w.cost, reuse)
+                                                 for i in range(2)))
+
+
 def test_the_twin_routes_by_what_each_worker_holds_as_the_controller_does():
     """Replicas with a prefix cache: a document's later questions go where its first one was prefilled (the
     controller's ``PrefixAffinity``, fed as the engine feeds it), and reuse it there; prompts that share nothing
     go by load."""
-    config = EngineConfig(backend="fake", mode=Mode.REPLICAS, n_replicas=2, n_ctx=4096, n_seq_max=2, chunk=64,
-                          adaptive_chunk=False, prefix_cache=True)
-    base = one_worker(config, fixed_cost(5.0, 1.0, 4.0))
-    w = base.workers[0]
-    spec = replace(w.spec, max_cached_cells=2048, n_cached_ids=2)
-    cal = Calibration("replicas", tuple(WorkerCalibration(f"replica-{i}", spec, w.cost,
-                                                          replace(w.reuse, mode=ReuseMode.PREFIX.value))
-                                        for i in range(2)))
+    config, cal = replicas_with_prefix_caches()
     document = tuple(range(5000, 5300))
-    requests = [SimRequest(1.0 * i, (document if i % 2 == 0 else (9000 + i,) * 50) + tuple(range(100 * i, 100 * i + 8)),
-                           4) for i in range(24)]
+    requests = [SimRequest(1.0 * i, (document if i % 2 == 0 else (9000 + i,) * 50)
+                           + tuple(range(100 * i, 100 * i + 8)), 4) for i in range(24)]
     run = simulate(config, cal, requests, seed=4)
     first = run.requests[0].routed_to
     later = run.requests[2::2]
@@ -171,14 +175,7 @@ def test_a_head_every_prompt_shares_is_held_by_every_worker_as_after_the_burst()
     """Every prompt starts with the same 30 tokens (the chat template's head): the controller a probe runs on has
     seen them on both replicas in its burst, so they decide nothing and requests spread by load (started empty,
     the twin had sent all of them to the first replica to hold the head)."""
-    config = EngineConfig(backend="fake", mode=Mode.REPLICAS, n_replicas=2, n_ctx=4096, n_seq_max=2, chunk=64,
-                          adaptive_chunk=False, prefix_cache=True)
-    base = one_worker(config, fixed_cost(5.0, 1.0, 4.0))
-    w = base.workers[0]
-    spec = replace(w.spec, max_cached_cells=2048, n_cached_ids=2)
-    cal = Calibration("replicas", tuple(WorkerCalibration(f"replica-{i}", spec, w.cost,
-                                                          replace(w.reuse, mode=ReuseMode.PREFIX.value))
-                                        for i in range(2)))
+    config, cal = replicas_with_prefix_caches()
     head = tuple(range(7000, 7030))
     requests = [SimRequest(0.2 * i, head + tuple(range(100 * i, 100 * i + 60)), 16) for i in range(40)]
     run = simulate(config, cal, requests, seed=5)
