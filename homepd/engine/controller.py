@@ -384,5 +384,6 @@ class Engine:
     def measure_memory(self) -> MemoryBreakdown:
         """Measure every homepd process now (controller, workers, KV arena) by what holds the memory; also kept
         as ``snapshot().memory``.  Reads /proc (a few ms): call it off the event loop when serving."""
-        self.memory = self.pool.measure_memory(self.model_path)
+        router = self.handoff.router
+        self.memory = self.pool.measure_memory(self.model_path, router.arena.names if router is not None else ())
         return self.memory

@@ -120,9 +120,10 @@ class WorkerPool:
             await asyncio.gather(*self.restarting.values(), return_exceptions=True)
             self.restarting = {r: t for r, t in self.restarting.items() if not t.done()}
 
-    def measure_memory(self, model_path: str) -> MemoryBreakdown:
-        """Every homepd process now (controller, workers, KV arena) by what holds the memory (reads /proc)."""
+    def measure_memory(self, model_path: str, arena_names: tuple[str, ...] = ()) -> MemoryBreakdown:
+        """Every homepd process now (controller, workers, KV arena) by what holds the memory (reads /proc).
+        ``arena_names``: the KV arena's segments (none without one)."""
         processes = [ProcessRegions("controller", os.getpid())] + [
             ProcessRegions(h.role, h.pid, h.ready.memory_regions, h.ready.kv_cache_bytes)
             for h in list(self.handles.values()) if h.ready is not None and h.pid is not None]
-        return measure_processes(processes, model_path)
+        return measure_processes(processes, model_path, arena_names)

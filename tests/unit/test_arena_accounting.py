@@ -108,3 +108,13 @@ def _check_breakdown_counts_a_shared_file_and_the_arena_once_and_private_regions
 def test_an_unreadable_process_gives_zeros_not_an_error():
     b = measure_processes([ProcessRegions("gone", 2 ** 22 + 12345, (("context", 0, 4096),), 4096)], None)
     assert b.total_bytes == 0 and b.processes[0].pss_bytes == 0
+
+
+def test_the_engines_arena_is_counted_by_its_names_not_every_arena_the_process_maps():
+    # a test process (the controller) may still map another engine's arena; only the named one is this engine's
+    with KVArena.create(64 * 1024) as other, KVArena.create(1 << 20) as own:
+        me = [ProcessRegions("controller", os.getpid())]
+        assert measure_processes(me, None, own.names).arena_bytes == DATA_OFFSET + (1 << 20)
+        assert measure_processes(me, None, ()).arena_bytes == 0
+        assert measure_processes(me, None).arena_bytes >= 2 * DATA_OFFSET + (1 << 20) + 64 * 1024
+        assert other.names != own.names
