@@ -103,7 +103,8 @@ async def one_candidate(cand, base: EngineConfig, box, args, sampler) -> dict:
                   "a twin with no capacity") + f" (busy {cal.other_cpu_cores or 0:.2f} cores, stalled "
                   f"{cal.stalled_share:.0%}): {'once more' if attempt == 0 else 'no probes'}", flush=True)
             out.setdefault("failed_calibrations", []).append({"unusable": cal.unusable,
-                                                              "capacity_rps": cap.capacity_rps})
+                                                              "capacity_rps": cap.capacity_rps,
+                                                              "calibration": to_plain(cal)})
         if cap.capacity_rps is None:
             return out
         out["twin"] = {"capacity_rps": cap.capacity_rps, "interval_rps": cap.interval_rps, "wall_s": cap.wall_s,
