@@ -104,6 +104,14 @@ def store_is_faster(n_restore_tokens: int, n_gain_tokens: int, restore_ms_per_to
     return restore_ms_per_token * n_restore_tokens < prefill_ms
 
 
+def restore_fits(store: StoreOps, hit, limit_ms: float | None) -> bool:
+    """Whether restoring ``hit`` takes at most ``limit_ms`` at the store's measured speed (None: no limit, or not
+    measured yet)."""
+    if limit_ms is None or store.restore_ms_per_token is None:
+        return True
+    return store.restore_ms_per_token * len(hit.entry.tokens) <= limit_ms
+
+
 class PrefixReuse:
     """A worker's cached prefixes: what it keeps, who takes what, what is evicted, and its counters."""
 
@@ -197,10 +205,11 @@ class PrefixReuse:
             return None
         return match
 
-    def take(self, seq: Sequence, n_cells: int) -> bool:
+    def take(self, seq: Sequence, n_cells: int, restore_limit_ms: float | None = None) -> bool:
         """Give waiting seq (nothing prefilled) the cached entry matching its prompt longest, reserving
         ``n_cells`` under that entry's id, and mark the kept prefix as prefilled.  False: nothing matched
-        (or the context refused the trim); seq has no id then."""
+        (or the context refused the trim); seq has no id then.  ``restore_limit_ms``: the longest restore from
+        the store it may make now (``StepPolicy.restore_limit_ms``; None: any that beats prefilling)."""
         assert self.allocator.can_run_more, "take() for a request that may not run yet"
         if not seq.n_pauses:  # a paused prefill resuming is not a new prompt looked up
             self.n_lookups += 1
@@ -209,7 +218,8 @@ class PrefixReuse:
         if self.store is not None:
             hit = self.store.lookup(seq.prompt_ids, self.mode, seq.n_prompt - 1)
             n_context = match.n_tokens if match is not None else 0
-            if self._store_wins(hit, n_context) and self._restore(seq, hit, n_cells):
+            if self._store_wins(hit, n_context) and restore_fits(self.store, hit, restore_limit_ms) \
+                    and self._restore(seq, hit, n_cells):
                 return True
             if match is not None and self.index.entry_of(match.entry.seq_id) is not match.entry:
                 match = None  # evicted making room for a restore that failed

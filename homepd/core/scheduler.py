@@ -130,13 +130,14 @@ class Scheduler:
         # why evicting: cached prefixes are reclaimable, they never keep a request waiting
         return self.allocator.can_allocate_evicting(self.cells_needed(seq) + headroom)
 
-    def admit(self, seq: Sequence) -> bool:
+    def admit(self, seq: Sequence, restore_limit_ms: float | None = None) -> bool:
         """Give seq a sequence id and reserve the cells its next steps need: a waiting prompt takes the
         cached entry matching it longest, if any (then returns True), else cached entries are evicted as
-        far as its id and cells need."""
+        far as its id and cells need.  ``restore_limit_ms``: the longest KV store restore it may make now."""
         self._note_arrival(seq)
         n_cells = self.cells_needed(seq)
-        reused = self.prefixes is not None and seq.n_prefilled == 0 and self.prefixes.take(seq, n_cells)
+        reused = self.prefixes is not None and seq.n_prefilled == 0 and self.prefixes.take(seq, n_cells,
+                                                                                            restore_limit_ms)
         if not reused:
             if self.prefixes is not None:
                 self.prefixes.make_room(n_cells)
@@ -218,7 +219,9 @@ class Scheduler:
                         budget, grant = planned - used, None
                     continue
                 self.waiting.remove(seq)
-                if self.admit(seq):
+                limit = self.policy.restore_limit_ms(seq, decode, now_s, kv_in_use) \
+                    if self.prefixes is not None and self.prefixes.store is not None else None
+                if self.admit(seq, limit):
                     reused.append(seq)
                 budget = self._less_store_time(budget, kv_in_use)  # what its admission saved or restored
             slices.append(self._slice(seq, budget))

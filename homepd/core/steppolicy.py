@@ -312,6 +312,29 @@ class StepPolicy:
             return kept
         return lost_grant(est, prompts, decode, now_s, ceiling_ms, budget, max_budget, kv_in_use)
 
+    def restore_limit_ms(self, seq: Sequence, decode: Seq[Sequence], now_s: float, kv_in_use: int = 0) -> float | None:
+        """The longest KV store restore ``seq``'s admission may make before this step, or None (any restore that
+        beats prefilling, ``homepd.core.prefixreuse.store_is_faster``).
+
+        A restore runs between two steps, so every decoding stream waits for it as for a step: what a step
+        beside those decodes leaves of the ITL budget (at the tail of the box's noise) is all it may take while
+        an interactive stream is still within its gap budget (``Sequence.gap_broken`` false).  A longer one is
+        not made: the prompt is prefilled instead, in steps the budget holds (on this box a 430-token
+        document's restore took 130 ms, and nearly every gap the twin saw over 100 ms at 0.6 req/s was one).
+        Unless the prompt would then miss its TTFT deadline (as ``deadline_grant``: the restore keeps one
+        request within its budgets where it puts the streams' next gap over theirs).  No limit with a fixed
+        chunk, before the model is fitted, or when no interactive stream within its gap budget decodes."""
+        est = self.estimate() if self.adaptive else None
+        if est is None or not any(s.request_class != RequestClass.BACKGROUND and not s.gap_broken for s in decode):
+            return None
+        room = self._step_itl_ms() * STEP_SHARE_OF_ITL - est.tail_ms(0, len(decode), kv_in_use)
+        if seq.request_class != RequestClass.BACKGROUND and seq.deadline_s is not None:
+            budget = max(1, self.budget(decode, kv_in_use))
+            pace = PromptPace(est, len(decode), kv_in_use, seq.n_prompt)
+            if pace.done_s(now_s, seq.n_prompt, budget) > seq.deadline_s:
+                return None  # prefilled at the budget's pace it would be late: the restore keeps it
+        return max(0.0, room)
+
     def tokens_in_ms(self, ms: float, kv_in_use: int = 0) -> int:
         """The prompt tokens a step computes in ``ms`` (at least what ``ms`` holds; 0 unmeasured or fixed)."""
         est = self.estimate() if self.adaptive else None

@@ -415,3 +415,38 @@ def test_a_step_after_a_save_gives_up_the_prompt_tokens_the_save_took(save_ms, w
             assert sl.n_tokens == max(1, full - policy.tokens_in_ms(save_ms)) == 1
         else:
             assert sl.n_tokens == full > 1
+
+
+@pytest.mark.parametrize("case", ["no stream decodes", "streams decode", "its deadline needs it"])
+def test_a_restore_longer_than_the_streams_gap_room_is_prefilled_instead_unless_the_deadline_needs_it(case):
+    """A restore runs between two steps, and every decoding stream waits for it: while interactive streams are
+    within their gap budget, one longer than what a step beside them leaves of the ITL budget is not made (the
+    prompt is prefilled in budgeted steps), unless prefilling would miss the prompt's TTFT deadline."""
+    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=5.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
+                       n_steps=50, error_ms=0.0)
+    policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
+    with store_scheduler(100, policy) as (s, ctx, store, sent, book):
+        finish(s, ctx, request("a", range(10, 90)))
+        finish(s, ctx, request("b", range(200, 280)))  # over the 100 cached cells: a's entry goes to the store
+        (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
+        store.restore_ms_per_token = 2.0  # 83 tokens: a 166 ms restore, against 415 ms of prefill
+        streams = [] if case == "no stream decodes" else \
+            [request(f"s{i}", range(300 + 10 * i, 308 + 10 * i), max_tokens=50) for i in range(3)]
+        for q in streams:
+            s.add(q)
+        while any(q.is_prefilling or q.seq_id is None for q in streams):
+            step(s, ctx)
+        turn = request("c", [*saved.tokens, 1, 2, 3])
+        turn.deadline_s = 0.3 if case == "its deadline needs it" else 60.0  # 90 prompt tokens: ~2 s at the budget
+        s.add(turn)
+        room = policy.restore_limit_ms(turn, [q for q in streams if not q.is_prefilling], 0.0)
+        plan = s.schedule(0.0)
+        (sl,) = plan.prefill
+        assert sl.seq is turn
+        if case == "streams decode":
+            assert room is not None and 0 < room < 166  # what a step beside three decodes leaves of 85 ms
+            assert not turn.is_restored and sl.start == 0 and sl.n_tokens < turn.n_prompt
+            assert s.prefixes.stats().n_store_hits == 0 and store.peek(turn.prompt_ids, ReuseMode.PREFIX, 1000)
+        else:
+            assert room is None
+            assert turn.is_restored and sl.start == len(saved.tokens) and s.prefixes.stats().n_store_hits == 1
