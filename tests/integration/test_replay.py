@@ -12,7 +12,7 @@ from homepd.measure.trace import make_trace
 
 
 def test_replaying_one_trace_twice_gives_the_same_schedule_prompts_and_output_counts():
-    trace = make_trace("mixed", 6, rate_per_s=20.0, max_tokens=None, long_tokens=300, seed=3)
+    trace = make_trace("mixed", 6, rate_per_s=10.0, max_tokens=None, long_tokens=300, seed=3)
 
     async def twice():
         out = []
@@ -27,8 +27,11 @@ def test_replaying_one_trace_twice_gives_the_same_schedule_prompts_and_output_co
     t0a, t0b = first[0].arrived_s, second[0].arrived_s
     gaps_a = [r.arrived_s - t0a for r in first]
     gaps_b = [r.arrived_s - t0b for r in second]
-    # 50 ms: the event loop's lateness on a loaded CI box; a replay that did not wait would be off by up to 0.3 s
-    assert all(abs(a - b) < 0.05 and abs(a - req.arrival_s) < 0.05 for a, b, req in zip(gaps_a, gaps_b, trace))
+    # 100 ms: the event loop's lateness on a loaded box (50 ms failed once in a full run beside the other worker's
+    # real-model tests); a replay that did not wait would be off by up to the trace's span, ~0.5 s
+    assert trace[-1].arrival_s > 0.3
+    assert all(abs(a - b) < 0.1 and abs(a - req.arrival_s) < 0.1 for a, b, req in zip(gaps_a, gaps_b, trace)), \
+        (gaps_a, gaps_b, [req.arrival_s for req in trace])
     assert ids1 == ids2 and [r.n_prompt_tokens for r in first] == [len(i) for i in ids1]
     # ignore_eos: every request produces exactly its trace's output count, both times
     assert [len(r.token_times_s) for r in first] == [len(r.token_times_s) for r in second] \
