@@ -152,6 +152,8 @@ class Scheduler:
         kept = False
         if seq in self.running:
             self.running.remove(seq)
+            if keep_prefix and self.prefixes is not None and self.prefixes.store is not None:
+                self._note_store_room()  # the streams left, not the one ending, wait for what keeping it saves
             kept = keep_prefix and self.prefixes is not None and self.prefixes.keep(seq)
             if not kept:
                 self.allocator.free(seq.seq_id)
@@ -189,6 +191,8 @@ class Scheduler:
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
         kv_in_use = self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running))
         budget = self.policy.budget(decode, kv_in_use)
+        if self.prefixes is not None and self.prefixes.store is not None:
+            self.prefixes.save_limit_ms = self.policy.store_room_ms(decode, kv_in_use)
         prefilling = [s for s in self.running if s.is_prefilling]
         if prefilling or self.waiting:
             # why: a prompt always advances, even when decodes fill the chunk
@@ -241,6 +245,13 @@ class Scheduler:
                         store_ms=self._store_ms_seen - store_ms_before, n_waiting_for_id=n_waiting_for_id,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
                         else None)
+
+    def _note_store_room(self) -> None:
+        """The longest save the running decodes can wait for now (``StepPolicy.store_room_ms``), for the prefix
+        cache's evictions until the next plan."""
+        decode = [s for s in self.running if not s.is_prefilling] if self.decodes else []
+        kv_in_use = self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running))
+        self.prefixes.save_limit_ms = self.policy.store_room_ms(decode, kv_in_use)
 
     def _less_store_time(self, budget: int, kv_in_use: int) -> int:
         """``budget`` less the prompt tokens the KV store's saves and restores since the last call would have

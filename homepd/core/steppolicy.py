@@ -324,16 +324,25 @@ class StepPolicy:
         Unless the prompt would then miss its TTFT deadline (as ``deadline_grant``: the restore keeps one
         request within its budgets where it puts the streams' next gap over theirs).  No limit with a fixed
         chunk, before the model is fitted, or when no interactive stream within its gap budget decodes."""
-        est = self.estimate() if self.adaptive else None
-        if est is None or not any(s.request_class != RequestClass.BACKGROUND and not s.gap_broken for s in decode):
+        room = self.store_room_ms(decode, kv_in_use)
+        if room is None:
             return None
-        room = self._step_itl_ms() * STEP_SHARE_OF_ITL - est.tail_ms(0, len(decode), kv_in_use)
+        est = self.estimate()
         if seq.request_class != RequestClass.BACKGROUND and seq.deadline_s is not None:
             budget = max(1, self.budget(decode, kv_in_use))
             pace = PromptPace(est, len(decode), kv_in_use, seq.n_prompt)
             if pace.done_s(now_s, seq.n_prompt, budget) > seq.deadline_s:
                 return None  # prefilled at the budget's pace it would be late: the restore keeps it
-        return max(0.0, room)
+        return room
+
+    def store_room_ms(self, decode: Seq[Sequence], kv_in_use: int = 0) -> float | None:
+        """How long the KV store may work between two steps (a save or a restore) while ``decode`` decode: what
+        a step beside them leaves of the ITL budget, at the tail of the box's noise; None (no limit) with a fixed
+        chunk, before the model is fitted, or when no interactive stream within its gap budget decodes."""
+        est = self.estimate() if self.adaptive else None
+        if est is None or not any(s.request_class != RequestClass.BACKGROUND and not s.gap_broken for s in decode):
+            return None
+        return max(0.0, self._step_itl_ms() * STEP_SHARE_OF_ITL - est.tail_ms(0, len(decode), kv_in_use))
 
     def tokens_in_ms(self, ms: float, kv_in_use: int = 0) -> int:
         """The prompt tokens a step computes in ``ms`` (at least what ``ms`` holds; 0 unmeasured or fixed)."""

@@ -450,3 +450,32 @@ def test_a_restore_longer_than_the_streams_gap_room_is_prefilled_instead_unless_
         else:
             assert room is None
             assert turn.is_restored and sl.start == len(saved.tokens) and s.prefixes.stats().n_store_hits == 1
+
+
+@pytest.mark.parametrize("streams_decode", [True, False])
+def test_a_finished_entrys_save_longer_than_the_streams_gap_room_is_not_made_while_they_decode(streams_decode):
+    """A save runs between two steps as a restore does: while interactive streams are within their gap budget, a
+    finished sequence's entry whose save would take longer than their room is dropped from the context unsaved
+    (counted), and saved as before when no stream waits on it."""
+    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=5.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
+                       n_steps=50, error_ms=0.0)
+    policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
+    with store_scheduler(100, policy) as (s, ctx, store, sent, _):
+        finish(s, ctx, request("a", range(10, 90)))  # cached: 83 cells
+        store.save_base_ms, store.save_ms_per_token = 0.0, 2.0  # its save: 166 ms
+        streams = [request(f"s{i}", range(300 + 10 * i, 308 + 10 * i), max_tokens=50) for i in range(3)] \
+            if streams_decode else []
+        for q in streams:
+            s.add(q)
+        while any(q.is_prefilling or q.seq_id is None for q in streams):
+            step(s, ctx)
+        b = request("b", range(200, 280), max_tokens=2)
+        s.add(b)
+        while not b.is_finished:  # b's prefix kept over the 100 cached cells: a's entry leaves the context
+            step(s, ctx)
+        saved = [m for m in sent if isinstance(m, StoreSaved)]
+        assert s.prefixes.index.longest_match(list(range(10, 90)), ReuseMode.PREFIX, 1000) is None
+        if streams_decode:
+            assert 0 < s.prefixes.save_limit_ms < 166 and not saved and s.prefixes.n_unsaved == 1
+        else:
+            assert s.prefixes.save_limit_ms is None and len(saved) == 1 and s.prefixes.n_unsaved == 0
