@@ -182,9 +182,6 @@ class KVAllocator:
         self.n_cells_cached += n_cells
         self._cap_shares(seq_id, n_cells)
 
-    def n_cached_cells_of(self, seq_id: int) -> int:
-        return self._n_cached_of[seq_id]
-
     def uncache(self, seq_id: int) -> None:
         """Evict cached ``seq_id``: the id is free, and its cells no other id holds."""
         self._unlink(seq_id)

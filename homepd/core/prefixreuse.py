@@ -104,20 +104,10 @@ def store_is_faster(n_restore_tokens: int, n_gain_tokens: int, restore_ms_per_to
     return restore_ms_per_token * n_restore_tokens < prefill_ms
 
 
-def save_fits(store: StoreOps, n_tokens: int, limit_ms: float | None) -> bool:
-    """Whether saving ``n_tokens`` takes at most ``limit_ms`` at the store's measured speed (None: no limit, or not
-    measured yet)."""
-    if limit_ms is None or store.save_ms_per_token is None:
-        return True
-    return (store.save_base_ms or 0.0) + store.save_ms_per_token * n_tokens <= limit_ms
-
-
-def restore_fits(store: StoreOps, hit, limit_ms: float | None) -> bool:
-    """Whether restoring ``hit`` takes at most ``limit_ms`` at the store's measured speed (None: no limit, or not
-    measured yet)."""
-    if limit_ms is None or store.restore_ms_per_token is None:
-        return True
-    return store.restore_ms_per_token * len(hit.entry.tokens) <= limit_ms
+def store_fits(ms_per_token: float | None, n_tokens: int, limit_ms: float | None, base_ms: float | None = 0.0) -> bool:
+    """Whether a save or restore of ``n_tokens`` at the store's measured cost takes at most ``limit_ms`` (None: no
+    limit, or not measured yet)."""
+    return limit_ms is None or ms_per_token is None or (base_ms or 0.0) + ms_per_token * n_tokens <= limit_ms
 
 
 class PrefixReuse:
@@ -136,19 +126,17 @@ class PrefixReuse:
         # ids of the cached entries that are paused prefills (``pause``): they may hold the allocator's ids kept
         # for cached prefixes; a finished sequence's entry holds one of the n_seq_max running ids' places
         self._paused: set[int] = set()
-        # the longest save the decoding streams can wait for now (``StepPolicy.store_room_ms``, set by the scheduler
-        # each step; None: any): a finished sequence's entry evicted with a longer save is dropped unsaved
-        self.save_limit_ms: float | None = None
+        self.save_limit_ms: float | None = None  # the longest save the streams can wait for (the scheduler's)
         self.n_unsaved = 0
 
     def _save(self, entry, paused: bool) -> None:
-        """``entry``'s KV into the store before it leaves the context, unless its save is longer than the streams
-        can wait for (``save_limit_ms``): a save runs between two steps, and in the twin nearly every gap miss left
-        at 0.86 req/s was one.  A paused prefill's is always saved (its computed tokens would be lost work)."""
-        if not paused and not save_fits(self.store, len(entry.tokens), self.save_limit_ms):
+        """``entry``'s KV into the store, unless the streams cannot wait for its save (``save_limit_ms``; in the twin
+        nearly every gap miss left at 0.86 req/s was one); a paused prefill's always (it would be lost work)."""
+        store = self.store
+        if paused or store_fits(store.save_ms_per_token, len(entry.tokens), self.save_limit_ms, store.save_base_ms):
+            store.save(entry.seq_id, entry.tokens)
+        else:
             self.n_unsaved += 1
-            return
-        self.store.save(entry.seq_id, entry.tokens)
 
     def keep(self, seq: Sequence) -> bool:
         """seq (running, holding its sequence id) leaves: keep its KV as an entry.  False if nothing to keep
@@ -212,11 +200,12 @@ class PrefixReuse:
                 return hit.n_tokens
         return n_context
 
-    def _store_wins(self, hit, n_context: int) -> bool:
+    def _store_wins(self, hit, n_context: int, limit_ms: float | None = None) -> bool:
         """Whether the store's ``hit`` is taken over the context's match of ``n_context`` tokens: it holds more
-        (and not a mere shared head), and restoring it beats prefilling what it adds."""
+        (and not a mere shared head), and restoring it beats prefilling what it adds (within ``limit_ms``)."""
         return hit is not None and hit.n_tokens >= max(n_context + 1, MIN_PARTIAL_MATCH_TOKENS) \
-            and self.store.is_faster(hit, n_context)
+            and self.store.is_faster(hit, n_context) \
+            and store_fits(self.store.restore_ms_per_token, len(hit.entry.tokens), limit_ms)
 
     def _context_match(self, seq: Sequence):
         """The cached entry seq's prompt would take (all but its last token at most), or None: nothing, or a
@@ -239,8 +228,7 @@ class PrefixReuse:
         if self.store is not None:
             hit = self.store.lookup(seq.prompt_ids, self.mode, seq.n_prompt - 1)
             n_context = match.n_tokens if match is not None else 0
-            if self._store_wins(hit, n_context) and restore_fits(self.store, hit, restore_limit_ms) \
-                    and self._restore(seq, hit, n_cells):
+            if self._store_wins(hit, n_context, restore_limit_ms) and self._restore(seq, hit, n_cells):
                 return True
             if match is not None and self.index.entry_of(match.entry.seq_id) is not match.entry:
                 match = None  # evicted making room for a restore that failed

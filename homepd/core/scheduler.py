@@ -153,7 +153,8 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
             if keep_prefix and self.prefixes is not None and self.prefixes.store is not None:
-                self._note_store_room()  # the streams left, not the one ending, wait for what keeping it saves
+                # the streams left, not the one ending, wait for what keeping its prefix saves
+                self.prefixes.save_limit_ms = self.policy.store_room_ms(*self._decoding())
             kept = keep_prefix and self.prefixes is not None and self.prefixes.keep(seq)
             if not kept:
                 self.allocator.free(seq.seq_id)
@@ -188,8 +189,7 @@ class Scheduler:
         deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving).
         First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``."""
         evicted = self._reserve_decode_cells() if self.decodes else ()
-        decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
-        kv_in_use = self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running))
+        decode, kv_in_use = self._decoding()
         budget = self.policy.budget(decode, kv_in_use)
         if self.prefixes is not None and self.prefixes.store is not None:
             self.prefixes.save_limit_ms = self.policy.store_room_ms(decode, kv_in_use)
@@ -246,12 +246,10 @@ class Scheduler:
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
                         else None)
 
-    def _note_store_room(self) -> None:
-        """The longest save the running decodes can wait for now (``StepPolicy.store_room_ms``), for the prefix
-        cache's evictions until the next plan."""
-        decode = [s for s in self.running if not s.is_prefilling] if self.decodes else []
-        kv_in_use = self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running))
-        self.prefixes.save_limit_ms = self.policy.store_room_ms(decode, kv_in_use)
+    def _decoding(self) -> tuple[tuple[Sequence, ...], int]:
+        """The running sequences that decode in the next step, and the KV cells each token of it attends over."""
+        decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
+        return decode, self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running))
 
     def _less_store_time(self, budget: int, kv_in_use: int) -> int:
         """``budget`` less the prompt tokens the KV store's saves and restores since the last call would have

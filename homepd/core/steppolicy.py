@@ -313,32 +313,21 @@ class StepPolicy:
         return lost_grant(est, prompts, decode, now_s, ceiling_ms, budget, max_budget, kv_in_use)
 
     def restore_limit_ms(self, seq: Sequence, decode: Seq[Sequence], now_s: float, kv_in_use: int = 0) -> float | None:
-        """The longest KV store restore ``seq``'s admission may make before this step, or None (any restore that
-        beats prefilling, ``homepd.core.prefixreuse.store_is_faster``).
-
-        A restore runs between two steps, so every decoding stream waits for it as for a step: what a step
-        beside those decodes leaves of the ITL budget (at the tail of the box's noise) is all it may take while
-        an interactive stream is still within its gap budget (``Sequence.gap_broken`` false).  A longer one is
-        not made: the prompt is prefilled instead, in steps the budget holds (on this box a 430-token
-        document's restore took 130 ms, and nearly every gap the twin saw over 100 ms at 0.6 req/s was one).
-        Unless the prompt would then miss its TTFT deadline (as ``deadline_grant``: the restore keeps one
-        request within its budgets where it puts the streams' next gap over theirs).  No limit with a fixed
-        chunk, before the model is fitted, or when no interactive stream within its gap budget decodes."""
+        """The longest KV store restore ``seq``'s admission may make now: ``store_room_ms`` (a longer one is not
+        made, the prompt is prefilled in budgeted steps instead), unless prefilling at this step's budget's pace
+        would miss its TTFT deadline (then any: one request kept within its budgets for the streams' next gap)."""
         room = self.store_room_ms(decode, kv_in_use)
-        if room is None:
-            return None
-        est = self.estimate()
-        if seq.request_class != RequestClass.BACKGROUND and seq.deadline_s is not None:
-            budget = max(1, self.budget(decode, kv_in_use))
-            pace = PromptPace(est, len(decode), kv_in_use, seq.n_prompt)
-            if pace.done_s(now_s, seq.n_prompt, budget) > seq.deadline_s:
-                return None  # prefilled at the budget's pace it would be late: the restore keeps it
-        return room
+        if room is None or seq.request_class == RequestClass.BACKGROUND or seq.deadline_s is None:
+            return room
+        pace = PromptPace(self.estimate(), len(decode), kv_in_use, seq.n_prompt)
+        return None if pace.done_s(now_s, seq.n_prompt, max(1, self.budget(decode, kv_in_use))) > seq.deadline_s \
+            else room
 
     def store_room_ms(self, decode: Seq[Sequence], kv_in_use: int = 0) -> float | None:
-        """How long the KV store may work between two steps (a save or a restore) while ``decode`` decode: what
-        a step beside them leaves of the ITL budget, at the tail of the box's noise; None (no limit) with a fixed
-        chunk, before the model is fitted, or when no interactive stream within its gap budget decodes."""
+        """How long the KV store may work between two steps (a save, a restore: every decoding stream waits for it
+        as for a step; on this box a 430-token document's restore took 130 ms): what a step beside ``decode``
+        leaves of the ITL budget at the tail of the box's noise.  None (no limit): a fixed chunk, no fitted
+        model, or no interactive stream still within its gap budget (``Sequence.gap_broken``)."""
         est = self.estimate() if self.adaptive else None
         if est is None or not any(s.request_class != RequestClass.BACKGROUND and not s.gap_broken for s in decode):
             return None

@@ -30,7 +30,7 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MIN_REGION_BYTES = 2 << 20   # smaller new mappings are interpreter arenas and the like: "rest"
 SHM_DIR = "/dev/shm/"
 ARENA_PREFIX = SHM_DIR + "homepd-kv-"
-STORE_PREFIX = "/dev/shm/homepd-kvstore-"  # the KV store tier (homepd.kv.store)
+STORE_PREFIX = SHM_DIR + "homepd-kvstore-"  # the KV store tier (homepd.kv.store)
 
 Interval = tuple[int, int]   # [start, end) addresses
 
