@@ -21,20 +21,26 @@ from homepd.models.resolve import fingerprint, resolve_model
 KV_BYTES_PER_TOKEN_GUESS = 64 << 10  # placement plan's memory check when the GGUF header does not say
 
 
+def model_file(config: EngineConfig, *, pull: bool = False, progress: bool = False) -> str:
+    """The path ``config``'s backend loads ``config.model`` from: the fake's own for the fake backend (nothing to
+    pull), else the GGUF's (a missing catalog model is pulled when ``pull``, else named in a ``ModelError``)."""
+    if config.backend == "fake":
+        from homepd.fakellm import FAKE_MODEL_PATH  # why: `homepd --help` does not load the fake (1.5 ms)
+
+        return FAKE_MODEL_PATH if config.model == EngineConfig.model else config.model
+    return str(resolve_model(config.model, config.models_dir, pull=pull, progress=progress))
+
+
 def prepare(config: EngineConfig, *, pull: bool = True, progress: bool = True, box=None) -> EngineSetup:
     """Resolve ``config.model`` (pulling a missing catalog model when ``pull``), fingerprint it and place
     the workers (``box``: a ``BoxProbe`` to plan on, else this box is probed when the plan is needed)."""
     config = config.validated()
-    if config.backend == "fake":
-        from homepd.fakellm import FAKE_MODEL_PATH  # why: `homepd --help` does not load the fake (1.5 ms)
-
-        path, identity = FAKE_MODEL_PATH if config.model == EngineConfig.model else config.model, "f" * 64
-    else:
+    if config.backend != "fake":
         from homepd.hw.isa import check_build  # why: `homepd --help` does not load the build guard
 
         check_build()  # before any process loads llama.cpp: a build for another CPU is refused, not a SIGILL
-        path = str(resolve_model(config.model, config.models_dir, pull=pull, progress=progress))
-        identity = fingerprint(path)
+    path = model_file(config, pull=pull, progress=progress)
+    identity = "f" * 64 if config.backend == "fake" else fingerprint(path)
     topology = topology_for(config.mode)
     if box is None and topology.needs_plan:
         # why: psutil (the probe) loads only when a plan is needed

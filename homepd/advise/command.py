@@ -21,7 +21,7 @@ from homepd.config import add_config_flags, config_from_args, parse_chunk, write
 from homepd.core.records import to_plain
 from homepd.errors import ConfigError, HomepdError
 from homepd.hw.monitor import Sampler
-from homepd.launch import prepare
+from homepd.launch import model_file, prepare
 from homepd.measure.report import add_slo_flags, slo_from_args
 from homepd.measure.trace.sources import parse_duration_s
 from homepd.models.resolve import resolve_model
@@ -243,7 +243,7 @@ def _what_if(args) -> int:
     if base is None:
         raise ConfigError(f"run {run_id} has no twin calibration (it predates the twin, or ran with --no-twin): "
                           "run `homepd advise --quick` first")
-    model_path = str(resolve_model(base.model, pull=False, progress=False))
+    model_path = model_file(base)  # the run's backend: a run on the fake needs no model pulled here
     traffic = None
     if args.traffic is not None:
         from homepd.advise.campaign.traffic import given_sources  # why: `homepd --help` does not load it

@@ -65,7 +65,9 @@ def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_s
 
     # what-if on its calibration: the traffic doubled (the capacity is the run's; the attainment at twice the
     # recommended capacity is projected), and a bad mix named
-    whatif = homepd("advise", "what-if", "--db", str(db), "--rate-scale", "2", "--json")
+    # (on the run's backend, the fake: no model is pulled or needed, as on a fresh clone)
+    whatif = homepd("advise", "what-if", "--db", str(db), "--rate-scale", "2", "--json",
+                    env={"HOMEPD_MODELS_DIR": str(tmp_path / "no-models")})
     assert whatif.returncode == 0, whatif.stderr
     projected = json.loads(whatif.stdout.strip().splitlines()[-1])
     assert projected["projected_from"] == f"run {run['id']}'s calibration" and projected["change"] == "traffic x2"
