@@ -5,7 +5,7 @@ and each setting (greedy; temperature 0.7 / top_p 0.9, what most clients send;
 the same with llama-server's defaults top_k 40 / min_p 0.05; with presence and
 frequency penalties; under a JSON grammar), the milliseconds per token of
 
-* ``numpy``: ``homepd.core.sampling.ReferenceSampler``, the same semantics as
+* ``numpy``: ``homepd.fakellm.ReferenceSampler``, the same semantics as
   the numpy sampler homepd used before the chain (a sort over the vocabulary);
 * ``chain``: ``homepd.llm.sampler.LlamaSampler`` over a real context's logits
   (``llama_sampler_sample``; 49k and 262k, the real models) or, for the
@@ -29,7 +29,8 @@ import numpy as np
 
 import llama_cpp as C
 
-from homepd.core.sampling import Grammar, ReferenceSampler, SamplingParams
+from homepd.core.sampling import Grammar, SamplingParams
+from homepd.fakellm import ReferenceSampler
 from homepd.chat.textstream import TextStream
 from homepd.llm import LlamaContext, LlamaModel
 from homepd.llm.sampler import CandidateBuffer, _chain

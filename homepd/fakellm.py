@@ -13,7 +13,7 @@ TUI) in real worker processes, in milliseconds.  Selected with
   token fed twice, dropped, or into another sequence — changes it.
 * KV state export/import writes the token list (int32) into the caller's
   buffer, so a disaggregated handoff goes through the real shared memory.
-* Sampling is ``homepd.core.sampling.ReferenceSampler`` (the chain's semantics
+* Sampling is ``ReferenceSampler`` (the chain's semantics
   in numpy) over those logits.  Under a grammar the fake writes the grammar's
   shortest sentence (``homepd.structured.gbnf.shortest``), a byte a token, then EOS:
   its output always follows the grammar.  A lazy grammar (a tool call's
@@ -30,7 +30,7 @@ import numpy as np
 
 from homepd.structured.gbnf import GbnfError, shortest
 from homepd.core.terms import ReuseMode, SpecialToken
-from homepd.core.sampling import Grammar, ReferenceSampler, SamplingParams
+from homepd.core.sampling import Grammar, SamplingParams, bias_and_penalize, derived_seed
 from homepd.errors import ModelError, RequestError, WorkerError
 
 FAKE_MODEL_PATH = "fake://model"
@@ -273,3 +273,56 @@ class FakeEmbedder:
         if token not in self._rows:
             self._rows[token] = np.random.default_rng(token).standard_normal(FAKE_N_EMBD)
         return self._rows[token]
+
+
+class ReferenceSampler:
+    """The chain's semantics over a logits row, in numpy (the fake backend's sampler): slow on a real
+    vocabulary (a sort per token), which is why the real path runs llama.cpp's chain.
+
+    ``history``: tokens this request generated before this sampler existed (they count for the penalties).
+    ``eog_ids``: the vocabulary's end-of-generation tokens, banned under ``ignore_eos``.
+    The grammar is not applied here: the fake backend drives a grammar itself (``homepd.fakellm``).
+    """
+
+    def __init__(self, params: SamplingParams, history: tuple[int, ...] = (), eog_ids: tuple[int, ...] = ()):
+        self.params = params
+        self.banned = list(eog_ids) if params.ignore_eos else []
+        self.rng = np.random.default_rng(derived_seed(params.seed, len(history)))
+        self.history: list[int] = list(history)
+
+    def adjusted(self, logits: np.ndarray) -> np.ndarray:
+        """The logits after ``ignore_eos``'s ban, logit bias and penalties (what greedy takes the argmax of)."""
+        z = logits.astype(np.float64, copy=True)
+        z[self.banned] = -np.inf
+        bias_and_penalize(z, self.params, self.history)
+        return z
+
+    def sample(self, logits: np.ndarray) -> int:
+        token = self._draw(logits)
+        self.history.append(token)
+        return token
+
+    def _draw(self, logits: np.ndarray) -> int:
+        p = self.params
+        z = self.adjusted(logits)
+        if p.is_greedy:
+            return int(np.argmax(z))
+        order = np.argsort(-z, kind="stable")
+        if p.top_k and p.top_k < order.size:
+            order = order[:p.top_k]
+        cand = z[order]
+        finite = np.isfinite(cand)
+        order, cand = order[finite], cand[finite]
+        if p.top_p < 1.0 or p.min_p > 0.0:
+            probs = np.exp(cand - cand[0])
+            probs /= probs.sum()
+            n = cand.size
+            if p.top_p < 1.0:
+                n = min(n, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
+            if p.min_p > 0.0:
+                n = min(n, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
+            order, cand = order[:n], cand[:n]
+        scaled = cand / p.temperature
+        probs = np.exp(scaled - scaled[0])
+        probs /= probs.sum()
+        return int(order[self.rng.choice(order.size, p=probs)])

@@ -1,4 +1,4 @@
-"""Sampling parameters, grammars, token log-probabilities, and the reference sampler (pure numpy).
+"""Sampling parameters, grammars and token log-probabilities (pure numpy).
 
 What a request asks of its sampler is ``SamplingParams``: the chain llama.cpp
 runs for it (``homepd.llm.sampler``), in this order, is logit bias, penalties
@@ -7,9 +7,8 @@ tokens), top-k, top-p, min-p, temperature, then the seeded draw; a
 ``Grammar`` (structured output, tool calls) restricts the draw to the tokens
 it allows.  Greedy (``temperature == 0``) is argmax after bias and penalties.
 
-``ReferenceSampler`` is the same semantics in numpy: the fake backend samples
-with it, and the tests hold llama.cpp's chain against it.  It is slow on a
-real vocabulary (a sort per token), which is why the real path does not use it.
+``homepd.fakellm.ReferenceSampler`` is the same semantics in numpy, for the
+fake backend.
 """
 from __future__ import annotations
 
@@ -193,55 +192,3 @@ def bias_and_penalize(z: np.ndarray, params: SamplingParams, history) -> None:
         v = z[ids]
         v = np.where(v <= 0, v * params.repeat_penalty, v / params.repeat_penalty)
         z[ids] = v - counts * params.frequency_penalty - params.presence_penalty
-
-
-class ReferenceSampler:
-    """The chain's semantics over a logits row, in numpy (the fake backend's sampler; the tests' reference).
-
-    ``history``: tokens this request generated before this sampler existed (they count for the penalties).
-    ``eog_ids``: the vocabulary's end-of-generation tokens, banned under ``ignore_eos``.
-    The grammar is not applied here: the fake backend drives a grammar itself (``homepd.fakellm``).
-    """
-
-    def __init__(self, params: SamplingParams, history: tuple[int, ...] = (), eog_ids: tuple[int, ...] = ()):
-        self.params = params
-        self.banned = list(eog_ids) if params.ignore_eos else []
-        self.rng = np.random.default_rng(derived_seed(params.seed, len(history)))
-        self.history: list[int] = list(history)
-
-    def adjusted(self, logits: np.ndarray) -> np.ndarray:
-        """The logits after ``ignore_eos``'s ban, logit bias and penalties (what greedy takes the argmax of)."""
-        z = logits.astype(np.float64, copy=True)
-        z[self.banned] = -np.inf
-        bias_and_penalize(z, self.params, self.history)
-        return z
-
-    def sample(self, logits: np.ndarray) -> int:
-        token = self._draw(logits)
-        self.history.append(token)
-        return token
-
-    def _draw(self, logits: np.ndarray) -> int:
-        p = self.params
-        z = self.adjusted(logits)
-        if p.is_greedy:
-            return int(np.argmax(z))
-        order = np.argsort(-z, kind="stable")
-        if p.top_k and p.top_k < order.size:
-            order = order[:p.top_k]
-        cand = z[order]
-        finite = np.isfinite(cand)
-        order, cand = order[finite], cand[finite]
-        if p.top_p < 1.0 or p.min_p > 0.0:
-            probs = np.exp(cand - cand[0])
-            probs /= probs.sum()
-            n = cand.size
-            if p.top_p < 1.0:
-                n = min(n, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
-            if p.min_p > 0.0:
-                n = min(n, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
-            order, cand = order[:n], cand[:n]
-        scaled = cand / p.temperature
-        probs = np.exp(scaled - scaled[0])
-        probs /= probs.sum()
-        return int(order[self.rng.choice(order.size, p=probs)])

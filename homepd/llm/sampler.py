@@ -4,7 +4,7 @@ The chain is top-k, top-p, min-p, temperature and the seeded distribution
 (greedy: argmax), each added only when it does something; logit bias and
 penalties go before it, written in place into the logits row on just the
 tokens they concern (llama.cpp's penalties sampler scans the whole vocabulary
-through a hash map: 3.6 ms a token at 49k).  ``homepd.core.sampling.
+through a hash map: 3.6 ms a token at 49k).  ``homepd.fakellm.
 ReferenceSampler`` is the same semantics in numpy.  A grammar runs as llama.cpp's common sampler runs it:
 the chain samples first, the grammar checks that one token, and only when it
 refuses is the grammar applied to the whole vocabulary and the chain run again

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from homepd.errors import RequestError
-from homepd.core.sampling import SamplingParams, ReferenceSampler
+from homepd.core.sampling import SamplingParams
+from homepd.fakellm import ReferenceSampler
 from homepd.chat.textstream import TextStream
 
 
