@@ -267,6 +267,13 @@ class EngineConfig:
         "cached-seqs", int, "sequence ids beyond --n-seq-max for prefills paused for an interactive prompt, "
                             "whose KV then stays in the context instead of going to the KV store and back "
                             "(default 0: a pause gives up its id)"))
+    # why 1: with every running id held by chats a document waited for one while the chats' steps left budget
+    # unused (issue 44; docs/scheduling.md, "A prompt beyond --n-seq-max")
+    prefill_seqs: int = field(default=1, metadata=_opt(
+        "prefill-seqs", int, "sequence ids beyond --n-seq-max under which a waiting prompt starts its prefill "
+                             "while every running id is held and the step has prompt budget left; it then "
+                             "decodes as one more sequence (0: a prompt waits for a running id; none with the "
+                             "KV in streams, where an id more would shrink every stream)"))
     # the KV store tier (homepd.kv.store): prefixes evicted from a context are saved to host shared memory
     kv_store_bytes: int | None = field(default=None, metadata=_opt(
         "kv-store", parse_size_or_off, "bytes of host shared memory for prefixes evicted from the workers' contexts, "
@@ -316,6 +323,8 @@ class EngineConfig:
             raise ConfigError(f"prefix_cache_cells must be an integer >= 0, got {self.prefix_cache_cells!r}")
         if not isinstance(self.cached_seqs, int) or self.cached_seqs < 0:
             raise ConfigError(f"cached_seqs must be an integer >= 0, got {self.cached_seqs!r}")
+        if not isinstance(self.prefill_seqs, int) or isinstance(self.prefill_seqs, bool) or self.prefill_seqs < 0:
+            raise ConfigError(f"prefill_seqs must be an integer >= 0, got {self.prefill_seqs!r}")
         if self.kv_layout not in KV_LAYOUTS:
             raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.kv_layout == "streams":
@@ -548,7 +557,9 @@ def kv_streams(config: EngineConfig) -> bool:
     """Whether the workers' KV caches are split into one stream per sequence id (``--kv-layout``; auto: where a
     stream holds ``AUTO_STREAM_CELLS``, in a mode whose workers can)."""
     if config.kv_layout == "auto":
-        return _streams_fit_mode(config.mode) and _stream_cells(config) >= AUTO_STREAM_CELLS
+        # why not for one id: one stream is the one pool, and the pool lets a prompt start beyond it (prefill_ids)
+        return _streams_fit_mode(config.mode) and _stream_cells(config) >= AUTO_STREAM_CELLS \
+            and config.n_seq_max + cached_ids(config) > 1
     return config.kv_layout == "streams"
 
 
@@ -567,6 +578,17 @@ def request_n_ctx(config: EngineConfig) -> int:
     """The KV cells one request may fill: ``n_ctx`` on a unified cache, one stream when split (``kv_streams``)."""
     cells = kv_stream_cells(config)
     return config.n_ctx if cells is None else cells
+
+
+def prefill_ids(config: EngineConfig) -> int:
+    """Sequence ids a worker has beyond its ``n_seq_max`` running ones for a prompt that starts while they are all
+    held (``--prefill-seqs``), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context; none on a split cache.
+
+    # why not with streams: there every id is a stream of n_ctx / ids cells, so one more would shrink what every
+    # request may hold (with --n-seq-max 1, by half); on one pool an id costs nothing but the cells it fills"""
+    if kv_streams(config):
+        return 0
+    return max(0, min(config.prefill_seqs, LLAMA_MAX_SEQ - config.n_seq_max - cached_ids(config)))
 
 
 def cached_ids(config: EngineConfig) -> int:

@@ -11,8 +11,9 @@ are counted apart (``n_cells_cached``) until it is evicted (``uncache``) or a ne
 (``take``).  Cached cells are reclaimable: ``can_allocate_evicting`` answers whether a request would fit
 once every cached sequence is gone, so a cached prefix never blocks a request.
 
-**Running and cached ids.**  At most ``n_seq_max`` ids run (hold a reservation) at once; ``n_cached_ids``
-more exist so that a cached prefix can keep its id while every running id is taken.  Which cached entries
+**Running and cached ids.**  At most ``n_run_limit`` ids run (hold a reservation) at once: ``n_seq_max``, which
+the scheduler raises by up to ``n_prefill_ids`` while it starts prompts (a prompt beyond ``n_seq_max``);
+``n_cached_ids`` more exist so that a cached prefix can keep its id while every running id is taken.  Which cached entries
 may (paused prefills, which resume for certain) is the prefix cache's policy (``homepd.core.prefixreuse``).
 
 # why: with as many ids as running requests, a prefill paused for a chat turn gave its id to it, so its KV
@@ -39,14 +40,18 @@ from __future__ import annotations
 
 
 class KVAllocator:
-    """``n_seq_max`` running sequences (``n_seq_max + n_cached_ids`` llama.cpp sequence ids) over a unified KV
+    """``n_seq_max`` running sequences, ``n_prefill_ids`` more while prompts start (``n_seq_max + n_prefill_ids +
+    n_cached_ids`` llama.cpp sequence ids), over a unified KV
     cache of ``n_ctx`` cells, or over one stream of ``stream_cells`` per id (the pool's count still holds: the
     streams add up to at most ``n_ctx``)."""
 
-    def __init__(self, n_seq_max: int, n_ctx: int, n_cached_ids: int = 0, stream_cells: int | None = None):
-        assert n_seq_max >= 1 and n_ctx >= 1 and n_cached_ids >= 0
+    def __init__(self, n_seq_max: int, n_ctx: int, n_cached_ids: int = 0, stream_cells: int | None = None,
+                 n_prefill_ids: int = 0):
+        assert n_seq_max >= 1 and n_ctx >= 1 and n_cached_ids >= 0 and n_prefill_ids >= 0
         self.n_seq_max = n_seq_max
-        self.n_ids = n_seq_max + n_cached_ids
+        self.n_prefill_ids = n_prefill_ids
+        self.n_run_limit = n_seq_max  # the scheduler's to set, within n_seq_max + n_prefill_ids
+        self.n_ids = n_seq_max + n_prefill_ids + n_cached_ids
         self.n_ctx = n_ctx
         # None: one unified pool; else each id's own stream of that many cells (``--kv-layout streams``), and no
         # id holds more whatever the pool has free
@@ -91,12 +96,12 @@ class KVAllocator:
 
     @property
     def can_run_more(self) -> bool:
-        """Fewer than ``n_seq_max`` sequences run."""
-        return self.n_running < self.n_seq_max
+        """Fewer than ``n_run_limit`` sequences run."""
+        return self.n_running < self.n_run_limit
 
     @property
     def id_available(self) -> bool:
-        """A new request could run under an id now: one runs fewer than ``n_seq_max``, and an id is free or
+        """A new request could run under an id now: fewer than ``n_run_limit`` run, and an id is free or
         held by a cached entry (evictable)."""
         return self.can_run_more and bool(self.free_seq_ids or self._n_cached_of)
 

@@ -170,8 +170,8 @@ class PrefixReuse:
 
     def _slot_room(self, keep=None) -> bool:
         """Evict finished entries (LRU, never ``keep``) until one more sequence may run beside the running ones
-        and the finished entries: those share the ``n_seq_max`` places, as when no ids were kept for cached
-        prefixes; only paused prefills hold the ids beyond them.  False if that cannot be done.
+        and the finished entries: those share the running places (``n_run_limit``), as when no ids were kept for
+        cached prefixes; only paused prefills hold the ids beyond them.  False if that cannot be done.
 
         # why: a finished request's KV kept in the context costs every step (llama.cpp attends over every cell of
         # the unified cache up to the highest in use) and may never be asked for again; with every finished
@@ -179,7 +179,7 @@ class PrefixReuse:
         # requests at 0.5 req/s against 24 of 24 (benchmarks/slo_capacity.py, 2 threads); a paused prefill
         # resumes for certain, and soon"""
         a = self.allocator
-        while a.n_running + self.n_finished_cached >= a.n_seq_max:
+        while a.n_running + self.n_finished_cached >= a.n_run_limit:
             finished = [e for e in self.index.lru() if e.seq_id not in self._paused and e is not keep]
             if not finished:
                 return False

@@ -71,6 +71,8 @@ class WorkerSpec:
     max_cached_cells: int = 0
     # sequence ids beyond n_seq_max, which only paused prefills hold (homepd.core.allocator, --cached-seqs)
     n_cached_ids: int = 0
+    # sequences that may run beyond n_seq_max, each started as a prompt while every other id ran (--prefill-seqs)
+    n_prefill_ids: int = 0
     # the KV layout (--kv-layout): one pool every sequence draws from, or one stream of n_ctx / n_ids cells per id
     kv_unified: bool = True
     # llama.cpp's flash attention, one setting for every worker of an engine (the V cache's layout follows it,
@@ -81,12 +83,17 @@ class WorkerSpec:
     def n_batch(self) -> int:
         # why: llama.cpp clamps n_batch to the n_ctx asked for; a larger plan would abort llama_decode
         # (a prefill worker's context can be smaller than the chunk)
-        return self.n_ctx if self.chunk is None else max(min(self.chunk, self.n_ctx), self.n_seq_max)
+        return self.n_ctx if self.chunk is None else max(min(self.chunk, self.n_ctx), self.n_running_max)
+
+    @property
+    def n_running_max(self) -> int:
+        """The most sequences that run (decode) at once: ``n_seq_max`` and the prompts started beyond it."""
+        return self.n_seq_max + self.n_prefill_ids
 
     @property
     def n_ids(self) -> int:
         """The llama.cpp context's sequence ids: the running ones and those for cached prefixes."""
-        return self.n_seq_max + self.n_cached_ids
+        return self.n_running_max + self.n_cached_ids
 
     @property
     def offload_layers(self) -> int:

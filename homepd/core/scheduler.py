@@ -90,7 +90,7 @@ class Scheduler:
     def __init__(self, n_seq_max: int, n_ctx: int, n_batch: int, chunk: int | None, decodes: bool = True,
                  policy: StepPolicy | None = None, kv_ops: KVOps | None = None,
                  reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0, store: StoreOps | None = None,
-                 n_cached_ids: int = 0, stream_cells: int | None = None):
+                 n_cached_ids: int = 0, stream_cells: int | None = None, n_prefill_ids: int = 0):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
@@ -98,7 +98,7 @@ class Scheduler:
         self.decodes = decodes  # False for a prefill-only worker: finished prompts wait for hand-off
         # stream_cells: each id's own stream (--kv-layout streams), None: one unified pool
         self.allocator = KVAllocator(n_seq_max=n_seq_max, n_ctx=n_ctx, n_cached_ids=n_cached_ids,
-                                     stream_cells=stream_cells)
+                                     stream_cells=stream_cells, n_prefill_ids=n_prefill_ids)
         # None: no prefix cache (off, or the context cannot keep a finished sequence)
         self.prefixes = PrefixReuse(self.allocator, kv_ops, ReuseMode(reuse_mode), max_cached_cells, store) \
             if kv_ops is not None and reuse_mode != ReuseMode.OFF and max_cached_cells > 0 else None
@@ -187,7 +187,21 @@ class Scheduler:
 
         The policy gives the prompt budget and the order prompts are served in (``now_s``: the clock its
         deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving).
-        First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``."""
+        First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``.
+
+        A prompt may start beyond ``n_seq_max``, under one of the allocator's ``n_prefill_ids``, when the budget
+        reaches it: only here, where prompts start, is the running limit raised (an imported handoff, admitted
+        by the worker, waits for one of the ``n_seq_max``).
+
+        # why: with every id held by chats, a document waited for one (14.8 prompt-seconds in a 2-thread mix
+        # run) while the chats' steps left most of the ITL budget unused (docs/scheduling.md)"""
+        self.allocator.n_run_limit = self.allocator.n_seq_max + self.allocator.n_prefill_ids
+        try:
+            return self._schedule(now_s)
+        finally:
+            self.allocator.n_run_limit = self.allocator.n_seq_max
+
+    def _schedule(self, now_s: float) -> StepPlan:
         evicted = self._reserve_decode_cells() if self.decodes else ()
         decode, kv_in_use = self._decoding()
         budget = self.policy.budget(decode, kv_in_use)

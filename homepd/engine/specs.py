@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from homepd.config import EngineConfig, cached_ids, flash_attn_of, kv_streams, max_cached_cells
+from homepd.config import EngineConfig, cached_ids, flash_attn_of, kv_streams, max_cached_cells, prefill_ids
 from homepd.core.modes import Role
 from homepd.core.protocol import EngineSetup, WorkerSpec, wire_fingerprint
 from homepd.core.steppolicy import IDLE_STEP_SHARE_OF_TTFT
@@ -12,7 +12,8 @@ from homepd.engine.topology import topology_for
 
 
 def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSpec]:
-    """The spec of every worker the engine starts, by its name (its topology's ``worker_roles``)."""
+    """The spec of every worker the engine starts, by its name (its topology's ``worker_roles``); a prefill worker
+    has no ids for prompts beyond its ``n_seq_max`` (every one of its sequences is a prompt already)."""
     specs = {}
     for name, role in topology_for(config.mode).worker_roles(config, setup).items():
         place = setup.placements[name]
@@ -25,7 +26,7 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
             idle_step_ms=idle_step_ms(config, role), gap_ceiling_ms=gap_ceiling_ms(config, role),
-            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config),
+            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config), n_prefill_ids=prefill_ids(config) if role != Role.PREFILL else 0,
             kv_unified=not kv_streams(config), wire=wire_fingerprint())
     fa = flash_attn(config, specs.values())
     return {name: dataclasses.replace(spec, flash_attn=fa) for name, spec in specs.items()}

@@ -172,7 +172,7 @@ class _Worker:
                                    chunk=spec.chunk, decodes=spec.decodes,
                                    policy=StepPolicy.of_spec(spec, self.model.estimate), kv_ops=_KV(cal.reuse.can_share),
                                    reuse_mode=mode, max_cached_cells=spec.max_cached_cells, store=self.store,
-                                   n_cached_ids=spec.n_cached_ids,
+                                   n_cached_ids=spec.n_cached_ids, n_prefill_ids=spec.n_prefill_ids,
                                    stream_cells=None if spec.kv_unified else spec.n_ctx // spec.n_ids)
         self.busy = False           # a step or the loop's own time is running (a wake is queued)
         self.inbox: list[Sequence] = []

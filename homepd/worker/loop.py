@@ -108,7 +108,7 @@ class WorkerLoop:
                                    kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,
                                    # why: that fault stands in for the cache; a real reuse would blur its claims
                                    max_cached_cells=0 if spec.fault == "claim_prefix_hits" else spec.max_cached_cells,
-                                   store=self.store, n_cached_ids=spec.n_cached_ids,
+                                   store=self.store, n_cached_ids=spec.n_cached_ids, n_prefill_ids=spec.n_prefill_ids,
                                    stream_cells=None if spec.kv_unified else ctx.n_ctx_seq)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()

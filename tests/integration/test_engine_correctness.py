@@ -76,12 +76,14 @@ def test_teacher_forced_check_catches_an_injected_scheduling_bug(default_model_p
     assert min(worst) > 5 * MARGIN_LOGITS
 
 
-def test_long_prompt_is_chunked_and_never_stalls_a_decoding_request(default_model_path):
+def test_long_prompt_is_chunked_and_never_stalls_a_decoding_request(default_model_path, model):
+    """One running id (``--n-seq-max 1``), held by the decoding request: the long prompt starts beside it under
+    the id beyond (``--prefill-seqs``, 1 by default), in chunks, and its tokens are the model's."""
     long_prompt = " ".join(PROMPTS * 3)  # ~300 tokens
     chunk = 32
 
     async def scenario():
-        async with make_engine(coloc(default_model_path, chunk=chunk)) as engine:
+        async with make_engine(coloc(default_model_path, chunk=chunk, n_seq_max=1)) as engine:
             # why 48: it must still decode through the long prompt's ~10 chunks; every token past that is waited for
             short = await engine.submit(PROMPTS[0], params=SamplingParams(max_tokens=48, ignore_eos=True))
             async for event in short:  # wait until it decodes
@@ -89,9 +91,12 @@ def test_long_prompt_is_chunked_and_never_stalls_a_decoding_request(default_mode
             long = await engine.submit(long_prompt, params=SamplingParams(max_tokens=4, ignore_eos=True))
             await long.collect()
             await short.collect()
-            return engine.steps_since(), long.request_id, short.request_id
+            return engine.steps_since(), long.request_id, short.request_id, list(long.token_ids)
 
-    steps, long_id, short_id = run(scenario())
+    steps, long_id, short_id, long_tokens = run(scenario())
+    deficits = teacher_forced_deficits(model, model.tokenize(long_prompt), long_tokens, n_threads=N_THREADS,
+                                       ignore_eos=True)
+    assert len(long_tokens) == 4 and max(deficits) <= MARGIN_LOGITS, deficits
     long_steps = [s for s in steps if any(rid == long_id for rid, _ in s.prefill)]
     assert sum(n for s in long_steps for rid, n in s.prefill if rid == long_id) > 200
     assert len(long_steps) >= 8

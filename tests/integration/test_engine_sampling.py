@@ -51,7 +51,7 @@ def test_ignore_eos_goes_on_as_text_without_an_end_of_generation_token(default_m
         # cells, the same reduction order); on 4 sequences and the worker's threads, the suite once saw the
         # greedy answers part at token 13 of 20 on a near-tie
         cfg = EngineConfig(model=str(default_model_path), n_ctx=512, n_seq_max=1, chunk=64, n_threads=1,
-                           prefix_cache=False)  # each request computed alone, the same way (see above)
+                           prefix_cache=False, prefill_seqs=0)  # each computed alone, the same way (see above)
         async with make_engine(cfg) as engine:
             async def tokens(params):
                 stream = await engine.submit(messages=hello, params=params)

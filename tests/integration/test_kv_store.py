@@ -181,8 +181,9 @@ def test_real_model_prefill_paused_for_an_interactive_turn_resumes_without_recom
     default) the turn takes the document's id, so its KV goes to the store and comes back from there; with
     them (``--cached-seqs 2``) it stays in the context and the store is never written."""
     document = DOCUMENT + " " + PROMPTS[3] + " " + PROMPTS[2] + QUESTIONS[0]  # ~190 tokens
+    # (no id beyond the two for the turn to start under, --prefill-seqs 0: it needs the document's)
     cfg = coloc(default_model_path, n_threads=1, kv_store_bytes=64 << 20, n_seq_max=2, chunk=16,
-                cached_seqs=cached_seqs)
+                cached_seqs=cached_seqs, prefill_seqs=0)
 
     async def scenario():
         async with make_engine(cfg) as engine:

@@ -76,6 +76,44 @@ def test_admission_respects_free_sequences():
     assert plan.n_waiting_for_id == 0
 
 
+@pytest.mark.parametrize("n_prefill_ids", [0, 1])
+def test_a_waiting_document_starts_its_prefill_beyond_n_seq_max_while_the_chats_hold_every_id(n_prefill_ids):
+    s = Scheduler(n_seq_max=2, n_ctx=4096, n_batch=64, chunk=64, n_prefill_ids=n_prefill_ids)
+    for i in range(2):
+        s.add(seq(f"chat{i}", 10, max_tokens=50))
+    run_step(s)  # both chats have their first token and decode from now on
+    s.add(seq("doc", 300))
+    s.add(seq("later", 10))
+    plan = run_step(s)
+    chats = {q.request_id for q in plan.decode}
+    assert chats == {"chat0", "chat1"}  # the chats decode every step either way
+    if n_prefill_ids == 0:  # the document waits for an id while the step's prompt budget goes unused
+        assert plan.prefill == () and plan.n_waiting_for_id == 2
+        return
+    # it prefills under a third id, in the budget the two decodes leave, and nothing more starts beyond it
+    assert [(sl.seq.request_id, sl.n_tokens) for sl in plan.prefill] == [("doc", 62)]
+    assert s.find("doc").seq_id == 2 and [q.request_id for q in s.waiting] == ["later"]
+    assert plan.n_waiting_for_id == 1
+    while s.find("doc").is_prefilling:
+        plan = run_step(s)
+        assert len(plan.decode) + plan.n_prompt_tokens <= 64 and "later" not in {q.request_id for q in plan.decode}
+    plan = run_step(s)  # it decodes as a third sequence; "later" waits for a running id to end
+    assert {q.request_id for q in plan.decode} == {"chat0", "chat1", "doc"} and s.allocator.n_running == 3
+    s.release(s.find("chat0"))
+    plan = run_step(s)  # two run, so "later" starts, under the place beyond n_seq_max
+    assert [sl.seq.request_id for sl in plan.prefill] == ["later"] and s.allocator.n_running == 3
+    assert s.allocator.n_run_limit == 2  # raised only while a step's prompts start
+
+
+def test_a_handoff_admitted_outside_a_step_waits_for_one_of_n_seq_max():
+    s = Scheduler(n_seq_max=1, n_ctx=4096, n_batch=64, chunk=64, n_prefill_ids=1)
+    s.add(seq("a", 10, max_tokens=50))
+    run_step(s)
+    assert not s.can_admit(seq("imported", 10))  # a worker's own admission: the running limit is n_seq_max
+    s.add(seq("b", 10))
+    assert [sl.seq.request_id for sl in run_step(s).prefill] == ["b"]  # a step's start may go beyond it
+
+
 def test_admission_respects_n_ctx_reservation():
     s = Scheduler(n_seq_max=4, n_ctx=100, n_batch=100, chunk=100)
     s.add(seq("a", 70, max_tokens=31))   # prompt + first decode: 71 cells, in blocks 80

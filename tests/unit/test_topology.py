@@ -165,11 +165,18 @@ def test_every_worker_gets_ids_for_cached_prefixes_beyond_its_running_ones():
         config = EngineConfig(backend="fake", n_ctx=4096, **kw)
         return {(s.n_cached_ids, s.n_ids) for s in worker_specs(config, prepare(config, box=box)).values()}
 
-    assert cached_ids(n_seq_max=4) == {(0, 4)}  # none by default: a pause gives up its id
-    assert cached_ids(n_seq_max=4, cached_seqs=4) == {(4, 8)}
-    assert cached_ids(n_seq_max=4, cached_seqs=12) == {(12, 16)}
+    # none by default (a pause gives up its id), and one id for a prompt started beyond --n-seq-max
+    assert cached_ids(n_seq_max=4) == {(0, 5)}
+    assert cached_ids(n_seq_max=4, prefill_seqs=0) == {(0, 4)}
+    assert cached_ids(n_seq_max=4, cached_seqs=4) == {(4, 9)}
+    assert cached_ids(n_seq_max=4, cached_seqs=12, prefill_seqs=2) == {(12, 18)}
     assert cached_ids(n_seq_max=200, cached_seqs=200) == {(56, 256)}  # llama.cpp's ids a context
-    assert cached_ids(n_seq_max=4, cached_seqs=4, prefix_cache=False) == {(0, 4)}  # nothing to keep
+    assert cached_ids(n_seq_max=4, cached_seqs=4, prefix_cache=False) == {(0, 5)}  # nothing to keep
+    # with the KV in streams none beyond the running and cached ones: an id more would shrink every stream
+    assert cached_ids(n_seq_max=4, kv_layout="streams") == {(0, 4)}
+    assert cached_ids(n_seq_max=1) == {(0, 2)}  # auto: one stream would be the pool, so the pool it is
+    with pytest.raises(ConfigError, match="prefill_seqs must be an integer >= 0, got -1"):
+        EngineConfig(prefill_seqs=-1).validated()
     with pytest.raises(ConfigError, match="cached_seqs must be an integer >= 0, got -1"):
         EngineConfig(cached_seqs=-1).validated()
     with pytest.raises(ConfigError, match="n_seq_max=257 is more than the 256 sequences"):
