@@ -40,10 +40,9 @@ from __future__ import annotations
 
 
 class KVAllocator:
-    """``n_seq_max`` running sequences, ``n_prefill_ids`` more while prompts start (``n_seq_max + n_prefill_ids +
-    n_cached_ids`` llama.cpp sequence ids), over a unified KV
-    cache of ``n_ctx`` cells, or over one stream of ``stream_cells`` per id (the pool's count still holds: the
-    streams add up to at most ``n_ctx``)."""
+    """``n_seq_max`` running sequences, ``n_prefill_ids`` more while prompts start (``n_ids`` llama.cpp sequence
+    ids, with the cached ones), over a unified KV cache of ``n_ctx`` cells, or over one stream of ``stream_cells``
+    per id (the pool's count still holds: the streams add up to at most ``n_ctx``)."""
 
     def __init__(self, n_seq_max: int, n_ctx: int, n_cached_ids: int = 0, stream_cells: int | None = None,
                  n_prefill_ids: int = 0):

@@ -82,11 +82,6 @@ class RouteIndex:
         prefix of ``keep`` (the worker reused less than the tree said: it had aged more out)."""
         self._evict_to(max(0, self.n_tokens - n_tokens), keep)
 
-    def resize(self, capacity_tokens: int) -> None:
-        """A new budget (the worker's cells changed, or it restarted with another context)."""
-        self.capacity_tokens = max(0, capacity_tokens)
-        self._evict_to(self.capacity_tokens)
-
     def clear(self) -> None:
         """Forget everything (the worker restarted: its context is empty)."""
         self.trie.clear()

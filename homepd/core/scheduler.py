@@ -187,11 +187,8 @@ class Scheduler:
 
         The policy gives the prompt budget and the order prompts are served in (``now_s``: the clock its
         deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving).
-        First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``.
-
-        A prompt may start beyond ``n_seq_max``, under one of the allocator's ``n_prefill_ids``, when the budget
-        reaches it: only here, where prompts start, is the running limit raised (an imported handoff, admitted
-        by the worker, waits for one of the ``n_seq_max``).
+        First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``.  Only here,
+        where prompts start, may more than ``n_seq_max`` run (the allocator's ``n_prefill_ids``).
 
         # why: with every id held by chats, a document waited for one (14.8 prompt-seconds in a 2-thread mix
         # run) while the chats' steps left most of the ITL budget unused (docs/scheduling.md)"""

@@ -60,7 +60,7 @@ def test_an_inner_node_left_childless_is_evicted_in_its_own_lru_turn():
     head, x, z = seq((0, 30)), seq((100, 110)), seq((500, 520))
     index.insert(head + x)   # oldest: the head and its one branch
     index.insert(z)          # newer: another conversation
-    index.resize(20)         # x goes; then the head, now a leaf and older than z, goes before z
+    index.evict_tokens(len(index) - 20)  # x goes; then the head, now a leaf and older than z, goes before z
     assert index.match(z) == 20 and index.match(head) == 0 and len(index) == 20
 
 
