@@ -269,11 +269,11 @@ class EngineConfig:
                             "(default 0: a pause gives up its id)"))
     # why 1: with every running id held by chats a document waited for one while the chats' steps left budget
     # unused (issue 44; docs/scheduling.md, "A prompt beyond --n-seq-max")
-    prefill_seqs: int = field(default=1, metadata=_opt(
+    prefill_seqs: int | None = field(default=None, metadata=_opt(
         "prefill-seqs", int, "sequence ids beyond --n-seq-max under which a waiting prompt starts its prefill "
                              "while every running id is held and the step has prompt budget left; it then "
-                             "decodes as one more sequence (0: a prompt waits for a running id; none with the "
-                             "KV in streams, where an id more would shrink every stream)"))
+                             "decodes as one more sequence (0: a prompt waits for a running id; default: 1 on "
+                             "one KV pool, 0 with the KV in streams, where each id more shrinks every stream)"))
     # the KV store tier (homepd.kv.store): prefixes evicted from a context are saved to host shared memory
     kv_store_bytes: int | None = field(default=None, metadata=_opt(
         "kv-store", parse_size_or_off, "bytes of host shared memory for prefixes evicted from the workers' contexts, "
@@ -323,7 +323,8 @@ class EngineConfig:
             raise ConfigError(f"prefix_cache_cells must be an integer >= 0, got {self.prefix_cache_cells!r}")
         if not isinstance(self.cached_seqs, int) or self.cached_seqs < 0:
             raise ConfigError(f"cached_seqs must be an integer >= 0, got {self.cached_seqs!r}")
-        if not isinstance(self.prefill_seqs, int) or isinstance(self.prefill_seqs, bool) or self.prefill_seqs < 0:
+        if self.prefill_seqs is not None and (not isinstance(self.prefill_seqs, int)
+                                              or isinstance(self.prefill_seqs, bool) or self.prefill_seqs < 0):
             raise ConfigError(f"prefill_seqs must be an integer >= 0, got {self.prefill_seqs!r}")
         if self.kv_layout not in KV_LAYOUTS:
             raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
@@ -550,7 +551,7 @@ def _streams_fit_mode(mode) -> bool:
 
 def _stream_cells(config: EngineConfig) -> int:
     """The cells of one stream if the cache is split: ``n_ctx`` over the context's sequence ids."""
-    return config.n_ctx // (config.n_seq_max + cached_ids(config))
+    return config.n_ctx // (config.n_seq_max + _asked_prefill_ids(config) + cached_ids(config))
 
 
 def kv_streams(config: EngineConfig) -> bool:
@@ -559,7 +560,7 @@ def kv_streams(config: EngineConfig) -> bool:
     if config.kv_layout == "auto":
         # why not for one id: one stream is the one pool, and the pool lets a prompt start beyond it (prefill_ids)
         return _streams_fit_mode(config.mode) and _stream_cells(config) >= AUTO_STREAM_CELLS \
-            and config.n_seq_max + cached_ids(config) > 1
+            and config.n_seq_max + _asked_prefill_ids(config) + cached_ids(config) > 1
     return config.kv_layout == "streams"
 
 
@@ -584,11 +585,16 @@ def prefill_ids(config: EngineConfig) -> int:
     """Sequence ids a worker has beyond its ``n_seq_max`` running ones for a prompt that starts while they are all
     held (``--prefill-seqs``), within llama.cpp's ``LLAMA_MAX_SEQ`` ids a context; none on a split cache.
 
-    # why not with streams: there every id is a stream of n_ctx / ids cells, so one more would shrink what every
-    # request may hold (with --n-seq-max 1, by half); on one pool an id costs nothing but the cells it fills"""
-    if kv_streams(config):
-        return 0
-    return max(0, min(config.prefill_seqs, LLAMA_MAX_SEQ - config.n_seq_max - cached_ids(config)))
+    # why none with streams unless asked: there every id is a stream of n_ctx / ids cells, so one more would
+    # shrink what every request may hold (with --n-seq-max 1, by half); on one pool an id costs only its cells"""
+    if config.prefill_seqs is None:
+        return 0 if kv_streams(config) else _asked_prefill_ids(config, 1)
+    return _asked_prefill_ids(config)
+
+
+def _asked_prefill_ids(config: EngineConfig, default: int = 0) -> int:
+    asked = default if config.prefill_seqs is None else config.prefill_seqs
+    return max(0, min(asked, LLAMA_MAX_SEQ - config.n_seq_max - cached_ids(config)))
 
 
 def cached_ids(config: EngineConfig) -> int:

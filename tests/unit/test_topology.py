@@ -172,8 +172,10 @@ def test_every_worker_gets_ids_for_cached_prefixes_beyond_its_running_ones():
     assert cached_ids(n_seq_max=4, cached_seqs=12, prefill_seqs=2) == {(12, 18)}
     assert cached_ids(n_seq_max=200, cached_seqs=200) == {(56, 256)}  # llama.cpp's ids a context
     assert cached_ids(n_seq_max=4, cached_seqs=4, prefix_cache=False) == {(0, 5)}  # nothing to keep
-    # with the KV in streams none beyond the running and cached ones: an id more would shrink every stream
+    # with the KV in streams none beyond the running and cached ones (an id more would shrink every stream),
+    # unless asked for
     assert cached_ids(n_seq_max=4, kv_layout="streams") == {(0, 4)}
+    assert cached_ids(n_seq_max=4, kv_layout="streams", prefill_seqs=1) == {(0, 5)}
     assert cached_ids(n_seq_max=1) == {(0, 2)}  # auto: one stream would be the pool, so the pool it is
     with pytest.raises(ConfigError, match="prefill_seqs must be an integer >= 0, got -1"):
         EngineConfig(prefill_seqs=-1).validated()
@@ -206,6 +208,8 @@ def test_the_kv_layout_splits_the_cache_where_a_stream_holds_a_long_request_and_
     if splits:
         assert layout(n_ctx=8192, n_seq_max=4, kv_layout="streams")[:2] == ({False}, 2048)
         assert layout(n_ctx=8192, n_seq_max=4, kv_layout="streams", cached_seqs=4)[:2] == ({False}, 1024)
+        # and so does a --prefill-seqs asked for
+        assert layout(n_ctx=8192, n_seq_max=3, kv_layout="streams", prefill_seqs=1)[:2] == ({False}, 2048)
         assert layout(n_ctx=4096, n_seq_max=8, kv_layout="streams")[:2] == ({False}, 512)  # asked for: honoured
         # the startup line names the split, and says nothing of one sequence's single stream
         assert kv_layout_text(EngineConfig(mode=mode, n_ctx=8192, n_seq_max=4).validated()) == \
