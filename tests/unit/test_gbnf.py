@@ -117,10 +117,10 @@ def test_a_class_reads_dashes_at_its_ends_literally():
 
 
 def test_a_large_bounded_repetition_is_recognised_up_to_its_bound():
-    grammar = 'root ::= [0-9]{0,2000} "."'
+    grammar = 'root ::= [0-9]{0,400} "."'
     assert shortest(grammar) == "."
-    assert accepts(grammar, "7" * 2000 + ".")
-    assert not accepts(grammar, "7" * 2001 + ".")
+    assert accepts(grammar, "7" * 400 + ".")
+    assert not accepts(grammar, "7" * 401 + ".")
 
 
 def test_nested_repetitions_are_recognised():
