@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-recovery", dest="recovery", action="store_false", default=None,
                    help="skip the killed-worker scenario")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-pictures", dest="pictures", action="store_false", default=True,
+                   help="write the result file only, not its SVG and PNG pictures (3 s less; `homepd history show "
+                        "RUN --plot` draws them later from the store)")
     p.add_argument("--no-twin", dest="twin", action="store_false", default=True,
                    help="measured capacity searches only, no twin (the campaign before the twin: more probes, "
                         "coarser answers)")
@@ -169,7 +172,7 @@ def _advise(args) -> int:
         result = asyncio.run(campaign.run())
     print(file=sys.stderr)
     path = _write_result_file(result, args.db)
-    images = _write_images(result, path)
+    images = _write_images(result, path) if args.pictures else []
     if args.json:
         print(json.dumps(result_dict(result)))
     else:

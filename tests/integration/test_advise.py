@@ -30,8 +30,10 @@ def homepd(*args, env=None, **kw):
 def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_stores_it_and_apply_writes_it(
         tmp_path):
     db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
-    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--twin-seeds", "5")
+    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--twin-seeds", "5",
+                 "--no-pictures")  # (test_advise_pictures_cli draws them)
     assert out.returncode == 0, out.stderr
+    assert "pictures:" not in out.stderr and [p.suffix for p in (tmp_path / "advise").iterdir()] == [".json"]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     rows = [r for r in result["evidence"] if "infeasible" not in r]
     names = {r["candidate"] for r in rows}

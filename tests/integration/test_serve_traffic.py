@@ -133,8 +133,8 @@ def homepd(*args):
 
 def test_advise_traffic_service_replays_the_recorded_schedule(recording):
     db, _, rows, _ = recording
-    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--traffic", "service", "--json",
-                 "--no-recovery", "--candidates", "colocated-adaptive,disaggregated", "--twin-seeds", "5")
+    out = homepd("advise", "--quick", "--no-pictures", "--backend", "fake", "--db", str(db), "--traffic", "service",
+                 "--json", "--no-recovery", "--candidates", "colocated-adaptive,disaggregated", "--twin-seeds", "5")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     runs = [r for r in result["runs"] if r["mix"] == "traffic"]
@@ -187,8 +187,9 @@ def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
     trace = make_trace("mixed", 5, 4.0, max_tokens=6, seed=3)
     path = tmp_path / "mine.jsonl"
     write_trace(trace, path)
-    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(tmp_path / "r.db"), "--trace-file", str(path),
-                 "--json", "--no-recovery", "--candidates", "colocated-adaptive", "--twin-seeds", "5")
+    out = homepd("advise", "--quick", "--no-pictures", "--backend", "fake", "--db", str(tmp_path / "r.db"),
+                 "--trace-file", str(path), "--json", "--no-recovery", "--candidates", "colocated-adaptive",
+                 "--twin-seeds", "5")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["runs"] and {r["mix"] for r in result["runs"]} == {"trace"}
