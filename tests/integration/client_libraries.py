@@ -6,6 +6,7 @@ structured flows run greedy or seeded where the library lets a test say so, and 
 greedy writes this name as "1000…" for as long as it may (one CI run ended at max_tokens that way)."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 from pydantic import BaseModel, Field
@@ -39,12 +40,17 @@ def openai_agents_tool_run(base_url: str, api_key: str, max_tokens: int = 64) ->
         cities.append(city)
         return f"sunny in {city}"
 
-    agent = Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather],
-                  model=OpenAIChatCompletionsModel(model=MODEL,
-                                                   openai_client=AsyncOpenAI(base_url=base_url, api_key=api_key)),
-                  model_settings=ModelSettings(tool_choice="required", max_tokens=max_tokens),
-                  tool_use_behavior="stop_on_first_tool")
-    result = Runner.run_sync(agent, "What is the weather in Paris?")
+    # why its own loop, the client closed in it: an AsyncOpenAI left open was collected during a later test's
+    # event loop on the same xdist worker and failed it ("Event loop is closed" from its transport's aclose)
+    async def run():
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+            agent = Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather],
+                          model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+                          model_settings=ModelSettings(tool_choice="required", max_tokens=max_tokens),
+                          tool_use_behavior="stop_on_first_tool")
+            return await Runner.run(agent, "What is the weather in Paris?")
+
+    result = asyncio.run(run())
     return cities, result.final_output
 
 
@@ -54,10 +60,16 @@ def pydantic_ai_structured(base_url: str, api_key: str, max_tokens: int = 256) -
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=base_url, api_key=api_key))
-    agent = Agent(model, output_type=Person, retries=2)
-    return agent.run_sync("Alice is 30 and lives at 1 Main St, Springfield.",
-                          model_settings={"max_tokens": max_tokens, "seed": SEED}).output
+    from openai import AsyncOpenAI
+
+    async def run():  # (its own loop, its client closed in it: openai_agents_tool_run says why)
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+            agent = Agent(OpenAIChatModel(MODEL, provider=OpenAIProvider(openai_client=client)), output_type=Person,
+                          retries=2)
+            return (await agent.run("Alice is 30 and lives at 1 Main St, Springfield.",
+                                    model_settings={"max_tokens": max_tokens, "seed": SEED})).output
+
+    return asyncio.run(run())
 
 
 def instructor_nested(base_url: str, api_key: str, max_tokens: int = 256) -> Person:
