@@ -551,7 +551,12 @@ def _streams_fit_mode(mode) -> bool:
 
 def _stream_cells(config: EngineConfig) -> int:
     """The cells of one stream if the cache is split: ``n_ctx`` over the context's sequence ids."""
-    return config.n_ctx // (config.n_seq_max + _asked_prefill_ids(config) + cached_ids(config))
+    return config.n_ctx // _stream_ids(config)
+
+
+def _stream_ids(config: EngineConfig) -> int:
+    """The ids a split cache gives a stream each: the running ones, a ``--prefill-seqs`` asked for, the cached."""
+    return config.n_seq_max + _within_ids(config, config.prefill_seqs or 0) + cached_ids(config)
 
 
 def kv_streams(config: EngineConfig) -> bool:
@@ -559,8 +564,7 @@ def kv_streams(config: EngineConfig) -> bool:
     stream holds ``AUTO_STREAM_CELLS``, in a mode whose workers can)."""
     if config.kv_layout == "auto":
         # why not for one id: one stream is the one pool, and the pool lets a prompt start beyond it (prefill_ids)
-        return _streams_fit_mode(config.mode) and _stream_cells(config) >= AUTO_STREAM_CELLS \
-            and config.n_seq_max + _asked_prefill_ids(config) + cached_ids(config) > 1
+        return _streams_fit_mode(config.mode) and _stream_cells(config) >= AUTO_STREAM_CELLS and _stream_ids(config) > 1
     return config.kv_layout == "streams"
 
 
@@ -587,14 +591,15 @@ def prefill_ids(config: EngineConfig) -> int:
 
     # why none with streams unless asked: there every id is a stream of n_ctx / ids cells, so one more would
     # shrink what every request may hold (with --n-seq-max 1, by half); on one pool an id costs only its cells"""
-    if config.prefill_seqs is None:
-        return 0 if kv_streams(config) else _asked_prefill_ids(config, 1)
-    return _asked_prefill_ids(config)
+    asked = config.prefill_seqs
+    if asked is None:
+        asked = 0 if kv_streams(config) else 1
+    return _within_ids(config, asked)
 
 
-def _asked_prefill_ids(config: EngineConfig, default: int = 0) -> int:
-    asked = default if config.prefill_seqs is None else config.prefill_seqs
-    return max(0, min(asked, LLAMA_MAX_SEQ - config.n_seq_max - cached_ids(config)))
+def _within_ids(config: EngineConfig, n_prefill: int) -> int:
+    """``n_prefill`` ids beyond the running and cached ones, as far as llama.cpp's ``LLAMA_MAX_SEQ`` allows."""
+    return max(0, min(n_prefill, LLAMA_MAX_SEQ - config.n_seq_max - cached_ids(config)))
 
 
 def cached_ids(config: EngineConfig) -> int:

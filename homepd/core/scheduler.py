@@ -107,6 +107,12 @@ class Scheduler:
         self._arrivals = itertools.count()
         self._store_ms_seen = 0.0  # the KV store's busy time when the last step was planned (StoreOps.busy_ms)
 
+    @classmethod
+    def of_spec(cls, spec, n_ctx: int, stream_cells: int | None, policy: StepPolicy, **reuse) -> "Scheduler":
+        """A worker's (and its twin's) on ``spec``, a ``WorkerSpec``; ``reuse``: the prefix cache's arguments."""
+        return cls(spec.n_seq_max, n_ctx, spec.n_batch, spec.chunk, spec.decodes, policy,
+                   n_cached_ids=spec.n_cached_ids, stream_cells=stream_cells, n_prefill_ids=spec.n_prefill_ids, **reuse)
+
     # queue management ---------------------------------------------------
     def add(self, seq: Sequence) -> None:
         self._note_arrival(seq)
@@ -189,9 +195,7 @@ class Scheduler:
         deadlines are on); a waiting prompt that does not fit the KV yet holds the ones after it (no starving).
         First every decode gets the cell its token needs, by the policy of ``homepd.core.kvpolicy``.  Only here,
         where prompts start, may more than ``n_seq_max`` run (the allocator's ``n_prefill_ids``).
-
-        # why: with every id held by chats, a document waited for one (14.8 prompt-seconds in a 2-thread mix
-        # run) while the chats' steps left most of the ITL budget unused (docs/scheduling.md)"""
+        # why: a document waited for an id held by chats whose steps left budget unused (docs/scheduling.md)"""
         self.allocator.n_run_limit = self.allocator.n_seq_max + self.allocator.n_prefill_ids
         try:
             return self._schedule(now_s)

@@ -26,7 +26,8 @@ def worker_specs(config: EngineConfig, setup: EngineSetup) -> dict[str, WorkerSp
             cuda_visible_devices=place.cuda_visible_devices or "", model_fingerprint=setup.model_fingerprint,
             backend=config.backend, itl_budget_ms=itl_budget_ms(config, role),
             idle_step_ms=idle_step_ms(config, role), gap_ceiling_ms=gap_ceiling_ms(config, role),
-            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config), n_prefill_ids=prefill_ids(config) if role != Role.PREFILL else 0,
+            max_cached_cells=cached_cells, n_cached_ids=cached_ids(config),
+            n_prefill_ids=prefill_ids(config) if role != Role.PREFILL else 0,
             kv_unified=not kv_streams(config), wire=wire_fingerprint())
     fa = flash_attn(config, specs.values())
     return {name: dataclasses.replace(spec, flash_attn=fa) for name, spec in specs.items()}

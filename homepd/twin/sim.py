@@ -168,12 +168,10 @@ class _Worker:
         self.model = OnlineStepModel()
         spec, mode = self.spec, ReuseMode(cal.reuse.mode)
         self.store = _Store(cal.reuse, bytes_per_token, self.model.estimate)
-        self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
-                                   chunk=spec.chunk, decodes=spec.decodes,
-                                   policy=StepPolicy.of_spec(spec, self.model.estimate), kv_ops=_KV(cal.reuse.can_share),
-                                   reuse_mode=mode, max_cached_cells=spec.max_cached_cells, store=self.store,
-                                   n_cached_ids=spec.n_cached_ids, n_prefill_ids=spec.n_prefill_ids,
-                                   stream_cells=None if spec.kv_unified else spec.n_ctx // spec.n_ids)
+        self.scheduler = Scheduler.of_spec(spec, spec.n_ctx, None if spec.kv_unified else spec.n_ctx // spec.n_ids,
+                                           StepPolicy.of_spec(spec, self.model.estimate),
+                                           kv_ops=_KV(cal.reuse.can_share), reuse_mode=mode,
+                                           max_cached_cells=spec.max_cached_cells, store=self.store)
         self.busy = False           # a step or the loop's own time is running (a wake is queued)
         self.inbox: list[Sequence] = []
         self.exports: list[Sequence] = []   # prefill role: prompts done, their KV to export

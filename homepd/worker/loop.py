@@ -103,13 +103,11 @@ class WorkerLoop:
         # the KV store tier: its segment comes with the controller's AttachStore (none: no store)
         self.store = ContextStore(ctx, conn.send, spec.model_fingerprint, self.step_model.estimate,
                                   fault=spec.fault)
-        self.scheduler = Scheduler(n_seq_max=spec.n_seq_max, n_ctx=ctx.n_ctx, n_batch=spec.n_batch,
-                                   chunk=spec.chunk, decodes=spec.decodes, policy=policy,
-                                   kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,
-                                   # why: that fault stands in for the cache; a real reuse would blur its claims
-                                   max_cached_cells=0 if spec.fault == "claim_prefix_hits" else spec.max_cached_cells,
-                                   store=self.store, n_cached_ids=spec.n_cached_ids, n_prefill_ids=spec.n_prefill_ids,
-                                   stream_cells=None if spec.kv_unified else ctx.n_ctx_seq)
+        self.scheduler = Scheduler.of_spec(spec, ctx.n_ctx, None if spec.kv_unified else ctx.n_ctx_seq, policy,
+                                           kv_ops=ContextKV(ctx, spec.fault), reuse_mode=ctx.reuse_mode,
+                                           # why: that fault stands in for the cache; a real reuse would blur its claims
+                                           max_cached_cells=0 if spec.fault == "claim_prefix_hits"
+                                           else spec.max_cached_cells, store=self.store)
         self.role: Role = make_role(spec, ctx, self.scheduler, conn.send, self.finish)
         self.parent_pid = os.getppid()
         # why: Connection.poll builds a selector per call; a poll object is ~1 us
