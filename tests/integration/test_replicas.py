@@ -19,7 +19,9 @@ from homepd.core.records import WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.fakellm import FakeModel
 
-pytestmark = pytest.mark.whole_box  # two replicas, a core each (tests/conftest.py, BoxShare)
+# two replicas, a core each (tests/conftest.py, BoxShare), on the fake backend: beside the other worker's tests
+# (two_cores), except where a replica is killed: alone (whole_box; test_disaggregated_failures.py says why)
+pytestmark = pytest.mark.two_cores
 
 
 def fake_replicas(**kw) -> EngineConfig:
@@ -44,6 +46,7 @@ def test_requests_are_spread_over_the_replicas_and_each_is_pinned_apart():
     assert roles == {"replica-0", "replica-1"}  # the step log names each replica
 
 
+@pytest.mark.whole_box
 def test_a_killed_replica_is_restarted_and_its_requests_resume_without_loss():
     async def scenario():
         async with make_engine(fake_replicas()) as engine:

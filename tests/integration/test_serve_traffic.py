@@ -191,6 +191,8 @@ def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
                  "--trace-file", str(path), "--json", "--no-recovery", "--candidates", "colocated-adaptive",
                  "--twin-seeds", "5")
     assert out.returncode == 0, out.stderr
+    # --no-pictures: the result file alone (test_advise's quick campaign draws them)
+    assert "pictures:" not in out.stderr and [p.suffix for p in (tmp_path / "advise").iterdir()] == [".json"]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["runs"] and {r["mix"] for r in result["runs"]} == {"trace"}
     for run in result["runs"]:   # at the probe's rate, the file cycled to the probe's length
