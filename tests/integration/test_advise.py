@@ -146,11 +146,14 @@ def test_apply_without_a_terminal_or_yes_changes_nothing(tmp_path):
 @pytest.mark.two_cores  # every architecture: disaggregated and replicas too (fake backend: structure, not speed)
 def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(tmp_path):
     db = tmp_path / "runs.db"
-    proc = subprocess.Popen([sys.executable, "-m", "homepd", "advise", "--quick", "--backend", "fake",
-                             "--db", str(db), "--twin-seeds", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    # why --no-twin: its probes store their results one by one within 2 s (with the twin, the second stored result
+    # came 8 s in, after a calibration burst, the twin's simulation and its check)
+    proc = subprocess.Popen([sys.executable, "-m", "homepd", "advise", "--quick", "--backend", "fake", "--no-twin",
+                             "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=die_with_parent)
     try:
         seen = b""
-        while b"] 3/" not in seen:  # the progress line after the second stored result (the burst, the twin, a check)
+        while b"] 1/" not in seen:  # the progress line after the first probe's result (the calibration's before it)
             chunk = proc.stderr.read1(4096)
             assert chunk, f"advise ended before its second result: {seen[-500:]!r}"
             seen += chunk
@@ -172,7 +175,8 @@ def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(
         assert run["status"] == "incomplete"
         results = store.get_run(run["id"], timelines=False)["results"]
         measured = [r for r in results if r["status"] == "measured"]
-        assert len(measured) >= 2 and all(r["record"] is not None for r in measured)
+        # what was stored before the kill is there, whole
+        assert len(measured) >= 1 and all(r["record"] is not None for r in measured)
 
 
 async def engine_start_and_stop(config):
