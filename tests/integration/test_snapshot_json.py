@@ -15,7 +15,8 @@ from homepd.core.sampling import SamplingParams
 
 from engine_helpers import make_engine, run
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.whole_box]  # disaggregated (tests/conftest.py, BoxShare)
+# disaggregated (tests/conftest.py, BoxShare) on the fake backend, a worker killed, no controller: beside the others
+pytestmark = [pytest.mark.timeout(120), pytest.mark.two_cores]
 
 
 def through_json(snap: EngineSnapshot) -> EngineSnapshot:
