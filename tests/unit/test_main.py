@@ -1,5 +1,11 @@
-"""The dispatcher above the faces: every command module is imported, and one that fails stops homepd."""
+"""The dispatcher above the faces: every command module is imported (a command line naming one imports that one
+alone), and one that fails stops homepd."""
 from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
 
 import pytest
 
@@ -25,3 +31,25 @@ def test_a_face_that_fails_to_import_stops_homepd_naming_it(broken_faces, monkey
 def test_every_shipped_face_registers_its_commands():
     commands = homepd_main.build_parser()._subparsers._group_actions[0].choices
     assert {"app", "serve", "advise", "run", "bench", "trace", "probe", "models", "history"} <= set(commands)
+
+
+def test_each_command_is_owned_by_the_module_that_registers_it():
+    for name in homepd_main.COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(name).register(sub)
+        assert {c for c, owner in homepd_main.COMMAND_OWNERS.items() if owner == name} == set(sub.choices), name
+    assert set(homepd_main.COMMAND_OWNERS.values()) == set(homepd_main.COMMAND_MODULES)
+
+
+def test_a_command_line_imports_its_commands_module_alone(capsys):
+    """``homepd serve ...`` builds the serve parser without the advise campaign, the app or the benchmarks."""
+    probe = ("import sys, homepd.main as m; p = m.build_parser('serve'); "
+             "print(sorted(p._subparsers._group_actions[0].choices), "
+             "sorted(n for n in m.COMMAND_MODULES if n in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['serve',", "'service']", "['homepd.serve.command']"]
+    # a word that is no command: every module, so argparse names the commands there are
+    with pytest.raises(SystemExit):
+        homepd_main.main(["servee"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'servee'" in err and all(f"'{c}'" in err for c in homepd_main.COMMAND_OWNERS)
