@@ -27,15 +27,8 @@ NEVER = "\x00never"
 
 
 def whole_box(*values):
-    """A parameter set that needs every core (disaggregated, replicas), alone: tests/conftest.py, BoxShare.  Alone
-    where the model is real (its speed is the workers') or a hang is timed."""
+    """A parameter set that needs every core (disaggregated, replicas): tests/conftest.py, BoxShare."""
     return pytest.param(*values, marks=pytest.mark.whole_box)
-
-
-def two_cores(*values):
-    """A parameter set that needs every core, on the fake backend, with only a worker killed (no controller: no
-    dead owner's segment for the other worker's leak check): beside the other worker's tests."""
-    return pytest.param(*values, marks=pytest.mark.two_cores)
 
 
 async def kill_mid_stream(cfg: EngineConfig, victim: str, n_out: int, late_prompt: str):
@@ -100,8 +93,8 @@ def test_kill_9_with_resume_completes_every_request_as_a_consistent_continuation
     model.close()
 
 
-@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), two_cores("disaggregated", "decode"),
-                                         two_cores("disaggregated", "prefill")])  # replicas: test_replicas.py
+@pytest.mark.parametrize("mode,victim", [("colocated", "colocated"), whole_box("disaggregated", "decode"),
+                                         whole_box("disaggregated", "prefill")])  # replicas: test_replicas.py
 def test_kill_9_with_resume_continues_every_stream_exactly_on_the_fake_backend(mode, victim):
     """Whichever worker dies, every request ends with exactly the text it would have had undisturbed."""
     n_out = 2000  # why: at the fake's ~2000 tokens/s the streams are still running when the kill lands
@@ -117,7 +110,7 @@ def test_kill_9_with_resume_continues_every_stream_exactly_on_the_fake_backend(m
             assert s.lifecycle.n_resumes == 1 and events[-1].t_s > restarted.t_s
 
 
-@pytest.mark.two_cores  # disaggregated, on the fake backend, a worker killed (see two_cores)
+@pytest.mark.whole_box  # disaggregated
 def test_prefill_death_resumes_a_request_waiting_for_an_extent():
     """One extent, one decode sequence: request 0 decodes, request 1 holds the extent, request 2 has its first
     token and waits for an extent inside the prefill worker (TRANSFERRING).  Kill the prefill worker:

@@ -15,8 +15,7 @@ from homepd.core.sampling import SamplingParams
 
 from engine_helpers import make_engine, run
 
-# disaggregated (tests/conftest.py, BoxShare) on the fake backend, a worker killed, no controller: beside the others
-pytestmark = [pytest.mark.timeout(120), pytest.mark.two_cores]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.whole_box]  # disaggregated (tests/conftest.py, BoxShare)
 
 
 def through_json(snap: EngineSnapshot) -> EngineSnapshot:
