@@ -15,10 +15,7 @@ from homepd.kv.pool import extent_bytes_for
 
 from engine_helpers import make_engine, run
 
-# every test is disaggregated: prefill and decode on cores apart (conftest.py), on the fake backend (what runs, not
-# its speed): beside the other worker's tests with every core (two_cores), except where a worker is killed: alone
-# (whole_box), as test_disaggregated_failures.py says why
-pytestmark = pytest.mark.two_cores
+pytestmark = pytest.mark.whole_box  # every test is disaggregated: prefill and decode on cores apart (conftest.py)
 
 LONG = "a long prompt about the sea " * 80   # 2241 fake tokens: 8976 bytes of KV state, 4 pages with its header
 SHORT = ["hi", "what is the weather like", "tell me a story about a cat", "one two three"]
@@ -103,7 +100,6 @@ def test_many_concurrent_handoffs_share_the_arena_by_bytes():
     assert snap.peak_kv_bytes < snap.peak_used_bytes <= 5 * 4096
 
 
-@pytest.mark.whole_box
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 def test_kill_9_of_either_worker_mid_handoff_leaves_the_arena_consistent_and_requests_resume(victim):
     """One decode sequence, so handoffs queue in the arena; the prefill worker holds more that wait for room.

@@ -13,8 +13,7 @@ from homepd.config import EngineConfig
 from homepd.core.sampling import SamplingParams
 from homepd.core.terms import StepEstimate
 
-# replicas and disaggregated on the fake backend, nothing killed: every core, beside the other worker's tests
-pytestmark = pytest.mark.two_cores  # (tests/conftest.py, BoxShare)
+pytestmark = pytest.mark.whole_box  # replicas and disaggregated (tests/conftest.py, BoxShare)
 
 LONG = SamplingParams(max_tokens=100_000, ignore_eos=True)  # a stream that runs until cancelled
 ANSWER = SamplingParams(max_tokens=20, ignore_eos=True)

@@ -16,7 +16,7 @@ def homepd(*args: str, env: dict | None = None, timeout: int = 240) -> subproces
                           timeout=timeout, env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
 
 
-@pytest.mark.parametrize("mode", ["colocated", pytest.param("disaggregated", marks=pytest.mark.two_cores)])
+@pytest.mark.parametrize("mode", ["colocated", pytest.param("disaggregated", marks=pytest.mark.whole_box)])
 def test_run_replays_a_trace_and_reports_json(mode):
     # why the fake backend: the subject is the replay and its report (the requests, the chunking, the handoffs),
     # not what the model says: on SmolLM2 the trace's ~400-token document took 6 s of the test's 6.5 (its byte

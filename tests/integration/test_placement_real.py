@@ -12,7 +12,7 @@ from homepd.core.sampling import SamplingParams
 from engine_helpers import make_engine, PROMPTS, run
 
 
-@pytest.mark.two_cores  # pins workers to cores apart (tests/conftest.py, BoxShare); their placement, not their speed
+@pytest.mark.whole_box  # pins workers to cores apart (tests/conftest.py, BoxShare)
 def test_disaggregated_workers_are_pinned_to_split_cores(default_model_path):
     async def scenario():
         cfg = EngineConfig(model=str(default_model_path), mode="disaggregated", n_ctx=512)

@@ -19,9 +19,7 @@ from homepd.core.records import WorkerEventKind
 from homepd.core.sampling import SamplingParams
 from homepd.fakellm import FakeModel
 
-# two replicas, a core each (tests/conftest.py, BoxShare), on the fake backend: beside the other worker's tests
-# (two_cores), except where a replica is killed: alone (whole_box; test_disaggregated_failures.py says why)
-pytestmark = pytest.mark.two_cores
+pytestmark = pytest.mark.whole_box  # two replicas, a core each (tests/conftest.py, BoxShare)
 
 
 def fake_replicas(**kw) -> EngineConfig:
@@ -46,7 +44,6 @@ def test_requests_are_spread_over_the_replicas_and_each_is_pinned_apart():
     assert roles == {"replica-0", "replica-1"}  # the step log names each replica
 
 
-@pytest.mark.whole_box
 def test_a_killed_replica_is_restarted_and_its_requests_resume_without_loss():
     async def scenario():
         async with make_engine(fake_replicas()) as engine:

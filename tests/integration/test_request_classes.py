@@ -93,7 +93,7 @@ def test_background_is_deferred_behind_queued_interactive_work_and_predictions_a
     assert after.n_predictions - n_before == 3 and after.ttft_error_mean_ms is not None
 
 
-@pytest.mark.two_cores  # disaggregated, on the fake backend, nothing killed
+@pytest.mark.whole_box  # disaggregated
 def test_disaggregated_routes_a_short_prompt_to_the_decode_worker_when_the_prefill_queue_is_long():
     """Learned routing: once the prefill worker's speed is measured, a long prompt reaching an idle prefill worker
     goes there (and through a KV handoff), and a short prompt arriving behind queued long ones is prefilled on

@@ -70,7 +70,7 @@ async def test_a_chat_round_trip_on_the_real_model_shows_ttft_and_tpot_under_the
     assert app.return_code == 0 and children() == []
 
 
-@pytest.mark.two_cores  # switches to disaggregated (fake backend, nothing killed)
+@pytest.mark.whole_box  # switches to disaggregated
 async def test_the_architecture_switch_restarts_real_workers_and_quit_leaves_none(tmp_path):
     source = EmbeddedSource(EngineConfig(backend="fake", n_ctx=1024), db=str(tmp_path / "runs.db"))
     app = HomepdApp(source, tick_interval_s=None, chat_max_tokens=8)
