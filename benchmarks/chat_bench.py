@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slo_capacity import HERE, ITL_S, TTFT_S, Server, ServerConfig, served_model_id  # noqa: E402
+from slo_capacity import HERE, ITL_S, TTFT_S, Server, ServerConfig, parse_variant, served_model_id  # noqa: E402
 
 from homepd.config import DEFAULT_MODEL_NAME  # noqa: E402
 from homepd.core.stats import percentile  # noqa: E402
@@ -287,14 +287,6 @@ def server_configs(threads: int, parallel: int, n_ctx: int, llama_batches: tuple
             ServerConfig("homepd", "homepd", hp),
             ServerConfig("homepd-no-cache", "homepd", (*hp, "--no-prefix-cache")),
             *(ServerConfig(f"homepd-{name}", "homepd", (*hp, *extra)) for name, extra in homepd_variants)]
-
-
-def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
-    """``NAME=ARGS`` (``g3=--gap-ceiling 3``): a homepd server named homepd-NAME, served with ARGS."""
-    name, sep, extra = text.partition("=")
-    if not sep or not name.strip() or not extra.split():
-        raise argparse.ArgumentTypeError(f"--homepd-variant wants NAME=ARGS (e.g. g3=--gap-ceiling 3), got {text!r}")
-    return name.strip(), tuple(extra.split())
 
 
 def print_table(per_repeat: dict[str, list[dict[str, list[Turn]]]], kinds: list[str]) -> None:

@@ -60,7 +60,16 @@ class ServerConfig:
     args: tuple[str, ...]
 
 
-def server_configs(threads: int, parallel: int, n_ctx: int) -> list[ServerConfig]:
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """``NAME=ARGS`` (``g3=--gap-ceiling 3``): a homepd server named homepd-NAME, served with ARGS."""
+    name, sep, extra = text.partition("=")
+    if not sep or not name.strip() or not extra.split():
+        raise argparse.ArgumentTypeError(f"--homepd-variant wants NAME=ARGS (e.g. g3=--gap-ceiling 3), got {text!r}")
+    return name.strip(), tuple(extra.split())
+
+
+def server_configs(threads: int, parallel: int, n_ctx: int,
+                   homepd_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> list[ServerConfig]:
     ls = ("-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(parallel), "--jinja")
     hp = ("--threads", str(threads), "--n-ctx", str(n_ctx), "--n-seq-max", str(parallel))
     return [
@@ -75,6 +84,7 @@ def server_configs(threads: int, parallel: int, n_ctx: int) -> list[ServerConfig
         ServerConfig("homepd-disaggregated", "homepd", ("--mode", "disaggregated", "--n-ctx", str(n_ctx),
                                                         "--n-seq-max", str(parallel), "--chunk", "256",
                                                         "--adaptive-chunk")),
+        *(ServerConfig(f"homepd-{name}", "homepd", (*hp, *extra)) for name, extra in homepd_variants),
     ]
 
 
@@ -227,12 +237,15 @@ def main() -> None:
                     help="also measure llama-server started with `homepd advise export RUN --engine llama-server`'s "
                          "flags (RUN in --recipe-db), as the config llama-server-recipe")
     ap.add_argument("--recipe-db", default=None, help="the database of --recipe-run (default: homepd's)")
+    ap.add_argument("--homepd-variant", type=parse_variant, action="append", default=[], metavar="NAME=ARGS",
+                    help="also homepd-NAME: homepd serve with these extra arguments (repeatable), e.g. "
+                         "'g0=--gap-ceiling 0'")
     ap.add_argument("-o", "--output", type=Path, default=None)
     args = ap.parse_args()
     args.rates = [float(x) for x in args.rates.split(",")]
     if args.model is None:
         args.model = str(resolve_model(DEFAULT_MODEL_NAME))
-    configs = server_configs(args.threads, args.parallel, args.n_ctx)
+    configs = server_configs(args.threads, args.parallel, args.n_ctx, tuple(args.homepd_variant))
     if args.recipe_run is not None:
         configs.append(recipe_config(args.recipe_run, args.recipe_db))
     if args.only:
