@@ -13,20 +13,16 @@ import sys
 
 from homepd.errors import HomepdError
 
-# modules that add commands, in help order; every one ships with homepd (its libraries are required
-# dependencies), so one that fails to import is a broken install or a bug, never a face to skip
-COMMAND_MODULES = ("homepd.advise.command", "homepd.tui.command", "homepd.serve.command", "homepd.cli.history",
-                   "homepd.cli.run", "homepd.cli.trace", "homepd.cli.probe", "homepd.cli.models",
-                   "homepd.bench.command")
-
-
-# the module of each command: a command line that names one imports that module alone (every module's
-# implementation was 1.1 s of imports, the advise campaign's, the store's, numpy's, before any command ran: 0.9 s
-# more for each `homepd serve`); tests/unit/test_main.py checks it against what each module registers
+# the module of each command, in help order: a command line that names one imports that module alone (every
+# module's implementation was 1.1 s of imports, the advise campaign's, the store's, numpy's, before any command
+# ran: 0.9 s more for each `homepd serve`); tests/unit/test_main.py checks it against what each module registers
 COMMAND_OWNERS = {"advise": "homepd.advise.command", "app": "homepd.tui.command", "serve": "homepd.serve.command",
                   "service": "homepd.serve.command", "history": "homepd.cli.history", "run": "homepd.cli.run",
                   "trace": "homepd.cli.trace", "probe": "homepd.cli.probe", "models": "homepd.cli.models",
                   "bench": "homepd.bench.command"}
+# modules that add commands, in help order; every one ships with homepd (its libraries are required
+# dependencies), so one that fails to import is a broken install or a bug, never a face to skip
+COMMAND_MODULES = tuple(dict.fromkeys(COMMAND_OWNERS.values()))
 
 
 class FaceImportError(ImportError):

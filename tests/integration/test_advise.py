@@ -153,9 +153,9 @@ def test_kill_9_of_advise_mid_run_leaves_a_sound_database_and_an_incomplete_run(
                             preexec_fn=die_with_parent)
     try:
         seen = b""
-        while b"] 1/" not in seen:  # the progress line after the first probe's result (the calibration's before it)
+        while b"] 1/" not in seen:  # the progress line after the first probe's result
             chunk = proc.stderr.read1(4096)
-            assert chunk, f"advise ended before its second result: {seen[-500:]!r}"
+            assert chunk, f"advise ended before its first probe's result: {seen[-500:]!r}"
             seen += chunk
         workers = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)

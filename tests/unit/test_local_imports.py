@@ -143,10 +143,10 @@ class Package:
 
     @functools.cached_property
     def for_help(self) -> frozenset[str]:
-        """The homepd modules ``homepd --help`` loads: ``homepd.main`` and its ``COMMAND_MODULES``."""
+        """The homepd modules ``homepd --help`` loads: ``homepd.main`` and every command's (``COMMAND_OWNERS``)."""
         main = next(node.value for node in ast.parse(self.sources["homepd.main"]).body if isinstance(node, ast.Assign)
-                    and getattr(node.targets[0], "id", None) == "COMMAND_MODULES")
-        return frozenset().union(*(self.closure(m)[0] for m in ["homepd.main", *ast.literal_eval(main)]))
+                    and getattr(node.targets[0], "id", None) == "COMMAND_OWNERS")
+        return frozenset().union(*(self.closure(m)[0] for m in ["homepd.main", *ast.literal_eval(main).values()]))
 
     def slows_help(self, local: LocalImport) -> bool:
         """Hoisting ``local`` would add modules to what ``homepd --help`` loads."""
@@ -196,7 +196,7 @@ def test_the_scan_sees_the_package():
 
 SOURCES = {
     "homepd": "",
-    "homepd.main": "COMMAND_MODULES = ('homepd.f',)\n",
+    "homepd.main": "COMMAND_OWNERS = {'f': 'homepd.f'}\n",
     "homepd.f": ("from homepd import c\n"
                  "def run():\n    from homepd.e import a  # why: `homepd --help` does not load it\n"
                  "def show():\n    from homepd.c import b  # why: `homepd --help` does not load it\n"),
