@@ -53,3 +53,18 @@ def test_a_check_after_the_first_is_dropped_when_the_budget_is_behind():
     n, found = search(2, lambda seconds: False)
     assert n == 1 and len(found.checks) == 1
     assert found.outcome.curve.capacity_rps is not None   # one check still decides whether the twin is trusted
+
+
+def test_a_check_spans_at_most_its_span_and_never_fewer_requests_than_a_probe():
+    settings = SearchSettings(probe_s=10.0)   # a probe: 10 requests at least (one miss: 10 points)
+    capped = TwinSearch(CONFIG, CAL, "mixed", SLO_, (None, None), settings, make, tokenize, None,
+                        check_requests=12, check_span_s=20.0)
+    assert capped.check_size(1.0) == 12            # 12 arrivals in 11 s
+    assert capped.check_size(0.5) == 10            # 10 in 18 s
+    assert capped.check_size(0.2) == 10            # 4 would fit 20 s: a probe's 10 still run
+    assert capped.check_size(3.0) == 30            # a probe's own length at a high rate (rate x probe_s)
+    whole = TwinSearch(CONFIG, CAL, "mixed", SLO_, (None, None), settings, make, tokenize, None,
+                       check_requests=12)
+    assert whole.check_size(0.2) == 12
+    # what the budget reserves for it: its arrivals' span and a tail
+    assert capped.check_s(0.5) > 9 / 0.5 and whole.check_s(0.5) > capped.check_s(0.5) and capped.check_s(None) == 0

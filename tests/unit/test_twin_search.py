@@ -87,11 +87,11 @@ def test_a_seed_left_early_keeps_a_bound_on_its_side_of_the_interval():
     assert found[19] is None or found[19] < lo   # and this one below it
 
 
-def capacity_of(capacities: list[float], n_seeds: int, max_seeds: int | None, affords=None):
+def capacity_of(capacities: list[float], n_seeds: int, max_seeds: int | None, affords=None, after_s=None):
     runner = Seeds(capacities)
     question = cap.CapacityQuestion(config=None, cal=SimpleNamespace(candidate="c"), requests=None, slo=None,
                                     speeds=(None, None), start_rps=1.0, n_seeds=n_seeds, max_seeds=max_seeds,
-                                    steps_per_octave=STEPS, at_half=False, affords=affords)
+                                    steps_per_octave=STEPS, at_half=False, affords=affords, after_s=after_s)
     ((found, _),) = cap._drive(runner, [cap._capacity_search(question, runner.figures[0])])
     return found, set(runner.figures[0])
 
@@ -117,6 +117,22 @@ def test_seeds_are_added_only_where_the_budget_affords_their_time():
     found, _ = capacity_of(wide, 20, 30, affords)
     assert found.n_seeds == 20 and asked and all(s >= 0 for s in asked)
     assert capacity_of(wide, 20, 30, lambda seconds: True)[0].n_seeds == 30
+
+
+def test_the_budget_holds_what_the_caller_does_after_the_search_beside_the_added_seeds():
+    rng = random.Random(11)
+    wide = [2.0 ** rng.gauss(0.0, 0.5) for _ in range(40)]
+    at = []
+
+    def check_s(capacity: float) -> float:     # a check at the capacity: 30 s at these rates
+        at.append(capacity)
+        return 30.0
+
+    holds_20_s = lambda seconds: seconds <= 20.0  # noqa: E731  (the added seeds' own time here is ~0)
+    found, _ = capacity_of(wide, 20, 30, holds_20_s, check_s)
+    assert found.n_seeds == 20
+    assert at and at[0] == pytest.approx(cap._median_interval(found.seed_capacities[:20])[0])
+    assert capacity_of(wide, 20, 30, holds_20_s, lambda capacity: 10.0)[0].n_seeds == 30
 
 
 def test_a_narrow_interval_gets_no_more_seeds():

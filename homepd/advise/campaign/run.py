@@ -63,7 +63,7 @@ from homepd.store import rows
 from homepd.store.records import Run, decode_run
 from homepd.twin.burst import burst_trace, calibrate
 from homepd.twin.calibration import Calibration, quieter
-from homepd.twin.capacity import FINE_STEPS_PER_OCTAVE, MORE_SEEDS, N_REQUESTS, N_SEEDS
+from homepd.twin.capacity import FINE_STEPS_PER_OCTAVE, MORE_SEEDS, N_REQUESTS, N_SEEDS, TARGET_HALF_WIDTH
 from homepd.twin.check import verdict
 from homepd.twin.records import CALIBRATION_MIX, TwinEvidence
 
@@ -77,6 +77,12 @@ CALIBRATION_REQUESTS = 4          # the calibration burst: the mixed trace's fir
 # 140-160 s on 2 cores); 8 steps an octave is 9 % a step, and 20 seeds' median still falls between grid points
 QUICK_STEPS_PER_OCTAVE = 8
 QUICK_CHECK_REQUESTS = 12
+# why a span: a quick check of 12 requests at a disaggregated twin's 0.37 req/s ran 31 s, the campaign's longest
+# stage; its arrivals within 20 s it is 10 requests there (a probe's fewest), 12 from 0.6 req/s up
+QUICK_CHECK_SPAN_S = 20.0
+# why 15 % quick: what the quick answer promises (each candidate's interval within +-15 %); seeds added at 12 %
+# took a disaggregated twin from 20 to 30 seeds (22 to 34 s) for an interval of 13 %
+QUICK_HALF_WIDTH = 0.15
 BURST_SEED = 77                   # the twin's calibration burst draws its requests from this seed
 RECOVERY_REQUESTS = 8
 # probe_s is set from the SLO's TTFT budget and the grid (``probe_span_s``) when the campaign starts
@@ -129,10 +135,12 @@ class AdviseSettings:
     burst_per_sequence: int = 3                # calibration burst: requests per sequence id of each entry worker
     twin_steps_per_octave: int = FINE_STEPS_PER_OCTAVE   # the twin's rate grid (16: 4.4 % a step)
     check_requests: int = MIN_CHECK_REQUESTS   # a check probe's requests at least
+    check_span_s: float | None = None           # ... fewer where their arrivals would span more (a probe's at least)
     twin_seeds: int = N_SEEDS                  # seeds the twin runs each rate on (fewer: faster, a wider interval)
     # seeds the twin may add where its interval is wider than TARGET_HALF_WIDTH (homepd.twin.capacity); a campaign
     # asked for fewer than N_SEEDS asked for speed, and gets none
     twin_more_seeds: int = MORE_SEEDS
+    twin_half_width: float = TARGET_HALF_WIDTH   # ... the interval's half-width, as a share of the capacity
 
     @property
     def twin_max_seeds(self) -> int:
@@ -145,7 +153,8 @@ class AdviseSettings:
         base = dict(quick=True, mixes=("mixed",), repeats=1, chunks=(None, CALIBRATION_CHUNK),
                     search=QUICK_SEARCH, refine=None, wall_budget_s=QUICK_WALL_BUDGET_S, recovery=False,
                     twin_checks=1, burst_per_sequence=2, twin_steps_per_octave=QUICK_STEPS_PER_OCTAVE,
-                    check_requests=QUICK_CHECK_REQUESTS)
+                    check_requests=QUICK_CHECK_REQUESTS, check_span_s=QUICK_CHECK_SPAN_S,
+                    twin_half_width=QUICK_HALF_WIDTH)
         base.update(kw)
         return cls(**base)
 
@@ -459,7 +468,8 @@ class Campaign:
                                                                                   seed, run_id),
                             n_checks=s.twin_checks, steps_per_octave=s.twin_steps_per_octave,
                             check_requests=s.check_requests, n_seeds=s.twin_seeds, max_seeds=s.twin_max_seeds,
-                            pool=self._pools.get(cand.name, ()), afford=self._affords)
+                            pool=self._pools.get(cand.name, ()), afford=self._affords,
+                            check_span_s=s.check_span_s, half_width=s.twin_half_width)
         found = await search.run(self._start_rate(mix), seed=s.seed,
                                  on_simulated=lambda: self._step_done(f"{cand.name}: the twin done"))
         curve = found.outcome.curve

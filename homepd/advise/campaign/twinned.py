@@ -13,6 +13,7 @@ searched by measurement only (``homepd.advise.campaign.probes``).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -27,13 +28,17 @@ from homepd.measure.replay import RunRecord
 from homepd.measure.trace import Trace
 from homepd.measure.trace.model import tagged
 from homepd.twin.calibration import Calibration
-from homepd.twin.capacity import FINE_STEPS_PER_OCTAVE, N_REQUESTS, N_SEEDS, predict, twin_capacity
+from homepd.twin.capacity import (FINE_STEPS_PER_OCTAVE, N_REQUESTS, N_SEEDS, TARGET_HALF_WIDTH, predict,
+                                  twin_capacity)
 from homepd.twin.check import verdict
 from homepd.twin.records import TwinCapacity, TwinCheck
 from homepd.twin.traces import TWIN_TAG, TraceRequests, of_trace
 
 CHECK_SEED_BASE = 1000         # the checks' traces are seeds the twin did not simulate
 MIN_CHECK_REQUESTS = 16        # a check probe's requests at least (one request: 6 points)
+# what a check takes past its arrivals (the last requests' answers, the twin's prediction of the trace), as the
+# budget reserves it: 1-5 s measured here (12 requests at 1.09 req/s took 14.5 s, at 0.37 req/s 31 s)
+CHECK_TAIL_S = 5.0
 TWIN_SOURCE = "twin"
 
 
@@ -63,7 +68,8 @@ class TwinSearch:
                  n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS,
                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, check_requests: int = MIN_CHECK_REQUESTS,
                  pool: tuple[Calibration, ...] = (), max_seeds: int | None = None,
-                 afford: Callable[[float], bool] = lambda seconds: True):
+                 afford: Callable[[float], bool] = lambda seconds: True, check_span_s: float | None = None,
+                 half_width: float = TARGET_HALF_WIDTH):
         self.config, self.cal, self.mix, self.slo, self.speeds = config, cal, mix, slo, speeds
         self.search, self.make, self.tokenize, self.run_probe = search, make, tokenize, run_probe
         self.n_checks, self.n_seeds, self.n_requests = n_checks, n_seeds, n_requests
@@ -72,6 +78,10 @@ class TwinSearch:
         # check always runs), or the twin's seeds added where its interval is wide
         self.afford = afford
         self.steps_per_octave, self.check_requests = steps_per_octave, check_requests
+        # a check's arrivals span at most this (None: no cap), its requests never fewer than a probe's
+        # (``probe_requests``: one miss moves it by at most the attainment's resolution)
+        self.check_span_s = check_span_s
+        self.half_width = half_width   # seeds are added while the twin's interval is wider than this either way
         self.pool = pool      # earlier calibrations of the candidate on this box (``homepd.advise.campaign.pooled``)
 
     async def run(self, start_rps: float, seed: int = 0, on_simulated: Callable[[], None] = lambda: None
@@ -84,7 +94,8 @@ class TwinSearch:
                                        start_rps, mix=self.mix, n_seeds=self.n_seeds, max_seeds=self.max_seeds,
                                        n_requests=self.n_requests,
                                        target_share=self.search.target_share,
-                                       steps_per_octave=self.steps_per_octave, pool=self.pool, affords=self.afford)
+                                       steps_per_octave=self.steps_per_octave, pool=self.pool, affords=self.afford,
+                                       after_s=self.check_s, half_width=self.half_width)
         on_simulated()
         # why not the twin's lowest rate when nothing passed: its search walks down to 1/64 req/s, where a check of
         # 12 requests ran for 13 minutes of a 2-minute quick campaign; where the search started, the check still
@@ -97,7 +108,7 @@ class TwinSearch:
                 break
             t0 = time.monotonic()
             check_seed = CHECK_SEED_BASE + seed * 10 + i
-            n = max(self.check_requests, probe_requests(rate, self.search))
+            n = self.check_size(rate)
             trace = self.make(rate, n, check_seed)
             trace, record = await self.run_probe(trace, rate, check_seed)
             ids = [tuple(self.tokenize(r)) for r in trace]
@@ -117,6 +128,21 @@ class TwinSearch:
         else:
             curve = curve_at_rates(self.cal.candidate, self.mix, probes, self.search.target_share)
         return TwinOutcome(SearchOutcome(curve, records.get(rate), records), twin, tuple(checks))
+
+
+    def check_size(self, rate_rps: float) -> int:
+        """A check's requests at ``rate_rps``: ``check_requests``, fewer where their arrivals would span more than
+        ``check_span_s``, never fewer than a probe's."""
+        n = self.check_requests
+        if self.check_span_s is not None:
+            n = min(n, math.ceil(rate_rps * self.check_span_s - 1e-9))
+        return max(n, probe_requests(rate_rps, self.search))
+
+    def check_s(self, rate_rps: float | None) -> float:
+        """The wall time of the first check at ``rate_rps`` (which always runs), as the budget reserves it."""
+        if not rate_rps:
+            return 0.0
+        return (self.check_size(rate_rps) - 1) / rate_rps + CHECK_TAIL_S
 
 
 def check_of(record: RunRecord, probe: Probe, predicted, mix: str = "") -> TwinCheck:
