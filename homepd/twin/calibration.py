@@ -369,6 +369,28 @@ def _step_cost(steps: list[StepRecord], others: list[StepRecord], base_ms: float
                     residuals_beside=beside), rel
 
 
+def step_speed(cal: "Calibration", steps: list[StepRecord]) -> float | None:
+    """How the box ran ``steps`` (a measured run's, every worker's) against what ``cal`` prices them at: the median
+    over the steps of their measured time over their calibrated one (with what ran beside each, and the cost after
+    idleness); 1.3: 30 % slower than during the burst.  None: no step of a calibrated worker.  # why: a twin that
+    misses a probe is either a wrong model of the engine or a right one of a box that changed since its burst (the
+    2-vCPU VM drifted ×1.3 within minutes here); the check says which"""
+    names = {w.name: w.cost for w in cal.workers}
+    ratios = []
+    for name, cost in names.items():
+        own = [s for s in steps if s.worker_role == name]
+        if not own:
+            continue
+        light, heavy = overlaps(own, [s for s in steps if s.worker_role != name])
+        idle = set(cold_steps(own))
+        for i, (s, lo, ho) in enumerate(zip(own, light, heavy)):
+            ms = cost.predict_ms(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use, _beside(lo, ho))
+            ms += cost.cold_ms if i in idle else 0.0
+            if ms > 0 and s.duration_ms > 0:
+                ratios.append(s.duration_ms / ms)
+    return statistics.median(ratios) if ratios else None
+
+
 def warm_shapes(steps: list[StepRecord], n: int = WARM_SHAPES) -> tuple[tuple[int, int, int], ...]:
     """Up to ``n`` of ``steps``' shapes, evenly spaced in the order they ran (``WorkerCalibration.warm``)."""
     if not steps:

@@ -15,7 +15,8 @@ of 15 points did the first on this box, in one quick run in three, and flipped t
 
 Checks stored before the chances were kept are judged by the old rule: the median attainment error within
 ``MAX_ATTAINMENT_ERROR_POINTS``.  Latencies are shown beside it (TTFT p50 and p90, the largest gap's p90) and named
-in the verdict when they are far off, but they do not decide it alone.
+in the verdict when they are far off, but they do not decide it alone; so is a drift of the box (the checks' steps
+ran ``DRIFTED`` or more slower or faster than the burst priced them: the twin is then the burst's box, not this one).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from homepd.twin.records import TwinCheck
 ALPHA = 0.05                  # the share of good twins a check may refuse (both tails together)
 MAX_ATTAINMENT_ERROR_POINTS = 15.0
 FAR_OFF = 0.5          # a latency figure this far off (relative) is named in the verdict
+DRIFTED = 0.15         # checks whose steps ran this much slower or faster than calibrated are named as a drift
 
 
 def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
@@ -36,6 +38,10 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     far = [f"{figure.replace('_ms_', ' ')} off by {e:.0%}" for figure in ("ttft_ms_p50", "ttft_ms_p90", "gap_ms_p90")
            if (e := _median_error(checks, figure)) is not None and e > FAR_OFF]
     detail = f"attainment off by {error:.0f} points over {len(checks)} probe(s)"
+    speeds = [c.step_speed for c in checks if c.step_speed]
+    if speeds and abs(statistics.median(speeds) - 1.0) > DRIFTED:
+        far.append(f"its steps ran {statistics.median(speeds):.2f}x their calibrated time (the box changed since "
+                   "its burst)")
     latency = f"; {', '.join(far)}" if far else ""
     if all(c.predicted_chances and len(c.predicted_chances) == c.n_requests for c in checks):
         chances = [chance(p, c.n_draws) for c in checks for p in c.predicted_chances]

@@ -112,6 +112,9 @@ class TwinCheck:
     # (): a check stored before they were kept (``homepd.twin.check`` then judges by the error alone)
     predicted_chances: tuple[float, ...] = ()
     n_draws: int = 0
+    # the probe's steps' measured time over the calibration's price for them (``calibration.step_speed``, a
+    # median): 1.3, the box ran 30 % slower than during its burst; None: not measured (a run stored before)
+    step_speed: float | None = None
 
     @property
     def measured_met(self) -> int:

@@ -20,7 +20,7 @@ from homepd.core.modes import Mode, Role
 from homepd.core.protocol import WorkerSpec
 from homepd.core.terms import RequestClass, ReuseMode
 from homepd.engine.specs import gap_ceiling_ms, idle_step_ms, itl_budget_ms
-from homepd.twin.calibration import KNOTS, Calibration, StepCost, WorkerCalibration
+from homepd.twin.calibration import KNOTS, Calibration, StepCost, WorkerCalibration, step_speed
 from homepd.twin.sim import SimRequest, simulate
 
 N_FEATURES = 4 + len(KNOTS)
@@ -182,3 +182,17 @@ def test_a_head_every_prompt_shares_is_held_by_every_worker_as_after_the_burst()
     share = sum(lc.routed_to == "replica-1" for lc in run.requests) / len(run.requests)
     assert 0.3 <= share <= 0.7
     assert all(lc.route_reason != "prefix_hit" for lc in run.requests)
+
+
+def test_a_run_s_step_speed_says_how_much_slower_the_box_ran_than_calibrated():
+    config = EngineConfig(backend="fake", n_ctx=8192, n_seq_max=4, chunk=256, adaptive_chunk=True,
+                          prefix_cache=False)
+    cost = StepCost(fixed_cost(8.0, 1.5, 6.0).coef, (-0.05, 0.0, 0.05), 0.0, 0.0, (0.5,), 100)
+    cal = one_worker(config, cost)
+    slower = one_worker(config, replace(cost, coef=tuple(c * 1.3 for c in cost.coef)))
+    trace = poisson(40, 1.5, 3, n_prompt=40, max_tokens=16, long_every=4, long_prompt=300)
+    as_calibrated = simulate(config, cal, trace, seed=3, keep_steps=True).steps
+    on_a_slower_box = simulate(config, slower, trace, seed=3, keep_steps=True).steps
+    assert step_speed(cal, as_calibrated) == pytest.approx(1.0, abs=0.03)
+    assert step_speed(cal, on_a_slower_box) == pytest.approx(1.3, abs=0.05)
+    assert step_speed(cal, []) is None

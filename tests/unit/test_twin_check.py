@@ -3,6 +3,7 @@ twin's predictive band for that very trace, the probe's own noise counted."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from homepd.twin.check import ALPHA, band, chance, met_pmf, verdict
 from homepd.twin.records import TwinCheck
@@ -50,3 +51,11 @@ def test_more_probes_narrow_the_band():
 def test_checks_stored_before_the_chances_are_judged_by_the_error():
     assert verdict((check(12, 10, None, predicted=0.9),))[0]          # 7 points
     assert not verdict((check(12, 9, None, predicted=1.0),))[0]       # 25 points, over 15
+
+
+def test_a_box_that_drifted_since_its_burst_is_named_in_the_verdict():
+    slow = replace(check(12, 7, (1.0,) * 12), step_speed=1.32)
+    trusted, why, _ = verdict((slow,))
+    assert not trusted and "1.32x their calibrated time" in why
+    steady = replace(slow, step_speed=1.05)
+    assert "calibrated time" not in verdict((steady,))[1]

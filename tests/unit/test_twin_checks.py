@@ -33,7 +33,7 @@ def search(n_checks: int, afford) -> tuple[int, object]:
         run = simulate(CONFIG, CAL, of_trace(trace, [tokenize(r) for r in trace]), seed)
         return trace, RunRecord(mode="colocated", config={}, trace_name="mixed", summary=summarize(run.requests, []),
                                 stalls=(), worker_events=(), memory=(), kv_arena_bytes=0, energy_j={},
-                                requests=tuple(run.requests))
+                                requests=tuple(run.requests)), run.steps
 
     twin = TwinSearch(CONFIG, CAL, "mixed", SLO_, (None, None), SearchSettings(), make, tokenize, run_probe,
                       n_checks=n_checks, n_seeds=N_SEEDS, n_requests=N_REQUESTS, steps_per_octave=8,

@@ -486,17 +486,17 @@ class Campaign:
 
     async def _check_probe(self, engine, cand: Candidate, mix: str, trace, rate_rps: float, seed: int, run_id):
         """A twin's check: ``trace`` at ``rate_rps`` to its end (never stopped early: the twin simulates every
-        request), tagged apart from the other probes; (the trace as it ran, its record)."""
+        request), tagged apart from the other probes; (the trace as it ran, its record, the engine's steps)."""
         self._report(f"{cand.name}: checking the twin at {rate_rps:.3g} req/s ({mix})")
         self._n_probes += 1
         trace = tagged(trace, f"[probe {self._n_probes}] ")
         record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,
                                  sampler=self.sampler)
+        steps = engine.steps_since(record.requests[0].arrived_s) if record.requests else []
         if self.store is not None:
-            self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", 0, record,
-                                  steps=engine.steps_since(record.requests[0].arrived_s) if record.requests else [])
+            self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", 0, record, steps=steps)
         self._step_done(f"{cand.name}: checked at {rate_rps:.3g} req/s")
-        return trace, record
+        return trace, record, steps
 
     def _repeats(self, mix: str) -> int:
         """Refined searches on ``mix``: ``repeats`` on the answer's mix (or when one mix is all there is: a

@@ -20,6 +20,7 @@ from typing import Awaitable, Callable
 
 from homepd.advise.campaign.capacity import SearchSettings, curve_at_rates, probe_requests
 from homepd.advise.campaign.probes import SearchOutcome, probe_of
+from homepd.core.protocol import StepRecord
 from homepd.core.stats import percentile
 from homepd.core.terms import RequestClass
 from homepd.measure.curve import CapacityCurve, Probe
@@ -27,7 +28,7 @@ from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord
 from homepd.measure.trace import Trace
 from homepd.measure.trace.model import tagged
-from homepd.twin.calibration import Calibration
+from homepd.twin.calibration import Calibration, step_speed
 from homepd.twin.capacity import (FINE_STEPS_PER_OCTAVE, N_REQUESTS, N_SEEDS, TARGET_HALF_WIDTH, predict,
                                   twin_capacity)
 from homepd.twin.check import verdict
@@ -60,11 +61,12 @@ class TwinSearch:
     """One candidate on one mix.  ``make(rate, n, seed)``: the mix's seeded trace; ``tokenize(request)``: its
     prompt's token ids on the candidate's engine; ``run_probe(trace, rate, seed)``: a measured probe of that
     trace on the engine, to the end (a check is not stopped early), returning the trace as it ran (tagged apart
-    from the other probes) and its record."""
+    from the other probes), its record and the engine's steps while it ran."""
 
     def __init__(self, config, cal: Calibration, mix: str, slo: SLO, speeds, search: SearchSettings,
                  make: Callable[[float, int, int], Trace], tokenize,
-                 run_probe: Callable[[Trace, float, int], Awaitable[tuple[Trace, RunRecord]]], n_checks: int = 1,
+                 run_probe: Callable[[Trace, float, int], Awaitable[tuple[Trace, RunRecord, list[StepRecord]]]],
+                 n_checks: int = 1,
                  n_seeds: int = N_SEEDS, n_requests: int = N_REQUESTS,
                  steps_per_octave: int = FINE_STEPS_PER_OCTAVE, check_requests: int = MIN_CHECK_REQUESTS,
                  pool: tuple[Calibration, ...] = (), max_seeds: int | None = None,
@@ -110,12 +112,12 @@ class TwinSearch:
             check_seed = CHECK_SEED_BASE + seed * 10 + i
             n = self.check_size(rate)
             trace = self.make(rate, n, check_seed)
-            trace, record = await self.run_probe(trace, rate, check_seed)
+            trace, record, steps = await self.run_probe(trace, rate, check_seed)
             ids = [tuple(self.tokenize(r)) for r in trace]
             predicted = await asyncio.to_thread(predict, self.config, self.cal, of_trace(trace, ids), self.slo,
                                                 self.speeds, rate, pool=self.pool)
             probe = probe_of(record, rate, check_seed, self.slo, self.speeds, n_planned=n)
-            checks.append(check_of(record, probe, predicted, self.mix))
+            checks.append(check_of(record, probe, predicted, self.mix, step_speed(self.cal, steps)))
             probes.append(probe)
             records[rate] = record
             last_s = time.monotonic() - t0
@@ -145,9 +147,9 @@ class TwinSearch:
         return (self.check_size(rate_rps) - 1) / rate_rps + CHECK_TAIL_S
 
 
-def check_of(record: RunRecord, probe: Probe, predicted, mix: str = "") -> TwinCheck:
+def check_of(record: RunRecord, probe: Probe, predicted, mix: str = "", speed: float | None = None) -> TwinCheck:
     """A measured probe's figures (its attainment as the search counts it: ``probe_of``) beside the twin's
-    prediction of that very trace."""
+    prediction of that very trace; ``speed``: its steps' time over their calibrated time (``step_speed``)."""
     requests = list(record.requests)
     ttft = [lc.ttft_s * 1e3 for lc in requests if lc.ttft_s is not None]
     gaps = [max(lc.itl_s) * 1e3 for lc in requests
@@ -157,4 +159,4 @@ def check_of(record: RunRecord, probe: Probe, predicted, mix: str = "") -> TwinC
                      measured_ttft_ms_p90=percentile(ttft, 90), measured_gap_ms_p90=percentile(gaps, 90),
                      predicted_attainment=predicted.attainment, predicted_ttft_ms_p50=predicted.ttft_ms_p50,
                      predicted_ttft_ms_p90=predicted.ttft_ms_p90, predicted_gap_ms_p90=predicted.gap_ms_p90,
-                     mix=mix, predicted_chances=predicted.chances, n_draws=predicted.n_draws)
+                     mix=mix, predicted_chances=predicted.chances, n_draws=predicted.n_draws, step_speed=speed)

@@ -216,7 +216,8 @@ def render_twins(result: AdviseResult) -> str:
                          f"{c.measured_attainment:.0%} measured / {c.predicted_attainment:.0%} twin; TTFT p50 "
                          f"{fmt(c.measured_ttft_ms_p50)}/{fmt(c.predicted_ttft_ms_p50)} ms, p90 "
                          f"{fmt(c.measured_ttft_ms_p90)}/{fmt(c.predicted_ttft_ms_p90)} ms; largest gap p90 "
-                         f"{fmt(c.measured_gap_ms_p90)}/{fmt(c.predicted_gap_ms_p90)} ms")
+                         f"{fmt(c.measured_gap_ms_p90)}/{fmt(c.predicted_gap_ms_p90)} ms"
+                         + (f"; its steps ran {c.step_speed:.2f}x their calibrated time" if c.step_speed else ""))
     return "\n".join(lines)
 
 
