@@ -78,8 +78,9 @@ CALIBRATION_REQUESTS = 4          # the calibration burst: the mixed trace's fir
 QUICK_STEPS_PER_OCTAVE = 8
 QUICK_CHECK_REQUESTS = 12
 # why a span: a quick check of 12 requests at a disaggregated twin's 0.37 req/s ran 31 s, the campaign's longest
-# stage; its arrivals within 20 s it is 10 requests there (a probe's fewest), 12 from 0.6 req/s up
-QUICK_CHECK_SPAN_S = 20.0
+# stage (and at 0.62 req/s 24 s, when a slow hour's run ended at 126 s); its arrivals within 15 s it is 10
+# requests below 0.74 req/s (a probe's fewest), 12 from 0.8 req/s up
+QUICK_CHECK_SPAN_S = 15.0
 # why 15 % quick: what the quick answer promises (each candidate's interval within +-15 %); seeds added at 12 %
 # took a disaggregated twin from 20 to 30 seeds (22 to 34 s) for an interval of 13 %
 QUICK_HALF_WIDTH = 0.15
