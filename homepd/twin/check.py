@@ -38,10 +38,8 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     far = [f"{figure.replace('_ms_', ' ')} off by {e:.0%}" for figure in ("ttft_ms_p50", "ttft_ms_p90", "gap_ms_p90")
            if (e := _median_error(checks, figure)) is not None and e > FAR_OFF]
     detail = f"attainment off by {error:.0f} points over {len(checks)} probe(s)"
-    speeds = [c.step_speed for c in checks if c.step_speed]
-    if speeds and abs(statistics.median(speeds) - 1.0) > DRIFTED:
-        far.append(f"its steps ran {statistics.median(speeds):.2f}x their calibrated time (the box changed since "
-                   "its burst)")
+    if (speed := drift(checks)) is not None:
+        far.append(f"its steps ran {speed:.2f}x their calibrated time (the box changed since its burst)")
     latency = f"; {', '.join(far)}" if far else ""
     if all(c.predicted_chances and len(c.predicted_chances) == c.n_requests for c in checks):
         chances = [chance(p, c.n_draws) for c in checks for p in c.predicted_chances]
@@ -55,6 +53,15 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     if error <= MAX_ATTAINMENT_ERROR_POINTS:
         return True, f"checked: {detail}{latency} (within {MAX_ATTAINMENT_ERROR_POINTS:.0f})", error
     return False, f"not trusted: {detail}{latency} (over {MAX_ATTAINMENT_ERROR_POINTS:.0f})", error
+
+
+def drift(checks: tuple[TwinCheck, ...]) -> float | None:
+    """The checks' median ``step_speed`` where it is off by more than ``DRIFTED`` either way (the box ran the checks
+    that much slower or faster than its burst said: the burst was not the box it served on), else None."""
+    speeds = [c.step_speed for c in checks if c.step_speed]
+    if speeds and abs(statistics.median(speeds) - 1.0) > DRIFTED:
+        return statistics.median(speeds)
+    return None
 
 
 def chance(share: float, n_draws: int) -> float:

@@ -3,7 +3,7 @@
 * the seeds run on each calibration in turn: seeds on a fast burst of one box serve more than seeds on a slow one,
   and the capacity (their median) lies between;
 * only earlier complete runs of the same box, the same candidate and the same workers, within a day, and with
-  a quiet burst, are pooled.
+  a quiet burst its checks confirmed (their steps within 15 % of its price), are pooled.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from homepd.core.modes import Candidate, Mode
 from homepd.measure.metrics import SLO
 from homepd.store.records import Run, RunAdvice, RunConfig
 from homepd.twin.capacity import twin_capacity
-from homepd.twin.records import TwinEvidence
+from homepd.twin.records import TwinCheck, TwinEvidence
 
 from test_twin import fixed_cost, one_worker
 from test_whatif import CONFIG, N_REQUESTS, N_SEEDS, requests
@@ -56,9 +56,14 @@ class Runs:
         return dataclasses.replace(run, hardware=hw)
 
 
-def stored(run_id: int, cal, *, status="complete", age=dt.timedelta(hours=1), name=NAME) -> Run:
+def check(step_speed: float | None) -> TwinCheck:
+    return TwinCheck(0.5, 1000, 12, 1.0, 150.0, 3000.0, 90.0, 1.0, 140.0, 2800.0, 85.0, mix="mixed",
+                     step_speed=step_speed)
+
+
+def stored(run_id: int, cal, *, status="complete", age=dt.timedelta(hours=1), name=NAME, checks=()) -> Run:
     cand = Candidate(name, Mode.COLOCATED, chunk=64)
-    twin = TwinEvidence(name, dataclasses.replace(cal, candidate=name), config=CONFIG)
+    twin = TwinEvidence(name, dataclasses.replace(cal, candidate=name), config=CONFIG, checks=checks)
     advice = RunAdvice(candidate=cand, config=cand.config_values(), rule="colocated-best-capacity",
                        capacity=(), candidates=(cand,), twins=(twin,))
     return Run(run_id, "advise", status, RunConfig(max_tokens=16, long_tokens=120), (), advice,
@@ -88,10 +93,14 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
         (stored(9, cal), BOX),                                           # this run itself
         (stored(10, busy), BOX),                                         # a busy box's burst
         (stored(11, stalled), BOX),                                      # a burst the box stalled
+        (stored(12, cal, checks=(check(0.70),)), BOX),                   # its check ran the steps at 0.70x
+        (stored(13, cal, checks=(check(1.35), check(1.2))), BOX),        # ... at 1.2-1.35x
     ])
     runs = recent_runs(store, 9, BOX, NOW)
     found = earlier_calibrations(runs, NAME, cal, limit=3)
     assert [run_id for run_id, _ in found] == [8, 7, 1]
+    confirmed = Runs([(stored(14, cal, checks=(check(1.08), check(None))), BOX)])  # within 15 %, or not measured
+    assert [r for r, _ in earlier_calibrations(recent_runs(confirmed, 9, BOX, NOW), NAME, cal)] == [14]
     assert [run_id for run_id, _ in earlier_calibrations(runs, NAME, cal, limit=2)] == [8, 7]
     assert earlier_calibrations(runs, NAME, cal, limit=0) == []
     assert recent_runs(store, 9, None, NOW) == []   # a box never probed pools nothing

@@ -14,7 +14,11 @@ when they are of:
   neighbour's, not the box's, and one in which the box stopped a step for three times its time or more
   (``Calibration.n_stalled``: a page-fault storm, the VM's neighbour) is that minute's; both are left out (this
   run's own is used, with the report's warning).  One stalled burst pooled had spread the next run's colocated
-  seeds over 0.12-1.00 req/s (half-width 73 %) where the bursts around it gave 0.77-1.09.
+  seeds over 0.12-1.00 req/s (half-width 73 %) where the bursts around it gave 0.77-1.09;
+* a burst its own checks confirmed: one whose checks ran their steps more than ``DRIFTED`` faster or slower than
+  it priced them (``homepd.twin.check.drift``) saw a minute of the box unlike the one after it.  A colocated
+  burst on the 2-vCPU VM priced steps 1/0.70 of what its check ran them at (its twin 0.21 req/s, where the runs
+  around it gave 0.8-1.3), and pooled, it spread the next run's seeds over 0.15-1.68 req/s (half-width 82 %).
 
 Each run adds its burst; the report names the runs pooled, and ``--twin-pool 0`` uses this run's alone.
 """
@@ -28,6 +32,7 @@ from homepd.core.records import RecordShapeError
 from homepd.store.errors import RunNotFoundError
 from homepd.store.records import Run
 from homepd.twin.calibration import Calibration
+from homepd.twin.check import drift
 
 log = logging.getLogger("homepd.advise")
 
@@ -79,12 +84,13 @@ def recent_runs(store, run_id: int | None, hardware: dict | None, now: dt.dateti
 def earlier_calibrations(runs: list[Run], candidate: str, cal: Calibration,
                          limit: int = MAX_EARLIER) -> list[tuple[int, Calibration]]:
     """Up to ``limit`` (run id, calibration) of ``candidate`` from ``runs`` (``recent_runs``, newest first) whose
-    burst was quiet (``Calibration.disturbed``) and whose workers are ``same_workers`` as ``cal``'s."""
+    burst was quiet (``Calibration.disturbed``) and confirmed by its checks (``drift``), and whose workers are
+    ``same_workers`` as ``cal``'s."""
     found: list[tuple[int, Calibration]] = []
     for run in runs:
         twin = run.advice.twin(candidate)
         if len(found) < limit and twin is not None and not twin.calibration.disturbed and \
-                same_workers(twin.calibration, cal):
+                drift(twin.checks) is None and same_workers(twin.calibration, cal):
             found.append((run.id, twin.calibration))
     return found
 
