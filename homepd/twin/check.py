@@ -15,8 +15,9 @@ of 15 points did the first on this box, in one quick run in three, and flipped t
 
 Checks stored before the chances were kept are judged by the old rule: the median attainment error within
 ``MAX_ATTAINMENT_ERROR_POINTS``.  Latencies are shown beside it (TTFT p50 and p90, the largest gap's p90) and named
-in the verdict when they are far off, but they do not decide it alone; so is a drift of the box (the checks' steps
-ran ``DRIFTED`` or more slower or faster than the burst priced them: the twin is then the burst's box, not this one).
+in the verdict when they are far off, but they do not decide it alone.  A drift of the box does: checks whose steps
+ran ``DRIFTED`` or more slower or faster than the burst priced them leave the twin untrusted (it answered for the
+burst's box, not the one that served the checks), whatever the count.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from homepd.twin.records import TwinCheck
 ALPHA = 0.05                  # the share of good twins a check may refuse (both tails together)
 MAX_ATTAINMENT_ERROR_POINTS = 15.0
 FAR_OFF = 0.5          # a latency figure this far off (relative) is named in the verdict
-DRIFTED = 0.15         # checks whose steps ran this much slower or faster than calibrated are named as a drift
+DRIFTED = 0.15         # checks whose steps ran this much slower or faster than calibrated: a drift (not trusted)
 
 
 def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
@@ -38,21 +39,25 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     far = [f"{figure.replace('_ms_', ' ')} off by {e:.0%}" for figure in ("ttft_ms_p50", "ttft_ms_p90", "gap_ms_p90")
            if (e := _median_error(checks, figure)) is not None and e > FAR_OFF]
     detail = f"attainment off by {error:.0f} points over {len(checks)} probe(s)"
-    if (speed := drift(checks)) is not None:
-        far.append(f"its steps ran {speed:.2f}x their calibrated time (the box changed since its burst)")
     latency = f"; {', '.join(far)}" if far else ""
     if all(c.predicted_chances and len(c.predicted_chances) == c.n_requests for c in checks):
         chances = [chance(p, c.n_draws) for c in checks for p in c.predicted_chances]
         met, n = sum(c.measured_met for c in checks), len(chances)
         pmf = met_pmf(chances)
         low, high = band(pmf, ALPHA)
-        within = f"{met} of {n} met, the twin's {1 - ALPHA:.0%} band {low}-{high}"
-        if low <= met <= high:
-            return True, f"checked: {detail} ({within}){latency}", error
-        return False, f"not trusted: {detail} ({within}){latency}", error
-    if error <= MAX_ATTAINMENT_ERROR_POINTS:
-        return True, f"checked: {detail}{latency} (within {MAX_ATTAINMENT_ERROR_POINTS:.0f})", error
-    return False, f"not trusted: {detail}{latency} (over {MAX_ATTAINMENT_ERROR_POINTS:.0f})", error
+        trusted = low <= met <= high
+        detail += f" ({met} of {n} met, the twin's {1 - ALPHA:.0%} band {low}-{high})"
+    else:
+        trusted = error <= MAX_ATTAINMENT_ERROR_POINTS
+        detail += f" ({'within' if trusted else 'over'} {MAX_ATTAINMENT_ERROR_POINTS:.0f})"
+    # why a drift is not trusted even where the count is in the band: the twin answered for the burst's box, and
+    # a check at the capacity that box gives does not confirm the capacity of the one that served it (a burst at
+    # 1/0.70 of the check's speed put colocated at 0.21 req/s, its check met 8 of 10 inside the band, and the
+    # runs around it gave 0.8-1.3)
+    if (speed := drift(checks)) is not None:
+        return False, (f"not trusted: its checks ran their steps {speed:.2f}x their calibrated time (the box "
+                       f"changed since its burst); {detail}{latency}"), error
+    return trusted, f"{'checked' if trusted else 'not trusted'}: {detail}{latency}", error
 
 
 def drift(checks: tuple[TwinCheck, ...]) -> float | None:

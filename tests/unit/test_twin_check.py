@@ -53,9 +53,11 @@ def test_checks_stored_before_the_chances_are_judged_by_the_error():
     assert not verdict((check(12, 9, None, predicted=1.0),))[0]       # 25 points, over 15
 
 
-def test_a_box_that_drifted_since_its_burst_is_named_in_the_verdict():
-    slow = replace(check(12, 7, (1.0,) * 12), step_speed=1.32)
-    trusted, why, _ = verdict((slow,))
-    assert not trusted and "1.32x their calibrated time" in why
-    steady = replace(slow, step_speed=1.05)
-    assert "calibrated time" not in verdict((steady,))[1]
+def test_a_twin_whose_box_drifted_since_its_burst_is_not_trusted_whatever_the_count():
+    inside = check(12, 12, (1.0,) * 12)          # every request met, as the twin said
+    assert verdict((inside,))[0]
+    for speed in (0.70, 1.32):
+        trusted, why, _ = verdict((replace(inside, step_speed=speed),))
+        assert not trusted and f"{speed:.2f}x their calibrated time" in why and "12 of 12 met" in why
+    trusted, why, _ = verdict((replace(inside, step_speed=1.05),))
+    assert trusted and "calibrated time" not in why
