@@ -131,7 +131,6 @@ class TwinSearch:
             curve = curve_at_rates(self.cal.candidate, self.mix, probes, self.search.target_share)
         return TwinOutcome(SearchOutcome(curve, records.get(rate), records), twin, tuple(checks))
 
-
     def check_size(self, rate_rps: float) -> int:
         """A check's requests at ``rate_rps``: ``check_requests``, fewer where their arrivals would span more than
         ``check_span_s``, never fewer than a probe's."""
