@@ -375,13 +375,13 @@ def step_speed(cal: "Calibration", steps: list[StepRecord]) -> float | None:
     idleness); 1.3: 30 % slower than during the burst.  None: no step of a calibrated worker.  # why: a twin that
     misses a probe is either a wrong model of the engine or a right one of a box that changed since its burst (the
     2-vCPU VM drifted ×1.3 within minutes here); the check says which"""
-    names = {w.name: w.cost for w in cal.workers}
     ratios = []
-    for name, cost in names.items():
-        own = [s for s in steps if s.worker_role == name]
+    for worker in cal.workers:
+        cost = worker.cost
+        own = [s for s in steps if s.worker_role == worker.name]
         if not own:
             continue
-        light, heavy = overlaps(own, [s for s in steps if s.worker_role != name])
+        light, heavy = overlaps(own, [s for s in steps if s.worker_role != worker.name])
         idle = set(cold_steps(own))
         for i, (s, lo, ho) in enumerate(zip(own, light, heavy)):
             ms = cost.predict_ms(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use, _beside(lo, ho))

@@ -67,9 +67,8 @@ def drift(checks: tuple[TwinCheck, ...]) -> float | None:
     """The checks' median ``step_speed`` where it is off by more than ``DRIFTED`` either way (the box ran the checks
     that much slower or faster than its burst said: the burst was not the box it served on), else None."""
     speeds = [c.step_speed for c in checks if c.step_speed]
-    if speeds and abs(statistics.median(speeds) - 1.0) > DRIFTED:
-        return statistics.median(speeds)
-    return None
+    speed = statistics.median(speeds) if speeds else None
+    return speed if speed is not None and abs(speed - 1.0) > DRIFTED else None
 
 
 def chance(share: float, n_draws: int) -> float:
