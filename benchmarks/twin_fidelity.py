@@ -13,7 +13,10 @@ campaign names them), on its own engine, one at a time, nothing else running:
 4. per cell (candidate x rate): the median of the repeats, measured and predicted, for attainment (share of
    requests meeting every SLO), TTFT p50 and p90, and the p90 of each interactive request's largest gap;
    each with its error (points for attainment, relative for the rest) and whether it is within the targets
-   (10 points, 20 %).
+   (10 points, 20 %);
+5. the same cells once more, each probe re-predicted at the speed the box ran its steps at (``at_speed``, from
+   the probe's ``step_speed``): the error left there is the twin's model of the engine; the rest of the first
+   table's error is the box's drift since the burst, which no calibration taken before can know.
 
 Every cell is printed, the misses too, with what they miss by.  ``-o FILE`` keeps every probe's figures
 (JSON).
@@ -46,7 +49,7 @@ from homepd.measure.replay import run_trace
 from homepd.measure.trace import make_trace
 from homepd.measure.trace.model import tagged
 from homepd.twin.burst import burst_trace, calibrate
-from homepd.twin.calibration import step_speed
+from homepd.twin.calibration import at_speed, step_speed
 from homepd.twin.capacity import predict, twin_capacity
 from homepd.twin.traces import TWIN_TAG, TraceRequests, of_trace
 
@@ -129,8 +132,16 @@ async def one_candidate(cand, base: EngineConfig, box, args, sampler) -> dict:
                 # how the box ran the probe's steps against what the burst priced them at (a drift of the box)
                 m["step_speed"] = step_speed(cal, engine.steps_since(t0))
                 p = {f: getattr(predicted, f) for f in FIGURES}
-                probes[rate].append({"seed": PROBE_SEED + rep, "measured": m, "twin": p})
-                print(f"  {rate:.3f} req/s repeat {rep}: measured " + fmt(m) + " | twin " + fmt(p), flush=True)
+                # the same trace re-predicted at the speed the box ran the probe's steps: what is left of the
+                # error is the twin's model of the engine, not the box's drift since the burst
+                at = None
+                if m["step_speed"]:
+                    again = await asyncio.to_thread(predict, config, at_speed(cal, m["step_speed"]),
+                                                    of_trace(trace, ids), slo, speeds, rate)
+                    at = {f: getattr(again, f) for f in FIGURES}
+                probes[rate].append({"seed": PROBE_SEED + rep, "measured": m, "twin": p, "twin_at_speed": at})
+                print(f"  {rate:.3f} req/s repeat {rep}: measured " + fmt(m) + " | twin " + fmt(p)
+                      + (" | at its speed " + fmt(at) if at else ""), flush=True)
     for mult, rate in zip(args.rates, rates):
         cell = {"rate_rps": rate, "of_capacity": mult, "probes": probes[rate]}
         speeds = [x["measured"].get("step_speed") for x in probes[rate] if x["measured"].get("step_speed")]
@@ -141,8 +152,12 @@ async def one_candidate(cand, base: EngineConfig, box, args, sampler) -> dict:
             med_m = statistics.median(ms) if ms else None
             med_p = statistics.median(ps) if ps else None
             err, ok = error(f, med_m, med_p)
+            at = [y[f] for x in probes[rate] if (y := x["twin_at_speed"]) and y[f] is not None]
+            med_at = statistics.median(at) if at else None
+            err_at, ok_at = error(f, med_m, med_at)
             cell[f] = {"measured": med_m, "measured_range": [min(ms), max(ms)] if ms else None, "twin": med_p,
-                       "error": err, "within": ok}
+                       "error": err, "within": ok, "twin_at_speed": med_at, "error_at_speed": err_at,
+                       "within_at_speed": ok_at}
         out["cells"].append(cell)
     return out
 
@@ -152,7 +167,10 @@ def fmt(m: dict) -> str:
                     for k, v in m.items() if v is not None)
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], at_speed: bool = False) -> str:
+    """Every cell, measured beside the twin (``at_speed``: the twin re-priced at each probe's measured speed)."""
+    twin, err_key, ok_key = ("twin_at_speed", "error_at_speed", "within_at_speed") if at_speed else \
+        ("twin", "error", "within")
     lines = [f"{'candidate':<22} {'rate':>6} {'xcap':>5}  {'attainment m/t (err)':>24}  {'TTFT p50 m/t':>18}  "
              f"{'TTFT p90 m/t':>18}  {'gap p90 m/t':>16}  {'steps x cal':>11}"]
     within = total = 0
@@ -163,21 +181,22 @@ def table(results: list[dict]) -> str:
             parts = []
             for f in FIGURES:
                 x = c[f]
-                if x["error"] is None:
+                if x.get(err_key) is None:
                     parts.append("NA")
                     continue
                 total += 1
-                within += x["within"]
-                mark = "" if x["within"] else " MISS"
+                within += x[ok_key]
+                mark = "" if x[ok_key] else " MISS"
                 if f == "attainment":
-                    parts.append(f"{x['measured']:.0%}/{x['twin']:.0%} ({x['error']:.0f} pts){mark}")
+                    parts.append(f"{x['measured']:.0%}/{x[twin]:.0%} ({x[err_key]:.0f} pts){mark}")
                 else:
-                    parts.append(f"{x['measured']:.0f}/{x['twin']:.0f} ({x['error']:.0%}){mark}")
+                    parts.append(f"{x['measured']:.0f}/{x[twin]:.0f} ({x[err_key]:.0%}){mark}")
             lines.append(f"{res['candidate']:<22} {c['rate_rps']:>6.3f} {c['of_capacity']:>5.2f}  {parts[0]:>24}  "
                          f"{parts[1]:>18}  {parts[2]:>18}  {parts[3]:>16}  "
                          f"{format(c['step_speed'], '.2f') if c.get('step_speed') else 'NA':>11}")
     lines.append(f"{within} of {total} figures within the targets (attainment 10 points, the rest 20 %); "
-                 "measured: the median of the repeats; twin: the median of its predictions of the same traces; "
+                 "measured: the median of the repeats; twin: the median of its predictions of the same traces"
+                 + (", each re-priced at the speed the box ran that probe's steps" if at_speed else "") + "; "
                  "steps x cal: the probes' steps' time over what the calibration priced them at (1.00: the box "
                  "as calibrated)")
     return "\n".join(lines)
@@ -219,5 +238,7 @@ if __name__ == "__main__":
     t0 = time.monotonic()
     results = asyncio.run(main(args))
     print(table(results))
+    print("\nThe same cells, the twin re-priced at each probe's measured step speed (its engine model alone):")
+    print(table(results, at_speed=True))
     speeds = [r["twin"]["speedup"] for r in results]
     print(f"twin speed: {min(speeds):.0f}-{max(speeds):.0f}x real time a process; benchmark {time.monotonic() - t0:.0f} s")

@@ -391,6 +391,18 @@ def step_speed(cal: "Calibration", steps: list[StepRecord]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
+def at_speed(cal: "Calibration", speed: float) -> "Calibration":
+    """``cal`` on a box that runs every step ``speed`` times as long as its burst did (``step_speed``'s figure):
+    each worker's step cost and its cost after idleness scaled; the pipe, the handoff and the way in kept.  # why:
+    to tell a twin's error apart from the box's drift, the check re-predicts a probe at the speed the box ran it
+    at (a wrong model of the engine misses there too; a right one of a box that changed does not)"""
+    if speed <= 0:
+        raise ValueError(f"a step speed must be positive, not {speed}")
+    scaled = lambda cost: dataclasses.replace(cost, coef=tuple(c * speed for c in cost.coef),  # noqa: E731
+                                              cold_ms=cost.cold_ms * speed)
+    return dataclasses.replace(cal, workers=tuple(dataclasses.replace(w, cost=scaled(w.cost)) for w in cal.workers))
+
+
 def warm_shapes(steps: list[StepRecord], n: int = WARM_SHAPES) -> tuple[tuple[int, int, int], ...]:
     """Up to ``n`` of ``steps``' shapes, evenly spaced in the order they ran (``WorkerCalibration.warm``)."""
     if not steps:

@@ -20,7 +20,7 @@ from homepd.core.modes import Mode, Role
 from homepd.core.protocol import WorkerSpec
 from homepd.core.terms import RequestClass, ReuseMode
 from homepd.engine.specs import gap_ceiling_ms, idle_step_ms, itl_budget_ms
-from homepd.twin.calibration import KNOTS, Calibration, StepCost, WorkerCalibration, step_speed
+from homepd.twin.calibration import KNOTS, Calibration, StepCost, WorkerCalibration, at_speed, step_speed
 from homepd.twin.sim import SimRequest, simulate
 
 N_FEATURES = 4 + len(KNOTS)
@@ -196,3 +196,9 @@ def test_a_run_s_step_speed_says_how_much_slower_the_box_ran_than_calibrated():
     assert step_speed(cal, as_calibrated) == pytest.approx(1.0, abs=0.03)
     assert step_speed(cal, on_a_slower_box) == pytest.approx(1.3, abs=0.05)
     assert step_speed(cal, []) is None
+    # the same calibration re-priced at the speed measured: the slower box's run, step for step
+    rescaled = simulate(config, at_speed(cal, 1.3), trace, seed=3, keep_steps=True).steps
+    assert [s.duration_ms for s in rescaled] == pytest.approx([s.duration_ms for s in on_a_slower_box])
+    assert step_speed(cal, rescaled) == pytest.approx(1.3, abs=0.05)
+    with pytest.raises(ValueError, match="step speed must be positive"):
+        at_speed(cal, 0.0)
