@@ -97,14 +97,15 @@ class Conversation:
 
 
 def conversations(kind: str, n: int, turns: int, rate: float, doc_tokens: int, max_tokens: int,
-                  seed: int) -> list[Conversation]:
+                  seed: int, salt: str = "") -> list[Conversation]:
     """Seeded conversations: the same for every server.  A tag per conversation keeps two of them from sharing
-    more than the system prompt (the corpus repeats questions)."""
-    rng = random.Random(f"{seed}/{kind}")
+    more than the system prompt (the corpus repeats questions); ``salt`` makes another set of the same kind (the
+    mix's, which runs on a server that may have served the chat and rag sets already)."""
+    rng = random.Random(f"{seed}/{salt}{kind}")
     qs = chat_questions()
     out, t = [], 0.0
     for i in range(n):
-        tag = f"[{kind} {seed}/{i}] "
+        tag = f"[{salt}{kind} {seed}/{i}] "
         asked = [tag + rng.choice(qs) for _ in range(turns)]
         if kind == "rag":
             doc = passage(rng, int(doc_tokens * 4.7), head="{title}\n\n")
@@ -117,19 +118,21 @@ def conversations(kind: str, n: int, turns: int, rate: float, doc_tokens: int, m
     return out
 
 
-def workload_of(kind: str, args, seed: int) -> list[Conversation]:
+def workload_of(kind: str, args, seed: int, salt: str = "") -> list[Conversation]:
     """The conversations of ``kind``: chat, rag, or mix (the chats and the documents at once, both starting
-    open loop at ``--rate`` each, numbered apart; the documents ``--doc-after-s`` after the chats)."""
+    open loop at ``--rate`` each, numbered apart; the documents ``--doc-after-s`` after the chats).  The mix's are
+    its own (``salt``), not the chat and rag sets': a server keeps those cached when it runs them first, and a
+    mix of them would measure its cache hits (a document's first question in 0.2 s)."""
     if kind == "chat":
         return conversations("chat", args.conversations, args.turns, args.rate, args.doc_tokens, args.max_tokens,
-                             seed)
+                             seed, salt)
     if kind == "rag":
         return conversations("rag", args.documents, args.questions, args.rate, args.doc_tokens, args.max_tokens,
-                             seed)
+                             seed, salt)
     if kind == "mix":
-        chats = workload_of("chat", args, seed)
+        chats = workload_of("chat", args, seed, "mix-")
         docs = [replace(c, index=len(chats) + c.index, start_s=c.start_s + args.doc_after_s)
-                for c in workload_of("rag", args, seed)]
+                for c in workload_of("rag", args, seed, "mix-")]
         return chats + docs
     raise SystemExit(f"--kind: unknown kind {kind!r}; known: chat, rag, mix")
 
