@@ -204,11 +204,11 @@ class Engine:
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already running")
         routed = self.topology.route_new(self.config, self.workers, self.handoff.router, self.gate,
-                                         lambda h: self.requests.load(h.in_flight), len(ids),
+                                         self.requests.worker_load, len(ids),
                                          cached=lambda h: self.affinity.cached(h, ids), request_class=klass)
         worker = routed.worker
         decision = self.gate.decide(klass, len(ids) - routed.n_cached_tokens, worker.role, worker.spec,
-                                    self.requests.load(worker.in_flight))
+                                    self.requests.worker_load(worker))
         if decision is not None and decision.verdict is Verdict.REJECT:
             raise AdmissionRejected(f"{klass.value} request rejected early: {decision.reason}; retry after "
                                     f"{decision.retry_after_s:g} s", decision.retry_after_s, klass,

@@ -37,15 +37,19 @@ class WorkerLoad:
     n_interactive_decode: int
     kv_in_use: int = 0   # KV cells its running requests hold
     n_seqs: int = 0      # its running requests (those holding KV)
+    idle_cells: int = 0  # KV cells only its cached prefixes hold (its latest ``PrefixCacheStats.n_cached_cells``)
 
     def kv_attended(self, spec: WorkerSpec) -> int:
-        """What each token of the worker's next step attends over (``steppolicy.attended_cells``)."""
-        return attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified)
+        """What each token of the worker's next step attends over (``steppolicy.attended_cells``), as its own
+        scheduler counts it: the idle cached cells too where they cost (a unified cache without flash attention)."""
+        return attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified,
+                              idle_cells=0 if spec.flash_attn else self.idle_cells)
 
 
-def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
+def load_of(lifecycles: Iterable[Lifecycle], idle_cells: int = 0) -> WorkerLoad:
     """What these running requests (a worker's, or all) hold: prompt tokens still to prefill and requests
-    waiting for a first token, per class, and the decoding streams."""
+    waiting for a first token, per class, and the decoding streams; ``idle_cells``: the worker's cached prefixes'
+    own cells."""
     tokens: Counter = Counter()
     queued: Counter = Counter()
     n_decode = n_interactive = kv_in_use = n_seqs = 0
@@ -61,7 +65,7 @@ def load_of(lifecycles: Iterable[Lifecycle]) -> WorkerLoad:
             n_decode += 1
             n_interactive += klass is RequestClass.INTERACTIVE
             kv_in_use += lc.n_prompt_tokens + len(lc.token_times_s) - 1
-    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive, kv_in_use, n_seqs)
+    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive, kv_in_use, n_seqs, idle_cells)
 
 
 class AdmissionGate:

@@ -68,9 +68,14 @@ class RequestTable:
         """Running, and not being cancelled."""
         return request_id in self.streams and request_id not in self.cancelling
 
-    def load(self, request_ids: Iterable[str]) -> WorkerLoad:
+    def load(self, request_ids: Iterable[str], idle_cells: int = 0) -> WorkerLoad:
         """What these running requests (a worker's, or all) hold (``homepd.engine.gate.load_of``)."""
-        return load_of(self.streams[rid].lifecycle for rid in request_ids if rid in self.streams)
+        return load_of((self.streams[rid].lifecycle for rid in request_ids if rid in self.streams), idle_cells)
+
+    def worker_load(self, handle) -> WorkerLoad:
+        """What a worker holds: its running requests, and the cells its cached prefixes hold by its latest step."""
+        stats = handle.cache_stats
+        return self.load(handle.in_flight, stats.n_cached_cells if stats is not None else 0)
 
     def held(self, request_ids: Iterable[str], intact: set[str]) -> tuple[HeldRequest, ...]:
         """The running ones of ``request_ids`` as recovery sees them (``intact``: their KV waits in the arena)."""

@@ -16,8 +16,8 @@ from dataclasses import replace
 from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.core.terms import RequestClass
-from homepd.twin.calibration import (Calibration, Reuse, StepCost, WorkerCalibration, cold_steps, handoff_of,
-                                     narrow, prepare_cost, step_cost, warm_shapes, with_cold)
+from homepd.twin.calibration import (KV_FEATURE, Calibration, Reuse, StepCost, WorkerCalibration, cold_steps,
+                                     handoff_of, narrow, prepare_cost, step_cost, warm_shapes, with_cold)
 from homepd.hw.monitor import other_cpu_cores
 from homepd.core.modes import Role
 from homepd.measure.metrics import SLO
@@ -81,7 +81,7 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
                        n_requests=len(record.requests), burst_s=burst_s,
                        kv_max=max((s.kv_in_use for s in steps), default=0),
                        prefill_n_ctx=prefill.n_ctx if prefill is not None else None,
-                       other_cpu_cores=busy_cores), record
+                       other_cpu_cores=busy_cores, kv_feature=KV_FEATURE), record
 
 
 def worker_costs(steps: list[StepRecord], names: list[str], cold: list[StepRecord] = ()) -> dict[str, StepCost]:

@@ -239,7 +239,8 @@ class _Sim:
         heapq.heappush(self.events, (t, next(self.counter), kind, payload))
 
     def load(self, worker: _Worker):
-        return load_of(self.lifecycles[rid] for rid in worker.in_flight)
+        return load_of((self.lifecycles[rid] for rid in worker.in_flight),
+                       worker.scheduler.allocator.n_cells_cached_only)
 
     # the controller ---------------------------------------------------------------------------------
     def arrive(self, t: float, i: int, req: SimRequest) -> None:

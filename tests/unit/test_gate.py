@@ -214,3 +214,9 @@ def test_with_streams_the_gate_prices_a_step_at_the_depth_of_the_sequences_holdi
     assert load.kv_in_use == 800 and load.n_seqs == 2
     assert load.kv_attended(spec) == 800  # one pool: every cell in use
     assert load.kv_attended(replace(spec, kv_unified=False)) == 400  # streams: their mean
+    # with 600 cells of cached prefixes beside them: one pool without flash attention attends over those too, as
+    # the worker's own scheduler counts them; with flash attention (masked cells skipped) or streams, not
+    cached = load_of([*lifecycles, queued], idle_cells=600)
+    assert cached.kv_attended(spec) == 1400
+    assert cached.kv_attended(replace(spec, flash_attn=True)) == 800
+    assert cached.kv_attended(replace(spec, kv_unified=False)) == 400

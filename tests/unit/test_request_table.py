@@ -11,7 +11,7 @@ from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
 from homepd.core.protocol import (CancelRequest, ExtentFreed, KVHandoff, KVImported, RequestDone, StepRecord,
                                   StepReport, TokenOut)
-from homepd.core.records import FinishReason
+from homepd.core.records import FinishReason, PrefixCacheStats
 from homepd.core.sampling import SamplingParams
 from homepd.engine.affinity import PrefixAffinity
 from homepd.engine.gate import AdmissionGate
@@ -99,6 +99,18 @@ def test_a_step_streams_its_tokens_then_its_ends_and_its_listeners_hear_of_it_la
     assert heard == [(step, False)] and table.steps_since() == [step]
     assert "a" not in table and not worker.in_flight and table.finished_since(0.0) == [stream.lifecycle]
     assert table.affinity.cached(worker, (1, 2, 3, 7, 8, 9)) == 5  # its worker keeps prompt + output
+
+
+def test_a_worker_s_load_counts_the_cells_its_latest_step_said_its_cached_prefixes_hold():
+    worker = Handle("colocated")
+    table = table_with(worker)
+    admit(table, "a", worker, prompt=(1, 2, 3, 4))
+    assert table.worker_load(worker).idle_cells == 0   # no step yet, no cache reported
+    table.step(worker, StepReport(StepRecord("colocated", 0, 1.0, 1.1, (), (("a", 4),)), prefill_started=("a",),
+                                  cache=PrefixCacheStats(n_cached_entries=2, n_cached_cells=600)))
+    load = table.worker_load(worker)
+    assert load.idle_cells == 600 and load.kv_in_use == 4 and load.n_seqs == 1
+    assert table.load(worker.in_flight).idle_cells == 0   # the requests alone, without the worker's cache
 
 
 def test_a_replicas_step_is_named_after_its_worker():

@@ -77,6 +77,9 @@ def test_only_the_same_box_candidate_and_workers_within_a_day_are_pooled():
     newer_homepd = dataclasses.replace(cal, workers=(dataclasses.replace(
         cal.workers[0], spec=dataclasses.replace(cal.workers[0].spec, wire="v2")),))
     assert not same_workers(cal, other_threads) and same_workers(cal, newer_homepd)
+    # a fit whose KV term counted other cells (a calibration stored before idle cached cells were counted)
+    before_idle_cells = dataclasses.replace(cal, kv_feature=cal.kv_feature - 1)
+    assert not same_workers(cal, before_idle_cells) and not same_workers(before_idle_cells, cal)
     busy = dataclasses.replace(cal, other_cpu_cores=0.6)
     stalled = dataclasses.replace(cal, workers=(dataclasses.replace(
         cal.workers[0], cost=dataclasses.replace(cal.workers[0].cost, n_stalled=2)),))

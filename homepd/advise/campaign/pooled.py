@@ -50,8 +50,9 @@ def box_identity(hardware: dict | None) -> tuple | None:
 
 
 def same_workers(a: Calibration, b: Calibration) -> bool:
-    """The same workers, spec for spec, but for the wire's fingerprint (homepd's version)."""
-    if len(a.workers) != len(b.workers):
+    """The same workers, spec for spec, but for the wire's fingerprint (homepd's version), and step costs fitted on
+    the same KV term (``Calibration.kv_feature``)."""
+    if len(a.workers) != len(b.workers) or a.kv_feature != b.kv_feature:
         return False
     return all(wa.name == wb.name and dataclasses.replace(wa.spec, wire="") == dataclasses.replace(wb.spec, wire="")
                for wa, wb in zip(a.workers, b.workers))
