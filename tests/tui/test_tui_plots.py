@@ -2,11 +2,14 @@
 and the two-box rows marked projected; hidden for a run without them.  Snapshots at 80x24 and 120x40."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from homepd.config import EngineConfig
 from homepd.tui.app import HomepdApp
 from homepd.tui.sources import FakeSource
+from homepd.tui.sources.fake import fake_advise_view, fake_pictures
 from homepd.tui.widgets.evidence import EvidencePanel
 from homepd.tui.widgets.plots import CapacityPlot, LatencyPlot, TwoBoxes
 from pilot_helpers import settle
@@ -65,6 +68,31 @@ async def test_a_twin_is_drawn_with_its_band_capacity_interval_and_checks():
         assert "chunk 256 twin 0.80 [0.74-0.85] ±4pts" in text and "disaggregated twin 0.50 [0.47-0.53] ±25pts untrusted" in text
         assert "chunk 256 0.65" not in text and "unchunked 0.80±0.05" in text
         assert "check o measured, x predicted" in text
+
+
+@anyio
+async def test_a_capacity_search_s_probe_rows_show_the_pictures_of_their_question_s_mix():
+    # a stored capacity search names its rows "calibration" and "mixed@0.8/s" (one per probe), its pictures "mixed"
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = await advise_done(pilot)
+        stored = fake_advise_view(8)
+        cand = "colocated-chunk-256"
+        rows = tuple(dataclasses.replace(r, mix=m) for r, m in zip(
+            [r for r in stored.rows if r.candidate == cand], ("calibration", "mixed@0.8/s", "mixed@0.4/s")))
+        panel.show(dataclasses.replace(stored, rows=rows, pictures=fake_pictures()))
+        await pilot.pause()
+        assert panel.mix == "mixed@0.8/s"   # opens on the first mix with pictures, not the calibration
+        capacity = panel.query_one(CapacityPlot)
+        text = plot_text(capacity)
+        assert capacity.display and "capacity · mixed mix" in text and "chunk 256 twin 0.80 [0.74-0.85]" in text
+        assert "TTFT CDF · mixed mix" in plot_text(panel.query(LatencyPlot).first())
+        await pilot.press("m")
+        await pilot.pause()
+        assert panel.mix == "mixed@0.4/s" and "chunk 256 twin 0.80" in plot_text(capacity)
+        await pilot.press("m")
+        await pilot.pause()
+        assert panel.mix == "calibration" and not capacity.display   # a calibration has no pictures
 
 
 @anyio

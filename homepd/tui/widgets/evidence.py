@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from homepd.advise.report.pictures import split_probe
 from homepd.tui.records import AdviseView, EvidenceRow, RecommendationView
 from homepd.tui.widgets.plots import CapacityPlot, LatencyPlot, TwoBoxes
 from homepd.tui.widgets.text import bar, num, short_label
@@ -104,6 +105,9 @@ class EvidencePanel(VerticalScroll):
         return mixes[self.mix_index % len(mixes)] if mixes else "-"
 
     def show(self, view: AdviseView | None) -> None:
+        if view is not None and (self.view is None or self.view.run_id != view.run_id):
+            # a new run opens on its first mix with pictures (a capacity search's probe, not its calibration)
+            self.mix_index = next((i for i, m in enumerate(view.mixes) if _has_pictures(view, split_probe(m)[0])), 0)
         self.view = view
         table = self.query_one(DataTable)
         table.clear(columns=True)
@@ -138,10 +142,18 @@ class EvidencePanel(VerticalScroll):
     def _show_pictures(self) -> None:
         """The plots of the current mix; hidden for a view without pictures (a run from before they existed)."""
         pics = self.view.pictures if self.view else None
+        # why the question's mix: a capacity search stores each probe as ``mixed@1.24/s``, and its pictures (the
+        # curves, the twins' bands, the latencies at capacity) are the question's, ``mixed``
+        mix = split_probe(self.mix)[0]
         capacity, latency = self.query_one(CapacityPlot), self.query_one(".latency-plots", Grid)
-        capacity.display = pics is not None and any(c.mix == self.mix for c in pics.curves)
-        latency.display = pics is not None and any(x.mix == self.mix for x in pics.latencies)
-        capacity.show(pics, self.mix)
-        self.query_one(".ttft-plot", LatencyPlot).show(pics, self.mix, self.view.ttft_budget_ms if pics else None)
-        self.query_one(".itl-plot", LatencyPlot).show(pics, self.mix, self.view.itl_budget_ms if pics else None)
-        self.query_one(TwoBoxes).show(pics, self.mix)
+        capacity.display = pics is not None and any(c.mix == mix for c in (*pics.curves, *pics.twins))
+        latency.display = pics is not None and any(x.mix == mix for x in pics.latencies)
+        capacity.show(pics, mix)
+        self.query_one(".ttft-plot", LatencyPlot).show(pics, mix, self.view.ttft_budget_ms if pics else None)
+        self.query_one(".itl-plot", LatencyPlot).show(pics, mix, self.view.itl_budget_ms if pics else None)
+        self.query_one(TwoBoxes).show(pics, mix)
+
+
+def _has_pictures(view: AdviseView, mix: str) -> bool:
+    pics = view.pictures
+    return pics is not None and any(c.mix == mix for c in (*pics.curves, *pics.twins))
