@@ -91,7 +91,7 @@ class Scheduler:
                  policy: StepPolicy | None = None, kv_ops: KVOps | None = None,
                  reuse_mode: ReuseMode = ReuseMode.OFF, max_cached_cells: int = 0, store: StoreOps | None = None,
                  n_cached_ids: int = 0, stream_cells: int | None = None, n_prefill_ids: int = 0,
-                 attends_idle: bool = True):
+                 flash_attn: bool = False):
         assert n_seq_max >= 1 and n_ctx >= 1 and n_batch >= n_seq_max
         assert chunk is None or chunk >= 1
         self.n_batch = n_batch
@@ -107,16 +107,14 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._arrivals = itertools.count()
         self._store_ms_seen = 0.0  # the KV store's busy time when the last step was planned (StoreOps.busy_ms)
-        # a step pays for idle cached prefixes' cells too (without flash attention; with it, masked cells are
-        # skipped): ``attended_cells``
-        self.attends_idle = attends_idle
+        self.flash_attn = flash_attn  # its context's: whether a step pays for idle cached cells (``attended_cells``)
 
     @classmethod
     def of_spec(cls, spec, n_ctx: int, stream_cells: int | None, policy: StepPolicy, **reuse) -> "Scheduler":
         """A worker's (and its twin's) on ``spec``, a ``WorkerSpec``; ``reuse``: the prefix cache's arguments."""
         return cls(spec.n_seq_max, n_ctx, spec.n_batch, spec.chunk, spec.decodes, policy,
                    n_cached_ids=spec.n_cached_ids, stream_cells=stream_cells, n_prefill_ids=spec.n_prefill_ids,
-                   attends_idle=not spec.flash_attn, **reuse)
+                   flash_attn=spec.flash_attn, **reuse)
 
     # queue management ---------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -186,10 +184,9 @@ class Scheduler:
         return self.allocator.stream_cells is not None
 
     def _attended(self, n_cells: int, n_seqs: int) -> int:
-        """What each token of a step attends over: ``n_cells`` of ``n_seqs`` running sequences, and on a unified
-        cache without flash attention the cells only cached prefixes hold (``attended_cells``)."""
-        idle = self.allocator.n_cells_cached_only if self.attends_idle else 0
-        return attended_cells(n_cells, n_seqs, self.streams, idle_cells=idle)
+        """What each token of a step attends over: ``n_cells`` of ``n_seqs`` running sequences, and the cells only
+        cached prefixes hold where they cost (``attended_cells``)."""
+        return attended_cells(n_cells, n_seqs, self.streams, self.allocator.n_cells_cached_only, self.flash_attn)
 
     @property
     def has_work(self) -> bool:

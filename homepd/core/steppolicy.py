@@ -44,20 +44,22 @@ MIN_IDLE_CHUNK = 32
 COLD_IDLE_CHUNK = 64
 
 
-def attended_cells(n_cells: int, n_seqs: int, streams: bool, idle_cells: int = 0) -> int:
+def attended_cells(n_cells: int, n_seqs: int, streams: bool, idle_cells: int = 0, flash_attn: bool = False) -> int:
     """The KV cells each token of a step attends over, with ``n_cells`` held by ``n_seqs`` running sequences and
-    ``idle_cells`` by cached prefixes no running sequence shares: all of them on a unified cache (without flash
-    attention llama.cpp multiplies every query by the whole used range of the cache, masked, so an idle prefix
-    costs a step as much as a running one's cells; with flash attention the masked cells are skipped, and the
-    caller passes none); on a split cache (``--kv-layout streams``) only its own
-    sequence's, taken as their mean.  What the step-time model's KV term is fitted on and asked with
+    ``idle_cells`` by cached prefixes no running sequence shares: on a unified cache the running ones', and
+    without flash attention the idle ones' too (llama.cpp then multiplies every query by the whole used range of
+    the cache, masked, so an idle prefix costs a step as much as a running one's cells; its flash attention
+    skips the masked cells); on a split cache (``--kv-layout streams``) only its own sequence's, taken as their
+    mean.  What the step-time model's KV term is fitted on and asked with
     (``homepd.core.stepmodel``): the scheduler, the gate and advise say it the same way.
 
     # why the idle cells: left out, a decode step beside ~1,000 idle cells cost 30-40 % more than a step of the
     # same shape and running cells priced (the twin's burst, whose drain ran beside the cells its finished
     # requests left cached, then priced every later decode step that much too high; benchmarks/kv_layout.py:
     # a decode step 19.0 -> 24.6 ms with 3,360 idle cells, one thread)"""
-    return n_cells // max(1, n_seqs) if streams else n_cells + idle_cells
+    if streams:
+        return n_cells // max(1, n_seqs)
+    return n_cells if flash_attn else n_cells + idle_cells
 
 
 def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,

@@ -42,8 +42,8 @@ class WorkerLoad:
     def kv_attended(self, spec: WorkerSpec) -> int:
         """What each token of the worker's next step attends over (``steppolicy.attended_cells``), as its own
         scheduler counts it: the idle cached cells too where they cost (a unified cache without flash attention)."""
-        return attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified,
-                              idle_cells=0 if spec.flash_attn else self.idle_cells)
+        return attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified, idle_cells=self.idle_cells,
+                              flash_attn=spec.flash_attn)
 
 
 def load_of(lifecycles: Iterable[Lifecycle], idle_cells: int = 0) -> WorkerLoad:

@@ -13,13 +13,13 @@ from homepd.fakellm import FakeContext, FakeModel
 from homepd.worker.prefixkv import ContextKV
 
 
-def make(n_ctx=256, n_seq_max=4, max_cached_cells=256, chunk=64, can_share=True, n_cached_ids=0, attends_idle=True):
+def make(n_ctx=256, n_seq_max=4, max_cached_cells=256, chunk=64, can_share=True, n_cached_ids=0, flash_attn=False):
     ctx = FakeContext(FakeModel(), n_ctx=n_ctx, n_batch=chunk, n_seq_max=n_seq_max + n_cached_ids, n_threads=1)
     kv = ContextKV(ctx)
     kv.can_share = can_share
     s = Scheduler(n_seq_max=n_seq_max, n_ctx=n_ctx, n_batch=chunk, chunk=chunk, kv_ops=kv,
                   reuse_mode=ReuseMode.PREFIX, max_cached_cells=max_cached_cells, n_cached_ids=n_cached_ids,
-                  attends_idle=attends_idle)
+                  flash_attn=flash_attn)
     return s, ctx
 
 
@@ -82,11 +82,11 @@ def test_a_next_turn_takes_the_finished_sequence_and_computes_only_its_new_token
     assert s.prefixes.stats().n_hit_tokens == len(kept) and s.prefixes.stats().n_hits == 1
 
 
-@pytest.mark.parametrize("attends_idle", [True, False], ids=["unified", "flash-attention"])
-def test_a_step_prices_the_idle_cached_cells_its_tokens_attend_over(attends_idle):
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["unified", "flash-attention"])
+def test_a_step_prices_the_idle_cached_cells_its_tokens_attend_over(flash_attn):
     # without flash attention a step's tokens are multiplied by every used cell of a unified cache, masked or not:
     # a finished conversation's cached KV costs the next request's steps as running cells do
-    s, ctx = make(attends_idle=attends_idle)
+    s, ctx = make(flash_attn=flash_attn)
     a = request("a", DOC)
     finish(s, ctx, a)
     idle = s.allocator.n_cells_cached_only
@@ -95,7 +95,7 @@ def test_a_step_prices_the_idle_cached_cells_its_tokens_attend_over(attends_idle
     s.add(b)
     first = step(s, ctx)
     assert first.prefill[0].seq is b and first.prefill[0].n_tokens == 20
-    assert first.kv_in_use == 20 + (idle if attends_idle else 0)
+    assert first.kv_in_use == 20 + (0 if flash_attn else idle)
     # a's next turn takes its cells over: running cells then, not idle ones, and no cell is counted twice
     c = request("c", DOC + a.output_ids[:-1] + [7])
     s.add(c)
