@@ -146,7 +146,7 @@ class EvidencePanel(VerticalScroll):
         # curves, the twins' bands, the latencies at capacity) are the question's, ``mixed``
         mix = split_probe(self.mix)[0]
         capacity, latency = self.query_one(CapacityPlot), self.query_one(".latency-plots", Grid)
-        capacity.display = pics is not None and any(c.mix == mix for c in (*pics.curves, *pics.twins))
+        capacity.display = self.view is not None and _has_pictures(self.view, mix)
         latency.display = pics is not None and any(x.mix == mix for x in pics.latencies)
         capacity.show(pics, mix)
         self.query_one(".ttft-plot", LatencyPlot).show(pics, mix, self.view.ttft_budget_ms if pics else None)
@@ -155,5 +155,6 @@ class EvidencePanel(VerticalScroll):
 
 
 def _has_pictures(view: AdviseView, mix: str) -> bool:
+    """Whether ``view`` draws a capacity picture (a measured curve or a twin) of the question's ``mix``."""
     pics = view.pictures
     return pics is not None and any(c.mix == mix for c in (*pics.curves, *pics.twins))
