@@ -202,11 +202,16 @@ def table(results: list[dict], at_speed: bool = False) -> str:
     return "\n".join(lines)
 
 
-async def main(args) -> list[dict]:
-    base = EngineConfig(n_threads=args.threads) if args.threads else EngineConfig()
+def candidates_here(threads: int | None):
+    """(the engine's configuration at ``threads`` a worker, this box, the campaign's candidates on it by name)."""
+    base = EngineConfig(n_threads=threads) if threads else EngineConfig()
     box = probe_box()
     plan = placement_plan(base, prepare(base, pull=False).model_path, box)
-    cands = {c.name: c for c in candidate_list(base, plan, AdviseSettings())}
+    return base, box, {c.name: c for c in candidate_list(base, plan, AdviseSettings())}
+
+
+async def main(args) -> list[dict]:
+    base, box, cands = candidates_here(args.threads)
     names = args.only.split(",") if args.only else [n for n in CANDIDATES if n in cands]
     missing = [n for n in names if n not in cands or not cands[n].feasible]
     if missing:

@@ -23,19 +23,18 @@ import statistics
 import time
 from dataclasses import replace
 
-from homepd.advise.campaign.run import BURST_SEED, AdviseSettings, candidate_list
-from homepd.config import EngineConfig
+from homepd.advise.campaign.run import BURST_SEED, AdviseSettings
 from homepd.core.sampling import SamplingParams
 from homepd.engine.controller import Engine
 from homepd.hw.monitor import Sampler
-from homepd.hw.probe import probe as probe_box
-from homepd.launch import placement_plan, prepare
+from homepd.launch import prepare
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import run_trace
 from homepd.measure.trace import make_trace
 from homepd.measure.trace.model import tagged
 from homepd.twin.burst import burst_trace, calibrate
-from homepd.twin.calibration import cold_steps, priced_steps
+from homepd.twin.calibration import priced_steps
+from twin_fidelity import candidates_here  # benchmarks/ is on sys.path when a script of it runs
 
 PROBE_SEED = 1000
 
@@ -51,13 +50,9 @@ def kind_of(step, cold: bool) -> str:
 
 def priced(cal, steps) -> list[dict]:
     """Every step of a calibrated worker with its kind, its measured and priced ms."""
-    cold = set()
-    for worker in cal.workers:
-        own = [s for s in steps if s.worker_role == worker.name]
-        cold |= {id(own[i]) for i in cold_steps(own)}
-    return [{"kind": kind_of(s, id(s) in cold), "worker": s.worker_role, "n_prompt": s.n_prompt_tokens,
-             "n_decode": s.n_decode_tokens, "kv_in_use": s.kv_in_use, "measured_ms": m, "priced_ms": p}
-            for s, m, p in priced_steps(cal, steps) if m > 0 and p > 0]
+    return [{"kind": kind_of(s, cold), "worker": s.worker_role, "n_prompt": s.n_prompt_tokens,
+             "n_decode": s.n_decode_tokens, "kv_in_use": s.kv_in_use, "measured_ms": s.duration_ms, "priced_ms": p}
+            for s, p, cold in priced_steps(cal, steps) if s.duration_ms > 0 and p > 0]
 
 
 def table(label: str, rows: list[dict]) -> str:
@@ -80,11 +75,8 @@ def table(label: str, rows: list[dict]) -> str:
 
 
 async def main(args) -> dict:
-    base = EngineConfig(n_threads=args.threads) if args.threads else EngineConfig()
-    box = probe_box()
-    plan = placement_plan(base, prepare(base, pull=False).model_path, box)
+    base, box, cands = candidates_here(args.threads)
     settings = AdviseSettings()
-    cands = {c.name: c for c in candidate_list(base, plan, settings)}
     if args.candidate not in cands or not cands[args.candidate].feasible:
         raise SystemExit(f"not a feasible candidate here: {args.candidate} (candidates: {', '.join(cands)})")
     config = replace(base, **cands[args.candidate].config_values())

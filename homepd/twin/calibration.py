@@ -380,13 +380,14 @@ def step_speed(cal: "Calibration", steps: list[StepRecord]) -> float | None:
     idleness); 1.3: 30 % slower than during the burst.  None: no step of a calibrated worker.  # why: a twin that
     misses a probe is either a wrong model of the engine or a right one of a box that changed since its burst (the
     2-vCPU VM drifted ×1.3 within minutes here); the check says which"""
-    ratios = [measured / priced for _, measured, priced in priced_steps(cal, steps) if priced > 0 and measured > 0]
+    ratios = [s.duration_ms / priced for s, priced, _ in priced_steps(cal, steps) if priced > 0 and s.duration_ms > 0]
     return statistics.median(ratios) if ratios else None
 
 
-def priced_steps(cal: "Calibration", steps: list[StepRecord]) -> list[tuple[StepRecord, float, float]]:
-    """(step, its measured ms, the ms ``cal`` prices it at) for each of ``steps`` a calibrated worker ran, the
-    price with what ran beside it and the cost after idleness, as the twin draws it (without the noise)."""
+def priced_steps(cal: "Calibration", steps: list[StepRecord]) -> list[tuple[StepRecord, float, bool]]:
+    """(step, the ms ``cal`` prices it at, whether it came after its worker idled) for each of ``steps`` a
+    calibrated worker ran, the price with what ran beside it and the cost after idleness, as the twin draws it
+    (without the noise)."""
     out = []
     for worker in cal.workers:
         cost = worker.cost
@@ -397,7 +398,7 @@ def priced_steps(cal: "Calibration", steps: list[StepRecord]) -> list[tuple[Step
         idle = set(cold_steps(own))
         for i, (s, lo, ho) in enumerate(zip(own, light, heavy)):
             ms = cost.predict_ms(s.n_prompt_tokens, s.n_decode_tokens, s.kv_in_use, _beside(lo, ho))
-            out.append((s, s.duration_ms, ms + (cost.cold_ms if i in idle else 0.0)))
+            out.append((s, ms + (cost.cold_ms if i in idle else 0.0), i in idle))
     return out
 
 
