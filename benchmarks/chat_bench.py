@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slo_capacity import HERE, ITL_S, TTFT_S, Server, ServerConfig, parse_variant, served_model_id  # noqa: E402
 
 from homepd.config import DEFAULT_MODEL_NAME  # noqa: E402
-from homepd.core.stats import percentile  # noqa: E402
+from homepd.stats import percentile  # noqa: E402
 from homepd.measure.trace.corpus import chat_questions, passage  # noqa: E402
 from homepd.models.resolve import resolve_model  # noqa: E402
 

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 

@@ -38,7 +38,7 @@ from homepd.advise.campaign.run import AdviseSettings, BURST_SEED, candidate_lis
 from homepd.config import EngineConfig
 from homepd.core.records import to_plain
 from homepd.core.sampling import SamplingParams
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 from homepd.core.terms import RequestClass
 from homepd.engine.controller import Engine
 from homepd.hw.monitor import Sampler

@@ -25,7 +25,7 @@ from homepd.measure.trace.model import tagged
 from homepd.store.records import Run
 from homepd.store.errors import RunNotFoundError
 from homepd.twin.capacity import CapacityQuestion, twin_capacities
-from homepd.twin.calibration import Calibration
+from homepd.twin.calibration import KV_FEATURE, Calibration
 from homepd.twin.records import CALIBRATION_MIX, TwinCapacity, TwinEvidence
 from homepd.twin.traces import TWIN_TAG, TraceRequests
 
@@ -243,6 +243,11 @@ def render(run: Run, what: WhatIf, projections: list[Projection]) -> str:
     if all(p.reused for p in projections):
         lines.append("only the rate changed: each capacity is the run's own twin's; the attainment at the new rate "
                      "is projected")
+    older = [t.candidate for t in calibrated(run) if t.calibration.kv_feature != KV_FEATURE]
+    if older:
+        lines.append(f"note: run {run.id} priced the steps of {', '.join(older)} by an older count of the KV cells "
+                     "a step attends over than this version plans with: the projection is off by that (a new "
+                     "`homepd advise` calibrates again)")
     untrusted = [p.candidate for p in projections if not p.trusted]
     if untrusted:
         lines.append(f"note: the run's check did not trust the twin of {', '.join(untrusted)}: its projection is a "

@@ -1,42 +1,42 @@
 """Who holds what in one llama.cpp context: free sequence ids and reserved KV cells.
 
-Pure bookkeeping, no policy: the scheduler decides how many cells a request
-reserves, when it grows and who gives cells back (``homepd.core.kvpolicy``);
-the allocator only answers whether that fits (a free sequence id and cells
-unreserved out of ``n_ctx``), hands out the sequence id, grows a sequence's
-reservation and takes the id back with its cells.
+Pure bookkeeping, no policy: the scheduler decides how many cells a request reserves, when it grows and who gives
+cells back (``homepd.core.kvpolicy``); the allocator only answers whether that fits (a free sequence id and cells
+unreserved out of ``n_ctx``), hands out the sequence id, grows a sequence's reservation and takes the id back.
 
-A finished sequence can stay *cached* (``homepd.core.prefixreuse``): its id and the cells its KV holds
-are counted apart (``n_cells_cached``) until it is evicted (``uncache``) or a new request takes it over
-(``take``).  Cached cells are reclaimable: ``can_allocate_evicting`` answers whether a request would fit
-once every cached sequence is gone, so a cached prefix never blocks a request.
+A finished sequence can stay *cached* (``homepd.core.prefixreuse``): its id and the cells its KV holds are counted
+apart (``n_cells_cached``) until it is evicted (``uncache``) or a new request takes it over (``take``).  Cached
+cells are reclaimable: ``can_allocate_evicting`` answers whether a request would fit once every cached sequence is
+gone, so a cached prefix never blocks a request.
 
-**Running and cached ids.**  At most ``n_run_limit`` ids run (hold a reservation) at once: ``n_seq_max``, which
-the scheduler raises by up to ``n_prefill_ids`` while it starts prompts (a prompt beyond ``n_seq_max``);
-``n_cached_ids`` more exist so that a cached prefix can keep its id while every running id is taken.  Which cached entries
-may (paused prefills, which resume for certain) is the prefix cache's policy (``homepd.core.prefixreuse``).
+**Running and cached ids.**  At most ``n_run_limit`` ids run (hold a reservation) at once: ``n_seq_max``, which the
+scheduler raises by up to ``n_prefill_ids`` while it starts prompts (a prompt beyond ``n_seq_max``);
+``n_cached_ids`` more exist so that a cached prefix can keep its id while every running id is taken.  Which cached
+entries may (paused prefills, which resume for certain) is the prefix cache's policy (``homepd.core.prefixreuse``).
 
-# why: with as many ids as running requests, a prefill paused for a chat turn gave its id to it, so its KV
-# went to the KV store and back; without flash attention (the CPU default) a save or restore of scattered
-# cells takes 100-230 ms at 1 thread, during which every stream waits (a document was paused 15 times)
+# why: with as many ids as running requests, a prefill paused for a chat turn gave its id to it, so its KV went to
+# the KV store and back; without flash attention (the CPU default) a save or restore of scattered cells takes
+# 100-230 ms at 1 thread, during which every stream waits (a document was paused 15 times)
 
 **Streams.**  With ``--kv-layout streams`` (``kv_unified`` off) llama.cpp gives each id its own stream of
-``stream_cells`` = n_ctx / ids cells: a step's tokens attend only over their own sequence's stream, and no id
-may hold more than one stream (``fits_stream``); the streams add up to the pool, so the pool's count holds too.
-No cells are shared across streams (llama.cpp copies whole streams only).
+``stream_cells`` = n_ctx / ids cells: a step's tokens attend only over their own sequence's stream, and no id may
+hold more than one stream (``fits_stream``); the streams add up to the pool, so the pool's count holds too.  No
+cells are shared across streams (llama.cpp copies whole streams only).
 
-**Shared cells.**  A request can start from a copy of a cached sequence's first cells
-(``allocate_sharing``: ``llama_memory_seq_cp`` on a unified cache adds the new id to those cells, it copies
-nothing).  Each id then records the one id it shares its first cells with and how many (a forest); a cell
-is counted once however many ids hold it: cells in use = reserved + cached − shared.  When an id goes away
-or is trimmed, the ids sharing with it are re-linked to what they still physically share.
+**Shared cells.**  A request can start from a copy of a cached sequence's first cells (``allocate_sharing``:
+``llama_memory_seq_cp`` on a unified cache adds the new id to those cells, it copies nothing).  Each id then records
+the one id it shares its first cells with and how many (a forest); a cell is counted once however many ids hold
+it: cells in use = reserved + cached − shared.  When an id goes away or is trimmed, the ids sharing with it are
+re-linked to what they still physically share.
 
-# why counting cells is enough: the context is one unified KV cache
-# (``kv_unified``, homepd.llm), and llama.cpp finds a batch's cells, and an
-# imported sequence's, anywhere in it (not contiguous), so n_ctx cells are
-# one pool with no fragmentation to account for.
+**Where the cells are.**  Counting is enough to admit: llama.cpp finds a batch's cells, and an imported sequence's,
+anywhere in a unified cache, so ``n_ctx`` cells are one pool.  Where they lie decides what a step costs, though (its
+attention spans the used range, holes included): ``cells``, a ``homepd.cellmap.CellMap`` of a unified cache, follows
+every id's cells as llama.cpp places them.
 """
 from __future__ import annotations
+
+from homepd.cellmap import CellMap
 
 
 class KVAllocator:
@@ -64,6 +64,8 @@ class KVAllocator:
         self.n_cells_cached = 0
         self._n_cached_of: dict[int, int] = {}  # cached id -> the cells its KV holds
         self._shares: dict[int, tuple[int, int]] = {}  # id -> (id it shares its first cells with, how many)
+        # its holders change here; the scheduler places each step's tokens
+        self.cells = CellMap(n_ctx) if stream_cells is None else None
 
     @property
     def n_cells_shared(self) -> int:
@@ -141,6 +143,8 @@ class KVAllocator:
         self.n_cells_reserved += n_cells
         self.n_running += 1
         self._shares[seq_id] = (src_id, n_shared)
+        if self.cells is not None:
+            self.cells.share(src_id, seq_id, n_shared)
         return seq_id
 
     def n_cells_of(self, seq_id: int) -> int:
@@ -169,6 +173,7 @@ class KVAllocator:
         """Give back ``seq_id`` and the cells it reserved (those it shares stay with their other holders)."""
         n_cells = self.n_cells_of(seq_id)
         self._unlink(seq_id)
+        self._keep_cells(seq_id, 0)
         self._n_cells_of[seq_id] = None
         self.n_cells_reserved -= n_cells
         self.n_running -= 1
@@ -185,10 +190,12 @@ class KVAllocator:
         self._n_cached_of[seq_id] = n_cells
         self.n_cells_cached += n_cells
         self._cap_shares(seq_id, n_cells)
+        self._keep_cells(seq_id, n_cells)
 
     def uncache(self, seq_id: int) -> None:
         """Evict cached ``seq_id``: the id is free, and its cells no other id holds."""
         self._unlink(seq_id)
+        self._keep_cells(seq_id, 0)
         self.n_cells_cached -= self._n_cached_of.pop(seq_id)
         self.free_seq_ids.append(seq_id)
 
@@ -199,6 +206,7 @@ class KVAllocator:
         self._n_cached_of[seq_id] = n_cells
         self.n_cells_cached -= held - n_cells
         self._cap_shares(seq_id, n_cells)
+        self._keep_cells(seq_id, n_cells)
 
     def can_take(self, seq_id: int, n_cells: int) -> bool:
         """True if cached ``seq_id`` can become a request's with ``n_cells`` reserved (its kept cells included)."""
@@ -213,17 +221,15 @@ class KVAllocator:
         self.n_cells_reserved += n_cells
         self.n_running += 1
 
+    def _keep_cells(self, seq_id: int, n_cells: int) -> None:
+        if self.cells is not None:
+            self.cells.keep(seq_id, n_cells)
+
     # the sharing forest --------------------------------------------------------------
     def _unlink(self, seq_id: int) -> None:
         """``seq_id`` goes away: the ids sharing its first cells now share them with its own source (as far
         as it shared them), or with nobody."""
-        parent = self._shares.pop(seq_id, None)
-        for child, (src, n) in list(self._shares.items()):
-            if src == seq_id:
-                if parent is None:
-                    del self._shares[child]
-                else:
-                    self._shares[child] = (parent[0], min(n, parent[1]))
+        self._shares = self._shares_without({seq_id})
 
     def _cap_shares(self, seq_id: int, n_cells: int) -> None:
         """``seq_id`` now holds only its first ``n_cells``: what it shares is capped; an id sharing more of

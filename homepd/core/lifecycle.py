@@ -1,10 +1,9 @@
 """The request lifecycle: an explicit state machine with a timestamp at each transition.
 
-All timestamps are ``time.monotonic()`` seconds (CLOCK_MONOTONIC, shared by
-every process on the box), so worker-side and controller-side times compare.
-Metrics (queue wait, TTFT, TPOT, transfer time) fall out of the record, as one
-``RequestTimings``: the figures of ``Lifecycle.to_dict``, of the ``homepd``
-object in every HTTP response, and of what the app shows.
+All timestamps are ``time.monotonic()`` seconds (CLOCK_MONOTONIC, shared by every process on the box), so
+worker-side and controller-side times compare. Metrics (queue wait, TTFT, TPOT, transfer time) fall out of the
+record, as one ``RequestTimings``: the figures of ``Lifecycle.to_dict``, of the ``homepd`` object in every HTTP
+response, and of what the app shows.
 """
 from __future__ import annotations
 

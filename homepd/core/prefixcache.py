@@ -1,25 +1,23 @@
 """Which token prefixes a worker's context still holds: a radix tree over token ids of finished sequences
 (``homepd.core.radix.TokenTrie``, the one routing's ``RouteIndex`` stands on too).
 
-Pure bookkeeping (no llama_cpp, no clock).  When a sequence finishes, its KV stays in the context under
-its own llama.cpp sequence id, and its tokens (prompt + outputs that entered the KV) become an *entry*
-here.  A new prompt asks for the entry sharing its longest prefix (``longest_match``); the scheduler
-then hands that entry's sequence id to the request, which keeps the matched cells, drops the rest
-(``llama_memory_seq_rm(seq, n, -1)``) and prefills only the remainder.  The chat template's fixed head
-(a system prompt) is a prefix like any other: it matches the head of any conversation that had it.
+Pure bookkeeping (no llama_cpp, no clock).  When a sequence finishes, its KV stays in the context under its own
+llama.cpp sequence id, and its tokens (prompt + outputs that entered the KV) become an *entry* here.  A new prompt
+asks for the entry sharing its longest prefix (``longest_match``); the scheduler then hands that entry's sequence
+id to the request, which keeps the matched cells, drops the rest (``llama_memory_seq_rm(seq, n, -1)``) and prefills
+only the remainder.  The chat template's fixed head (a system prompt) is a prefix like any other: it matches the
+head of any conversation that had it.
 
-Entries are evicted least recently used first (``lru``): the scheduler drops them whenever a running
-or newly admitted request needs their cells or their sequence id, so a cached prefix never makes a
-running request wait.
+Entries are evicted least recently used first (``lru``): the scheduler drops them whenever a running or newly
+admitted request needs their cells or their sequence id, so a cached prefix never makes a running request wait.
 
-A ``ReuseMode`` says what the context's cache type allows (``homepd.llm``): ``PREFIX``, any prefix of
-an entry (the entry is trimmed to it); ``EXACT``, only an entry wholly contained in the prompt (a
-sliding-window or recurrent cache cannot drop its tail: the cells before the window are gone);
-``OFF``, nothing.
+A ``ReuseMode`` says what the context's cache type allows (``homepd.llm``): ``PREFIX``, any prefix of an entry (the
+entry is trimmed to it); ``EXACT``, only an entry wholly contained in the prompt (a sliding-window or recurrent
+cache cannot drop its tail: the cells before the window are gone); ``OFF``, nothing.
 
-# why take the entry's own sequence id instead of copying its cells (``llama_memory_seq_cp``): no cell
-# is ever shared by two sequences, so the allocator's counts stay physical, and it works on every KV
-# layout (per-sequence streams copy whole streams) and on sliding-window caches.
+# why take the entry's own sequence id instead of copying its cells (``llama_memory_seq_cp``): no cell is ever
+# shared by two sequences, so the allocator's counts stay physical, and it works on every KV layout (per-sequence
+# streams copy whole streams) and on sliding-window caches.
 
 The KV store indexes its saved prefixes with a ``PrefixIndex`` too (``homepd.kv.storeindex``).
 """

@@ -202,7 +202,7 @@ class StepRecord:
     decode_request_ids: tuple[str, ...]
     prefill: tuple[tuple[str, int], ...]  # (request_id, prompt tokens in this step)
     budget: int = 0                       # the prompt-token budget the step policy gave this step
-    kv_in_use: int = 0                    # KV cells its tokens attend over (``steppolicy.attended_cells``)
+    kv_in_use: int = 0                    # KV cells its tokens attend over (``Scheduler._attended``)
     granted_to: str | None = None         # a step past the ITL budget: the prompt whose TTFT deadline needed it
     grant_lost: bool = False              # that prompt's deadline was lost anyway: a step at the gap ceiling
     store_ms: float = 0.0                 # KV store saves and restores run since the previous step (streams waited)

@@ -1,11 +1,10 @@
 """A radix tree over token ids: the one prefix trie of homepd.
 
 Two indexes stand on it: the worker's own prefix cache and the KV store's (``homepd.core.prefixcache.
-PrefixIndex``: entries, each a sequence's tokens, ending at nodes), and the controller's picture of what
-each worker holds, for routing (``homepd.core.routeindex.RouteIndex``: a token budget, aged out least
-recently used first).  Edges are runs of tokens, so a prompt of thousands of tokens is one node until
-another prompt parts from it, and every path from the root spells a prefix once however many entries
-share it.
+PrefixIndex``: entries, each a sequence's tokens, ending at nodes), and the controller's picture of what each
+worker holds, for routing (``homepd.core.routeindex.RouteIndex``: a token budget, aged out least recently used
+first).  Edges are runs of tokens, so a prompt of thousands of tokens is one node until another prompt parts from
+it, and every path from the root spells a prefix once however many entries share it.
 
 Pure (no clock: ``last_used`` is the caller's counter).
 """

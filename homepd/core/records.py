@@ -1,9 +1,8 @@
 """Typed records that cross layers: what the engine reports, what the store keeps, what faces show.
 
-Plain frozen dataclasses and enums (standard library only).  ``to_dict`` gives
-the JSON shape used by ``--json`` output, the HTTP status route and the store;
-``EngineSnapshot.from_dict`` (``from_plain``) reads that shape back, strictly,
-where JSON comes in (the app's HTTP edge).
+Plain frozen dataclasses and enums (standard library only).  ``to_dict`` gives the JSON shape used by ``--json``
+output, the HTTP status route and the store; ``EngineSnapshot.from_dict`` (``from_plain``) reads that shape back,
+strictly, where JSON comes in (the app's HTTP edge).
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The controller's approximate picture of one worker's prefix cache: a radix tree over token ids.
 
-Cache-aware routing (as SGLang's router does it) asks "how many tokens of this prompt does worker W
-probably hold?" without asking the worker.  The controller inserts what it sent to W (a prompt) and what
-finished there (prompt + output), and the tree answers with the longest common prefix.  It is only an
-approximation: the worker evicts cached prefixes when running requests need cells, unseen by the
-controller, so the tree ages its entries out by the same kind of rule:
+Cache-aware routing (as SGLang's router does it) asks "how many tokens of this prompt does worker W probably hold?"
+without asking the worker.  The controller inserts what it sent to W (a prompt) and what finished there (prompt +
+output), and the tree answers with the longest common prefix.  It is only an approximation: the worker evicts
+cached prefixes when running requests need cells, unseen by the controller, so the tree ages its entries out by the
+same kind of rule:
 
 * **budget**: the distinct tokens held never exceed ``capacity_tokens`` (the worker's KV cells,
   ``n_ctx``: a worker cannot hold more, running and cached together);
@@ -14,8 +14,8 @@ controller, so the tree ages its entries out by the same kind of rule:
 * **correction**: when the worker reports the real reuse of a prompt (``truncate``), what the tree held
   beyond it on that prompt's path is dropped.
 
-Pure (no clock: recency is an insertion counter).  The tree is ``homepd.core.radix.TokenTrie``, the one
-the worker's prefix cache and the KV store index by too.
+Pure (no clock: recency is an insertion counter).  The tree is ``homepd.core.radix.TokenTrie``, the one the
+worker's prefix cache and the KV store index by too.
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Sampling parameters, grammars and token log-probabilities (pure numpy).
 
-What a request asks of its sampler is ``SamplingParams``: the chain llama.cpp
-runs for it (``homepd.llm.sampler``), in this order, is logit bias, penalties
-(repeat / presence / frequency over the last ``repeat_last_n`` generated
-tokens), top-k, top-p, min-p, temperature, then the seeded draw; a
-``Grammar`` (structured output, tool calls) restricts the draw to the tokens
-it allows.  Greedy (``temperature == 0``) is argmax after bias and penalties.
+What a request asks of its sampler is ``SamplingParams``: the chain llama.cpp runs for it (``homepd.llm.sampler``),
+in this order, is logit bias, penalties (repeat / presence / frequency over the last ``repeat_last_n`` generated
+tokens), top-k, top-p, min-p, temperature, then the seeded draw; a ``Grammar`` (structured output, tool calls)
+restricts the draw to the tokens it allows.  Greedy (``temperature == 0``) is argmax after bias and penalties.
 
-``homepd.fakellm.ReferenceSampler`` is the same semantics in numpy, for the
-fake backend.
+``homepd.fakellm.ReferenceSampler`` is the same semantics in numpy, for the fake backend.
 """
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
 """Colocated step policy: stall-free batching with bounded prefill chunks (Sarathi-Serve).
 
-Pure policy: no llama_cpp, no pipes, no clock.  Every step first takes one
-decode token for every running sequence that has finished its prompt, then
-fills the rest of the token budget (``chunk``) with the next slices of waiting
-prompts, oldest first.  ``chunk=None`` is the unchunked baseline: whole
-prompts in one step, bounded only by the batch size.  Which sequence ids and
-KV cells are free is the allocator's business (``homepd.core.allocator``); how
-many cells a request reserves, when it grows and who gives cells back when the
-context is full is ``homepd.core.kvpolicy``'s, applied here: a plan lists the
-requests it took cells from (``StepPlan.evicted``) for the worker to act on.  With a prefix cache
-(``homepd.core.prefixreuse``) a finished sequence's KV stays cached, an admitted prompt starts from the
-longest cached prefix (``StepPlan.reused``), and cached entries are evicted before any running request
-gives cells back.
+Pure policy: no llama_cpp, no pipes, no clock.  Every step first takes one decode token for every running sequence
+that has finished its prompt, then fills the rest of the token budget (``chunk``) with the next slices of waiting
+prompts, oldest first.  ``chunk=None`` is the unchunked baseline: whole prompts in one step, bounded only by the
+batch size.  Which sequence ids and KV cells are free is the allocator's business (``homepd.core.allocator``); how
+many cells a request reserves, when it grows and who gives cells back when the context is full is
+``homepd.core.kvpolicy``'s, applied here: a plan lists the requests it took cells from (``StepPlan.evicted``) for
+the worker to act on.  With a prefix cache (``homepd.core.prefixreuse``) a finished sequence's KV stays cached, an
+admitted prompt starts from the longest cached prefix (``StepPlan.reused``), and cached entries are evicted before
+any running request gives cells back.
 """
 from __future__ import annotations
 
@@ -25,7 +22,8 @@ from homepd.core.allocator import KVAllocator
 from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixreuse import KVOps, PrefixReuse, StoreOps
 from homepd.core.sequence import Sequence
-from homepd.core.steppolicy import DeadlineGrant, StepPolicy, attended_cells
+from homepd.cellmap import attended_cells
+from homepd.core.steppolicy import DeadlineGrant, StepPolicy
 
 # why: a paused prefill's KV is kept as a cached prefix, and one evicted goes to the KV store only from 64
 # tokens (homepd.worker.storekv.MIN_STORE_TOKENS); below that it would be recomputed, and costs little anyway
@@ -183,10 +181,23 @@ class Scheduler:
         """Each id has its own stream of the KV cache (``--kv-layout streams``)."""
         return self.allocator.stream_cells is not None
 
-    def _attended(self, n_cells: int, n_seqs: int) -> int:
-        """What each token of a step attends over: ``n_cells`` of ``n_seqs`` running sequences, and the cells only
-        cached prefixes hold where they cost (``attended_cells``)."""
+    def _attended(self, n_cells: int, n_seqs: int, n_tokens: int) -> int:
+        """What each token of a step of ``n_tokens`` attends over: without flash attention on a unified cache, the
+        cache's used range once they are placed (``homepd.cellmap``); else ``n_cells`` of ``n_seqs`` running
+        sequences as ``attended_cells`` counts them."""
+        cells = self.allocator.cells
+        if cells is not None and not self.flash_attn:
+            return cells.attended(n_tokens)
         return attended_cells(n_cells, n_seqs, self.streams, self.allocator.n_cells_cached_only, self.flash_attn)
+
+    def _place_imports(self) -> None:
+        """Running sequences whose KV came whole since the last step (the KV store's restore, a hand-off) take
+        their cells as llama.cpp imports a sequence: one contiguous run."""
+        cells = self.allocator.cells
+        for seq in self.running:
+            missing = seq.n_kv_tokens - cells.n_of(seq.seq_id)
+            if missing > 0:
+                cells.place([(seq.seq_id, missing)], contiguous=True)
 
     @property
     def has_work(self) -> bool:
@@ -208,6 +219,8 @@ class Scheduler:
             self.allocator.n_run_limit = self.allocator.n_seq_max
 
     def _schedule(self, now_s: float) -> StepPlan:
+        if self.allocator.cells is not None:
+            self._place_imports()
         evicted = self._reserve_decode_cells() if self.decodes else ()
         decode, kv_in_use = self._decoding()
         budget = self.policy.budget(decode, kv_in_use)
@@ -258,9 +271,10 @@ class Scheduler:
         # why count them: the ids, not the budget, are what a document waited for among chats (docs/scheduling.md);
         # /metrics and the app name that wait, and raising --n-seq-max is its remedy
         n_waiting_for_id = 0 if self.allocator.id_available else len(self.waiting)
+        planned_tokens = sum(sl.n_tokens for sl in slices)
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
-                        kv_in_use=self._attended(sum(s.n_kv_tokens for s in self.running)
-                                                 + sum(sl.n_tokens for sl in slices), len(self.running)),
+                        kv_in_use=self._attended(sum(s.n_kv_tokens for s in self.running) + planned_tokens,
+                                                 len(self.running), len(decode) + planned_tokens),
                         evicted=evicted, reused=tuple(reused), paused=paused,
                         store_ms=self._store_ms_seen - store_ms_before, n_waiting_for_id=n_waiting_for_id,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
@@ -269,7 +283,7 @@ class Scheduler:
     def _decoding(self) -> tuple[tuple[Sequence, ...], int]:
         """The running sequences that decode in the next step, and the KV cells each token of it attends over."""
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
-        return decode, self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running))
+        return decode, self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running), len(decode))
 
     def _less_store_time(self, budget: int, kv_in_use: int) -> int:
         """``budget`` less the prompt tokens the KV store's saves and restores since the last call would have
@@ -367,6 +381,10 @@ class Scheduler:
 
         Returns the sequences that received a new token this step.
         """
+        if self.allocator.cells is not None:  # the batch's order: the decodes, then the prompt slices
+            self.allocator.cells.place([*((s.seq_id, 1) for s in plan.decode if s.seq_id is not None),
+                                        *((sl.seq.seq_id, sl.n_tokens) for sl in plan.prefill
+                                          if sl.seq.seq_id is not None)])
         got_token: list[Sequence] = []
         for seq in plan.decode:
             seq.output_ids.append(sampled[seq.request_id])

@@ -2,19 +2,19 @@
 
 Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
 
-* ``prompt_budget``: while interactive streams decode, the prompt tokens a step may carry so that the
-  step — and so every running interactive stream's next token — stays within the ITL budget, from the
-  online step-time model (decode batch size, prompt tokens, context).  When only background streams
-  decode, or none, as much as an eighth of the TTFT budget holds (an interactive prompt arriving then
-  waits for that step), at most ``max_chunk``: on a GPU the whole chunk, on a CPU a chunk of about 500 ms.
-* ``prompt_order``: interactive prompts before background ones; among interactive prompts, those whose
-  TTFT deadline can still be met in deadline order (earliest first), and the ones that cannot all be met
-  are set aside — Moore–Hodgson: when the deadlines ahead cannot all be kept, the prompt with the most
-  remaining work goes last, so that one long prompt does not make several short ones late.  Set-aside
-  prompts still run, after the others.  Without a model (or deadlines), arrival order.
-* ``deadline_grant``: when the ITL budget would make the first interactive prompt miss its TTFT deadline,
-  a larger step — bounded by the gap ceiling — if that keeps more requests within both budgets than it
-  puts out of them (docs/scheduling.md, "Deadlines against gaps").
+* ``prompt_budget``: while interactive streams decode, the prompt tokens a step may carry so that the step — and so
+  every running interactive stream's next token — stays within the ITL budget, from the online step-time model
+  (decode batch size, prompt tokens, context).  When only background streams decode, or none, as much as an eighth
+  of the TTFT budget holds (an interactive prompt arriving then waits for that step), at most ``max_chunk``: on a
+  GPU the whole chunk, on a CPU a chunk of about 500 ms.
+* ``prompt_order``: interactive prompts before background ones; among interactive prompts, those whose TTFT
+  deadline can still be met in deadline order (earliest first), and the ones that cannot all be met are set aside —
+  Moore–Hodgson: when the deadlines ahead cannot all be kept, the prompt with the most remaining work goes last, so
+  that one long prompt does not make several short ones late.  Set-aside prompts still run, after the others.
+  Without a model (or deadlines), arrival order.
+* ``deadline_grant``: when the ITL budget would make the first interactive prompt miss its TTFT deadline, a larger
+  step — bounded by the gap ceiling — if that keeps more requests within both budgets than it puts out of them
+  (docs/scheduling.md, "Deadlines against gaps").
 """
 from __future__ import annotations
 
@@ -42,24 +42,6 @@ MIN_IDLE_CHUNK = 32
 # warm-up is one or two) the cap above cannot be priced, and the whole chunk was a 2-3 s step here; 64 tokens
 # is ~0.3-0.6 s on this CPU at either thread count and a few ms on a GPU, and the steps it gives teach the model
 COLD_IDLE_CHUNK = 64
-
-
-def attended_cells(n_cells: int, n_seqs: int, streams: bool, idle_cells: int = 0, flash_attn: bool = False) -> int:
-    """The KV cells each token of a step attends over, with ``n_cells`` held by ``n_seqs`` running sequences and
-    ``idle_cells`` by cached prefixes no running sequence shares: on a unified cache the running ones', and
-    without flash attention the idle ones' too (llama.cpp then multiplies every query by the whole used range of
-    the cache, masked, so an idle prefix costs a step as much as a running one's cells; its flash attention
-    skips the masked cells); on a split cache (``--kv-layout streams``) only its own sequence's, taken as their
-    mean.  What the step-time model's KV term is fitted on and asked with
-    (``homepd.core.stepmodel``): the scheduler, the gate and advise say it the same way.
-
-    # why the idle cells: left out, a decode step beside ~1,000 idle cells cost 30-40 % more than a step of the
-    # same shape and running cells priced (the twin's burst, whose drain ran beside the cells its finished
-    # requests left cached, then priced every later decode step that much too high; benchmarks/kv_layout.py:
-    # a decode step 19.0 -> 24.6 ms with 3,360 idle cells, one thread)"""
-    if streams:
-        return n_cells // max(1, n_seqs)
-    return n_cells if flash_attn else n_cells + idle_cells
 
 
 def prompt_budget(model: StepEstimate | None, n_decodes: int, n_interactive_decodes: int,

@@ -21,8 +21,9 @@ from homepd.core.modes import Role
 from homepd.core.protocol import StepRecord, WorkerSpec
 from homepd.core.records import AdmissionSnapshot, ClassQueue
 from homepd.core.routing import RouteReason
-from homepd.core.stats import percentile
-from homepd.core.steppolicy import StepPolicy, attended_cells
+from homepd.stats import percentile
+from homepd.cellmap import attended_cells
+from homepd.core.steppolicy import StepPolicy
 
 MIN_PROMPT_STEPS = 4      # steps with prompt tokens a worker must have run before its prefill speed is trusted
 MAX_ERRORS = 2000
@@ -40,8 +41,9 @@ class WorkerLoad:
     idle_cells: int = 0  # KV cells only its cached prefixes hold (its latest ``PrefixCacheStats.n_cached_cells``)
 
     def kv_attended(self, spec: WorkerSpec) -> int:
-        """What each token of the worker's next step attends over (``steppolicy.attended_cells``), as its own
-        scheduler counts it: the idle cached cells too where they cost (a unified cache without flash attention)."""
+        """What each token of the worker's next step attends over (``cellmap.attended_cells``): the idle cached
+        cells too where they cost (a unified cache without flash attention).  A lower bound of the used range its
+        own scheduler prices with (``homepd.cellmap.CellMap``), which the controller does not see."""
         return attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified, idle_cells=self.idle_cells,
                               flash_attn=spec.flash_attn)
 

@@ -17,7 +17,7 @@ from homepd.core.protocol import StepRecord
 from homepd.core.lifecycle import Lifecycle, RequestState
 from homepd.core.modes import Role
 from homepd.core.records import renamed_from
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 from homepd.config import EngineConfig
 
 _INTERACTIVE = EngineConfig().class_budgets[RequestClass.INTERACTIVE]

@@ -84,7 +84,7 @@ def cost_features(n_prompt: int, n_decode: int, kv_in_use: int) -> list[float]:
     return [1.0, float(n), *(float(max(0, n - k)) for k in KNOTS), float(n_decode), n * kv_in_use / 1e3,
             n_decode * kv_in_use / 1e3]
 
-KV_FEATURE = 2     # ``Calibration.kv_feature`` of a burst measured now
+KV_FEATURE = 3     # ``Calibration.kv_feature`` of a burst measured now
 BUSY_CORES = 0.25  # other processes' CPU (cores) during a burst above which its calibration is called busy
 UNUSABLE_STALLED_SHARE = 0.1   # a burst with this share of its steps stalled is run again (Calibration.unusable)
 
@@ -230,9 +230,9 @@ class Calibration:
     # the CPU other processes used during the burst, in cores (None: not sampled): a busy box calibrates a
     # slower twin than the box gives when it is quiet, and the report says so (BUSY_CORES)
     other_cpu_cores: float | None = None
-    # what the steps' KV term counted (``StepRecord.kv_in_use``): 2, idle cached prefixes' cells too
-    # (``steppolicy.attended_cells``); 1, a calibration stored before (running sequences' cells only), whose fit
-    # is not pooled with a newer one's
+    # what the steps' KV term counted (``StepRecord.kv_in_use``): 3, a unified cache's used range where no flash
+    # attention skips its holes (``homepd.cellmap``); 2, idle cached prefixes' cells too (``cellmap.attended_cells``);
+    # 1, running sequences' cells only.  A fit is pooled only with one of its own kind
     kv_feature: int = 1
 
     @property

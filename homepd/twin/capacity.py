@@ -35,7 +35,7 @@ from homepd.twin.calibration import Calibration
 from homepd.twin.records import CONFIDENCE, TwinCapacity, TwinPoint, TwinPrediction
 from homepd.twin.sim import SimRequest, simulate
 from homepd.config import EngineConfig
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 from homepd.core.terms import RequestClass
 from homepd.measure.curve import DEFAULT_TARGET_SHARE
 from homepd.measure.metrics import SLO

@@ -146,7 +146,10 @@ def simulate(rec: dict, cost: RecordedCost, *, chunk: int, adaptive: bool) -> Si
                         if s.is_prefilling and s.request_class == RequestClass.INTERACTIVE)
         plan = scheduler.schedule(now_s)
         shape = (plan.n_prompt_tokens, plan.n_decode_tokens, plan.kv_in_use)
-        duration_ms = cost.step_ms(len(steps), *shape)
+        # why not the plan's kv_in_use: the recordings' steps were fitted on the cells the running sequences held
+        # (the step's own prompt tokens in), not on the cache's used range the scheduler now prices with
+        held = sum(s.n_kv_tokens for s in scheduler.running) + plan.n_prompt_tokens
+        duration_ms = cost.step_ms(len(steps), plan.n_prompt_tokens, plan.n_decode_tokens, held)
         step_model.observe(*shape, duration_ms)
         steps.append(SimStep(now_s, duration_ms, tuple(s.request_id for s in plan.decode),
                              tuple((sl.seq.request_id, sl.n_tokens) for sl in plan.prefill), plan.budget, waiting))

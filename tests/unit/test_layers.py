@@ -101,12 +101,14 @@ def loaded_after_import(modules: list[str], libraries: tuple[str, ...]) -> list[
 
 
 def core_modules() -> list[str]:
-    """Every module of the pure rooms: the scheduling core, the chat dialect and structured output."""
+    """Every module of the pure rooms: the scheduling core, the chat dialect and structured output, and the floor's
+    cell map and statistics."""
     names = {room: sorted(p.stem for p in (PACKAGE / room).glob("*.py") if p.stem != "__init__")
              for room in ("core", "chat", "structured")}
     assert {"lifecycle", "protocol", "sampling", "scheduler"} <= set(names["core"])
     assert {"format", "parser"} <= set(names["chat"]) and {"gbnf", "schema"} <= set(names["structured"])
-    return [f"homepd.{room}.{name}" for room, stems in names.items() for name in stems]
+    return [f"homepd.{room}.{name}" for room, stems in names.items() for name in stems] + ["homepd.cellmap",
+                                                                                             "homepd.stats"]
 
 
 def test_engine_and_measurement_load_no_face_library():

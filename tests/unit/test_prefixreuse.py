@@ -84,25 +84,28 @@ def test_a_next_turn_takes_the_finished_sequence_and_computes_only_its_new_token
 
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["unified", "flash-attention"])
 def test_a_step_prices_the_idle_cached_cells_its_tokens_attend_over(flash_attn):
-    # without flash attention a step's tokens are multiplied by every used cell of a unified cache, masked or not:
-    # a finished conversation's cached KV costs the next request's steps as running cells do
-    s, ctx = make(flash_attn=flash_attn)
-    a = request("a", DOC)
+    # without flash attention a step's tokens are multiplied by the unified cache's whole used range (padded to
+    # 256), masked or not: a finished conversation's cached KV costs the next request's steps as running cells do
+    s, ctx = make(n_ctx=2048, max_cached_cells=1024, chunk=512, flash_attn=flash_attn)
+    long_doc = list(range(1000, 1400))
+    a = request("a", long_doc)
     finish(s, ctx, a)
     idle = s.allocator.n_cells_cached_only
-    assert idle == ctx.n_cells_used > len(DOC)
+    assert idle == ctx.n_cells_used > len(long_doc)
     b = request("b", list(range(300, 320)), max_tokens=3)   # shares nothing with a: a stays cached, idle
     s.add(b)
     first = step(s, ctx)
     assert first.prefill[0].seq is b and first.prefill[0].n_tokens == 20
-    assert first.kv_in_use == 20 + (0 if flash_attn else idle)
+    assert first.kv_in_use == (20 if flash_attn else 512)  # a's 403 cells below b's 20: 423, padded
     # a's next turn takes its cells over: running cells then, not idle ones, and no cell is counted twice
-    c = request("c", DOC + a.output_ids[:-1] + [7])
+    c = request("c", long_doc + a.output_ids[:-1] + [7])
     s.add(c)
     plan = step(s, ctx)
     assert c.n_reused == idle and s.allocator.n_cells_cached_only == 0
-    # b's and c's cells, each once (b's decode token enters in the step: the plan counts the cells before it)
-    assert plan.kv_in_use + len(plan.decode) == ctx.n_cells_used and len(plan.decode) == 1
+    if flash_attn:  # b's and c's cells, each once (b's decode token enters in the step: the plan counts before it)
+        assert plan.kv_in_use + len(plan.decode) == ctx.n_cells_used and len(plan.decode) == 1
+    else:
+        assert plan.kv_in_use == 512 and s.allocator.cells.used_max == ctx.n_cells_used
 
 
 def test_a_second_question_on_a_document_shares_its_cells_and_the_first_stays_cached():

@@ -45,8 +45,11 @@ def test_adaptive_budget_shrinks_beside_interactive_decodes_and_opens_without_th
     for s in beside:
         by_decodes.setdefault(len(s.decode), []).append(s.budget)
     counts = sorted(k for k, v in by_decodes.items() if len(v) >= 5)
-    means = [sum(by_decodes[k]) / len(by_decodes[k]) for k in counts]
-    assert len(means) >= 2 and means[0] > means[-1]
+    assert len(counts) >= 2
+    fewer, more = by_decodes[counts[0]], by_decodes[counts[-1]]
+    # the most the budget gave (these recordings' box priced a prompt token at ~5 ms: most budgets sit at the
+    # floor of 4 tokens whatever the decodes, and their means differ by the noise's draws)
+    assert max(fewer) > max(more)
 
 
 @pytest.mark.parametrize("chunk,adaptive", [(32, False), (256, True)])

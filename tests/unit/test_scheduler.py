@@ -304,7 +304,7 @@ def test_with_streams_a_request_fills_its_own_stream_and_the_step_model_sees_one
     assert len(plan.decode) == 2 and plan.kv_in_use == 500  # each holds its 500 prompt cells when planned
     plan = run_step(unified)
     assert [q.request_id for q in plan.decode] == ["a"] and unified.waiting  # b still waits for cells
-    assert plan.kv_in_use == 500  # one sequence: its cells either way
+    assert plan.kv_in_use == 512  # one sequence: its 500 cells and the decode's, padded as llama.cpp pads them
 
 
 def test_with_streams_a_request_longer_than_its_stream_is_never_admitted():

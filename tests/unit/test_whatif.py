@@ -105,3 +105,15 @@ def test_a_run_without_a_twin_names_what_to_run(run):
     bare = dataclasses.replace(run, advice=dataclasses.replace(run.advice, twins=()))
     with pytest.raises(ConfigError, match="no twin calibration.*homepd advise --quick"):
         project(bare, WhatIf(rate_scale=2.0), tokenize)
+
+
+def test_a_calibration_of_an_older_kv_count_is_named_in_the_projection(run):
+    from homepd.twin.calibration import KV_FEATURE
+
+    (triple,) = project(run, WhatIf(rate_scale=3.0), tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1)
+    twin = run.advice.twins[0]
+    for feature, named in ((KV_FEATURE - 1, True), (KV_FEATURE, False)):
+        again = dataclasses.replace(twin, calibration=dataclasses.replace(twin.calibration, kv_feature=feature))
+        other = dataclasses.replace(run, advice=dataclasses.replace(run.advice, twins=(again,)))
+        text = render(other, WhatIf(rate_scale=3.0), [triple])
+        assert ("older count of the KV cells" in text) is named and "colocated-chunk-64" in text

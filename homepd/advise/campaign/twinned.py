@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 from homepd.advise.campaign.capacity import SearchSettings, curve_at_rates, probe_requests
 from homepd.advise.campaign.probes import SearchOutcome, probe_of
 from homepd.core.protocol import StepRecord
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 from homepd.core.terms import RequestClass
 from homepd.measure.curve import CapacityCurve, Probe
 from homepd.measure.metrics import SLO

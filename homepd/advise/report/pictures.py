@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from homepd.advise.report.twobox import HandoffSample, TwoBoxProjection, project
 from homepd.core.modes import Mode
 from homepd.core.records import to_plain
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 from homepd.measure.curve import CapacityCurve as SearchCurve
 from homepd.store.records import RequestTimeline, Run
 from homepd.twin.records import CALIBRATION_MIX

@@ -11,7 +11,7 @@ from __future__ import annotations
 from homepd.advise.campaign.capacity import CapacityCurve, Probe
 from homepd.advise.campaign.probes import probe_of
 from homepd.core.lifecycle import Lifecycle
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 from homepd.measure.metrics import SLO, summarize
 from homepd.measure.replay import RunRecord
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from homepd.core.stats import percentile
+from homepd.stats import percentile
 
 LINKS_GBIT_S = (1.0, 2.5, 10.0)
 # why: TCP over IPv4 on Ethernet at MTU 1500 carries 1448 payload bytes per 1538 on the wire (preamble, frame
