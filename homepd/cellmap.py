@@ -10,8 +10,8 @@ mirrors the placement (``find_slot``, ``apply_ubatch``, ``seq_rm``, ``seq_cp``) 
 * a step's tokens (decodes first, then the prompt slices, the batch's order) take free cells one at a time
   from the head, wrapping round; the head starts again at cell 0 when the cells below it could hold the
   batch twice over (more than ``2 * n_tokens`` free there), and moves past the last cell taken;
-* a sequence imported whole (``llama_state_seq_set_data``: the KV store's restore, a hand-off) takes one
-  contiguous run found the same way;
+* a sequence imported whole (``llama_state_seq_set_data``: the KV store's restore, a hand-off) takes its cells
+  the same way (``state_read_meta`` calls ``find_slot(ubatch, false)``: not one contiguous run);
 * removing a sequence's positions from ``n`` on frees the cells no other sequence holds, and moves the head
   down to the lowest one freed;
 * a copy of a sequence's first positions adds the new id to those cells (nothing is copied).
@@ -68,18 +68,18 @@ class CellMap:
         as ``get_n_kv`` pads it."""
         top = self.used_max
         if n_tokens:
-            runs = self._free_runs(n_tokens, contiguous=False)
+            runs = self._free_runs(n_tokens)
             if runs:
                 top = max(top, max(stop for _, stop in runs))
         return min(self.n_cells, max(N_PAD, -(-top // N_PAD) * N_PAD))
 
-    def place(self, tokens: list[tuple[int, int]], contiguous: bool = False) -> None:
-        """One batch: ``(seq_id, n)`` in the batch's order, each sequence's next ``n`` positions.  ``contiguous``:
-        one run for all of them (an imported sequence).  Tokens beyond the free cells are left out."""
+    def place(self, tokens: list[tuple[int, int]]) -> None:
+        """One batch: ``(seq_id, n)`` in the batch's order, each sequence's next ``n`` positions.  Tokens beyond
+        the free cells are left out."""
         n_tokens = sum(n for _, n in tokens)
         if n_tokens <= 0:
             return
-        runs = self._free_runs(n_tokens, contiguous)
+        runs = self._free_runs(n_tokens)
         for seq_id, n in tokens:
             mine = self._runs.setdefault(seq_id, [])
             while n > 0 and runs:
@@ -148,9 +148,9 @@ class CellMap:
         self._held[start:stop] = held
         return self.n_cells if freed < 0 else start + freed
 
-    def _free_runs(self, n_tokens: int, contiguous: bool) -> list[tuple[int, int]]:
+    def _free_runs(self, n_tokens: int) -> list[tuple[int, int]]:
         """The free cells ``find_slot`` would give ``n_tokens``, as runs in the order taken (nothing is held):
-        one circle from the head, one cell at a time or (``contiguous``) the first run long enough."""
+        one circle from the head, one cell at a time."""
         head = 0 if self.head > self.n_used + 2 * n_tokens else self.head
         held, size = self._held, self.n_cells
         runs: list[tuple[int, int]] = []
@@ -161,17 +161,9 @@ class CellMap:
                 i = held.find(0, at, hi)
                 if i < 0:
                     break
-                if contiguous:
-                    if i + need > size:
-                        break  # a run does not wrap round the end
-                    j = held.find(1, i, i + need)
-                    if j < 0:
-                        return [(i, i + need)]
-                    at = j + 1
-                    continue
                 j = held.find(1, i, hi)
                 take = min(need, (hi if j < 0 else j) - i)
                 runs.append((i, i + take))
                 need -= take
                 at = i + take
-        return [] if contiguous or need > 0 else runs
+        return [] if need > 0 else runs

@@ -192,12 +192,12 @@ class Scheduler:
 
     def _place_imports(self) -> None:
         """Running sequences whose KV came whole since the last step (the KV store's restore, a hand-off) take
-        their cells as llama.cpp imports a sequence: one contiguous run."""
+        their cells as llama.cpp imports a sequence (``state_read_meta``: as a batch of its tokens)."""
         cells = self.allocator.cells
         for seq in self.running:
             missing = seq.n_kv_tokens - cells.n_of(seq.seq_id)
             if missing > 0:
-                cells.place([(seq.seq_id, missing)], contiguous=True)
+                cells.place([(seq.seq_id, missing)])
 
     @property
     def has_work(self) -> bool:

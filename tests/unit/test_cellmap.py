@@ -23,7 +23,7 @@ class LlamaCells:
     def used(self) -> int:
         return sum(1 for c in self.cells if c)
 
-    def find_slot(self, n_tokens: int, cont: bool) -> list[int] | None:
+    def find_slot(self, n_tokens: int, cont: bool = False) -> list[int] | None:
         head_cur = self.head
         if head_cur > self.used() + 2 * n_tokens:
             head_cur = 0
@@ -50,9 +50,9 @@ class LlamaCells:
             if n_tested >= self.size:
                 return None
 
-    def decode(self, tokens: list[tuple[int, int]], cont: bool = False) -> bool:
+    def decode(self, tokens: list[tuple[int, int]]) -> bool:
         n = sum(k for _, k in tokens)
-        idxs = self.find_slot(n, cont)
+        idxs = self.find_slot(n)
         if idxs is None:
             return False
         it = iter(idxs)
@@ -103,12 +103,11 @@ def test_the_mirror_puts_every_token_where_llama_cpp_does_over_random_events():
             if op < 0.45:  # a batch: some decodes and maybe a prompt slice
                 seqs = rng.sample(range(8), rng.randint(1, 3))
                 tokens = [(s, rng.choice([1, 1, 2, 7, 30])) for s in seqs]
-                cont = rng.random() < 0.15 and len(tokens) == 1
                 fits = sum(k for _, k in tokens) <= size - ref.used()
                 if not fits:
                     continue
-                if ref.decode(tokens, cont):
-                    m.place(tokens, contiguous=cont)
+                if ref.decode(tokens):
+                    m.place(tokens)
                     live.extend(s for s, _ in tokens if s not in live)
             elif op < 0.75 and live:  # a sequence goes, or keeps its first positions
                 seq = rng.choice(live)
