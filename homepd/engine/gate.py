@@ -39,19 +39,21 @@ class WorkerLoad:
     kv_in_use: int = 0   # KV cells its running requests hold
     n_seqs: int = 0      # its running requests (those holding KV)
     idle_cells: int = 0  # KV cells only its cached prefixes hold (its latest ``PrefixCacheStats.n_cached_cells``)
+    kv_range: int = 0    # the cells its latest step attended over (``StepRecord.kv_in_use``), as its scheduler priced it
 
     def kv_attended(self, spec: WorkerSpec) -> int:
-        """What each token of the worker's next step attends over (``cellmap.attended_cells``): the idle cached
-        cells too where they cost (a unified cache without flash attention).  A lower bound of the used range its
-        own scheduler prices with (``homepd.cellmap.CellMap``), which the controller does not see."""
-        return attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified, idle_cells=self.idle_cells,
-                              flash_attn=spec.flash_attn)
+        """What each token of the worker's next step attends over, as its own scheduler prices it: on a unified cache
+        without flash attention its used range (holes included: ``homepd.cellmap``), which its latest step reported,
+        and at least the cells counted (``cellmap.attended_cells``, which is all there is elsewhere)."""
+        counted = attended_cells(self.kv_in_use, self.n_seqs, streams=not spec.kv_unified, idle_cells=self.idle_cells,
+                                 flash_attn=spec.flash_attn)
+        return max(counted, self.kv_range) if spec.kv_unified and not spec.flash_attn else counted
 
 
-def load_of(lifecycles: Iterable[Lifecycle], idle_cells: int = 0) -> WorkerLoad:
+def load_of(lifecycles: Iterable[Lifecycle], idle_cells: int = 0, kv_range: int = 0) -> WorkerLoad:
     """What these running requests (a worker's, or all) hold: prompt tokens still to prefill and requests
     waiting for a first token, per class, and the decoding streams; ``idle_cells``: the worker's cached prefixes'
-    own cells."""
+    own cells; ``kv_range``: its cache's used range (``WorkerLoad.kv_range``)."""
     tokens: Counter = Counter()
     queued: Counter = Counter()
     n_decode = n_interactive = kv_in_use = n_seqs = 0
@@ -67,7 +69,7 @@ def load_of(lifecycles: Iterable[Lifecycle], idle_cells: int = 0) -> WorkerLoad:
             n_decode += 1
             n_interactive += klass is RequestClass.INTERACTIVE
             kv_in_use += lc.n_prompt_tokens + len(lc.token_times_s) - 1
-    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive, kv_in_use, n_seqs, idle_cells)
+    return WorkerLoad(dict(tokens), dict(queued), n_decode, n_interactive, kv_in_use, n_seqs, idle_cells, kv_range)
 
 
 class AdmissionGate:

@@ -69,6 +69,7 @@ class WorkerHandle:
         self.last_heard_s = time.monotonic()  # when its pipe last had something (hang detection)
         self.stopping = False
         self.cache_stats = None  # PrefixCacheStats: the latest its steps reported (None: no prefix cache)
+        self.kv_range = 0  # the KV cells its latest step attended over (``StepRecord.kv_in_use``: its cache's range)
 
     @property
     def pid(self) -> int | None:

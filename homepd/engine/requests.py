@@ -68,14 +68,16 @@ class RequestTable:
         """Running, and not being cancelled."""
         return request_id in self.streams and request_id not in self.cancelling
 
-    def load(self, request_ids: Iterable[str], idle_cells: int = 0) -> WorkerLoad:
+    def load(self, request_ids: Iterable[str], idle_cells: int = 0, kv_range: int = 0) -> WorkerLoad:
         """What these running requests (a worker's, or all) hold (``homepd.engine.gate.load_of``)."""
-        return load_of((self.streams[rid].lifecycle for rid in request_ids if rid in self.streams), idle_cells)
+        return load_of((self.streams[rid].lifecycle for rid in request_ids if rid in self.streams), idle_cells,
+                       kv_range)
 
     def worker_load(self, handle) -> WorkerLoad:
-        """What a worker holds: its running requests, and the cells its cached prefixes hold by its latest step."""
+        """What a worker holds: its running requests, and the cells its cached prefixes hold and its cache's used
+        range by its latest step."""
         stats = handle.cache_stats
-        return self.load(handle.in_flight, stats.n_cached_cells if stats is not None else 0)
+        return self.load(handle.in_flight, stats.n_cached_cells if stats is not None else 0, handle.kv_range)
 
     def held(self, request_ids: Iterable[str], intact: set[str]) -> tuple[HeldRequest, ...]:
         """The running ones of ``request_ids`` as recovery sees them (``intact``: their KV waits in the arena)."""
@@ -128,6 +130,7 @@ class RequestTable:
         self.gate.observe(handle.role, step, report.estimate)
         if report.cache is not None:
             handle.cache_stats = report.cache
+        handle.kv_range = step.kv_in_use
         for rid, n in step.prefill:
             if rid in self.streams:
                 self.streams[rid].lifecycle.n_prefilled += n

@@ -180,6 +180,7 @@ class _Worker:
         self.index = 0
         self.step_until = -1.0      # when its step in progress ends (contention: StepCost.contention)
         self.step_kind = ALONE      # what that step is to a worker beside it
+        self.kv_range = 0           # its latest step's kv_in_use, as a ``WorkerHandle`` keeps it
 
 
 class _Sim:
@@ -240,7 +241,7 @@ class _Sim:
 
     def load(self, worker: _Worker):
         return load_of((self.lifecycles[rid] for rid in worker.in_flight),
-                       worker.scheduler.allocator.n_cells_cached_only)
+                       worker.scheduler.allocator.n_cells_cached_only, worker.kv_range)
 
     # the controller ---------------------------------------------------------------------------------
     def arrive(self, t: float, i: int, req: SimRequest) -> None:
@@ -379,6 +380,7 @@ class _Sim:
         if self.keep_steps:
             self.steps.append(record)
         self.gate.observe(w.role, record, w.model.estimate())
+        w.kv_range = plan.kv_in_use
         for sl in plan.prefill:
             lc = self.lifecycles[sl.seq.request_id]
             if lc.state is RequestState.WAITING:

@@ -220,3 +220,10 @@ def test_with_streams_the_gate_prices_a_step_at_the_depth_of_the_sequences_holdi
     assert cached.kv_attended(spec) == 1400
     assert cached.kv_attended(replace(spec, flash_attn=True)) == 800
     assert cached.kv_attended(replace(spec, kv_unified=False)) == 400
+    # its latest step reported a used range of 2,304 cells (holes below its sequences): one pool without flash
+    # attention is priced by it, as the worker's scheduler priced that step; the counted cells stay the floor
+    ranged = load_of([*lifecycles, queued], idle_cells=600, kv_range=2304)
+    assert ranged.kv_attended(spec) == 2304
+    assert load_of([*lifecycles, queued], idle_cells=600, kv_range=512).kv_attended(spec) == 1400
+    assert ranged.kv_attended(replace(spec, flash_attn=True)) == 800
+    assert ranged.kv_attended(replace(spec, kv_unified=False)) == 400

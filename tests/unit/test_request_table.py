@@ -28,6 +28,7 @@ class Handle:
         self.in_flight: set[str] = set()
         self.backlog: list[tuple[str, object]] = []
         self.cache_stats = self.failed = None
+        self.kv_range = 0
         self.sent: list = []
 
     def send_request(self, rid: str, msg) -> None:
@@ -101,15 +102,15 @@ def test_a_step_streams_its_tokens_then_its_ends_and_its_listeners_hear_of_it_la
     assert table.affinity.cached(worker, (1, 2, 3, 7, 8, 9)) == 5  # its worker keeps prompt + output
 
 
-def test_a_worker_s_load_counts_the_cells_its_latest_step_said_its_cached_prefixes_hold():
+def test_a_worker_s_load_counts_the_cells_its_latest_step_said_its_cached_prefixes_hold_and_its_range():
     worker = Handle("colocated")
     table = table_with(worker)
     admit(table, "a", worker, prompt=(1, 2, 3, 4))
     assert table.worker_load(worker).idle_cells == 0   # no step yet, no cache reported
-    table.step(worker, StepReport(StepRecord("colocated", 0, 1.0, 1.1, (), (("a", 4),)), prefill_started=("a",),
-                                  cache=PrefixCacheStats(n_cached_entries=2, n_cached_cells=600)))
+    table.step(worker, StepReport(StepRecord("colocated", 0, 1.0, 1.1, (), (("a", 4),), kv_in_use=1024),
+                                  prefill_started=("a",), cache=PrefixCacheStats(n_cached_entries=2, n_cached_cells=600)))
     load = table.worker_load(worker)
-    assert load.idle_cells == 600 and load.kv_in_use == 4 and load.n_seqs == 1
+    assert load.idle_cells == 600 and load.kv_in_use == 4 and load.n_seqs == 1 and load.kv_range == 1024
     assert table.load(worker.in_flight).idle_cells == 0   # the requests alone, without the worker's cache
 
 
