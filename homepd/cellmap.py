@@ -51,12 +51,13 @@ class CellMap:
         self._holders = bytearray(n_cells)  # how many ids hold each cell
         self._held = bytearray(n_cells)  # 1 where any id does (what ``find`` searches)
         self._runs: dict[int, list[tuple[int, int]]] = {}  # id -> its cells as runs [start, stop), in position order
+        self._n_of: dict[int, int] = {}  # id -> how many (read per running sequence per plan)
         self.n_used = 0
         self.head = 0
 
     def n_of(self, seq_id: int) -> int:
         """Positions (cells) ``seq_id`` holds."""
-        return sum(stop - start for start, stop in self._runs.get(seq_id, ()))
+        return self._n_of.get(seq_id, 0)
 
     @property
     def used_max(self) -> int:
@@ -91,6 +92,7 @@ class CellMap:
                 else:
                     mine.append((start, start + take))
                 self.head = start + take
+                self._n_of[seq_id] = self._n_of.get(seq_id, 0) + take
                 n -= take
                 runs[0] = (start + take, stop)
                 if runs[0][0] == stop:
@@ -114,8 +116,9 @@ class CellMap:
             lowest_freed = min(lowest_freed, self._release(start, stop))
         if kept:
             self._runs[seq_id] = kept
+            self._n_of[seq_id] = sum(stop - start for start, stop in kept)
         else:
-            del self._runs[seq_id]
+            del self._runs[seq_id], self._n_of[seq_id]
         if lowest_freed < self.head:
             self.head = lowest_freed
 
@@ -132,6 +135,7 @@ class CellMap:
             copied.append((start, stop))
         if copied:
             self._runs[dst_id] = copied
+            self._n_of[dst_id] = sum(stop - start for start, stop in copied)
 
     def _hold(self, start: int, stop: int) -> None:
         self._holders[start:stop] = self._holders[start:stop].translate(_INC)

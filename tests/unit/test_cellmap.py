@@ -128,6 +128,7 @@ def test_the_mirror_puts_every_token_where_llama_cpp_does_over_random_events():
                 live.append(dst)
             for seq in range(8):
                 assert cells_of(m, seq) == ref.cells_of(seq), (trial, seq)
+                assert m.n_of(seq) == len(ref.cells_of(seq))
             assert (m.head, m.used_max, m.n_used) == (ref.head, ref.used_max_p1(), ref.used())
 
 
