@@ -17,7 +17,8 @@ from homepd.core.protocol import StepRecord
 from homepd.core.sampling import SamplingParams
 from homepd.core.terms import RequestClass
 from homepd.twin.calibration import (KV_FEATURE, Calibration, Reuse, StepCost, WorkerCalibration, cold_steps,
-                                     handoff_of, narrow, prepare_cost, step_cost, warm_shapes, with_cold)
+                                     handoff_of, narrow, prepare_cost, step_cost, warm_shapes, with_cold,
+                                     with_own_speed)
 from homepd.hw.monitor import other_cpu_cores
 from homepd.core.modes import Role
 from homepd.measure.metrics import SLO
@@ -76,12 +77,13 @@ async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None
     samples = await asyncio.to_thread(_prepare_samples, engine, trace)
     base_ms, per_token_ms = prepare_cost(samples)
     prefill = specs.get(Role.PREFILL.value)
-    return Calibration(candidate=candidate, workers=workers, prepare_base_ms=base_ms,
-                       prepare_ms_per_token=per_token_ms, handoff=handoff_of(record.requests),
-                       n_requests=len(record.requests), burst_s=burst_s,
-                       kv_max=max((s.kv_in_use for s in steps), default=0),
-                       prefill_n_ctx=prefill.n_ctx if prefill is not None else None,
-                       other_cpu_cores=busy_cores, kv_feature=KV_FEATURE), record
+    cal = Calibration(candidate=candidate, workers=workers, prepare_base_ms=base_ms,
+                      prepare_ms_per_token=per_token_ms, handoff=handoff_of(record.requests),
+                      n_requests=len(record.requests), burst_s=burst_s,
+                      kv_max=max((s.kv_in_use for s in steps), default=0),
+                      prefill_n_ctx=prefill.n_ctx if prefill is not None else None,
+                      other_cpu_cores=busy_cores, kv_feature=KV_FEATURE)
+    return with_own_speed(cal, steps), record
 
 
 def worker_costs(steps: list[StepRecord], names: list[str], cold: list[StepRecord] = ()) -> dict[str, StepCost]:

@@ -211,6 +211,11 @@ class WorkerCalibration:
     # simulated run starts with the worker's step model and the gate having seen them, as the engine a probe runs
     # on has (its burst and earlier probes ran first), not cold
     warm: tuple[tuple[int, int, int], ...] = ()
+    # its burst's own steps' median of measured over priced time: what ``step_speed`` reads as "as calibrated".
+    # why not 1: the fit follows the mean of a right-skewed spread (which the twin draws back as noise), so the
+    # median step sits under its price (a disaggregated decode worker's at 0.74): a check on an unchanged box read
+    # 0.74, which the drift rule called a box 26 % faster.  1.0: a calibration stored before it was kept
+    own_speed: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -380,8 +385,21 @@ def step_speed(cal: "Calibration", steps: list[StepRecord]) -> float | None:
     idleness); 1.3: 30 % slower than during the burst.  None: no step of a calibrated worker.  # why: a twin that
     misses a probe is either a wrong model of the engine or a right one of a box that changed since its burst (the
     2-vCPU VM drifted ×1.3 within minutes here); the check says which"""
-    ratios = [s.duration_ms / priced for s, priced, _ in priced_steps(cal, steps) if priced > 0 and s.duration_ms > 0]
+    own = {w.name: w.own_speed or 1.0 for w in cal.workers}
+    ratios = [s.duration_ms / priced / own[s.worker_role] for s, priced, _ in priced_steps(cal, steps)
+              if priced > 0 and s.duration_ms > 0]
     return statistics.median(ratios) if ratios else None
+
+
+def with_own_speed(cal: "Calibration", steps: list[StepRecord]) -> "Calibration":
+    """``cal`` with each worker's ``own_speed`` read from ``steps``, its burst's (``step_speed`` against it)."""
+    ratios: dict[str, list[float]] = {}
+    for s, priced, _ in priced_steps(cal, steps):
+        if priced > 0 and s.duration_ms > 0:
+            ratios.setdefault(s.worker_role, []).append(s.duration_ms / priced)
+    return dataclasses.replace(cal, workers=tuple(
+        dataclasses.replace(w, own_speed=statistics.median(ratios[w.name])) if ratios.get(w.name) else w
+        for w in cal.workers))
 
 
 def priced_steps(cal: "Calibration", steps: list[StepRecord]) -> list[tuple[StepRecord, float, bool]]:

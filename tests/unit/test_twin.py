@@ -20,7 +20,8 @@ from homepd.core.modes import Mode, Role
 from homepd.core.protocol import WorkerSpec
 from homepd.core.terms import RequestClass, ReuseMode
 from homepd.engine.specs import gap_ceiling_ms, idle_step_ms, itl_budget_ms
-from homepd.twin.calibration import KNOTS, Calibration, StepCost, WorkerCalibration, at_speed, step_speed
+from homepd.twin.calibration import (KNOTS, Calibration, StepCost, WorkerCalibration, at_speed, step_speed,
+                                     with_own_speed)
 from homepd.twin.sim import SimRequest, simulate
 
 N_FEATURES = 4 + len(KNOTS)
@@ -202,3 +203,21 @@ def test_a_run_s_step_speed_says_how_much_slower_the_box_ran_than_calibrated():
     assert step_speed(cal, rescaled) == pytest.approx(1.3, abs=0.05)
     with pytest.raises(ValueError, match="step speed must be positive"):
         at_speed(cal, 0.0)
+
+
+def test_step_speed_is_read_against_the_burst_s_own_steps_not_the_fit_s_mean():
+    """The fit follows the mean of a right-skewed spread, and the twin draws that spread back: a run on the box as
+    calibrated has its median step under its price.  Read against the burst's own steps (``own_speed``), it is 1."""
+    config = EngineConfig(backend="fake", n_ctx=8192, n_seq_max=4, chunk=256, adaptive_chunk=True,
+                          prefix_cache=False)
+    skewed = StepCost(fixed_cost(8.0, 1.5, 6.0).coef, (-0.2, -0.2, -0.2, -0.2, 0.8), 0.0, 0.0, (0.5,), 100)
+    cal = one_worker(config, skewed)
+    trace = poisson(40, 1.5, 3, n_prompt=40, max_tokens=16, long_every=4, long_prompt=300)
+    burst = simulate(config, cal, trace, seed=3, keep_steps=True).steps
+    again = simulate(config, cal, trace, seed=4, keep_steps=True).steps
+    assert step_speed(cal, again) == pytest.approx(0.8, abs=0.03)   # against the fit: "a box 20 % faster"
+    read = with_own_speed(cal, burst)
+    assert read.workers[0].own_speed == pytest.approx(0.8, abs=0.03)
+    assert step_speed(read, again) == pytest.approx(1.0, abs=0.03)  # the same box
+    slower = simulate(config, at_speed(cal, 1.3), trace, seed=4, keep_steps=True).steps
+    assert step_speed(read, slower) == pytest.approx(1.3, abs=0.05)
