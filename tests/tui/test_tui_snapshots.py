@@ -6,7 +6,7 @@ and look at the SVGs (tests/tui/__snapshots__/test_tui_snapshots/) before commit
 from __future__ import annotations
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import DataTable, Input
 
 from homepd.config import EngineConfig
 from homepd.tui.app import HomepdApp
@@ -36,11 +36,20 @@ async def ready(app, pilot) -> None:
 
 
 async def quiet(app, pilot) -> None:
-    """No toast and no blinking cursor in the picture."""
+    """No toast and no blinking cursor in the picture, and every table's columns sized to its rows.
+
+    # why the tables: a DataTable sizes its columns to rows added since on its own Idle event; a snapshot taken
+    # before it drew the evidence table at its headers' widths ("colocated", "sho") once in four full runs"""
     app.clear_notifications()
     for field in app.screen.query(Input):
         field.cursor_blink = False
     await pilot.pause()
+    for _ in range(100):
+        if not any(table._require_update_dimensions for table in app.screen.query(DataTable)):
+            break
+        await pilot.pause()
+    else:
+        raise AssertionError("a table's columns were never sized to its rows")
 
 
 def make_app(mode: str = "colocated", **fake) -> HomepdApp:
