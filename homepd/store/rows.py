@@ -74,7 +74,8 @@ def request_row(lc: Lifecycle) -> dict:
 def step_row(step: StepRecord) -> dict:
     return {"worker_role": step.worker_role, "step_index": step.index, "t_start_s": step.t_start_s,
             "t_end_s": step.t_end_s, "n_decode_tokens": step.n_decode_tokens, "n_prompt_tokens": step.n_prompt_tokens,
-            "decode_request_ids_json": to_json(step.decode_request_ids), "prefill_json": to_json(step.prefill)}
+            "decode_request_ids_json": to_json(step.decode_request_ids), "prefill_json": to_json(step.prefill),
+            "kv_in_use": step.kv_in_use}
 
 
 # ---- out: rows -> plain dicts -----------------------------------------------------------------
@@ -95,7 +96,8 @@ def step_dict(row: dict) -> dict:
     d = decode_row(row)
     return {"worker_role": d["worker_role"], "index": d["step_index"], "t_start_s": d["t_start_s"],
             "t_end_s": d["t_end_s"], "decode_request_ids": d["decode_request_ids"], "prefill": d["prefill"],
-            "n_decode_tokens": d["n_decode_tokens"], "n_prompt_tokens": d["n_prompt_tokens"]}
+            "n_decode_tokens": d["n_decode_tokens"], "n_prompt_tokens": d["n_prompt_tokens"],
+            "kv_in_use": d.get("kv_in_use") or 0}
 
 
 def recommendation_headline(data: dict) -> str | None:

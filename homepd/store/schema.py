@@ -100,6 +100,13 @@ def _model_footprints(db: Database) -> None:
         not_null={"footprint_bytes", "measured_at"})
 
 
+@_migration("0005_steps_kv_in_use")
+def _steps_kv_in_use(db: Database) -> None:
+    # the KV cells each stored step attended over (``StepRecord.kv_in_use``: its price in the twin's step model),
+    # so that a stored check's steps can be priced again (NULL: stored before)
+    db["steps"].add_column("kv_in_use", int)
+
+
 def migrate(db: Database) -> list[str]:
     """Apply the pending migrations; return their names.  Refuses a database from a newer homepd."""
     unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]

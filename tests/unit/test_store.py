@@ -42,7 +42,7 @@ def make_lifecycle(request_id: str, t0_s: float, n_tokens: int, itl_s: float = 0
 
 def make_steps(n_steps: int, t0_s: float = 100.0) -> list[StepRecord]:
     return [StepRecord("colocated", i, t0_s + i * 0.02, t0_s + i * 0.02 + 0.018, ("r0", "r1"),
-                       (("r2", 16),) if i % 5 == 0 else ()) for i in range(n_steps)]
+                       (("r2", 16),) if i % 5 == 0 else (), kv_in_use=256 + i) for i in range(n_steps)]
 
 
 def make_record(n_requests: int = 3, n_tokens: int = 6, mode: str = "colocated", trace_name: str = "mixed",
@@ -159,6 +159,7 @@ def test_a_result_round_trips_record_timelines_and_steps(store):
                                for r, lc in zip(expected["requests"], record.requests)]
     assert [s["index"] for s in result["steps"]] == list(range(30))
     assert result["steps"][5]["prefill"] == [["r2", 16]] and result["steps"][5]["n_prompt_tokens"] == 16
+    assert [s["kv_in_use"] for s in result["steps"]] == [256 + i for i in range(30)]  # what priced each step
 
 
 def test_flattened_columns_match_the_summary(store):
