@@ -37,6 +37,7 @@ def attended_cells(n_cells: int, n_seqs: int, streams: bool, idle_cells: int = 0
         return n_cells // max(1, n_seqs)
     return n_cells if flash_attn else n_cells + idle_cells
 
+
 _INC = bytes(min(i + 1, 255) for i in range(256))
 _DEC = bytes(max(i - 1, 0) for i in range(256))
 _HELD = bytes([0] + [1] * 255)

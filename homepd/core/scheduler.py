@@ -181,14 +181,15 @@ class Scheduler:
         """Each id has its own stream of the KV cache (``--kv-layout streams``)."""
         return self.allocator.stream_cells is not None
 
-    def _attended(self, n_cells: int, n_seqs: int, n_tokens: int) -> int:
-        """What each token of a step of ``n_tokens`` attends over: without flash attention on a unified cache, the
-        cache's used range once they are placed (``homepd.cellmap``); else ``n_cells`` of ``n_seqs`` running
-        sequences as ``attended_cells`` counts them."""
+    def _attended(self, n_decode: int, n_prompt: int = 0) -> int:
+        """What each token of a step of ``n_decode`` decodes and ``n_prompt`` prompt tokens attends over: without
+        flash attention on a unified cache, the cache's used range once they are placed (``homepd.cellmap``); else
+        the running sequences' cells with the prompt tokens in, as ``attended_cells`` counts them."""
         cells = self.allocator.cells
         if cells is not None and not self.flash_attn:
-            return cells.attended(n_tokens)
-        return attended_cells(n_cells, n_seqs, self.streams, self.allocator.n_cells_cached_only, self.flash_attn)
+            return cells.attended(n_decode + n_prompt)
+        return attended_cells(sum(s.n_kv_tokens for s in self.running) + n_prompt, len(self.running), self.streams,
+                              self.allocator.n_cells_cached_only, self.flash_attn)
 
     def _place_imports(self) -> None:
         """Running sequences whose KV came whole since the last step (the KV store's restore, a hand-off) take
@@ -271,10 +272,8 @@ class Scheduler:
         # why count them: the ids, not the budget, are what a document waited for among chats (docs/scheduling.md);
         # /metrics and the app name that wait, and raising --n-seq-max is its remedy
         n_waiting_for_id = 0 if self.allocator.id_available else len(self.waiting)
-        planned_tokens = sum(sl.n_tokens for sl in slices)
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
-                        kv_in_use=self._attended(sum(s.n_kv_tokens for s in self.running) + planned_tokens,
-                                                 len(self.running), len(decode) + planned_tokens),
+                        kv_in_use=self._attended(len(decode), sum(sl.n_tokens for sl in slices)),
                         evicted=evicted, reused=tuple(reused), paused=paused,
                         store_ms=self._store_ms_seen - store_ms_before, n_waiting_for_id=n_waiting_for_id,
                         grant=grant if grant is not None and any(sl.seq.request_id == grant.request_id for sl in slices)
@@ -283,7 +282,7 @@ class Scheduler:
     def _decoding(self) -> tuple[tuple[Sequence, ...], int]:
         """The running sequences that decode in the next step, and the KV cells each token of it attends over."""
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
-        return decode, self._attended(sum(s.n_kv_tokens for s in self.running), len(self.running), len(decode))
+        return decode, self._attended(len(decode))
 
     def _less_store_time(self, budget: int, kv_in_use: int) -> int:
         """``budget`` less the prompt tokens the KV store's saves and restores since the last call would have
