@@ -385,21 +385,26 @@ def step_speed(cal: "Calibration", steps: list[StepRecord]) -> float | None:
     idleness); 1.3: 30 % slower than during the burst.  None: no step of a calibrated worker.  # why: a twin that
     misses a probe is either a wrong model of the engine or a right one of a box that changed since its burst (the
     2-vCPU VM drifted ×1.3 within minutes here); the check says which"""
-    own = {w.name: w.own_speed or 1.0 for w in cal.workers}
-    ratios = [s.duration_ms / priced / own[s.worker_role] for s, priced, _ in priced_steps(cal, steps)
-              if priced > 0 and s.duration_ms > 0]
+    by_worker = _price_ratios(cal, steps)
+    ratios = [r / (w.own_speed or 1.0) for w in cal.workers for r in by_worker.get(w.name, ())]
     return statistics.median(ratios) if ratios else None
 
 
 def with_own_speed(cal: "Calibration", steps: list[StepRecord]) -> "Calibration":
     """``cal`` with each worker's ``own_speed`` read from ``steps``, its burst's (``step_speed`` against it)."""
+    ratios = _price_ratios(cal, steps)
+    return dataclasses.replace(cal, workers=tuple(
+        dataclasses.replace(w, own_speed=statistics.median(ratios[w.name])) if ratios.get(w.name) else w
+        for w in cal.workers))
+
+
+def _price_ratios(cal: "Calibration", steps: list[StepRecord]) -> dict[str, list[float]]:
+    """worker name -> its steps' measured time over what ``cal`` prices them at (``priced_steps``)."""
     ratios: dict[str, list[float]] = {}
     for s, priced, _ in priced_steps(cal, steps):
         if priced > 0 and s.duration_ms > 0:
             ratios.setdefault(s.worker_role, []).append(s.duration_ms / priced)
-    return dataclasses.replace(cal, workers=tuple(
-        dataclasses.replace(w, own_speed=statistics.median(ratios[w.name])) if ratios.get(w.name) else w
-        for w in cal.workers))
+    return ratios
 
 
 def priced_steps(cal: "Calibration", steps: list[StepRecord]) -> list[tuple[StepRecord, float, bool]]:
