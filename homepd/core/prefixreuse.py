@@ -35,8 +35,7 @@ from homepd.core.records import PrefixCacheStats
 from homepd.core.sequence import Sequence
 
 
-# why 16: a partial match shorter than a KV block (a BOS, a role tag) saves almost nothing, and taking an
-# entry for it would drop the rest of someone's conversation
+# why 16: a partial match under a KV block (a BOS, a role tag) saves little, and would drop someone's conversation
 MIN_PARTIAL_MATCH_TOKENS = 16
 
 
@@ -67,9 +66,8 @@ class StoreOps(Protocol):
     save_ms_per_token: float | None          # measured (None: nothing saved yet): a save's cost per token
     save_base_ms: float | None               # ... and its fixed part (``homepd.kv.savecost``)
     restore_ms_per_token: float | None       # measured (None: nothing restored yet)
-    # milliseconds its saves and restores have taken so far: they run between two steps, so a decoding
-    # stream waits for them as for a step (a conversation 900 cells deep took 170 ms to save without flash
-    # attention, whose transposed V cache llama.cpp copies one row and run of cells at a time)
+    # ms its saves and restores have taken so far: they run between two steps, and the streams wait for them (a
+    # conversation 900 cells deep took 170 ms to save without flash attention: the transposed V cache is copied by rows)
     busy_ms: float
 
     def save(self, seq_id: int, tokens: tuple[int, ...]) -> None:
@@ -126,15 +124,19 @@ class PrefixReuse:
         # ids of the cached entries that are paused prefills (``pause``): they may hold the allocator's ids kept
         # for cached prefixes; a finished sequence's entry holds one of the n_seq_max running ids' places
         self._paused: set[int] = set()
-        self.save_limit_ms: float | None = None  # the longest save the streams can wait for (the scheduler's)
+        self.save_limit_ms: float | None = None  # what the streams can wait for of saves now (the scheduler's)
         self.n_unsaved = 0
 
     def _save(self, entry, paused: bool) -> None:
         """``entry``'s KV into the store, unless the streams cannot wait for its save (``save_limit_ms``; in the twin
-        nearly every gap miss left at 0.86 req/s was one); a paused prefill's always (it would be lost work)."""
+        nearly every gap miss left at 0.86 req/s was one); a paused prefill's always (it would be lost work).  A save
+        made takes its time out of the limit (saves between two steps add up: ``Scheduler._less_store_spent``)."""
         store = self.store
         if paused or store_fits(store.save_ms_per_token, len(entry.tokens), self.save_limit_ms, store.save_base_ms):
+            before = store.busy_ms
             store.save(entry.seq_id, entry.tokens)
+            if self.save_limit_ms is not None:
+                self.save_limit_ms = max(0.0, self.save_limit_ms - (store.busy_ms - before))
         else:
             self.n_unsaved += 1
 
@@ -172,12 +174,8 @@ class PrefixReuse:
         """Evict finished entries (LRU, never ``keep``) until one more sequence may run beside the running ones
         and the finished entries: those share the running places (``n_run_limit``), as when no ids were kept for
         cached prefixes; only paused prefills hold the ids beyond them.  False if that cannot be done.
-
-        # why: a finished request's KV kept in the context costs every step (llama.cpp attends over every cell of
-        # the unified cache up to the highest in use) and may never be asked for again; with every finished
-        # sequence kept under the extra ids, one-shot traffic (every prompt its own) met its SLO for 12 of 24
-        # requests at 0.5 req/s against 24 of 24 (benchmarks/slo_capacity.py, 2 threads); a paused prefill
-        # resumes for certain, and soon"""
+        # why: a finished request's KV costs every step (attended over) and may never be asked for again: kept under
+        # the extra ids, one-shot traffic met its SLO for 12 of 24 requests at 0.5 req/s against 24 (2 threads)"""
         a = self.allocator
         while a.n_running + self.n_finished_cached >= a.n_run_limit:
             finished = [e for e in self.index.lru() if e.seq_id not in self._paused and e is not keep]
@@ -228,7 +226,8 @@ class PrefixReuse:
         if self.store is not None:
             hit = self.store.lookup(seq.prompt_ids, self.mode, seq.n_prompt - 1)
             n_context = match.n_tokens if match is not None else 0
-            if self._store_wins(hit, n_context, restore_limit_ms) and self._restore(seq, hit, n_cells):
+            if self._store_wins(hit, n_context, restore_limit_ms) and \
+                    self._restore(seq, hit, n_cells, restore_limit_ms):
                 return True
             if match is not None and self.index.entry_of(match.entry.seq_id) is not match.entry:
                 match = None  # evicted making room for a restore that failed
@@ -280,11 +279,16 @@ class PrefixReuse:
         self._reused(seq, seq_id, min(n_got, seq.n_prompt - 1))
         return True
 
-    def _restore(self, seq: Sequence, hit, n_cells: int) -> bool:
+    def _restore(self, seq: Sequence, hit, n_cells: int, limit_ms: float | None = None) -> bool:
         """seq gets a new id holding the store's entry (its first ``hit.n_tokens`` positions); False if no id
-        and cells can be freed for it or the restore failed (nothing is held then)."""
+        and cells can be freed for it, the saves that freed them left too little of ``limit_ms`` for it, or the
+        restore failed (nothing is held then)."""
+        before = self.store.busy_ms
         self.make_room(n_cells)
         if not self.allocator.can_allocate(n_cells):
+            return False
+        if limit_ms is not None and not store_fits(self.store.restore_ms_per_token, len(hit.entry.tokens),
+                                                   limit_ms - (self.store.busy_ms - before)):
             return False
         seq_id = self.allocator.allocate(n_cells)
         n_got = self.store.restore(hit, seq_id)

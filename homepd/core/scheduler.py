@@ -25,8 +25,7 @@ from homepd.core.sequence import Sequence
 from homepd.cellmap import attended_cells
 from homepd.core.steppolicy import DeadlineGrant, StepPolicy
 
-# why: a paused prefill's KV is kept as a cached prefix, and one evicted goes to the KV store only from 64
-# tokens (homepd.worker.storekv.MIN_STORE_TOKENS); below that it would be recomputed, and costs little anyway
+# why: a paused prefill's KV goes to the KV store only from 64 tokens (storekv.MIN_STORE_TOKENS); less is recomputed
 MIN_PAUSED_TOKENS = 64
 
 
@@ -104,7 +103,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._arrivals = itertools.count()
-        self._store_ms_seen = 0.0  # the KV store's busy time when the last step was planned (StoreOps.busy_ms)
+        self._store_ms_seen = 0.0  # the KV store's busy time the budget has counted so far (StoreOps.busy_ms)
+        self._store_ms_at_step = 0.0  # ... and when the last step was planned (what ran since, streams wait for)
         self.flash_attn = flash_attn  # its context's: whether a step pays for idle cached cells (``attended_cells``)
 
     @classmethod
@@ -161,7 +161,7 @@ class Scheduler:
             self.running.remove(seq)
             if keep_prefix and self.prefixes is not None and self.prefixes.store is not None:
                 # the streams left, not the one ending, wait for what keeping its prefix saves
-                self.prefixes.save_limit_ms = self.policy.store_room_ms(*self._decoding())
+                self.prefixes.save_limit_ms = self._less_store_spent(self.policy.store_room_ms(*self._decoding()))
             kept = keep_prefix and self.prefixes is not None and self.prefixes.keep(seq)
             if not kept:
                 self.allocator.free(seq.seq_id)
@@ -226,7 +226,7 @@ class Scheduler:
         decode, kv_in_use = self._decoding()
         budget = self.policy.budget(decode, kv_in_use)
         if self.prefixes is not None and self.prefixes.store is not None:
-            self.prefixes.save_limit_ms = self.policy.store_room_ms(decode, kv_in_use)
+            self.prefixes.save_limit_ms = self._less_store_spent(self.policy.store_room_ms(decode, kv_in_use))
         prefilling = [s for s in self.running if s.is_prefilling]
         if prefilling or self.waiting:
             # why: a prompt always advances, even when decodes fill the chunk
@@ -257,7 +257,7 @@ class Scheduler:
                         budget, grant = planned - used, None
                     continue
                 self.waiting.remove(seq)
-                limit = self.policy.restore_limit_ms(seq, decode, now_s, kv_in_use) \
+                limit = self._less_store_spent(self.policy.restore_limit_ms(seq, decode, now_s, kv_in_use)) \
                     if self.prefixes is not None and self.prefixes.store is not None else None
                 if self.admit(seq, limit):
                     reused.append(seq)
@@ -272,6 +272,8 @@ class Scheduler:
         # why count them: the ids, not the budget, are what a document waited for among chats (docs/scheduling.md);
         # /metrics and the app name that wait, and raising --n-seq-max is its remedy
         n_waiting_for_id = 0 if self.allocator.id_available else len(self.waiting)
+        if self.prefixes is not None and self.prefixes.store is not None:
+            self._store_ms_at_step = self.prefixes.store.busy_ms
         return StepPlan(decode=decode, prefill=tuple(slices), budget=planned,
                         kv_in_use=self._attended(len(decode), sum(sl.n_tokens for sl in slices)),
                         evicted=evicted, reused=tuple(reused), paused=paused,
@@ -284,13 +286,15 @@ class Scheduler:
         decode = tuple(s for s in self.running if not s.is_prefilling) if self.decodes else ()
         return decode, self._attended(len(decode))
 
+    def _less_store_spent(self, limit_ms: float | None) -> float | None:
+        """``limit_ms`` (what the streams can wait for before the next step; None: no limit) less what the KV store did
+        since the last step was planned: between two steps they add up in one gap (docs/scheduling.md)."""
+        return None if limit_ms is None else max(0.0, limit_ms - (self.prefixes.store.busy_ms - self._store_ms_at_step))
+
     def _less_store_time(self, budget: int, kv_in_use: int) -> int:
         """``budget`` less the prompt tokens the KV store's saves and restores since the last call would have
-        computed; a prompt still advances.
-
-        # why: they run between two steps, and the streams wait for them as for a step (a request ending kept
-        # its prefix by saving another's; an admission took a cached entry's id or restored one): a 150 ms save
-        # before a 170 ms ceiling step had made a 340 ms gap."""
+        computed; a prompt still advances.  # why: the streams wait for them as for a step (a 150 ms save before a
+        170 ms ceiling step had made a 340 ms gap)"""
         store = self.prefixes.store if self.prefixes is not None else None
         if store is None or store.busy_ms <= self._store_ms_seen:
             return budget
@@ -330,9 +334,8 @@ class Scheduler:
     def _reserve_decode_cells(self) -> tuple[Eviction, ...]:
         """Grow the reservation of every decode whose next token needs a cell, oldest first; when the
         context is full, take cells back from the victims the policy names until it fits."""
-        # why only those whose next token outgrows their cells, and sorted only then: nearly every step needs no cell
-        # (reservations grow a block at a time), and one that does not grow is untouched by the others' growth
-        # but for being evicted (the twin runs this per simulated step)
+        # why only those whose next token outgrows their cells, sorted only then: nearly every step needs no cell
+        # (reservations grow a block at a time), and the twin runs this per simulated step
         n_cells_of = self.allocator.n_cells_of
         growing = [s for s in self.running
                    if not s.is_prefilling and kvpolicy.cells_to_grow(s, n_cells_of(s.seq_id)) is not None]

@@ -78,19 +78,14 @@ class OnlineStepModel:
                 bisect.insort(self._late_sorted, share)
                 if len(self._late_shares) > LATE_WINDOW:
                     del self._late_sorted[bisect.bisect_left(self._late_sorted, self._late_shares.popleft())]
-            # why one-sided: the error is the margin a step keeps below its budget, against running longer than
-            # predicted; a step shorter than predicted needs none (its prediction already left room), and counting
-            # it twice starved the chunk.  Scaled by √2, symmetric noise gives its RMS.
+            # why one-sided: the error is the margin a step keeps below its budget; a step shorter than predicted
+            # needs none, and counting it twice starved the chunk.  Scaled by √2, symmetric noise gives its RMS.
             late = math.sqrt(2.0) * max(0.0, err)
-            # why the median and the clip: one step the model could not know (a cold first prompt, a page fault, a
-            # neighbour's burst) was 240 ms off here, and at a 5 % weight it held the margin (twice the error) over
-            # 50 ms for ~60 steps: every chunk beside a decode fell to the minimum while the steps ran at half the
-            # ITL budget.  So the error starts from the median of the first few, and then no step moves it by more
-            # than ERROR_CLIP times its current value (or the floor's): a lasting change of the noise is followed
-            # within a few dozen steps (1 → over 4 ms in 60 steps of 10 ms jitter), a single outlier barely moves it.
-            # But a lateness N_CONFIRM steps in a row show (the least of them) is taken whole: the box changed (a
-            # neighbour's load, a deeper context the fit has not seen), and at the clip alone the margin took ~10
-            # steps to follow one: gap-ceiling steps predicted at 114 ms ran 152-168 ms in a row (RAG, 1 thread)
+            # why the median and the clip: one step the model could not know (a cold prompt, a page fault) was 240 ms
+            # off here and held every chunk at the minimum for ~60 steps; so the error starts from the median of the
+            # first few, and no step moves it by more than ERROR_CLIP times its value (a lasting change is followed
+            # within a few dozen steps).  But a lateness N_CONFIRM steps in a row show is taken whole: the box
+            # changed (gap-ceiling steps predicted at 114 ms ran 152-168 ms in a row: RAG, 1 thread)
             self._recent_late.append(late)
             if len(self._first_errors) < N_FIRST_ERRORS:
                 self._first_errors.append(late)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 
 import pytest
 
-from homepd.core.terms import ReuseMode, StepEstimate
+from homepd.core.terms import RequestClass, ReuseMode, StepEstimate
 from homepd.core.prefixreuse import store_is_faster
 from homepd.core.protocol import StoreDropped, StoreSaved
 from homepd.core.scheduler import Scheduler
@@ -96,14 +97,16 @@ def test_the_store_is_used_only_when_its_measured_restore_beats_the_predicted_pr
 
 
 @contextlib.contextmanager
-def store_scheduler(max_cached_cells: int, policy: StepPolicy | None = None, n_cached_ids: int = 0):
+def store_scheduler(max_cached_cells: int, policy: StepPolicy | None = None, n_cached_ids: int = 0,
+                    clock=time.monotonic):
     """A scheduler of four running ids (and ``n_cached_ids`` for cached prefixes) whose prefix cache holds
     ``max_cached_cells`` cells (stepping by ``policy``, else a chunk of 64), over the fake context and a real
-    1 MiB store segment: (scheduler, context, store, messages sent, the controller's book)."""
+    1 MiB store segment (its saves and restores timed by ``clock``): (scheduler, context, store, messages sent, the
+    controller's book)."""
     ctx = FakeContext(FakeModel(), n_ctx=512, n_batch=64, n_seq_max=4 + n_cached_ids, n_threads=1)
     sent: list = []
     book = StoreBook({"colocated": 1 << 20})
-    store = ContextStore(ctx, sent.append, "f" * 64, lambda: None)
+    store = ContextStore(ctx, sent.append, "f" * 64, lambda: None, clock=clock)
     store.attach(book.attach_message("colocated"))
     try:
         yield (Scheduler(n_seq_max=4, n_ctx=512, n_batch=64, chunk=64, policy=policy, kv_ops=ContextKV(ctx),
@@ -479,3 +482,76 @@ def test_a_finished_entrys_save_longer_than_the_streams_gap_room_is_not_made_whi
             assert 0 < s.prefixes.save_limit_ms < 166 and not saved and s.prefixes.n_unsaved == 1
         else:
             assert s.prefixes.save_limit_ms is None and len(saved) == 1 and s.prefixes.n_unsaved == 0
+
+
+@pytest.mark.parametrize("streams_decode", [True, False])
+def test_saves_between_two_steps_share_the_streams_gap_room_and_one_past_it_is_not_made(streams_decode):
+    """Two requests end in one step, and keeping each one's prefix evicts an older entry to the store: the streams
+    wait for both saves before their next step, so the second is made only if the room the first left holds it.
+    # why: each save was held to the whole room on its own, and between two steps they add up in one gap"""
+    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=5.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
+                       n_steps=50, error_ms=0.0)
+    policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
+    now = [0.0]
+    with store_scheduler(100, policy, clock=lambda: now[0]) as (s, ctx, store, sent, _):
+        saving = store.segment.save
+
+        def save_taking_50_ms(*args, **kw):
+            now[0] += 0.050
+            return saving(*args, **kw)
+
+        store.segment.save = save_taking_50_ms
+        finish(s, ctx, request("old", range(10, 90)))     # cached: 83 of the 100 cells
+        stream = request("s", range(300, 308), max_tokens=50)
+        a, b = request("a", range(200, 270), max_tokens=50), request("b", range(400, 470), max_tokens=50)
+        a.request_class = b.request_class = RequestClass.BACKGROUND  # no stream of their own to wait for saves
+        for q in ([stream] if streams_decode else []) + [a, b]:
+            s.add(q)
+        while a.is_prefilling or b.is_prefilling or a.seq_id is None or b.seq_id is None:
+            step(s, ctx)
+        room = policy.store_room_ms([q for q in s.running if not q.is_prefilling])
+        s.release(a, keep_prefix=True)   # over the 100 cells: "old" goes to the store (50 ms)
+        s.release(b, keep_prefix=True)   # ... and then a's entry (another 50 ms)
+        saved = [m.tokens[0] for m in sent if isinstance(m, StoreSaved)]
+        if streams_decode:
+            assert room is not None and 50 < room < 100   # one save fits the room, two do not
+            assert saved == [10] and s.prefixes.n_unsaved == 1
+            # what is left for the stream after both: its room beside it alone, less the save made
+            assert s.prefixes.save_limit_ms == pytest.approx(policy.store_room_ms([stream]) - 50, abs=1e-6)
+        else:
+            assert room is None and saved == [10, 200] and s.prefixes.n_unsaved == 0
+
+
+def test_a_restore_after_saves_that_made_room_for_it_fits_what_they_left_of_the_streams_gap_room():
+    """Admitting a prompt from the store first evicts a cached entry to free its id (a save the streams wait for),
+    then restores: the restore is made only if it fits the room that save left, else the prompt is prefilled."""
+    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=5.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
+                       n_steps=50, error_ms=0.0)
+    policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
+    now = [0.0]
+    with store_scheduler(100, policy, clock=lambda: now[0]) as (s, ctx, store, sent, _):
+        saving = store.segment.save
+
+        def save_taking_50_ms(*args, **kw):
+            now[0] += 0.050
+            return saving(*args, **kw)
+
+        store.segment.save = save_taking_50_ms
+        finish(s, ctx, request("a", range(10, 90)))
+        finish(s, ctx, request("b", range(200, 280)))  # over the 100 cached cells: a's entry goes to the store
+        (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
+        store.restore_ms_per_token = 0.5  # 83 tokens: a 41.5 ms restore, against 415 ms of prefill
+        streams = [request(f"s{i}", range(300 + 10 * i, 308 + 10 * i), max_tokens=50) for i in range(3)]
+        for q in streams:
+            s.add(q)
+        while any(q.is_prefilling or q.seq_id is None for q in streams):
+            step(s, ctx)
+        turn = request("c", [*saved.tokens, 1, 2, 3])
+        turn.deadline_s = 60.0   # far: the restore is held to the streams' room
+        s.add(turn)
+        room = policy.restore_limit_ms(turn, streams, 0.0)
+        assert 41.5 < room < 41.5 + 50   # the restore alone fits; after b's entry's 50 ms save it does not
+        plan = s.schedule(0.0)
+        (sl,) = plan.prefill
+        assert sl.seq is turn and [m.tokens[0] for m in sent if isinstance(m, StoreSaved)] == [10, 200]
+        assert not turn.is_restored and sl.start == 0 and s.prefixes.stats().n_store_hits == 0
