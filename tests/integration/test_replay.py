@@ -127,8 +127,13 @@ def test_a_small_chunk_bounds_the_stall(default_model_path):
     assert len(prefill) >= long.n_prompt_tokens // 32
     whole_prompt_ms = sum(s.duration_ms for s in prefill)
     max_itl_ms = max(short.itl_s) * 1e3
-    # every gap is one step with at most 32 prompt tokens: far below the prompt's whole prefill time
-    assert max_itl_ms <= max(s.duration_ms for s in prefill) + 5
+    # every gap is one step with at most 32 prompt tokens: each step of the long prompt while the short one
+    # decodes carries its token too; so its largest gap is far below the prompt's whole prefill time
+    # (why not "the longest step + 5 ms": with two test workers on a core the worker's loop between two steps
+    # took 6 ms once, beside a 724 ms step)
+    beside = [s for s in prefill if s.t_end_s <= short.token_times_s[-1]]
+    assert beside and all(short.request_id in s.decode_request_ids and sum(n for _, n in s.prefill) <= 32
+                          for s in beside)
     assert max_itl_ms < whole_prompt_ms / 4
 
 
