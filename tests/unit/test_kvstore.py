@@ -484,11 +484,10 @@ def test_a_finished_entrys_save_longer_than_the_streams_gap_room_is_not_made_whi
             assert s.prefixes.save_limit_ms is None and len(saved) == 1 and s.prefixes.n_unsaved == 0
 
 
-@pytest.mark.parametrize("streams_decode", [True, False])
-def test_saves_between_two_steps_share_the_streams_gap_room_and_one_past_it_is_not_made(streams_decode):
-    """Two requests end in one step, and keeping each one's prefix evicts an older entry to the store: the streams
-    wait for both saves before their next step, so the second is made only if the room the first left holds it.
-    # why: each save was held to the whole room on its own, and between two steps they add up in one gap"""
+@contextlib.contextmanager
+def saves_taking_50_ms():
+    """``store_scheduler`` (100 cached cells) stepping by an adaptive policy with a 100 ms ITL budget on a fixed
+    step model, whose store's every save takes 50 ms by its clock: (scheduler, context, store, sent, policy)."""
     est = StepEstimate(base_ms=10.0, ms_per_prompt_token=5.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
                        n_steps=50, error_ms=0.0)
     policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
@@ -496,11 +495,20 @@ def test_saves_between_two_steps_share_the_streams_gap_room_and_one_past_it_is_n
     with store_scheduler(100, policy, clock=lambda: now[0]) as (s, ctx, store, sent, _):
         saving = store.segment.save
 
-        def save_taking_50_ms(*args, **kw):
+        def save(*args, **kw):
             now[0] += 0.050
             return saving(*args, **kw)
 
-        store.segment.save = save_taking_50_ms
+        store.segment.save = save
+        yield s, ctx, store, sent, policy
+
+
+@pytest.mark.parametrize("streams_decode", [True, False])
+def test_saves_between_two_steps_share_the_streams_gap_room_and_one_past_it_is_not_made(streams_decode):
+    """Two requests end in one step, and keeping each one's prefix evicts an older entry to the store: the streams
+    wait for both saves before their next step, so the second is made only if the room the first left holds it.
+    # why: each save was held to the whole room on its own, and between two steps they add up in one gap"""
+    with saves_taking_50_ms() as (s, ctx, store, sent, policy):
         finish(s, ctx, request("old", range(10, 90)))     # cached: 83 of the 100 cells
         stream = request("s", range(300, 308), max_tokens=50)
         a, b = request("a", range(200, 270), max_tokens=50), request("b", range(400, 470), max_tokens=50)
@@ -525,18 +533,7 @@ def test_saves_between_two_steps_share_the_streams_gap_room_and_one_past_it_is_n
 def test_a_restore_after_saves_that_made_room_for_it_fits_what_they_left_of_the_streams_gap_room():
     """Admitting a prompt from the store first evicts a cached entry to free its id (a save the streams wait for),
     then restores: the restore is made only if it fits the room that save left, else the prompt is prefilled."""
-    est = StepEstimate(base_ms=10.0, ms_per_prompt_token=5.0, ms_per_decode_token=1.0, ms_per_kv_ktoken=0.0,
-                       n_steps=50, error_ms=0.0)
-    policy = StepPolicy(chunk=64, n_batch=64, itl_budget_ms=100.0, estimate=lambda: est)
-    now = [0.0]
-    with store_scheduler(100, policy, clock=lambda: now[0]) as (s, ctx, store, sent, _):
-        saving = store.segment.save
-
-        def save_taking_50_ms(*args, **kw):
-            now[0] += 0.050
-            return saving(*args, **kw)
-
-        store.segment.save = save_taking_50_ms
+    with saves_taking_50_ms() as (s, ctx, store, sent, policy):
         finish(s, ctx, request("a", range(10, 90)))
         finish(s, ctx, request("b", range(200, 280)))  # over the 100 cached cells: a's entry goes to the store
         (saved,) = [m for m in sent if isinstance(m, StoreSaved)]
