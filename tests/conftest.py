@@ -96,20 +96,16 @@ def config_home(tmp_path, monkeypatch):
     return tmp_path
 
 
-# --- two test processes on each core ---------------------------------------------------------------------
+# --- two test processes on two cores ---------------------------------------------------------------------
 # why: the suite is CPU-bound (real llama.cpp workers, two threads each by default), so two pytest-xdist
 # workers sharing both cores were slower than one (449 against 410 s): each worker's engines spun their
-# threads against the other's.  Each worker now has one core, and so has every process it starts (affinity is
-# inherited); its engines default to one thread (every usable core).  Two workers share each core: with one a
-# core the cores were busy 81 % of the run (a test waits for a server to start, a subprocess, a socket), and a
-# second worker on the core computes meanwhile (2-vCPU box, the whole suite: 354-378 s with 2 workers, 328 s with
-# 3, 319 s with 4; the suite's CPU time fell too, 574 -> 534 s).  A test that needs the whole
+# threads against the other's.  Each worker now has a core of its own, and so has every process it starts
+# (affinity is inherited); its engines default to one thread (every usable core).  A test that needs the whole
 # box (disaggregated prefill and decode on cores apart, replicas, pinning) is marked ``whole_box``: it waits
 # until no other test runs, and runs with every core.  One that only needs two cores to place its workers on
 # and measures nothing of their speed (the fake backend's advise, whose assertions are the run's structure) is
 # marked ``two_cores``: it runs with every core, beside the other worker's tests.  With ``-n 0`` none of this
 # happens: one process, every core.
-WORKERS_PER_CORE = 2
 MAX_TEST_WORKERS = 4
 
 
@@ -259,15 +255,14 @@ class RunScopeScheduling(LoadScopeScheduling):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: ``WORKERS_PER_CORE`` workers per usable core, at most MAX_TEST_WORKERS (each may start a few
-    processes)."""
-    return min(MAX_TEST_WORKERS, WORKERS_PER_CORE * len(os.sched_getaffinity(0)))
+    """``-n auto``: one worker per usable core, at most MAX_TEST_WORKERS (each may start a few processes)."""
+    return min(MAX_TEST_WORKERS, len(os.sched_getaffinity(0)))
 
 
 class BoxShare:
-    """One xdist worker's share of the box: one core (``WORKERS_PER_CORE`` workers share it), and a readers-writer
-    lock over the box's files (a ``whole_box`` test is the writer).  A turnstile lock in front keeps a waiting
-    whole-box test from being starved by the other workers' tests one after another."""
+    """One xdist worker's share of the box: a core of its own, and a readers-writer lock over the box's files
+    (a ``whole_box`` test is the writer).  A turnstile lock in front keeps a waiting whole-box test from being
+    starved by the other workers' tests one after another."""
 
     def __init__(self, worker_id: str, run_id: str):
         cores = sorted(os.sched_getaffinity(0))
