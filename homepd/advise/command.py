@@ -26,7 +26,7 @@ from homepd.measure.report import add_slo_flags, slo_from_args
 from homepd.measure.trace.sources import parse_duration_s
 from homepd.models.resolve import resolve_model
 from homepd.store import Store, results_dir
-from homepd.twin.capacity import MIN_SEEDS, N_SEEDS
+from homepd.twin.capacity import MIN_REQUESTS, MIN_SEEDS, N_REQUESTS, N_SEEDS
 
 
 def register(subparsers) -> None:
@@ -52,6 +52,9 @@ def register(subparsers) -> None:
     p.add_argument("--twin-seeds", type=int, default=None, metavar="N",
                    help=f"seeds the twin simulates each rate on (default {N_SEEDS}, at least {MIN_SEEDS}): "
                         "fewer is faster and gives a wider interval")
+    p.add_argument("--twin-requests", type=int, default=None, metavar="N",
+                   help=f"requests in each simulated run (default {N_REQUESTS}, at least {MIN_REQUESTS}): fewer is "
+                        "faster and gives a coarser attainment")
     p.add_argument("--twin-pool", type=int, default=None, metavar="N",
                    help=f"earlier calibrations of each candidate on this box (same settings, the last 24 h) its "
                         f"twin pools with this run's (default {MAX_EARLIER}; 0: this run's burst alone)")
@@ -128,6 +131,11 @@ def _settings(args, base) -> AdviseSettings:
             raise ConfigError(f"--twin-seeds must be at least {MIN_SEEDS} (the interval of a median needs "
                               f"them), got {args.twin_seeds}")
         kw["twin_seeds"] = args.twin_seeds
+    if args.twin_requests is not None:
+        if args.twin_requests < MIN_REQUESTS:
+            raise ConfigError(f"--twin-requests must be at least {MIN_REQUESTS} (an attainment from fewer moves "
+                              f"{100 / MIN_REQUESTS:.0f} points or more a request), got {args.twin_requests}")
+        kw["twin_requests"] = args.twin_requests
     if args.twin_pool is not None:
         if args.twin_pool < 0:
             raise ConfigError(f"--twin-pool must be 0 or more, got {args.twin_pool}")

@@ -43,6 +43,7 @@ from homepd.measure.metrics import SLO
 N_SEEDS = 20
 MIN_SEEDS = 5       # the fewest seeds whose lowest and highest capacity hold the median at 90 % (1 - 2/2^5)
 N_REQUESTS = 200
+MIN_REQUESTS = 50   # the fewest requests a simulated run gives an attainment from (a miss moves it 2 points)
 COARSE_SEEDS = 4
 COARSE_STEPS_PER_OCTAVE = 2
 FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %

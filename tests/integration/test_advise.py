@@ -72,7 +72,10 @@ def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_s
         tmp_path):
     db, conf = tmp_path / "runs.db", tmp_path / "config.toml"
     env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}  # the pictures go beside the database, not in the data dir
-    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--twin-seeds", "5", env=env)
+    # why fewer twin runs and shorter ones: the fake is never slow, so its twin searches up to the 64 req/s
+    # ceiling (200-request runs: 24 CPU-s of the suite)
+    out = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--json", "--twin-seeds", "5",
+                 "--twin-requests", "50", env=env)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert not (tmp_path / "xdg").exists()
@@ -88,6 +91,7 @@ def test_quick_advise_searches_every_architectures_capacity_on_the_mixed_trace_s
         assert 1 <= len(curve["probes"]) <= 3 and all(p["n_requests"] >= 10 for p in curve["probes"])
         rates = [p["rate_rps"] for p in curve["probes"]]
         assert len(set(rates)) == len(rates)   # a search never probes a rate twice
+        assert r["twin"]["n_seeds"] >= 5 and r["twin"]["n_requests"] == 50   # the flags reach the twin
         assert r["goodput_per_s"] is not None and r["ttft_ms_p99"] is not None and r["total_pss_mib"] > 0
     assert result["calibration"]["prefill_tok_s"] > 0
     rec = result["recommendation"]

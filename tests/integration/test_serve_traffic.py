@@ -134,7 +134,8 @@ def homepd(*args):
 def test_advise_traffic_service_replays_the_recorded_schedule(recording):
     db, _, rows, _ = recording
     out = homepd("advise", "--quick", "--no-pictures", "--backend", "fake", "--db", str(db), "--traffic", "service",
-                 "--json", "--no-recovery", "--candidates", "colocated-adaptive,disaggregated", "--twin-seeds", "5")
+                 "--json", "--no-recovery", "--candidates", "colocated-adaptive,disaggregated", "--twin-seeds", "5",
+                 "--twin-requests", "50")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     runs = [r for r in result["runs"] if r["mix"] == "traffic"]
@@ -179,6 +180,8 @@ def test_advise_traffic_errors_name_what_is_wrong(recording, tmp_path):
     assert unknown.returncode != 0 and "colocated-x not a candidate here; the candidates are" in unknown.stderr
     few = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--twin-seeds", "3")
     assert few.returncode != 0 and "--twin-seeds must be at least 5" in few.stderr
+    short = homepd("advise", "--quick", "--backend", "fake", "--db", str(db), "--twin-requests", "20")
+    assert short.returncode != 0 and "--twin-requests must be at least 50" in short.stderr
 
 
 def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
@@ -189,7 +192,8 @@ def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
     write_trace(trace, path)
     out = homepd("advise", "--quick", "--no-pictures", "--backend", "fake", "--db", str(tmp_path / "r.db"),
                  "--trace-file", str(path), "--json", "--no-recovery", "--candidates", "colocated-adaptive",
-                 "--twin-seeds", "5")
+                 "--twin-seeds", "5",
+                 "--twin-requests", "50")
     assert out.returncode == 0, out.stderr
     # --no-pictures: the result file alone (test_advise's quick campaign draws them)
     assert "pictures:" not in out.stderr and [p.suffix for p in (tmp_path / "advise").iterdir()] == [".json"]

@@ -138,6 +138,7 @@ class AdviseSettings:
     check_requests: int = MIN_CHECK_REQUESTS   # a check probe's requests at least
     check_span_s: float | None = None           # ... fewer where their arrivals would span more (a probe's at least)
     twin_seeds: int = N_SEEDS                  # seeds the twin runs each rate on (fewer: faster, a wider interval)
+    twin_requests: int = N_REQUESTS            # requests a simulated run (fewer: faster, a coarser attainment)
     # seeds the twin may add where its interval is wider than TARGET_HALF_WIDTH (homepd.twin.capacity); a campaign
     # asked for fewer than N_SEEDS asked for speed, and gets none
     twin_more_seeds: int = MORE_SEEDS
@@ -459,7 +460,7 @@ class Campaign:
             mine = self.twins[cand.name] = replace(mine, pooled_runs=tuple(r for r, _ in earlier))
             self._pools[cand.name] = tuple(c for _, c in earlier)
         pooled = f", pooled with run(s) {', '.join(map(str, mine.pooled_runs))}" if mine.pooled_runs else ""
-        self._report(f"{cand.name}: the twin on the {mix} trace ({s.twin_seeds} seeds x {N_REQUESTS} requests"
+        self._report(f"{cand.name}: the twin on the {mix} trace ({s.twin_seeds} seeds x {s.twin_requests} requests"
                      f"{pooled})")
         search = TwinSearch(config, cal, mix, self.slo, self.speeds, self._budgeted(s.search),
                             make=lambda rate, n, seed: self._trace(mix, n, rate, seed),
@@ -469,6 +470,7 @@ class Campaign:
                                                                                   seed, run_id),
                             n_checks=s.twin_checks, steps_per_octave=s.twin_steps_per_octave,
                             check_requests=s.check_requests, n_seeds=s.twin_seeds, max_seeds=s.twin_max_seeds,
+                            n_requests=s.twin_requests,
                             pool=self._pools.get(cand.name, ()), afford=self._affords,
                             check_span_s=s.check_span_s, half_width=s.twin_half_width)
         found = await search.run(self._start_rate(mix), seed=s.seed,
