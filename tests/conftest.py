@@ -222,7 +222,7 @@ def pytest_collection_modifyitems(config, items):
     in ten (2026-12-07: 2 of 20 items, with no error).  Such items take their name's parameters into the id, and
     a collection with a node id twice is refused."""
     for item in items:
-        if "[" in item.name and item.name.endswith("]") and "[" not in item.nodeid.rpartition("::")[2]:
+        if item._id.params is None and "[" in item.name and item.name.endswith("]"):
             item._id = item._id.with_params(item.name[item.name.index("[") + 1:-1])
     seen: dict[str, int] = {}
     for item in items:
