@@ -255,7 +255,7 @@ NEGATIVE_SCHEMA.config.generation.update(modes=[GenerationMode.NEGATIVE])
 
 
 @SCHEMA.parametrize()
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_fuzz_finds_no_server_error(case, server):
     if isinstance(case.body, dict) and "model" in case.body:
         case.body["model"] = MODEL  # past the model check, so the fuzzed fields reach the engine
@@ -263,7 +263,7 @@ def test_fuzz_finds_no_server_error(case, server):
 
 
 @NEGATIVE_SCHEMA.parametrize()
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_negative_fuzz_finds_no_server_error(case, server):
     """Bodies, queries and headers that break the schema (wrong types, missing fields, out of range)."""
     assert case.meta.generation.mode is GenerationMode.NEGATIVE
