@@ -37,6 +37,13 @@ N_COLD_PROMPTS = 3
 COLD_PAUSE_S = 0.2
 MIN_PROMPT_STEPS = 5          # a worker with fewer prompt steps takes another's cost per token
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
+# a burst request's output, as a share of the trace's ``max_tokens``: spread evenly over each round of the sequence
+# ids, from the first to the second (their mean is the trace's)
+# why: with every request the same length a closed loop decodes in full batches, and its last round ends at once;
+# a fixed chunk of 256 then ran 81 of its 90 decode steps at 8 sequences and 4 at one, its fit's fixed part swung
+# from 5 to 16 ms between two bursts, and a probe's single decodes ran at 0.60 of their price (its twin's TTFT p50
+# 67-72 % over, three fidelity runs in a row); staggered, the last round drains through every batch size
+STAGGER = (0.25, 1.75)
 
 
 def burst_size(n_seq_max: int, n_entry_workers: int, per_sequence: int = BURST_PER_SEQUENCE) -> int:
@@ -46,11 +53,15 @@ def burst_size(n_seq_max: int, n_entry_workers: int, per_sequence: int = BURST_P
 
 def burst_trace(config, per_sequence: int, *, max_tokens: int, long_tokens: int, seed: int) -> Trace:
     """The burst itself: the mixed trace's first ``burst_size`` requests, every sequence id of each entry worker
-    busy at once (a closed loop)."""
+    busy at once (a closed loop), their outputs ``STAGGER``ed."""
     n_entry = topology_for(config.mode).n_entry_workers(config)
-    return make_trace("mixed", burst_size(config.n_seq_max, n_entry, per_sequence), 1.0,
-                      concurrency=config.n_seq_max * n_entry, max_tokens=max_tokens, long_tokens=long_tokens,
-                      ignore_eos=True, seed=seed)
+    width = config.n_seq_max * n_entry
+    trace = make_trace("mixed", burst_size(config.n_seq_max, n_entry, per_sequence), 1.0, concurrency=width,
+                       max_tokens=max_tokens, long_tokens=long_tokens, ignore_eos=True, seed=seed)
+    lo, hi = STAGGER
+    share = lambda i: lo + (hi - lo) * (i % width) / max(1, width - 1)  # noqa: E731
+    return replace(trace, requests=tuple(replace(r, max_tokens=max(1, round(max_tokens * share(i))))
+                                         for i, r in enumerate(trace)))
 
 
 async def calibrate(engine, candidate: str, trace: Trace, slo: SLO | None = None, sampler=None

@@ -507,6 +507,9 @@ def physical_fit(rows: list[list[float]], y: list[float], base_ms: float | None 
         if DECODE_KV in active and coef[kv] + coef[DECODE_KV] < 0:   # decodes cheaper for more KV
             active.remove(DECODE_KV)
             continue
+        if decode in active and coef[decode] < 0:   # a decode token cheaper than a prompt token in the same batch
+            active.remove(decode)
+            continue
         if coef[0] < 0 and 0 in active:
             active.remove(0)
             continue
