@@ -20,7 +20,7 @@ from homepd.twin.calibration import (KV_FEATURE, Calibration, Reuse, StepCost, W
                                      handoff_of, narrow, prepare_cost, step_cost, warm_shapes, with_cold,
                                      with_own_speed)
 from homepd.hw.monitor import other_cpu_cores
-from homepd.core.modes import Role
+from homepd.core.modes import Mode, Role
 from homepd.measure.metrics import SLO
 from homepd.measure.replay import RunRecord, run_trace
 from homepd.engine.topology import topology_for
@@ -37,12 +37,16 @@ N_COLD_PROMPTS = 3
 COLD_PAUSE_S = 0.2
 MIN_PROMPT_STEPS = 5          # a worker with fewer prompt steps takes another's cost per token
 MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a sibling's fit
-# a burst request's output, as a share of the trace's ``max_tokens``: spread evenly over each round of the sequence
-# ids, from the first to the second (their mean is the trace's)
+# a colocated fixed chunk's burst request's output, as a share of the trace's ``max_tokens``: spread evenly over each
+# round of the sequence ids, from the first to the second (their mean is the trace's)
 # why: with every request the same length a closed loop decodes in full batches, and its last round ends at once;
 # a fixed chunk of 256 then ran 81 of its 90 decode steps at 8 sequences and 4 at one, its fit's fixed part swung
 # from 5 to 16 ms between two bursts, and a probe's single decodes ran at 0.60 of their price (its twin's TTFT p50
 # 67-72 % over, three fidelity runs in a row); staggered, the last round drains through every batch size
+# why not every candidate's: an adaptive budget cuts prompts into every size already (its fit's step shapes were
+# within 0.87-1.17 unstaggered), and quick campaigns with every burst staggered put colocated-adaptive at 0.57-0.78
+# req/s and disaggregated-routed at 0.50-0.60 (its twin's interval +-31 % once, the runs 128-151 s) where the same
+# hour's unstaggered set gave 1.00-1.09 and 0.65-0.74 (2026-12-07; not interleaved, so the box's drift is in it)
 STAGGER = (0.25, 1.75)
 
 
@@ -53,11 +57,13 @@ def burst_size(n_seq_max: int, n_entry_workers: int, per_sequence: int = BURST_P
 
 def burst_trace(config, per_sequence: int, *, max_tokens: int, long_tokens: int, seed: int) -> Trace:
     """The burst itself: the mixed trace's first ``burst_size`` requests, every sequence id of each entry worker
-    busy at once (a closed loop), their outputs ``STAGGER``ed."""
+    busy at once (a closed loop); a colocated fixed chunk's outputs ``STAGGER``ed."""
     n_entry = topology_for(config.mode).n_entry_workers(config)
     width = config.n_seq_max * n_entry
     trace = make_trace("mixed", burst_size(config.n_seq_max, n_entry, per_sequence), 1.0, concurrency=width,
                        max_tokens=max_tokens, long_tokens=long_tokens, ignore_eos=True, seed=seed)
+    if config.adaptive_chunk or Mode(config.mode) is not Mode.COLOCATED:
+        return trace
     lo, hi = STAGGER
     share = lambda i: lo + (hi - lo) * (i % width) / max(1, width - 1)  # noqa: E731
     return replace(trace, requests=tuple(replace(r, max_tokens=max(1, round(max_tokens * share(i))))
