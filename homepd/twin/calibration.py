@@ -481,8 +481,9 @@ def overlaps(steps: list[StepRecord], others: list[StepRecord]) -> tuple[list[fl
 
 
 def physical_fit(rows: list[list[float]], y: list[float], base_ms: float | None = None) -> tuple[float, ...]:
-    """``least_squares`` over ``cost_features``, kept physical: no term that makes a step cheaper for more KV, and
-    no stretch of batch sizes where one more token costs nothing or less.  A term that breaks this is dropped and
+    """``least_squares`` over ``cost_features``, kept physical: no term that makes a step cheaper for more KV, no
+    decode token cheaper than a prompt token of its batch (it does as much, and its logits and its sample), and no
+    stretch of batch sizes where one more token costs nothing or less.  A term that breaks this is dropped and
     the rest fitted again (a short burst does not pin every term down: a negative KV term bought a fit of the
     burst at the cost of every deeper context it had not seen).  ``base_ms``: the fixed part, given (the rest
     fitted to what is left of each step)."""
