@@ -44,9 +44,10 @@ MIN_FITTED_STEPS = 20         # a worker with fewer steps in the burst takes a s
 # from 5 to 16 ms between two bursts, and a probe's single decodes ran at 0.60 of their price (its twin's TTFT p50
 # 67-72 % over, three fidelity runs in a row); staggered, the last round drains through every batch size
 # why not every candidate's: an adaptive budget cuts prompts into every size already (its fit's step shapes were
-# within 0.87-1.17 unstaggered), and quick campaigns with every burst staggered put colocated-adaptive at 0.57-0.78
-# req/s and disaggregated-routed at 0.50-0.60 (its twin's interval +-31 % once, the runs 128-151 s) where the same
-# hour's unstaggered set gave 1.00-1.09 and 0.65-0.74 (2026-12-07; not interleaved, so the box's drift is in it)
+# within 0.87-1.17 unstaggered); a set of quick campaigns with every burst staggered had given lower capacities than
+# the next, unstaggered set, but interleaved runs then showed no difference beyond the box's drift (2026-12-07:
+# colocated-adaptive 0.92 and 1.41 req/s staggered, 0.92, 1.30 and two untrusted unstaggered): the others' bursts
+# stay as they were, measured over many sessions, until a fidelity run says the stagger helps them
 STAGGER = (0.25, 1.75)
 
 
