@@ -1,6 +1,7 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import collections
 import compileall
 import concurrent.futures
 import contextlib
@@ -224,10 +225,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item._id.params is None and "[" in item.name and item.name.endswith("]"):
             item._id = item._id.with_params(item.name[item.name.index("[") + 1:-1])
-    seen: dict[str, int] = {}
-    for item in items:
-        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
-    twice = sorted(nodeid for nodeid, n in seen.items() if n > 1)
+    twice = sorted(nodeid for nodeid, n in collections.Counter(item.nodeid for item in items).items() if n > 1)
     if twice:
         raise pytest.UsageError(f"{len(twice)} node ids are collected more than once (xdist would run one of "
                                 f"each): {', '.join(twice[:5])}")

@@ -127,15 +127,11 @@ def _settings(args, base) -> AdviseSettings:
     if not args.twin:
         kw["twin"] = False
     if args.twin_seeds is not None:
-        if args.twin_seeds < MIN_SEEDS:
-            raise ConfigError(f"--twin-seeds must be at least {MIN_SEEDS} (the interval of a median needs "
-                              f"them), got {args.twin_seeds}")
-        kw["twin_seeds"] = args.twin_seeds
+        kw["twin_seeds"] = _at_least(args.twin_seeds, MIN_SEEDS, "--twin-seeds", "the interval of a median needs them")
     if args.twin_requests is not None:
-        if args.twin_requests < MIN_REQUESTS:
-            raise ConfigError(f"--twin-requests must be at least {MIN_REQUESTS} (an attainment from fewer moves "
-                              f"{100 / MIN_REQUESTS:.0f} points or more a request), got {args.twin_requests}")
-        kw["twin_requests"] = args.twin_requests
+        kw["twin_requests"] = _at_least(args.twin_requests, MIN_REQUESTS, "--twin-requests",
+                                        f"an attainment from fewer moves {100 / MIN_REQUESTS:.0f} points or more a "
+                                        "request")
     if args.twin_pool is not None:
         if args.twin_pool < 0:
             raise ConfigError(f"--twin-pool must be 0 or more, got {args.twin_pool}")
@@ -273,6 +269,12 @@ def _what_if(args) -> int:
     else:
         print(render(run, what, projections))
     return 0
+
+
+def _at_least(value: int, floor: int, flag: str, why: str) -> int:
+    if value < floor:
+        raise ConfigError(f"{flag} must be at least {floor} ({why}), got {value}")
+    return value
 
 
 def _positive(value: float | None, flag: str) -> float | None:

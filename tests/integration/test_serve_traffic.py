@@ -192,8 +192,7 @@ def test_advise_trace_file_replays_that_file_and_names_a_bad_one(tmp_path):
     write_trace(trace, path)
     out = homepd("advise", "--quick", "--no-pictures", "--backend", "fake", "--db", str(tmp_path / "r.db"),
                  "--trace-file", str(path), "--json", "--no-recovery", "--candidates", "colocated-adaptive",
-                 "--twin-seeds", "5",
-                 "--twin-requests", "50")
+                 "--twin-seeds", "5", "--twin-requests", "50")
     assert out.returncode == 0, out.stderr
     # --no-pictures: the result file alone (test_advise's quick campaign draws them)
     assert "pictures:" not in out.stderr and [p.suffix for p in (tmp_path / "advise").iterdir()] == [".json"]
