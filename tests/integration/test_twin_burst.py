@@ -27,11 +27,12 @@ def test_a_fixed_chunks_burst_decodes_at_every_batch_size_up_to_its_sequences():
 
     cal, record, steps = run(go())
     assert sorted(len(lc.token_times_s) for lc in record.requests) == sorted(lengths)   # each ran its own length
-    # after the burst's last prompt step its last round drains: most of its decode steps run below the full batch
-    # (with one length for all: 8 of 95 did, 2026-12-07)
+    # after the burst's last prompt step its last round drains: most of its decode steps run below the full batch,
+    # many of them single (with one length for all, 2026-12-07: 8-12 of 95 below it, 4 single; staggered, 108-127 of
+    # 167, 67-83 single, the fewest on a loaded CI box)
     end_s = max(lc.token_times_s[-1] for lc in record.requests)
     steps = [s for s in steps if s.t_start_s < end_s]
     last_prompt = max(i for i, s in enumerate(steps) if s.n_prompt_tokens)
     drain = Counter(s.n_decode_tokens for s in steps[last_prompt + 1:])
-    assert sum(drain[n] for n in range(1, N_SEQ_MAX)) > 2 * drain[N_SEQ_MAX] and drain[1] > 0, drain
+    assert sum(drain[n] for n in range(1, N_SEQ_MAX)) > drain[N_SEQ_MAX] and drain[1] >= 24, drain
     assert cal.workers[0].cost.n_steps >= len(trace)
