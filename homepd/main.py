@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from homepd.errors import HomepdError
+from homepd.osutil import single_thread_blas
 
 # the module of each command, in help order: a command line that names one imports that module alone (every
 # module's implementation was 1.1 s of imports, the advise campaign's, the store's, numpy's, before any command
@@ -47,6 +49,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    single_thread_blas(os.environ)  # why here: before a command's modules import numpy
     try:
         argv = sys.argv[1:] if argv is None else argv
         parser = build_parser(argv[0] if argv else None)  # reads HOMEPD_* defaults: may raise ConfigError

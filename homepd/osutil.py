@@ -19,6 +19,21 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# numpy's OpenBLAS starts a thread per core when numpy is imported: 0.09-0.13 CPU-s of every process's start on
+# the 2-vCPU VM (2026-12-07: ten fake engines' workers 4.4 -> 3.4 CPU-s), and threads that would wait beside
+# llama.cpp's on the cores a worker is pinned to.  homepd's numpy work is one token's logits and small fits: one
+# BLAS thread loses nothing.  A value the user set is kept.
+SINGLE_THREAD_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
+
+
+def single_thread_blas(env: dict) -> dict:
+    """``env`` (a process's environment, changed in place and returned) with ``SINGLE_THREAD_BLAS`` where unset:
+    set it before numpy is imported, in homepd's own process and in every process it starts."""
+    for key, value in SINGLE_THREAD_BLAS.items():
+        env.setdefault(key, value)
+    return env
+
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

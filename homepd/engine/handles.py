@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 from homepd.core.records import WorkerSnapshot
 from homepd.errors import WorkerError
+from homepd.osutil import single_thread_blas
 from homepd.core.protocol import Shutdown, WorkerReady, wire_fingerprint
 
 STOP_TIMEOUT_S = 5.0
@@ -35,7 +36,7 @@ def spawn_worker(spec, module: str = "homepd.worker") -> tuple[subprocess.Popen,
     # script, the TUI, a notebook) can start workers.
     """
     parent_sock, child_sock = socket.socketpair()
-    env = dict(os.environ)
+    env = single_thread_blas(dict(os.environ))
     env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices  # "" hides every GPU from a CPU worker
     try:
         process = subprocess.Popen([sys.executable, "-m", module, str(child_sock.fileno())],

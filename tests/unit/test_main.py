@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import subprocess
 import sys
 
@@ -52,3 +53,23 @@ def test_a_command_line_imports_its_commands_module_alone(capsys):
         homepd_main.main(["servee"])
     err = capsys.readouterr().err
     assert "invalid choice: 'servee'" in err and all(f"'{c}'" in err for c in homepd_main.COMMAND_OWNERS)
+
+
+
+@pytest.mark.parametrize("preset", [None, "2"])
+def test_homepd_runs_numpys_blas_on_one_thread_unless_the_user_set_it(preset):
+    """Set before a command imports numpy, so that homepd and every process it starts (the engine's workers inherit
+    it) start no BLAS thread per core; a user's own value is kept.  The probe widens its affinity to every core
+    first (the suite pins its workers to one, where OpenBLAS starts no thread of its own anyway)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    probe = ("import os, contextlib, homepd.main as m\n"
+             "os.sched_setaffinity(0, range(os.cpu_count()))\n"
+             "with contextlib.redirect_stdout(None), contextlib.suppress(SystemExit): m.main(['advise', '--help'])\n"
+             "import numpy\n"
+             "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
+    blas, threads = out.split()
+    assert blas == (preset or "1")
+    assert int(threads) == (1 if preset is None else min(2, os.cpu_count()))
