@@ -23,7 +23,7 @@ from homepd.core.kvpolicy import KVAction
 from homepd.core.prefixreuse import KVOps, PrefixReuse, StoreOps
 from homepd.core.sequence import Sequence
 from homepd.cellmap import attended_cells
-from homepd.core.steppolicy import DeadlineGrant, StepPolicy
+from homepd.core.steppolicy import DeadlineGrant, StepPolicy, gap_keepers
 
 # why: a paused prefill's KV goes to the KV store only from 64 tokens (storekv.MIN_STORE_TOKENS); less is recomputed
 MIN_PAUSED_TOKENS = 64
@@ -231,7 +231,8 @@ class Scheduler:
         if prefilling or self.waiting:
             # why: a prompt always advances, even when decodes fill the chunk
             budget = max(budget, 1)
-        ordered = self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget)
+        ordered = self.policy.order([*prefilling, *self.waiting], now_s, len(decode), kv_in_use, budget,
+                                    n_gap_keepers=gap_keepers(decode))
         paused = self._pause_for(ordered)
         grant = self.policy.grant(ordered, decode, now_s, budget, kv_in_use) if ordered and self.decodes else None
         itl_budget = budget

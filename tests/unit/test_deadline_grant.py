@@ -1,6 +1,6 @@
-"""The deadline rule (homepd.core.steppolicy.deadline_grant): a step past the ITL budget is granted to a prompt's
-TTFT deadline exactly when that keeps more requests within both budgets, never above the gap ceiling, and never
-while the deadline is far.  Pure: constructed step models and queues, no model, no clock."""
+"""The deadline rule (homepd.core.steppolicy.deadline_grant, lost_grant): a step past the ITL budget is granted to a
+prompt's TTFT deadline only when it keeps that deadline and puts no stream out of its gap budget, never above the
+gap ceiling, and never while the deadline is far.  Pure: constructed step models and queues, no model, no clock."""
 from __future__ import annotations
 
 import math
@@ -55,7 +55,7 @@ def test_the_itl_budget_s_steps_would_miss_the_deadline_that_a_ceiling_step_keep
 
 def test_a_deadline_that_needs_it_gets_a_step_at_the_ceiling():
     g = grant(1.5)
-    assert g is not None and g.request_id == "doc" and g.n_gaps_broken == 0
+    assert g is not None and g.request_id == "doc"
     assert g.budget == 62 and g.step_ms == pytest.approx(EST.predict_ms(62, 3)) and g.step_ms <= CEILING_MS
     assert done_s(g.budget) <= 1.5  # it keeps the deadline, and its first token comes soonest
 
@@ -65,30 +65,29 @@ def test_never_while_the_itl_budget_still_keeps_the_deadline():
     assert grant(1.8, decode=streams(3, broken=False)) is None
 
 
-def test_at_once_when_waiting_spares_no_stream():
-    # 1.6 s: missed at 14 a step, kept at the ceiling even after one more 81 ms step; but these streams run 31
-    # more tokens (2.5 s), so the prompt's ceiling steps would put them over their budget once it was lost anyway
-    assert done_s(ITL_CHUNK) > 1.6 and 0.081 + done_s(62, 300 - ITL_CHUNK) <= 1.6
-    for decode in (streams(3, broken=True), streams(3, broken=False)):
-        g = grant(1.6, decode=decode)
-        assert g is not None and g.budget == 62
-    assert grant(1.6, decode=streams(3, broken=False)).n_gaps_broken == 3
+def test_never_beside_a_stream_still_within_its_gap_budget():
+    # 1.6 s: missed at 14 a step, kept at the ceiling; the grant keeps one request (the prompt) within both budgets,
+    # so it may put none out: beside streams that already missed a gap it is given, beside one that has not, not
+    assert done_s(ITL_CHUNK) > 1.6 >= done_s(62)
+    assert grant(1.6, decode=streams(3, broken=True)).budget == 62
+    assert grant(1.6, decode=streams(3, broken=False)) is None
+    one_keeper = streams(3, broken=True)
+    one_keeper[1].gap_broken = False
+    assert grant(1.6, decode=one_keeper) is None
+    # a background stream has no gap budget to keep
+    assert grant(1.6, decode=[*streams(3, broken=True), *streams(1, broken=False, klass="background")]) is not None
 
 
-def test_not_yet_while_a_stream_within_its_budget_would_finish_first():
-    # the last moment the ceiling keeps it is 1.6 - 1.485 s away (115 ms): a stream with one token left (81 ms)
-    # finishes within its budget by then, so ITL-sized steps go on while one more leaves the ceiling enough
+def test_refused_then_granted_once_the_stream_within_its_budget_has_ended():
+    # the prompt goes on in ITL-sized steps while the stream decodes; one step later the stream has ended and the
+    # ceiling still keeps the deadline (1.52 s, 286 tokens left): granted then
     finishing = streams(3, broken=True)
-    finishing[0].gap_broken, finishing[0].params = False, SamplingParams(max_tokens=2)
+    finishing[0].gap_broken = False
     assert grant(1.6, decode=finishing) is None
-    # the same prompt one step later, its deadline 1.52 s away with 286 tokens left: its last moment
     later = prompt(deadline=1.52)
     later.seq_id, later.n_prefilled = 9, ITL_CHUNK
-    assert 0.081 + done_s(62, 300 - 2 * ITL_CHUNK) > 1.52
-    assert grant(1.52, head=later, decode=finishing) is not None
-    # a stream that already missed a gap is not waited for
-    finishing[0].gap_broken = True
-    assert grant(1.6, decode=finishing) is not None
+    assert 0.081 + done_s(62, 300 - 2 * ITL_CHUNK) > 1.52 >= done_s(62, 300 - ITL_CHUNK)
+    assert grant(1.52, head=later, decode=finishing[1:]) is not None
 
 
 def test_never_for_a_prompt_that_not_even_the_ceiling_can_keep():
@@ -118,12 +117,28 @@ def test_any_grant_is_above_the_itl_budget_within_the_ceiling_and_keeps_the_dead
         deadline = rng.uniform(0.3, 1.2) * done_s(budget, n_prompt, n_decode)  # about when it would be done
         g = deadline_grant(EST, [prompt(n=n_prompt, deadline=deadline)], streams(n_decode), 0.0, ITL_MS, ceiling,
                            budget, 512)
+        n_broken = rng.randint(0, n_decode - 1)  # at least one stream still within its gap budget
+        keepers = [*streams(n_broken, broken=True), *streams(n_decode - n_broken, broken=False)]
+        beside_keeper = deadline_grant(EST, [prompt(n=n_prompt, deadline=deadline)], keepers, 0.0, ITL_MS, ceiling,
+                                       budget, 512)
+        assert beside_keeper is None or beside_keeper.step_ms <= ITL_MS * STEP_SHARE_OF_ITL  # breaks no gap
         if g is None:
             continue
         n_granted += 1
         assert budget < g.budget and g.step_ms <= ceiling
         assert done_s(budget, n_prompt, n_decode) > deadline >= done_s(g.budget, n_prompt, n_decode)
     assert n_granted > 50
+
+
+def test_the_order_judges_a_prompt_late_at_the_pace_it_will_get():
+    # a document a ceiling step keeps (1.485 s of 1.6) and that the ITL budget's steps make late (1.782 s): beside
+    # streams that already missed a gap a grant can keep it, so it goes first by its deadline; beside a stream still
+    # within its gap budget no grant will, so it is late and set after the turn it would otherwise delay
+    policy = StepPolicy(chunk=512, n_batch=512, itl_budget_ms=ITL_MS, estimate=lambda: EST, gap_ceiling_ms=CEILING_MS)
+    doc, turn = prompt(rid="doc", n=300, deadline=1.6), prompt(rid="turn", n=20, deadline=3.0)
+    ids = lambda keepers: [s.request_id for s in policy.order([doc, turn], 0.0, 3, 0, ITL_CHUNK,  # noqa: E731
+                                                               n_gap_keepers=keepers)]
+    assert ids(0) == ["doc", "turn"] and ids(1) == ["turn", "doc"]
 
 
 def scheduler(gap_ceiling_ms):
@@ -157,7 +172,7 @@ def test_the_scheduler_steps_with_the_grant_and_every_stream_still_takes_its_tok
     assert plan.budget == EST.chunk_for_itl(CEILING_MS * STEP_SHARE_OF_ITL, 3)
 
 
-def test_the_scheduler_grants_nothing_without_a_ceiling_or_while_a_stream_within_its_budget_would_finish_first():
+def test_the_scheduler_grants_nothing_without_a_ceiling_or_beside_a_stream_within_its_gap_budget():
     for ceiling, gap_s in ((None, 0.2), (CEILING_MS, 0.05)):
         sched = scheduler(ceiling)
         run_streams(sched, max_tokens=3)  # one token left after the next step's: done in 81 ms
@@ -290,6 +305,8 @@ def test_a_worker_names_a_lost_prompt_s_ceiling_steps_as_lost_in_its_step_record
     from homepd.core.protocol import StepReport, SubmitRequest
 
     model, loop, out = worker_with_three_chats()
+    for s in loop.scheduler.running:
+        s.gap_broken = True  # each already missed a gap (a slow step before)
     loop.handle(SubmitRequest("late", tuple(model.tokenize("y" * 400)), SamplingParams(max_tokens=4),
                               deadline_s=0.2))  # 400 tokens due in 0.2 s: lost from the start
     for _ in range(3):
@@ -314,9 +331,11 @@ def test_an_admitted_prompt_past_saving_runs_in_steps_as_long_as_the_ceiling_and
     assert g is not None and g.lost and g.request_id == "doc"
     assert g.budget == 62 > ITL_CHUNK  # the ceiling's own chunk: 12 + 3·2 + 62·4.5 = 297 ms <= 300 < 63 tokens
     assert g.step_ms == pytest.approx(EST.predict_ms(62, 3)) and g.step_ms <= CEILING_MS
-    assert g.n_gaps_broken == 0  # these streams already missed a gap
-    fresh = lost_grant(EST, [admitted()], streams(broken=False), 0.0, CEILING_MS, ITL_CHUNK, 512)
-    assert fresh == g.__class__(**{**g.__dict__, "n_gaps_broken": 3})  # named, not weighed: the same step
+    # beside a stream still within its gap budget, nothing: the prompt is out of its budgets whatever its steps
+    assert lost_grant(EST, [admitted()], streams(broken=False), 0.0, CEILING_MS, ITL_CHUNK, 512) is None
+    one_keeper = streams()
+    one_keeper[2].gap_broken = False
+    assert lost_grant(EST, [admitted()], one_keeper, 0.0, CEILING_MS, ITL_CHUNK, 512) is None
 
 
 def test_nothing_for_a_prompt_that_can_still_be_kept_only_waits_or_beside_no_interactive_stream():
@@ -336,14 +355,18 @@ def test_a_kept_prompt_ahead_does_not_hide_the_lost_one_behind_it():
     assert g is not None and g.request_id == "doc" and g.budget == 62
 
 
-def test_the_scheduler_steps_a_lost_prompt_at_the_ceiling_share_once_it_holds_an_id():
+def test_the_scheduler_steps_a_lost_prompt_at_the_ceiling_share_once_it_holds_an_id_beside_broken_streams():
     sched = scheduler(CEILING_MS)
     run_streams(sched)
     sched.add(prompt(deadline=0.3))  # 300 tokens due in 0.3 s: lost from the start
     plan = sched.schedule(0.0)  # admitted in an ITL-sized step: waiting, it had no claim on a larger one
     assert plan.grant is None and plan.prefill[0].n_tokens == ITL_CHUNK
     sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=0.08)
-    plan = sched.schedule(0.08)
+    plan = sched.schedule(0.08)  # every stream's gaps within budget so far: ITL-sized steps still
+    assert plan.grant is None and plan.prefill[0].n_tokens == ITL_CHUNK
+    sched.postprocess(plan, {s.request_id: 7 for s in plan.decode}, t_s=0.2)  # a 120 ms gap: each missed one
+    assert all(s.gap_broken for s in sched.running if not s.is_prefilling)
+    plan = sched.schedule(0.2)
     assert plan.grant is not None and plan.grant.lost and plan.grant.request_id == "doc"
     # the policy aims the step at the ceiling's share, as the ITL budget's own steps aim at theirs
     assert plan.prefill[0].n_tokens == plan.budget == EST.chunk_for_itl(CEILING_MS * STEP_SHARE_OF_ITL, 3)
