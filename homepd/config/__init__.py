@@ -215,16 +215,17 @@ class EngineConfig:
         "itl-budget", float, "interactive requests: budget (ms) between two tokens"))
     ttft_budget_ms: float = field(default=4000.0, metadata=_opt(
         "ttft-budget", float, "interactive requests: budget (ms) to the first token"))
-    # why 1.5: a prompt whose TTFT is lost runs in steps this long, so every stream beside a late document sees
-    # such gaps for its whole prefill.  At 3 the mix benchmark (docs/scheduling.md, "The gap ceiling at 3") gave no
+    # why 1.5: a prompt whose TTFT is lost runs in steps this long (since 2026-12-07 only beside streams that have
+    # all missed a gap already), so every stream beside a late document saw such gaps for its whole prefill.  At
+    # 3 the mix benchmark (docs/scheduling.md, "The gap ceiling at 3") gave no
     # lower TTFT mean and 4-5 of 32 turns within 200 ms against 14-22; with per-sequence streams, 1.5 against 2
     # took the max-gap p90 from 170 to 128 ms at 2 threads (a third of llama-server's) for documents 15 % slower,
     # the TTFT mean still below llama-server's, one-shot SLO traffic the same ("Per-sequence streams")
     gap_ceiling: float = field(default=1.5, metadata=_opt(
         "gap-ceiling", float, "adaptive chunk: when the ITL budget would make an interactive prompt miss its TTFT "
-                              "budget, a step may run longer (so streams see one longer gap) if that keeps more "
-                              "requests within both budgets, and a prompt whose budget is lost anyway runs in "
-                              "steps this long; at most this many ITL budgets (0: never)"))
+                              "budget, a step may run longer if that keeps it and no stream beside it is still "
+                              "within its gap budget; a prompt whose budget is lost anyway runs in steps this long "
+                              "there too; at most this many ITL budgets (0: never)"))
     # why a choice, not llama.cpp's auto: auto is on everywhere it can be, and on a CPU its kernel is 1.6-2.4x
     # slower for the small steps the adaptive chunk makes (homepd.llm.flash_attn_type)
     flash_attn: str = field(default="auto", metadata=_opt(

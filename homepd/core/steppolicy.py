@@ -13,9 +13,9 @@ Pure policy over a worker's own measurements (``homepd.core.stepmodel``):
   that one long prompt does not make several short ones late.  Set-aside prompts still run, after the others.
   Without a model (or deadlines), arrival order.
 * ``deadline_grant`` and ``lost_grant``: a step past the ITL budget — bounded by the gap ceiling — for an interactive
-  prompt's deadline, or for a prompt whose deadline is lost anyway, only where it puts no request out of its
-  budgets: beside no interactive stream still within its gap budget (docs/scheduling.md, "Deadlines against
-  gaps").
+  prompt's deadline, or for a prompt whose deadline is lost anyway, only where it puts no more requests out of
+  their budgets than it keeps: beside at most one interactive stream still within its gap budget for a deadline
+  it keeps, beside none for a lost one (docs/scheduling.md, "Deadlines against gaps").
 """
 from __future__ import annotations
 
@@ -121,12 +121,20 @@ def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callab
 @dataclass(frozen=True)
 class DeadlineGrant:
     """A step larger than the ITL budget holds: ``budget`` prompt tokens for ``request_id``'s prompt, a predicted
-    ``step_ms`` within the gap ceiling.  Given only beside no interactive stream still within its gap budget
-    (``gap_keepers``): it puts no request out of its budgets."""
+    ``step_ms`` within the gap ceiling.  Given only where it puts no more requests out of their budgets than it
+    keeps (``gap_keepers``): for a deadline it keeps, beside at most one stream still within its gap budget; for a
+    lost one, beside none."""
     request_id: str
     budget: int
     step_ms: float
     lost: bool = False  # the deadline is lost anyway: the step shortens the prompt's TTFT and its hold on an id
+
+
+# a deadline's grant keeps one request (the prompt): beside this many streams still within their gap budget it
+# loses none on balance.  # why not 0: on the RAG trace (2 seeds, 2026-12-07) at 0 a document's first question
+# beside the other document's answer took 6.2-7.0 s and one turn of 8 more missed a budget; at 1, 4.4-5.3 s and
+# the turns of grants beside any stream (4.8-6.4 s)
+GRANT_KEEPERS = 1
 
 
 def gap_keepers(decode: Seq[Sequence]) -> int:
@@ -170,10 +178,12 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     * interactive streams decode (else the step is not bound by their gaps) and the prompt has a deadline;
     * at ``budget`` tokens a step the prompt would miss its deadline (a far deadline gets nothing);
     * a step within ``gap_ceiling_ms`` keeps it (one that cannot be saved within the ceiling gets nothing);
-    * the step puts no stream over its gap budget that was within it so far (``gap_keepers``): the grant keeps
-      one request within both budgets (the prompt, if the step model is right) and so may cost none.  Refused,
-      the prompt goes on in the ITL budget's steps; once every stream beside it has missed a gap or ended, a
-      later step may still grant it.  A stream that already missed a gap has nothing left to lose.
+    * the step puts at most one stream over its gap budget that was within it so far (``GRANT_KEEPERS``,
+      ``gap_keepers``): the grant keeps one request within both budgets (the prompt, if the step model is right),
+      so beside one such stream the count is even and the prompt's first token comes seconds sooner; beside two
+      or more it loses.  Refused, the prompt goes on in the ITL budget's steps; once the streams beside it have
+      missed a gap or ended, a later step may still grant it.  A stream that already missed a gap has nothing
+      left to lose.
 
     The step granted is at the ceiling (at the tail of the box's noise, ``StepEstimate.tail_ms``, as the ITL
     budget's own steps are): the prompt's first token comes soonest.  Every decode still takes its token in it."""
@@ -192,8 +202,8 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
     if ceiling <= budget or done_s(now_s, left, ceiling) > head.deadline_s:
         return None  # not even the ceiling keeps it: lost_grant's case
     predicted = step_ms(ceiling)
-    if predicted > itl_budget_ms * STEP_SHARE_OF_ITL and gap_keepers(decode):  # as the ITL budget's own steps aim
-        return None  # it would put a stream out of its gap budget for the one prompt it keeps
+    if predicted > itl_budget_ms * STEP_SHARE_OF_ITL and gap_keepers(decode) > GRANT_KEEPERS:  # as ITL steps aim
+        return None  # it would put more streams out of their gap budget than the one prompt it keeps
     return DeadlineGrant(head.request_id, ceiling, predicted)
 
 
@@ -334,13 +344,13 @@ class StepPolicy:
     def order(self, prompts: Seq[Sequence], now_s: float, n_decode: int, kv_in_use: int = 0,
               tokens_per_step: int = 1, n_gap_keepers: int = 0) -> list[Sequence]:
         """``prompts`` in serving order; ``tokens_per_step``: this step's prompt budget (``budget``), what the
-        deadline order assumes each step gives, or with a gap ceiling and no stream a grant would put over its
-        gap budget (``n_gap_keepers``, ``gap_keepers``) what a step at its share holds, if more (a prompt whose
-        deadline a grant keeps is not late: ``deadline_grant``)."""
+        deadline order assumes each step gives, or with a gap ceiling and no more streams a grant would put over
+        their gap budget than it may (``n_gap_keepers``, ``gap_keepers``) what a step at its share holds, if more
+        (a prompt whose deadline a grant keeps is not late: ``deadline_grant``)."""
         est = self.estimate()
         if est is None or not prompts:   # why: most steps only decode (the twin runs this per step)
             return prompt_order(prompts, now_s, None)
-        if self.adaptive and self.gap_ceiling_ms and not n_gap_keepers:
+        if self.adaptive and self.gap_ceiling_ms and n_gap_keepers <= GRANT_KEEPERS:
             tokens_per_step = max(tokens_per_step, est.chunk_for_itl(self._step_ceiling_ms(), n_decode, kv_in_use,
                                                                       lo=1, hi=max(1, self.n_batch - n_decode)))
         return prompt_order(prompts, now_s, est.prompt_token_ms(kv_in_use), tokens_per_step=max(1, tokens_per_step),
