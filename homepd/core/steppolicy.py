@@ -121,9 +121,7 @@ def moore_hodgson(jobs: list, now_s: float, work_s: Callable, deadline_s: Callab
 @dataclass(frozen=True)
 class DeadlineGrant:
     """A step larger than the ITL budget holds: ``budget`` prompt tokens for ``request_id``'s prompt, a predicted
-    ``step_ms`` within the gap ceiling.  Given only where it puts no more requests out of their budgets than it
-    keeps (``gap_keepers``): for a deadline it keeps, beside at most one stream still within its gap budget; for a
-    lost one, beside none."""
+    ``step_ms`` within the gap ceiling, given where it puts no more requests out of their budgets than it keeps."""
     request_id: str
     budget: int
     step_ms: float
@@ -131,9 +129,8 @@ class DeadlineGrant:
 
 
 # a deadline's grant keeps one request (the prompt): beside this many streams still within their gap budget it
-# loses none on balance.  # why not 0: on the RAG trace (2 seeds, 2026-12-07) at 0 a document's first question
-# beside the other document's answer took 6.2-7.0 s and one turn of 8 more missed a budget; at 1, 4.4-5.3 s and
-# the turns of grants beside any stream (4.8-6.4 s)
+# loses none on balance.  # why not 0: on the RAG trace (2026-12-07) a document's first question beside the other's
+# answer took 6.2-7.0 s at 0 and one turn of 8 more missed; at 1, 4.4-5.3 s, as with grants beside any stream
 GRANT_KEEPERS = 1
 
 
