@@ -183,3 +183,16 @@ def test_a_probe_is_stopped_once_more_requests_missed_than_the_target_allows_and
     record = types.SimpleNamespace(requests=tuple(good + [late, cut]), summary=types.SimpleNamespace(goodput_per_s=1))
     probe = probe_of(record, 1.0, 0, slo, n_planned=10)
     assert probe.attainment == 0.3 and probe.misses == {"interactive TTFT <= 4 s": 1}
+
+
+def test_the_eta_is_bounded_by_the_budget_left_and_past_it_is_the_pace_so_far():
+    seen = []
+    campaign = Campaign(BASE, AdviseSettings(wall_budget_s=100.0), on_progress=seen.append)
+    now = time.monotonic()
+    for elapsed, done, total in ((10.0, 1, 6), (90.0, 3, 6), (120.0, 5, 6)):
+        campaign._t0, campaign._done, campaign._total = now - elapsed, done, total
+        campaign._report("step")
+    left = [p.eta_s for p in seen]
+    assert left[0] == pytest.approx(50.0, abs=1.0)     # the pace so far: 10 s a step, 5 to go, within the budget
+    assert left[1] == pytest.approx(10.0, abs=1.0)     # the budget left bounds it
+    assert left[2] == pytest.approx(24.0, abs=1.0)     # past the budget, the last step still runs: not 0
