@@ -1,6 +1,7 @@
 """The deadline rule (homepd.core.steppolicy.deadline_grant, lost_grant): a step past the ITL budget is granted to a
 prompt's TTFT deadline only when it keeps that deadline and puts no more streams out of their gap budget than the
-one request it keeps, never above the gap ceiling, and never while the deadline is far.  Pure: constructed step models and queues, no model, no clock."""
+one request it keeps, never above the gap ceiling, and never while the deadline is far.  Pure: constructed step
+models and queues, no model, no clock."""
 from __future__ import annotations
 
 import math
