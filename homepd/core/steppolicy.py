@@ -184,7 +184,7 @@ def deadline_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequen
 
     The step granted is at the ceiling (at the tail of the box's noise, ``StepEstimate.tail_ms``, as the ITL
     budget's own steps are): the prompt's first token comes soonest.  Every decode still takes its token in it."""
-    interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
+    interactive = any(s.request_class != RequestClass.BACKGROUND for s in decode)
     head = next((s for s in prompts if s.request_class != RequestClass.BACKGROUND), None)
     if not interactive or head is None or head.deadline_s is None or budget >= max_budget:
         return None
@@ -217,7 +217,7 @@ def lost_grant(est: StepEstimate, prompts: Seq[Sequence], decode: Seq[Sequence],
     ceiling steps beside every stream, the conversations-and-documents mix kept 4-15 of 32 turns within both
     budgets, against 29-30 with no step past the ITL budget (docs/scheduling.md, "Deadlines against gaps").
     A prompt that is only waiting gets nothing here: it is admitted when an id and its turn in the order come."""
-    interactive = [s for s in decode if s.request_class != RequestClass.BACKGROUND]
+    interactive = any(s.request_class != RequestClass.BACKGROUND for s in decode)
     if not interactive or gap_keepers(decode) or budget >= max_budget:
         return None
     n_decode = len(decode)

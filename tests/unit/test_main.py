@@ -55,7 +55,6 @@ def test_a_command_line_imports_its_commands_module_alone(capsys):
     assert "invalid choice: 'servee'" in err and all(f"'{c}'" in err for c in homepd_main.COMMAND_OWNERS)
 
 
-
 @pytest.mark.parametrize("preset", [None, "2"])
 def test_homepd_runs_numpys_blas_on_one_thread_unless_the_user_set_it(preset):
     """Set before a command imports numpy, so that homepd and every process it starts (the engine's workers inherit

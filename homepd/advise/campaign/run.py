@@ -668,9 +668,12 @@ class Campaign:
         eta = elapsed / self._done * (self._total - self._done) if self._done else None
         if self.settings.wall_budget_s is not None:  # the budget bounds it while some is left
             left_s = self._t0 + self.settings.wall_budget_s - now
+            if eta is None:
+                eta = max(0.0, left_s)
+            elif left_s > 0:
+                eta = min(eta, left_s)
             # why not 0 past it: what is left still runs (a twin's first check always does), at the pace so far; a
             # quick run on a slow hour read "ETA 0 s" for its last 30 s
-            eta = max(0.0, left_s) if eta is None else min(eta, left_s) if left_s > 0 else eta
         self.on_progress(Progress(self._done, self._total, current, elapsed, eta))
 
 
