@@ -67,6 +67,18 @@ def test_infeasible_disaggregation_is_listed_with_its_reason_and_colocated_recom
     assert rec.infeasible == (("disaggregated", "model + KV does not fit twice"),)
 
 
+def test_a_disaggregated_run_that_handed_off_nothing_is_named_unranked_not_unmeasured():
+    ev = evidence({("colocated-chunk-64", "mixed"): [m(0.5, slowdown=5.0)],
+                   ("disaggregated", "mixed"): [m(0.9, slowdown=1.0)]}, candidates=(CO64, DIS))
+    ev.not_exercised[("disaggregated", "mixed")] = "no KV was handed off"
+    rec = recommend(ev)
+    assert rec.candidate == CO64 and rec.rule == "colocated-best-goodput"
+    assert "disaggregated ran but is not ranked (no KV was handed off)" in rec.reason
+    assert "not measured" not in rec.reason
+    alone = recommend(evidence({("colocated-chunk-64", "mixed"): [m(0.5, slowdown=5.0)]}, candidates=(CO64,)))
+    assert alone.reason.endswith("disaggregation was not measured")
+
+
 def test_insignificant_interference_keeps_colocated_even_when_disaggregation_has_more_goodput():
     rec = recommend(evidence({
         ("colocated-chunk-64", "mixed"): [m(0.5, slowdown=1.1)],

@@ -197,8 +197,10 @@ def _score_text(row: Row, by_capacity: bool) -> str:
 
 
 def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
-               measurements: dict[tuple[str, str], list[Measurement]]) -> tuple[str | None, str, str]:
-    """(winning candidate, rule id, reason) for one mix."""
+               measurements: dict[tuple[str, str], list[Measurement]],
+               unranked: dict[str, str] | None = None) -> tuple[str | None, str, str]:
+    """(winning candidate, rule id, reason) for one mix; ``unranked``: candidates that ran on it but are not in
+    ``rows`` (their runs did not exercise their architecture), with why."""
     mine = [r for r in rows if r.mix == mix and by_name[r.candidate].feasible]
     by_cap = _by_capacity(mine)
     what = "capacity" if by_cap else "goodput"
@@ -219,7 +221,12 @@ def decide_mix(mix: str, rows: list[Row], by_name: dict[str, Candidate],
         and inter.interference_samples >= MIN_INTERFERENCE_SAMPLES
     co_text = f"{best_co.candidate} has the best {what} without disaggregation ({_score_text(best_co, by_cap)})"
     if not disagg:
-        return best_co.candidate, f"colocated-best-{what}", co_text + "; disaggregation was not measured"
+        # why name them: a disaggregated candidate that ran but handed off no KV was measured, as one colocated
+        # worker; "not measured" sent a user looking for a run that is in the evidence
+        ran = [f"{name} ran but is not ranked ({why})" for name, why in (unranked or {}).items()
+               if by_name[name].mode.traits.hands_off_kv]
+        return best_co.candidate, f"colocated-best-{what}", co_text + "; " + (
+            "; ".join(ran) if ran else "disaggregation was not measured")
     d = max(disagg, key=_goodput_key)
     ms = measurements.get((d.candidate, mix), [])
     ttft_ok = _median(m.ttft_attainment for m in ms) or 0.0
@@ -285,7 +292,8 @@ def recommend(evidence: Evidence) -> Recommendation:
     per_mix = []
     reasons = {}
     for mix in evidence.mixes:
-        name, rule, reason = decide_mix(mix, rows, by_name, evidence.runs)
+        name, rule, reason = decide_mix(mix, rows, by_name, evidence.runs,
+                                        {c: why for (c, m), why in evidence.not_exercised.items() if m == mix})
         if name is not None:
             per_mix.append(MixAnswer(mix, name, rule))
             reasons[mix] = (name, rule, reason)
@@ -343,7 +351,7 @@ def _confidence(rows: list[Row], mix: str, winner: str) -> tuple[str, str]:
     win = next(r for r in mine if r.candidate == winner)
     rest = [r for r in mine if r.candidate != winner]
     if not rest:
-        return "low", "only one candidate was measured"
+        return "low", "only one candidate is ranked (measured as the architecture it is named after)"
     second = rest[0]
     w, x = _score(win, by_cap) or 0.0, _score(second, by_cap) or 0.0
     gap = (w - x) / max(w, 1e-9)
