@@ -50,7 +50,8 @@ FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %
 MAX_BRACKET_MOVES = 12
 SEED_FLOOR_OCTAVES = 2   # how far under the coarse bracket a seed's own search may go
 TARGET_HALF_WIDTH = 0.12   # seeds are added while the interval is wider than this share either way ...
-MORE_SEEDS = 10            # ... this many at a time (CapacityQuestion.max_seeds)
+MORE_SEEDS = 10            # ... this many at a time (CapacityQuestion.max_seeds), where the seeds so far (at least
+MIN_JUDGED_SEEDS = 10      # this many) say that the interval of max_seeds would be within the target
 PREDICTION_DRAWS = 16   # a check's trace is short: its draws cost ~0.1 s each
 
 
@@ -296,6 +297,11 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
         if n_seeds >= q.max_seeds or capacity is None or (interval[1] - interval[0]) / 2 / capacity <= q.half_width:
             break
         more = min(q.max_seeds, n_seeds + q.more_seeds)
+        # why not where more seeds cannot bring it in: two pooled calibrations that disagree split the seeds in two
+        # (a quick run's colocated twin: 0.50-0.71 req/s on one burst's calibration, 1.09-1.54 on the other's), and
+        # its 10 seeds more took 20 s of the 2 minutes and left the interval at +-39 %
+        if n_seeds >= MIN_JUDGED_SEEDS and _expected_half_width(seed_caps, q.max_seeds) > q.half_width:
+            break
         # why asked: a quick campaign's disaggregated twin added its 10 seeds after a 26-s search and ended the
         # campaign at 125 s of its 2 minutes
         # why after_s: the quick campaign's last twin added its seeds within the budget and then ran its
@@ -438,6 +444,19 @@ def _median_interval(caps: list[float | None]) -> tuple[float | None, tuple[floa
     median = statistics.median(values)
     lo, hi = _interval_ranks(n)
     return (median if median > 0 else None), (values[lo], values[hi])
+
+
+def _expected_half_width(caps: list[float | None], n: int) -> float:
+    """The half-width, as a share of the median, that the interval of ``n`` seeds drawn as ``caps`` were would have:
+    its order statistics' ranks read at the same quantiles of ``caps`` (a seed where nothing passed counts as 0;
+    infinite where the median is 0)."""
+    values = sorted(c if c is not None else 0.0 for c in caps)
+    median = statistics.median(values)
+    if median <= 0:
+        return math.inf
+    lo, hi = _interval_ranks(n)
+    at = lambda rank: values[round(rank * (len(values) - 1) / max(1, n - 1))]  # noqa: E731
+    return (at(hi) - at(lo)) / 2 / median
 
 
 def _interval_ranks(n: int) -> tuple[int, int]:

@@ -135,6 +135,17 @@ def test_the_budget_holds_what_the_caller_does_after_the_search_beside_the_added
     assert capacity_of(wide, 20, 30, holds_20_s, lambda capacity: 10.0)[0].n_seeds == 30
 
 
+def test_seeds_split_between_two_calibrations_get_no_more_seeds_that_cannot_narrow_them():
+    # seed s runs on calibration s % 2 (a pool of two), and the two bursts' twins are x2.4 apart
+    rng = random.Random(13)
+    split = [(0.55 if s % 2 == 0 else 1.3) * 2.0 ** rng.gauss(0.0, 0.05) for s in range(40)]
+    found, runs = capacity_of(split, 20, 30)
+    assert found.n_seeds == 20 and found.half_width > 0.3
+    assert cap._expected_half_width(found.seed_capacities, 30) > cap.TARGET_HALF_WIDTH
+    one = [2.0 ** rng.gauss(0.0, 0.25) for _ in range(40)]   # one calibration's spread: more seeds narrow it
+    assert cap._expected_half_width(one[:20], 30) < cap._expected_half_width(split[:20], 30)
+
+
 def test_a_narrow_interval_gets_no_more_seeds():
     rng = random.Random(12)
     narrow = [2.0 ** rng.gauss(0.0, 0.05) for _ in range(40)]
