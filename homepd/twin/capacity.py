@@ -50,8 +50,8 @@ FINE_STEPS_PER_OCTAVE = 16       # a grid step of 4.4 %
 MAX_BRACKET_MOVES = 12
 SEED_FLOOR_OCTAVES = 2   # how far under the coarse bracket a seed's own search may go
 TARGET_HALF_WIDTH = 0.12   # seeds are added while the interval is wider than this share either way ...
-MORE_SEEDS = 10            # ... this many at a time (CapacityQuestion.max_seeds), where the seeds so far (at least
-MIN_JUDGED_SEEDS = 10      # this many) say that the interval of max_seeds would be within the target
+MORE_SEEDS = 10            # ... this many at a time (CapacityQuestion.max_seeds) ...
+MIN_JUDGED_SEEDS = 10      # ... where this many seeds or more say that max_seeds would bring it within the target
 PREDICTION_DRAWS = 16   # a check's trace is short: its draws cost ~0.1 s each
 
 
