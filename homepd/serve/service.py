@@ -26,6 +26,7 @@ from homepd.core.protocol import StepRecord
 from homepd.engine.controller import Engine
 from homepd.engine.topology import topology_for
 from homepd.launch import config_origin
+from homepd.measure.steplog import StepLog
 from homepd.measure.stepstream import StepSample, StepSampler, TokenGaps
 from homepd.measure.trace.traffic import Route
 from homepd.serve.advice import AdviceCollector, LiveAdvisor
@@ -104,6 +105,8 @@ class Service:
                                            max_rows=settings.traffic_retention_rows,
                                            max_age_days=settings.traffic_retention_days)
             self.metrics.registry.register(TrafficCollector(self.traffic))
+        # every engine step as a JSON line (--step-log), opened before anything loads: a bad path is said at once
+        self.step_log = StepLog(settings.step_log) if settings.step_log else None
         self.advisor = None                           # live advice (off with --no-advice)
         if settings.advice:
             self.advisor = LiveAdvisor(self)
@@ -173,6 +176,8 @@ class Service:
             await asyncio.to_thread(self.traffic.stop)
         if self.advisor is not None:
             self.advisor.close()  # its twin's child process, its model vocabulary
+        if self.step_log is not None:
+            self.step_log.close()
         if self.state != "failed":
             self.state = "stopped"
 
@@ -345,6 +350,8 @@ class Service:
         ``kept_store``: the KV store its model's previous engine kept (``homepd.serve.loader``)."""
         engine = Engine(config, setup, sampler=self.sampler, kept_store=kept_store)
         engine.step_listeners.append(self._on_step)
+        if self.step_log is not None:
+            engine.step_listeners.append(lambda step, model=config.model: self.step_log.write(model, step))
         return engine
 
     async def until_admitting(self) -> None:

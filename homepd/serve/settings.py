@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 from dataclasses import dataclass, field
 
 from homepd.config import option as _opt, parse_bool, parse_size
@@ -125,6 +126,10 @@ class ServeSettings:
         "traffic-retention-rows", int, "at most this many recorded requests are kept (the newest)"))
     db: str | None = field(default=None, metadata=_opt(
         "db", help="the store the traffic is recorded in (default: $HOMEPD_DB, else the XDG data dir)"))
+    step_log: str | None = field(default=None, metadata=_opt(
+        "step-log", help="append every engine step to this file as a JSON line (its tokens, KV cells, prompt "
+                         "budget, grant, store time and duration): what a gap or a slow first token came from "
+                         "(default: none)", metavar="FILE"))
     warmup: bool = field(default=True, metadata=_opt(
         "warmup", parse_bool, "run one short request before reporting ready",
         action=argparse.BooleanOptionalAction))
@@ -194,6 +199,9 @@ class ServeSettings:
         for name in ("chat_class", "completions_class"):
             if getattr(self, name) not in REQUEST_CLASSES:
                 raise ConfigError(f"{name} must be one of {', '.join(REQUEST_CLASSES)}, got {getattr(self, name)!r}")
+        if self.step_log is not None and (not self.step_log or os.path.isdir(self.step_log)
+                                          or not os.path.isdir(os.path.dirname(os.path.abspath(self.step_log)))):
+            raise ConfigError(f"--step-log needs a file in an existing directory, got {self.step_log!r}")
         if self.api_key is not None and (self.api_key != self.api_key.strip() or not self.api_key.isprintable()):
             raise ConfigError("the API key has leading or trailing spaces or control characters, which no "
                               "'Authorization: Bearer' header can carry; set it without them")

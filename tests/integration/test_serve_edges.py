@@ -23,9 +23,12 @@ HEADER_TIMEOUT_S = 1.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc = ServeProcess(tmp_path_factory.mktemp("edges"), "--backend", "fake", "--n-ctx", "512",
+    home = tmp_path_factory.mktemp("edges")
+    proc = ServeProcess(home, "--backend", "fake", "--n-ctx", "512",
                         "--max-prompt-bytes", str(MAX_PROMPT_BYTES), "--max-messages", str(MAX_MESSAGES),
-                        "--header-timeout", str(HEADER_TIMEOUT_S), api_key=None)
+                        "--header-timeout", str(HEADER_TIMEOUT_S), "--step-log", str(home / "steps.jsonl"),
+                        api_key=None)
+    proc.step_log = home / "steps.jsonl"
     yield proc.wait_ready()
     assert proc.terminate() == 0, proc.log()
 
@@ -55,6 +58,16 @@ def post_raw(client: httpx.Client, path: str, body: bytes | str) -> httpx.Respon
 def test_wrong_types_are_400_not_coerced(client, field, value):
     error = error_of(client.post("/v1/chat/completions", json=chat(**{field: value})), 400)
     assert error["param"] == field and error["code"] == "invalid_value", error
+
+
+def test_the_step_log_has_a_line_for_every_step_of_a_request(server, client):
+    before = server.step_log.read_text().splitlines()   # the warm-up's steps, at least
+    reply = client.post("/v1/chat/completions", json=chat(max_tokens=4))
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+    rows = [json.loads(line) for line in server.step_log.read_text().splitlines()[len(before):]]
+    assert before and sum(r["n_decode_tokens"] for r in rows) >= 3 and any(r["n_prompt_tokens"] for r in rows)
+    assert all(r["model"] == MODEL and r["duration_ms"] >= 0 and r["worker"] for r in rows)
+    assert len({r["index"] for r in rows}) == len(rows)
 
 
 def test_an_integer_is_still_a_valid_float(client):

@@ -92,3 +92,40 @@ def test_the_live_profile_counts_each_request_as_it_asks_including_one_refused_f
     assert window.n_requests == 0  # none has ended
     assert window.rate_by_class == {"interactive": pytest.approx(2 / window.span_s),
                                     "background": pytest.approx(1 / window.span_s)}
+
+
+def test_the_step_log_appends_every_step_of_each_model_s_engine_as_a_json_line(tmp_path, caplog):
+    import json
+    import time
+
+    from homepd.errors import ConfigError
+    from homepd.measure.steplog import StepLog
+
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"earlier": "run"}\n')          # appended to, never truncated
+    svc = Service(EngineConfig(backend="fake", itl_budget_ms=100.0),
+                  ServeSettings(record_traffic=False, step_log=str(path)))
+    setup = types.SimpleNamespace(model_path="voice.gguf", model_fingerprint="f")   # what launch.prepare gives
+    engine = svc.new_engine(EngineConfig(backend="fake", model="voice"), setup)
+    granted = StepRecord("colocated", 7, time.monotonic() - 0.05, time.monotonic(), ("a", "b"), (("p", 12),),
+                         budget=12, kv_in_use=768, granted_to="p", store_ms=1.5, n_waiting_for_id=1)
+    for listener in engine.step_listeners:   # what the engine calls as each step ends
+        listener(granted)
+    lines = path.read_text().splitlines()     # line-buffered: in the file once the step has ended
+    assert len(lines) == 2 and svc.step_log.n_written == 1
+    row = json.loads(lines[1])
+    assert row["model"] == "voice" and row["worker"] == "colocated" and row["index"] == 7
+    assert (row["n_prompt_tokens"], row["n_decode_tokens"], row["kv_in_use"], row["budget"]) == (12, 2, 768, 12)
+    assert row["granted_to"] == "p" and row["decode"] == ["a", "b"] and row["prefill"] == [["p", 12]]
+    assert row["duration_ms"] == pytest.approx(50.0, abs=5.0) and abs(row["t_start_s"] - time.time()) < 5.0
+
+    svc.step_log._file.close()                # a write that fails stops the log, not the service
+    svc.step_log.write("voice", granted)
+    assert svc.step_log.n_written == 1 and "stopped after 1 steps" in caplog.text
+    svc.step_log.write("voice", granted)      # and is not tried again
+
+    with pytest.raises(ConfigError, match="--step-log"):
+        StepLog(str(tmp_path))                # a directory
+    for bad in (str(tmp_path / "no-such-dir" / "steps.jsonl"), str(tmp_path), ""):
+        with pytest.raises(ConfigError, match="--step-log"):
+            ServeSettings(step_log=bad).validated()
