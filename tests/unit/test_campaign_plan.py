@@ -196,3 +196,49 @@ def test_the_eta_is_bounded_by_the_budget_left_and_past_it_is_the_pace_so_far():
     assert left[0] == pytest.approx(50.0, abs=1.0)     # the pace so far: 10 s a step, 5 to go, within the budget
     assert left[1] == pytest.approx(10.0, abs=1.0)     # the budget left bounds it
     assert left[2] == pytest.approx(24.0, abs=1.0)     # past the budget, the last step still runs: not 0
+
+
+def test_the_eta_counts_down_between_steps_and_never_under_the_steps_after_the_current_one(monkeypatch):
+    import asyncio
+
+    from homepd.advise.campaign import run as campaign_run
+
+    seen = []
+    campaign = Campaign(BASE, AdviseSettings(wall_budget_s=None), on_progress=seen.append)
+    now = time.monotonic()
+    campaign._t0, campaign._done, campaign._total = now - 20.0, 2, 6
+    campaign._report("the twin")                            # 10 s a step so far, 4 to go: 40 s
+    said = seen[-1]
+    assert said.eta_s == pytest.approx(40.0, abs=0.5)
+    later = campaign.ticked(campaign._last_s + 5.0)
+    assert later.eta_s == pytest.approx(35.0, abs=0.5) and later.elapsed_s == pytest.approx(said.elapsed_s + 5.0)
+    assert later.current == "the twin" and (later.done, later.total) == (2, 6)
+    stuck = campaign.ticked(campaign._last_s + 25.0)        # the stage overran: the 3 steps after it still take 30 s
+    assert stuck.eta_s == pytest.approx(30.0, abs=0.5)
+    campaign._done = campaign._total = 6
+    campaign._report("recommendation")
+    assert campaign.ticked(time.monotonic() + 5.0) is None  # nothing left to count down
+
+    # the campaign's own ticker says it between the steps
+    monkeypatch.setattr(campaign_run, "PROGRESS_TICK_S", 0.01)
+
+    async def ticks() -> list:
+        got, heard = [], asyncio.Event()
+
+        def on_progress(p):
+            got.append(p)
+            if len(got) >= 3:
+                heard.set()
+
+        ticking = Campaign(BASE, AdviseSettings(wall_budget_s=None), on_progress=on_progress)
+        ticking._t0, ticking._done, ticking._total = time.monotonic() - 20.0, 2, 6
+        ticking._report("the twin")
+        task = asyncio.ensure_future(ticking._tick())
+        await asyncio.wait_for(heard.wait(), 5.0)
+        task.cancel()
+        return got
+
+    got = asyncio.run(ticks())
+    assert all(p.current == "the twin" for p in got)
+    assert [p.eta_s for p in got[1:]] == sorted((p.eta_s for p in got[1:]), reverse=True)
+    assert got[-1].eta_s < got[0].eta_s

@@ -101,6 +101,7 @@ FULL_SEARCH = SearchSettings(steps_per_octave=4, grow_steps=2, max_probes=4, tim
 PROBE_SHARE = 0.85
 SCREEN_SHARE = 0.5            # full: the screen's part of the budget; the refinement gets the rest
 RECOVERY_RESERVE_S = 20.0     # per architecture's recovery scenario
+PROGRESS_TICK_S = 1.0         # the progress line counts its ETA down this often between its steps
 # why: batching lets a box serve more than one request at a time (here the adaptive chunk passed at twice the
 # serial rate), and probing above the edge is cheaper than below it (a probe's length is its requests over the
 # rate, and a failing one stops once decided)
@@ -269,6 +270,8 @@ class Campaign:
         self._calibration_steps: list = []
         self._calibration_estimate: StepEstimate | None = None
         self._done, self._total, self._t0 = 0, 0, 0.0
+        self._last: Progress | None = None   # the latest step's progress, and when it was said (the ticker's)
+        self._last_s = 0.0
         self._deadline: float | None = None   # the end of the current stage's share of the wall budget
         self._searches_left = 0
         self._screened: dict[tuple[str, str], object] = {}  # (candidate, mix) -> the screen's SearchOutcome
@@ -280,6 +283,13 @@ class Campaign:
 
     async def run(self) -> AdviseResult:
         self._t0 = time.monotonic()
+        ticker = asyncio.ensure_future(self._tick())
+        try:
+            return await self._run()
+        finally:
+            ticker.cancel()
+
+    async def _run(self) -> AdviseResult:
         setup = await asyncio.to_thread(prepare, self.base, pull=False)
         # one reading of the box for the plan and every candidate's placement
         self.box = box = self.box or await asyncio.to_thread(probe)
@@ -674,7 +684,28 @@ class Campaign:
                 eta = min(eta, left_s)
             # why not 0 past it: what is left still runs (a twin's first check always does), at the pace so far; a
             # quick run on a slow hour read "ETA 0 s" for its last 30 s
-        self.on_progress(Progress(self._done, self._total, current, elapsed, eta))
+        self._last, self._last_s = Progress(self._done, self._total, current, elapsed, eta), now
+        self.on_progress(self._last)
+
+    def ticked(self, now: float) -> Progress | None:
+        """The latest step's progress as of ``now``: its ETA counted down, and never under what the steps after the
+        current one take at the pace so far.  # why: a stage runs 15-40 s, and the line's ETA stood still meanwhile"""
+        last = self._last
+        if last is None or last.done >= last.total:
+            return None
+        since = now - self._last_s
+        eta = last.eta_s
+        if eta is not None:
+            after = (last.elapsed_s / last.done) * (last.total - last.done - 1) if last.done else 0.0
+            eta = max(eta - since, after, 0.0)
+        return replace(last, elapsed_s=last.elapsed_s + since, eta_s=eta)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_TICK_S)
+            progress = self.ticked(time.monotonic())
+            if progress is not None:
+                self.on_progress(progress)
 
 
 def predicted_chunk(estimate: StepEstimate | None, steps: list[StepRecord], itl_target_ms: float) -> int | None:
