@@ -41,13 +41,32 @@ def gemma_model_path() -> Path:
     return resolve_model("gemma3-270m-q4_k_m", progress=False)
 
 
+# the pids of every process this test process started (``track_children``): a KV segment whose owner died is this
+# process's leak only where that owner was one of them
+_CHILDREN: set[int] = set()
+
+
+def track_children() -> None:
+    """Record the pid of every ``subprocess.Popen`` (servers, CLI runs, asyncio's subprocesses) this process starts.
+    # why: under xdist the other worker's tests kill their own servers (kill -9 tests), and a segment whose dead owner
+    was theirs, still there for a moment before their cleanup, failed a test here that had started nothing"""
+    import subprocess
+
+    started = subprocess.Popen.__init__
+
+    def init(self, *args, **kwargs):
+        started(self, *args, **kwargs)
+        _CHILDREN.add(self.pid)
+
+    subprocess.Popen.__init__ = init
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_kv_segments():
-    """A test must not leave KV segments owned by this process or by a dead process.
+    """A test must not leave KV segments owned by this process, or by a process it started that has died.
 
-    Segments of other live processes (a homepd serving on this machine) are none of its business, and so are the
-    ones that were there before it: another program's server that dies during the test leaves its segments to a dead
-    owner, which are not this test's leak.
+    Segments of other live processes (a homepd serving on this machine) are none of its business, nor are the ones
+    that were there before it, nor those of another process's children (the other xdist worker's servers).
     """
     import os
 
@@ -58,7 +77,7 @@ def no_leaked_kv_segments():
         names = set()
         for name in os.listdir(SHM_DIR):
             parsed = parse_segment_name(name)
-            if parsed and (parsed[0] == os.getpid() or not pid_alive(parsed[0])):
+            if parsed and (parsed[0] == os.getpid() or (parsed[0] in _CHILDREN and not pid_alive(parsed[0]))):
                 names.add(name)
         return names
 
@@ -119,6 +138,7 @@ def pytest_configure(config):
         compile_homepd()
         compile_dependencies()
         rewrite_tests(config)
+    track_children()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(BoxShare(config.workerinput["workerid"], config.workerinput["testrunuid"]),
                                       "homepd-box-share")

@@ -26,10 +26,10 @@ from homepd.worker.loop import WorkerLoop
 from engine_helpers import PROMPTS, fake_disagg, fake_text, make_engine, run, start_controller_and_kill_it
 from worker_fakes import Outbox
 
-# every engine here is disaggregated: prefill and decode on cores apart (conftest.py).  Alone, not two_cores: a
-# killed owner's arena lives on for a moment, and the other worker's leak check (tests/conftest.py) would count it
-# as its own (measured: "leaked shared-memory segments" in a test running beside these).  The refused extents
-# need neither: one worker's loop in this process, its arena this process's
+# every engine here is disaggregated: prefill and decode on cores apart (conftest.py).  Alone, not two_cores: these
+# tests assert that no dead owner's segment is left on the box, which another worker's kill -9 test beside them
+# breaks for a moment (the autouse leak check counts only this process's children: tests/conftest.py).  The
+# refused extents need neither: one worker's loop in this process, its arena this process's
 whole_box = pytest.mark.whole_box
 
 

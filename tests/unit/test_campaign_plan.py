@@ -219,6 +219,13 @@ def test_the_eta_counts_down_between_steps_and_never_under_the_steps_after_the_c
     campaign._report("recommendation")
     assert campaign.ticked(time.monotonic() + 5.0) is None  # nothing left to count down
 
+    bounded = Campaign(BASE, AdviseSettings(wall_budget_s=50.0), on_progress=seen.append)
+    bounded._t0, bounded._done, bounded._total = time.monotonic() - 20.0, 2, 6
+    bounded._report("the twin")                              # 40 s at the pace so far, 30 s of budget left
+    assert seen[-1].eta_s == pytest.approx(30.0, abs=0.5)
+    assert bounded.ticked(bounded._last_s + 5.0).eta_s == pytest.approx(25.0, abs=0.5)   # the budget, counted down
+    assert bounded.ticked(bounded._last_s + 40.0).eta_s == pytest.approx(30.0, abs=0.5)  # past it: the pace
+
     # the campaign's own ticker says it between the steps
     monkeypatch.setattr(campaign_run, "PROGRESS_TICK_S", 0.01)
 

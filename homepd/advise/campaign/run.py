@@ -698,6 +698,9 @@ class Campaign:
         if eta is not None:
             after = (last.elapsed_s / last.done) * (last.total - last.done - 1) if last.done else 0.0
             eta = max(eta - since, after, 0.0)
+            left_s = None if self.settings.wall_budget_s is None else self._t0 + self.settings.wall_budget_s - now
+            if left_s is not None and left_s > 0:   # the budget bounds it while some is left, as ``_report`` says
+                eta = min(eta, left_s)
         return replace(last, elapsed_s=last.elapsed_s + since, eta_s=eta)
 
     async def _tick(self) -> None:
