@@ -92,11 +92,14 @@ class AppState:
         self.requests.extend(tick.requests)
 
     def add_advise_step(self, step: AdviseStep) -> None:
+        """The campaign's latest step; its candidate's count of steps done goes up where the campaign's did (a
+        twin's steps end "calibrated", "the twin done", "checked at ...": not every one in " done")."""
+        before = self.advise_step.done if self.advise_step is not None else 0
         if self.advise_step is None or step.done >= self.advise_step.done:
             self.advise_step = step
         if step.candidate:
             done = self.advise_candidates.get(step.candidate, 0)
-            self.advise_candidates[step.candidate] = done + (1 if step.current.endswith(" done") else 0)
+            self.advise_candidates[step.candidate] = done + (1 if step.done > before else 0)
 
     def chat_messages(self) -> list[dict]:
         """The conversation so far as chat messages (turns that failed are left out)."""

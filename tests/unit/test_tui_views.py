@@ -118,6 +118,24 @@ def test_advise_progress_names_its_candidate():
     assert step_from_progress(p).candidate == "colocated-chunk-64"
     p.current = "recovery: disaggregated, a worker killed mid-run"
     assert step_from_progress(p).candidate == "disaggregated"
+    for twin_step in ("colocated-adaptive: the twin on the mixed trace (20 seeds x 200 requests)",
+                      "colocated-adaptive: calibration burst", "colocated-adaptive: checked at 0.9 req/s"):
+        p.current = twin_step
+        assert step_from_progress(p).candidate == "colocated-adaptive"
+    p.current = "calibration: prefill and decode speeds"   # the box's speeds, before any candidate
+    assert step_from_progress(p).candidate is None
+
+
+def test_a_twin_candidate_counts_its_steps_done_whatever_their_words():
+    from homepd.tui.state import AppState
+
+    state = AppState()
+    for done, text in ((0, "a: calibration burst"), (1, "a: calibrated"), (1, "a: the twin on the mixed trace"),
+                       (2, "a: the twin done"), (2, "a: checking the twin at 1 req/s (mixed)"),
+                       (3, "a: checked at 1 req/s"), (3, "b: calibration burst")):
+        state.add_advise_step(step_from_progress(SimpleNamespace(done=done, total=6, current=text, elapsed_s=1.0,
+                                                                 eta_s=None)))
+    assert state.advise_candidates == {"a": 3, "b": 0}
 
 
 def test_a_stored_run_becomes_evidence_rows_per_candidate_and_mix():

@@ -119,7 +119,7 @@ class AdviseScreen(StateScreen):
         cands = Text()
         for name, done in state.advise_candidates.items():
             current = step is not None and step.candidate == name and state.advise_running
-            cands.append(f"{name} {done} run(s)" + (" ◀" if current else "") + "   ",
+            cands.append(f"{name} {done} step(s) done" + (" ◀" if current else "") + "   ",
                          style="bold" if current else "dim")
         self.query_one("#advise-candidates", Static).update(cands)
         panel = self.query_one(EvidencePanel)
