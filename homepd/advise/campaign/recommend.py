@@ -351,7 +351,7 @@ def _confidence(rows: list[Row], mix: str, winner: str) -> tuple[str, str]:
     win = next(r for r in mine if r.candidate == winner)
     rest = [r for r in mine if r.candidate != winner]
     if not rest:
-        return "low", "only one candidate is ranked (measured as the architecture it is named after)"
+        return "low", "only one candidate is ranked"
     second = rest[0]
     w, x = _score(win, by_cap) or 0.0, _score(second, by_cap) or 0.0
     gap = (w - x) / max(w, 1e-9)
