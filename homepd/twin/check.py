@@ -32,6 +32,11 @@ FAR_OFF = 0.5          # a latency figure this far off (relative) is named in th
 # confirmed their twin ran at 0.85-1.21x here (a probe's ~200 steps and the burst's fit have their own noise: at 15 %
 # one quick run in three lost a good twin for 1.16x); the bursts that misled ran 0.56-0.70x
 DRIFTED = 0.25
+# checks whose steps ran this much faster or slower than calibrated, and less than DRIFTED: trusted, and the verdict
+# says which way the capacity leans.  # why: at a twin's capacity a short check meets ~100 % whatever the twin's
+# error, so the count cannot see a pessimistic twin (three quick runs: 0.55, 0.90 and 0.81 req/s, each checked at
+# 100 %); the one that said 0.55 had run its check's steps at 0.77x their price
+LEANS = 0.10
 
 
 def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
@@ -60,6 +65,12 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     if (speed := drift(checks)) is not None:
         return False, (f"not trusted: its checks ran their steps {speed:.2f}x their calibrated time (the box "
                        f"changed since its burst); {detail}{latency}"), error
+    speeds = [c.step_speed for c in checks if c.step_speed]
+    speed = statistics.median(speeds) if speeds else None
+    if speed is not None and abs(speed - 1.0) > LEANS:
+        latency += (f"; its checks ran their steps {speed:.2f}x their calibrated time, so the box served "
+                    f"{'faster' if speed < 1 else 'slower'} than its burst said (the capacity likely "
+                    f"{'higher' if speed < 1 else 'lower'})")
     return trusted, f"{'checked' if trusted else 'not trusted'}: {detail}{latency}", error
 
 

@@ -61,3 +61,11 @@ def test_a_twin_whose_box_drifted_since_its_burst_is_not_trusted_whatever_the_co
         assert not trusted and f"{speed:.2f}x their calibrated time" in why and "12 of 12 met" in why
     trusted, why, _ = verdict((replace(inside, step_speed=1.05),))
     assert trusted and "calibrated time" not in why
+
+
+def test_a_trusted_twin_whose_checks_ran_off_its_price_says_which_way_its_capacity_leans():
+    inside = check(12, 12, (1.0,) * 12)          # at its capacity a short check meets all, whatever the twin's error
+    for speed, way in ((0.77, "faster than its burst said (the capacity likely higher)"),
+                       (1.18, "slower than its burst said (the capacity likely lower)")):
+        trusted, why, _ = verdict((replace(inside, step_speed=speed),))
+        assert trusted and why.startswith("checked") and f"{speed:.2f}x their calibrated time" in why and way in why
