@@ -62,23 +62,28 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     # a check at the capacity that box gives does not confirm the capacity of the one that served it (a burst at
     # 1/0.70 of the check's speed put colocated at 0.21 req/s, its check met 8 of 10 inside the band, and the
     # runs around it gave 0.8-1.3)
-    if (speed := drift(checks)) is not None:
+    speed = checks_speed(checks)
+    if speed is not None and abs(speed - 1.0) > DRIFTED:
         return False, (f"not trusted: its checks ran their steps {speed:.2f}x their calibrated time (the box "
                        f"changed since its burst); {detail}{latency}"), error
-    speeds = [c.step_speed for c in checks if c.step_speed]
-    speed = statistics.median(speeds) if speeds else None
+    leans = ""
     if speed is not None and abs(speed - 1.0) > LEANS:
-        latency += (f"; its checks ran their steps {speed:.2f}x their calibrated time, so the box served "
-                    f"{'faster' if speed < 1 else 'slower'} than its burst said (the capacity likely "
-                    f"{'higher' if speed < 1 else 'lower'})")
-    return trusted, f"{'checked' if trusted else 'not trusted'}: {detail}{latency}", error
+        leans = (f"; its checks ran their steps {speed:.2f}x their calibrated time, so the box served "
+                 f"{'faster' if speed < 1 else 'slower'} than its burst said (the capacity likely "
+                 f"{'higher' if speed < 1 else 'lower'})")
+    return trusted, f"{'checked' if trusted else 'not trusted'}: {detail}{latency}{leans}", error
+
+
+def checks_speed(checks: tuple[TwinCheck, ...]) -> float | None:
+    """The checks' median ``step_speed`` (None where none was read)."""
+    speeds = [c.step_speed for c in checks if c.step_speed]
+    return statistics.median(speeds) if speeds else None
 
 
 def drift(checks: tuple[TwinCheck, ...]) -> float | None:
     """The checks' median ``step_speed`` where it is off by more than ``DRIFTED`` either way (the box ran the checks
     that much slower or faster than its burst said: the burst was not the box it served on), else None."""
-    speeds = [c.step_speed for c in checks if c.step_speed]
-    speed = statistics.median(speeds) if speeds else None
+    speed = checks_speed(checks)
     return speed if speed is not None and abs(speed - 1.0) > DRIFTED else None
 
 
