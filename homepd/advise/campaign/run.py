@@ -676,16 +676,19 @@ class Campaign:
         now = time.monotonic()
         elapsed = now - self._t0
         eta = elapsed / self._done * (self._total - self._done) if self._done else None
-        if self.settings.wall_budget_s is not None:  # the budget bounds it while some is left
-            left_s = self._t0 + self.settings.wall_budget_s - now
-            if eta is None:
-                eta = max(0.0, left_s)
-            elif left_s > 0:
-                eta = min(eta, left_s)
-            # why not 0 past it: what is left still runs (a twin's first check always does), at the pace so far; a
-            # quick run on a slow hour read "ETA 0 s" for its last 30 s
-        self._last, self._last_s = Progress(self._done, self._total, current, elapsed, eta), now
+        self._last, self._last_s = Progress(self._done, self._total, current, elapsed, self._bounded(eta, now)), now
         self.on_progress(self._last)
+
+    def _bounded(self, eta: float | None, now: float) -> float | None:
+        """``eta`` bounded by the wall budget while some of it is left (the budget left where ``eta`` is None).
+        # why not 0 past it: what is left still runs (a twin's first check always does), at the pace so far; a
+        quick run on a slow hour read "ETA 0 s" for its last 30 s"""
+        if self.settings.wall_budget_s is None:
+            return eta
+        left_s = self._t0 + self.settings.wall_budget_s - now
+        if eta is None:
+            return max(0.0, left_s)
+        return min(eta, left_s) if left_s > 0 else eta
 
     def ticked(self, now: float) -> Progress | None:
         """The latest step's progress as of ``now``: its ETA counted down, and never under what the steps after the
@@ -697,10 +700,7 @@ class Campaign:
         eta = last.eta_s
         if eta is not None:
             after = (last.elapsed_s / last.done) * (last.total - last.done - 1) if last.done else 0.0
-            eta = max(eta - since, after, 0.0)
-            left_s = None if self.settings.wall_budget_s is None else self._t0 + self.settings.wall_budget_s - now
-            if left_s is not None and left_s > 0:   # the budget bounds it while some is left, as ``_report`` says
-                eta = min(eta, left_s)
+            eta = self._bounded(max(eta - since, after, 0.0), now)
         return replace(last, elapsed_s=last.elapsed_s + since, eta_s=eta)
 
     async def _tick(self) -> None:
