@@ -17,19 +17,8 @@ MIB = 2 ** 20
 
 
 def step_from_progress(p) -> AdviseStep:
-    """``homepd.advise.campaign.run.Progress`` -> ``AdviseStep``; the candidate is the name before ': ' (a twin's
-    steps: "colocated-adaptive: the twin on the mixed trace"), else before ' on the ' (a measured probe's), or after
-    'recovery: ', as the campaign words its steps."""
-    current = p.current
-    candidate = None
-    head = current.split(": ", 1)[0]
-    if current.startswith("recovery: "):
-        candidate = current[len("recovery: "):].split(",", 1)[0]
-    elif ": " in current and " " not in head and head != "calibration":   # (a candidate's name has no space)
-        candidate = head
-    elif " on the " in current:
-        candidate = current.split(" on the ", 1)[0]
-    return AdviseStep(p.done, p.total, current, candidate, p.elapsed_s, p.eta_s)
+    """``homepd.advise.campaign.run.Progress`` -> ``AdviseStep`` (the candidate is the one the campaign names)."""
+    return AdviseStep(p.done, p.total, p.current, p.candidate, p.elapsed_s, p.eta_s)
 
 
 def recommendation_view(advice: RunAdvice | None) -> RecommendationView | None:

@@ -207,12 +207,13 @@ def test_the_eta_counts_down_between_steps_and_never_under_the_steps_after_the_c
     campaign = Campaign(BASE, AdviseSettings(wall_budget_s=None), on_progress=seen.append)
     now = time.monotonic()
     campaign._t0, campaign._done, campaign._total = now - 20.0, 2, 6
-    campaign._report("the twin")                            # 10 s a step so far, 4 to go: 40 s
+    campaign._report("the twin", "colocated-adaptive")      # 10 s a step so far, 4 to go: 40 s
     said = seen[-1]
     assert said.eta_s == pytest.approx(40.0, abs=0.5)
     later = campaign.ticked(campaign._last_s + 5.0)
     assert later.eta_s == pytest.approx(35.0, abs=0.5) and later.elapsed_s == pytest.approx(said.elapsed_s + 5.0)
-    assert later.current == "the twin" and (later.done, later.total) == (2, 6)
+    assert later.current == "the twin" and later.candidate == "colocated-adaptive"
+    assert (later.done, later.total) == (2, 6)
     stuck = campaign.ticked(campaign._last_s + 25.0)        # the stage overran: the 3 steps after it still take 30 s
     assert stuck.eta_s == pytest.approx(30.0, abs=0.5)
     campaign._done = campaign._total = 6

@@ -112,29 +112,33 @@ def test_chat_stats_come_from_the_request_s_timings():
     assert (nothing.mode, nothing.ttft_ms, nothing.error) == ("colocated", None, "worker died")
 
 
-def test_advise_progress_names_its_candidate():
-    p = SimpleNamespace(done=2, total=9, current="colocated-chunk-64 on the long trace (repeat 1/2)",
-                        elapsed_s=30.0, eta_s=105.0)
-    assert step_from_progress(p).candidate == "colocated-chunk-64"
-    p.current = "recovery: disaggregated, a worker killed mid-run"
-    assert step_from_progress(p).candidate == "disaggregated"
+def test_advise_progress_carries_the_candidate_the_campaign_names():
+    import time
+
+    from homepd.advise.campaign.run import AdviseSettings, Campaign
+    from homepd.config import EngineConfig
+
+    seen = []
+    campaign = Campaign(EngineConfig(backend="fake"), AdviseSettings(wall_budget_s=None), on_progress=seen.append)
+    campaign._t0 = time.monotonic()
+    campaign._report("colocated-chunk-64 on the long trace at 0.5 req/s (repeat 1/2)", "colocated-chunk-64")
+    campaign._report("recovery: disaggregated, a worker killed mid-run", "disaggregated")
     for twin_step in ("colocated-adaptive: the twin on the mixed trace (20 seeds x 200 requests)",
                       "colocated-adaptive: calibration burst", "colocated-adaptive: checked at 0.9 req/s"):
-        p.current = twin_step
-        assert step_from_progress(p).candidate == "colocated-adaptive"
-    p.current = "calibration: prefill and decode speeds"   # the box's speeds, before any candidate
-    assert step_from_progress(p).candidate is None
+        campaign._report(twin_step, "colocated-adaptive")
+    campaign._report("calibration: prefill and decode speeds")   # the box's speeds, before any candidate
+    steps = [step_from_progress(p) for p in seen]
+    assert [s.candidate for s in steps] == ["colocated-chunk-64", "disaggregated", *["colocated-adaptive"] * 3, None]
+    assert steps[2].current.startswith("colocated-adaptive: the twin on the mixed trace")
 
 
 def test_a_twin_candidate_counts_its_steps_done_whatever_their_words():
-    from homepd.tui.state import AppState
-
     state = AppState()
     for done, text in ((0, "a: calibration burst"), (1, "a: calibrated"), (1, "a: the twin on the mixed trace"),
                        (2, "a: the twin done"), (2, "a: checking the twin at 1 req/s (mixed)"),
                        (3, "a: checked at 1 req/s"), (3, "b: calibration burst")):
         state.add_advise_step(step_from_progress(SimpleNamespace(done=done, total=6, current=text, elapsed_s=1.0,
-                                                                 eta_s=None)))
+                                                                 eta_s=None, candidate=text.split(":")[0])))
     assert state.advise_candidates == {"a": 3, "b": 0}
 
 

@@ -164,12 +164,14 @@ class AdviseSettings:
 
 @dataclass(frozen=True)
 class Progress:
-    """Where the campaign is: runs done of the total, the current step, elapsed and estimated time left."""
+    """Where the campaign is: runs done of the total, the current step (and the candidate it is for, None for the
+    campaign's own), elapsed and estimated time left."""
     done: int
     total: int
     current: str
     elapsed_s: float
     eta_s: float | None
+    candidate: str | None = None
 
 
 @dataclass
@@ -431,7 +433,7 @@ class Campaign:
         decode speeds (where searches start, and the drain allowance) and, on a one-worker candidate, the step-time
         estimate the predicted chunk comes from."""
         s = self.settings
-        self._report(f"{cand.name}: calibration burst")
+        self._report(f"{cand.name}: calibration burst", cand.name)
         trace = burst_trace(config, s.burst_per_sequence, max_tokens=s.max_tokens, long_tokens=s.long_tokens,
                             seed=s.seed * 1000 + BURST_SEED)
         t0 = time.monotonic()
@@ -439,7 +441,7 @@ class Campaign:
         if self.store is not None:  # the burst's requests and steps, as every probe's (the calibration comes at the end)
             self.store.add_result(run_id, cand.name, CALIBRATION_MIX, 0, record, steps=engine.steps_since(t0))
         if cal.unusable:   # the box was busy or stalling: once more, and the quieter of the two is kept
-            self._report(f"{cand.name}: calibration burst again (the box was busy or stalled)")
+            self._report(f"{cand.name}: calibration burst again (the box was busy or stalled)", cand.name)
             t1 = time.monotonic()
             again, record_again = await calibrate(engine, cand.name, trace, self.slo, self.sampler)
             if self.store is not None:
@@ -453,7 +455,7 @@ class Campaign:
             if config.mode.traits.single_worker:
                 self._calibration_estimate = engine.step_estimate(Role.COLOCATED)
         self.twins[cand.name] = TwinEvidence(cand.name, cal, config=config)
-        self._step_done(f"{cand.name}: calibrated")
+        self._step_done(f"{cand.name}: calibrated", cand.name)
         return cal
 
     async def _twin_search(self, engine, cand: Candidate, config: EngineConfig, cal: Calibration, mix: str,
@@ -471,7 +473,7 @@ class Campaign:
             self._pools[cand.name] = tuple(c for _, c in earlier)
         pooled = f", pooled with run(s) {', '.join(map(str, mine.pooled_runs))}" if mine.pooled_runs else ""
         self._report(f"{cand.name}: the twin on the {mix} trace ({s.twin_seeds} seeds x {s.twin_requests} requests"
-                     f"{pooled})")
+                     f"{pooled})", cand.name)
         search = TwinSearch(config, cal, mix, self.slo, self.speeds, self._budgeted(s.search),
                             make=lambda rate, n, seed: self._trace(mix, n, rate, seed),
                             tokenize=lambda r: engine.prepare(r.prompt, messages=list(r.messages) if r.messages
@@ -484,7 +486,7 @@ class Campaign:
                             pool=self._pools.get(cand.name, ()), afford=self._affords,
                             check_span_s=s.check_span_s, half_width=s.twin_half_width)
         found = await search.run(self._start_rate(mix), seed=s.seed,
-                                 on_simulated=lambda: self._step_done(f"{cand.name}: the twin done"))
+                                 on_simulated=lambda: self._step_done(f"{cand.name}: the twin done", cand.name))
         curve = found.outcome.curve
         self.capacity[(cand.name, mix)] = evidence.capacity[(cand.name, mix)] = curve
         record = found.outcome.record_at_capacity or next(iter(found.outcome.records.values()), None)
@@ -500,7 +502,7 @@ class Campaign:
     async def _check_probe(self, engine, cand: Candidate, mix: str, trace, rate_rps: float, seed: int, run_id):
         """A twin's check: ``trace`` at ``rate_rps`` to its end (never stopped early: the twin simulates every
         request), tagged apart from the other probes; (the trace as it ran, its record, the engine's steps)."""
-        self._report(f"{cand.name}: checking the twin at {rate_rps:.3g} req/s ({mix})")
+        self._report(f"{cand.name}: checking the twin at {rate_rps:.3g} req/s ({mix})", cand.name)
         self._n_probes += 1
         trace = tagged(trace, f"[probe {self._n_probes}] ")
         record = await run_trace(engine, trace, trace_name=f"{mix}@{rate_rps:.3g}/s", slo=self.slo,
@@ -508,7 +510,7 @@ class Campaign:
         steps = engine.steps_since(record.requests[0].arrived_s) if record.requests else []
         if self.store is not None:
             self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", 0, record, steps=steps)
-        self._step_done(f"{cand.name}: checked at {rate_rps:.3g} req/s")
+        self._step_done(f"{cand.name}: checked at {rate_rps:.3g} req/s", cand.name)
         return trace, record, steps
 
     def _repeats(self, mix: str) -> int:
@@ -561,7 +563,8 @@ class Campaign:
     async def _probe(self, engine, cand: Candidate, mix: str, repeat: int, rate_rps: float, n_requests: int,
                      seed: int, run_id) -> RunRecord:
         s = self.settings
-        self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s (repeat {repeat + 1}/{self._repeats(mix)})")
+        self._report(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s (repeat {repeat + 1}/{self._repeats(mix)})",
+                     cand.name)
         # why the tag: every probe of a search replays the same seed's requests on the same engine, so without
         # it a probe was served from the KV the probes before it left in the prefix cache and the KV store
         # (colocated-adaptive "100 % at 4 req/s" on 2 cores): each probe is tagged apart, and its requests
@@ -575,7 +578,7 @@ class Campaign:
             # why: one stored result per probe, its rate in the mix, so the history lists the curve
             self.store.add_result(run_id, cand.name, f"{mix}@{rate_rps:.3g}/s", repeat, record,
                                   steps=engine.steps_since(record.requests[0].arrived_s) if record.requests else [])
-        self._step_done(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s done")
+        self._step_done(f"{cand.name} on the {mix} trace at {rate_rps:.3g} req/s done", cand.name)
         return record
 
     async def _calibrate(self, engine) -> None:
@@ -608,7 +611,7 @@ class Campaign:
 
         config = self._config(cand)
         victim = topology_for(cand.mode).recovery_victim(config)
-        self._report(f"recovery: {cand.name}, a worker killed mid-run")
+        self._report(f"recovery: {cand.name}, a worker killed mid-run", cand.name)
         setup = await asyncio.to_thread(prepare, config, pull=False, box=self.box)
         curve = self.capacity.get((cand.name, "mixed"))
         # at the capacity; where nothing passed, at the slowest rate probed (never the raw estimate: on a crowded
@@ -632,7 +635,7 @@ class Campaign:
         self.recovery[cand.mode] = record
         if self.store is not None:
             self.store.add_result(run_id, f"{cand.name}+kill:{victim}", "mixed+kill", 0, record)
-        self._step_done(f"recovery: {cand.name} done")
+        self._step_done(f"recovery: {cand.name} done", cand.name)
 
     async def _warm_up(self, engine) -> None:
         stream = await engine.submit("Hello", params=SamplingParams(max_tokens=2))
@@ -666,17 +669,18 @@ class Campaign:
                                  {k: v for k, v in evidence.capacity.items() if k[0] in mine}))
         return rec.candidate
 
-    def _step_done(self, current: str) -> None:
+    def _step_done(self, current: str, candidate: str | None = None) -> None:
         """One unit of the campaign's progress is done (never past its total)."""
         self._done += 1
         self._total = max(self._total, self._done)
-        self._report(current)
+        self._report(current, candidate)
 
-    def _report(self, current: str) -> None:
+    def _report(self, current: str, candidate: str | None = None) -> None:
         now = time.monotonic()
         elapsed = now - self._t0
         eta = elapsed / self._done * (self._total - self._done) if self._done else None
-        self._last, self._last_s = Progress(self._done, self._total, current, elapsed, self._bounded(eta, now)), now
+        self._last = Progress(self._done, self._total, current, elapsed, self._bounded(eta, now), candidate)
+        self._last_s = now
         self.on_progress(self._last)
 
     def _bounded(self, eta: float | None, now: float) -> float | None:
