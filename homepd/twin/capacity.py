@@ -290,7 +290,7 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
     while True:
         seed_caps = yield from _seed_capacities(figures, n_seeds, lo * ratio, hi * ratio, passes, floor_rps,
                                                 q.max_rate_rps, steps_per_octave)
-        capacity, interval = _median_interval(seed_caps)
+        capacity, interval = _median_interval(seed_caps, steps_per_octave)
         # why more seeds where the interval is wide: pooled calibrations or a noisy burst spread the seeds, and 20
         # of them left one disaggregated twin's interval at +-19 %; the order statistics of more seeds narrow it
         # (ranks 5-14 of 20, 10-19 of 30: about a third narrower), and the seeds already searched are kept
@@ -300,7 +300,8 @@ def _capacity_search(q: CapacityQuestion, figures: dict[tuple[float, int], RunFi
         # why not where more seeds cannot bring it in: two pooled calibrations that disagree split the seeds in two
         # (a quick run's colocated twin: 0.50-0.71 req/s on one burst's calibration, 1.09-1.54 on the other's), and
         # its 10 seeds more took 20 s of the 2 minutes and left the interval at +-39 %
-        if n_seeds >= MIN_JUDGED_SEEDS and _expected_half_width(seed_caps, q.max_seeds) > q.half_width:
+        if n_seeds >= MIN_JUDGED_SEEDS and \
+                _expected_half_width(seed_caps, q.max_seeds, steps_per_octave) > q.half_width:
             break
         # why asked: a quick campaign's disaggregated twin added its 10 seeds after a 26-s search and ended the
         # campaign at 125 s of its 2 minutes
@@ -434,29 +435,33 @@ def _capacity_of(seen: dict[int, bool], steps: int) -> float | None:
     return _rate(max(good), steps) if good else None
 
 
-def _median_interval(caps: list[float | None]) -> tuple[float | None, tuple[float, float] | None]:
+def _median_interval(caps: list[float | None], steps: int) -> tuple[float | None, tuple[float, float] | None]:
     """The median of the seeds' capacities (a seed where nothing passed counts as 0) and the distribution-free
-    interval of the median at ``CONFIDENCE`` (order statistics of the binomial)."""
+    interval of the median at ``CONFIDENCE`` (order statistics of the binomial), on a grid of ``steps`` an octave.
+    A seed's capacity is the highest grid rate it passed, and its crossing lies below the next: so the interval
+    runs from its lower order statistic to one grid step above its upper one.  # why: seeds that all passed 2.00
+    and failed 2.18 req/s (a cliff: the box stops keeping up) gave "[2.00-2.00]", an interval of no width for a
+    crossing known only to the grid's 9 %; a measured search's spread runs to its failing rate for the same reason"""
     values = sorted(c if c is not None else 0.0 for c in caps)
     n = len(values)
     if not n:
         return None, None
     median = statistics.median(values)
     lo, hi = _interval_ranks(n)
-    return (median if median > 0 else None), (values[lo], values[hi])
+    return (median if median > 0 else None), (values[lo], values[hi] * _rate(1, steps))
 
 
-def _expected_half_width(caps: list[float | None], n: int) -> float:
-    """The half-width, as a share of the median, that the interval of ``n`` seeds drawn as ``caps`` were would have:
-    its order statistics' ranks read at the same quantiles of ``caps`` (a seed where nothing passed counts as 0;
-    infinite where the median is 0)."""
+def _expected_half_width(caps: list[float | None], n: int, steps: int) -> float:
+    """The half-width, as a share of the median, that the interval of ``n`` seeds drawn as ``caps`` were would have
+    (``_median_interval``'s, on a grid of ``steps`` an octave): its order statistics' ranks read at the same
+    quantiles of ``caps`` (a seed where nothing passed counts as 0; infinite where the median is 0)."""
     values = sorted(c if c is not None else 0.0 for c in caps)
     median = statistics.median(values)
     if median <= 0:
         return math.inf
     lo, hi = _interval_ranks(n)
     at = lambda rank: values[round(rank * (len(values) - 1) / max(1, n - 1))]  # noqa: E731
-    return (at(hi) - at(lo)) / 2 / median
+    return (at(hi) * _rate(1, steps) - at(lo)) / 2 / median
 
 
 def _interval_ranks(n: int) -> tuple[int, int]:

@@ -59,8 +59,8 @@ def test_the_median_and_interval_are_those_of_every_seed_searched_to_its_end(n_s
     for _ in range(30):
         capacities = spread_seeds(rng, n_seeds, 0.25)
         found, _ = search(capacities, 2.0 ** rng.uniform(-1.5, 1.5))
-        median, interval = cap._median_interval(found)
-        truth, truth_interval = cap._median_interval([on_grid(c) for c in capacities])
+        median, interval = cap._median_interval(found, STEPS)
+        truth, truth_interval = cap._median_interval([on_grid(c) for c in capacities], STEPS)
         assert median == pytest.approx(truth) and interval == pytest.approx(truth_interval)
 
 
@@ -81,7 +81,7 @@ def test_a_seed_left_early_keeps_a_bound_on_its_side_of_the_interval():
     # 18 seeds together, one far above and one far below: neither is read by the median or its interval
     capacities = [1.0 * 2 ** (i / 64) for i in range(18)] + [6.0, 0.2]
     found, _ = search(capacities, 1.0)
-    median, (lo, hi) = cap._median_interval(found)
+    median, (lo, hi) = cap._median_interval(found, STEPS)
     assert lo <= median <= hi
     assert hi < found[18] <= on_grid(6.0)        # searched only until it showed above the interval
     assert found[19] is None or found[19] < lo   # and this one below it
@@ -131,7 +131,7 @@ def test_the_budget_holds_what_the_caller_does_after_the_search_beside_the_added
     holds_20_s = lambda seconds: seconds <= 20.0  # noqa: E731  (the added seeds' own time here is ~0)
     found, _ = capacity_of(wide, 20, 30, holds_20_s, check_s)
     assert found.n_seeds == 20
-    assert at and at[0] == pytest.approx(cap._median_interval(found.seed_capacities[:20])[0])
+    assert at and at[0] == pytest.approx(cap._median_interval(found.seed_capacities[:20], STEPS)[0])
     assert capacity_of(wide, 20, 30, holds_20_s, lambda capacity: 10.0)[0].n_seeds == 30
 
 
@@ -141,9 +141,22 @@ def test_seeds_split_between_two_calibrations_get_no_more_seeds_that_cannot_narr
     split = [(0.55 if s % 2 == 0 else 1.3) * 2.0 ** rng.gauss(0.0, 0.05) for s in range(40)]
     found, runs = capacity_of(split, 20, 30)
     assert found.n_seeds == 20 and found.half_width > 0.3
-    assert cap._expected_half_width(found.seed_capacities, 30) > cap.TARGET_HALF_WIDTH
+    assert cap._expected_half_width(found.seed_capacities, 30, STEPS) > cap.TARGET_HALF_WIDTH
     one = [2.0 ** rng.gauss(0.0, 0.25) for _ in range(40)]   # one calibration's spread: more seeds narrow it
-    assert cap._expected_half_width(one[:20], 30) < cap._expected_half_width(split[:20], 30)
+    assert cap._expected_half_width(one[:20], 30, STEPS) < cap._expected_half_width(split[:20], 30, STEPS)
+
+
+def test_seeds_at_one_cliff_give_an_interval_one_grid_step_wide_that_holds_every_crossing():
+    # every seed's crossing lies between two grid rates (the box stops keeping up there): each seed passes the
+    # lower and fails the upper, so its capacity is the lower; the interval says where the crossings are, not "x-x"
+    rng = random.Random(14)
+    low = 2.0 ** (3 / STEPS)
+    crossings = [low * 2.0 ** (rng.uniform(0.05, 0.95) / STEPS) for _ in range(20)]
+    found, _ = capacity_of(crossings, 20, None)
+    lo, hi = found.interval_rps
+    assert found.capacity_rps == pytest.approx(low) and lo == pytest.approx(low)
+    assert hi == pytest.approx(2.0 ** (4 / STEPS)) and all(lo <= c < hi for c in crossings)
+    assert found.half_width == pytest.approx((2.0 ** (1 / STEPS) - 1) / 2)
 
 
 def test_a_narrow_interval_gets_no_more_seeds():
