@@ -513,14 +513,27 @@ def _decided_by(figures: list[RunFigures], capacity: float | None, target_share:
 def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], slo: SLO,
             speeds: tuple[float | None, float | None], rate_rps: float, n_draws: int = PREDICTION_DRAWS,
             pool: tuple[Calibration, ...] = (), processes: int | None = None) -> TwinPrediction:
-    """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise, and
-    each request's share of the draws in which it met its SLO (``TwinPrediction.chances``); the draws run in a pool
-    of processes as a capacity's runs do."""
-    runner = _Runner([_Job(config, (cal, *pool), lambda rate, seed: requests, slo, speeds)], processes)
+    """The twin's prediction of ``requests`` (a probe's own trace): means over ``n_draws`` draws of the noise, each
+    request's share of the draws in which it met its SLO (``TwinPrediction.chances``) and each draw's count of
+    requests met (``counts``); the draws run in a pool of processes as a capacity's runs do."""
+    (prediction,) = predict_at(config, cal, [(rate_rps, requests)], slo, speeds, n_draws, pool, processes)
+    return prediction
+
+
+def predict_at(config: EngineConfig, cal: Calibration, traces: list[tuple[float, list[SimRequest]]], slo: SLO,
+               speeds: tuple[float | None, float | None], n_draws: int = PREDICTION_DRAWS,
+               pool: tuple[Calibration, ...] = (), processes: int | None = None) -> list[TwinPrediction]:
+    """``predict`` for several (rate, requests) traces at once, their draws in one pool's rounds."""
+    jobs = [_Job(config, (cal, *pool), lambda rate, seed, reqs=reqs: reqs, slo, speeds) for _, reqs in traces]
+    runner = _Runner(jobs, processes)
     try:
-        ((figs, _),) = _drive(runner, [_runs_at(rate_rps, range(n_draws))])
+        answers = _drive(runner, [_runs_at(rate, range(n_draws)) for rate, _ in traces])
     finally:
         runner.close()
+    return [_prediction(figs, n_draws) for figs, _ in answers]
+
+
+def _prediction(figs: list[RunFigures], n_draws: int) -> TwinPrediction:
     n = min(len(f.met) for f in figs)
 
     def mean(values):
@@ -531,4 +544,5 @@ def predict(config: EngineConfig, cal: Calibration, requests: list[SimRequest], 
                           mean(percentile(list(f.ttft_ms), 50) for f in figs),
                           mean(percentile(list(f.ttft_ms), 90) for f in figs),
                           mean(percentile(list(f.gap_ms), 90) for f in figs), n_draws,
-                          tuple(sum(f.met[i] for f in figs) / len(figs) for i in range(n)))
+                          tuple(sum(f.met[i] for f in figs) / len(figs) for i in range(n)),
+                          tuple(sum(f.met[:n]) for f in figs))

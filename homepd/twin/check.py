@@ -51,8 +51,7 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     if all(c.predicted_chances and len(c.predicted_chances) == c.n_requests for c in checks):
         chances = [chance(p, c.n_draws) for c in checks for p in c.predicted_chances]
         met, n = sum(c.measured_met for c in checks), len(chances)
-        pmf = met_pmf(chances)
-        low, high = band(pmf, ALPHA)
+        low, high = met_band(chances, [c.predicted_counts for c in checks])
         trusted = low <= met <= high
         detail += f" ({met} of {n} met, the twin's {1 - ALPHA:.0%} band {low}-{high})"
     else:
@@ -102,6 +101,18 @@ def met_pmf(chances: list[float]) -> list[float]:
             nxt[k + 1] += q * p
         pmf = nxt
     return pmf
+
+
+def met_band(chances: list[float], counts: list[tuple[int, ...]]) -> tuple[int, int]:
+    """The counts of requests met that a twin allows on its checks: the Poisson-binomial band of ``chances`` (each
+    request's, ``chance``), widened to the draws' own range where every check kept its draws' ``counts`` (the sums
+    of each check's lowest and of its highest).  # why: a draw's noise moves its requests together (a slow draw
+    slows them all), which independent chances do not hold; at a check's capacity that is nothing (every chance is
+    near 1), but a check where the trace loses requests needs it, or it refuses a good twin"""
+    low, high = band(met_pmf(chances), ALPHA)
+    if counts and all(counts):
+        low, high = min(low, sum(min(c) for c in counts)), max(high, sum(max(c) for c in counts))
+    return low, high
 
 
 def band(pmf: list[float], alpha: float) -> tuple[int, int]:

@@ -91,6 +91,7 @@ class TwinPrediction:
     gap_ms_p90: float | None
     n_draws: int
     chances: tuple[float, ...] = ()   # each request's share of the draws in which it met its SLO, in trace order
+    counts: tuple[int, ...] = ()      # each draw's count of requests that met it
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class TwinCheck:
     # (): a check stored before they were kept (``homepd.twin.check`` then judges by the error alone)
     predicted_chances: tuple[float, ...] = ()
     n_draws: int = 0
+    # each draw's count of requests met (a slow draw slows them all: the counts spread wider than independent
+    # chances say where the trace loses requests); (): a check stored before they were kept
+    predicted_counts: tuple[int, ...] = ()
     # the probe's steps' measured time over the calibration's price for them (``calibration.step_speed``, a
     # median): 1.3, the box ran 30 % slower than during its burst; None: not measured (a run stored before)
     step_speed: float | None = None

@@ -69,3 +69,15 @@ def test_a_trusted_twin_whose_checks_ran_off_its_price_says_which_way_its_capaci
                        (1.18, "slower than its burst said (the capacity likely lower)")):
         trusted, why, _ = verdict((replace(inside, step_speed=speed),))
         assert trusted and why.startswith("checked") and f"{speed:.2f}x their calibrated time" in why and way in why
+
+
+def test_draws_that_move_their_requests_together_widen_the_band_to_their_own_counts():
+    # 16 requests, and 16 draws of which half met all 16 and half met 8: every request's chance is 3/4, and
+    # independent chances put the count at 9-15; the draws themselves gave 8 and 16
+    counts = (16,) * 8 + (8,) * 8
+    chances = (0.75,) * 16
+    together = replace(check(16, 16, chances), predicted_counts=counts)
+    alone = check(16, 16, chances)
+    assert not verdict((alone,))[0]           # all 16 met lies past the independent band
+    assert verdict((together,))[0]            # a draw the twin itself gave
+    assert not verdict((replace(together, measured_attainment=4 / 16),))[0]   # under every draw's count: refused

@@ -11,6 +11,7 @@ from homepd.advise.campaign.twinned import TwinSearch
 from homepd.measure.metrics import SLO, summarize
 from homepd.measure.replay import RunRecord
 from homepd.measure.trace import make_trace
+from homepd.twin.check import verdict
 from homepd.twin.sim import simulate
 from homepd.twin.traces import of_trace
 
@@ -25,17 +26,18 @@ def make(rate, n, seed):
     return make_trace("mixed", n, rate, max_tokens=16, long_tokens=120, ignore_eos=True, seed=seed)
 
 
-def search(n_checks: int, afford) -> tuple[int, object]:
+def search(n_checks: int, afford, box=CAL, cal=CAL) -> tuple[int, object]:
+    """``box``: the calibration the "measured" probes run on (the twin's own: a twin that is right)."""
     probes = []
 
     async def run_probe(trace, rate, seed):
         probes.append(rate)
-        run = simulate(CONFIG, CAL, of_trace(trace, [tokenize(r) for r in trace]), seed)
+        run = simulate(CONFIG, box, of_trace(trace, [tokenize(r) for r in trace]), seed)
         return trace, RunRecord(mode="colocated", config={}, trace_name="mixed", summary=summarize(run.requests, []),
                                 stalls=(), worker_events=(), memory=(), kv_arena_bytes=0, energy_j={},
                                 requests=tuple(run.requests)), run.steps
 
-    twin = TwinSearch(CONFIG, CAL, "mixed", SLO_, (None, None), SearchSettings(), make, tokenize, run_probe,
+    twin = TwinSearch(CONFIG, cal, "mixed", SLO_, (None, None), SearchSettings(), make, tokenize, run_probe,
                       n_checks=n_checks, n_seeds=N_SEEDS, n_requests=N_REQUESTS, steps_per_octave=8,
                       check_requests=8, afford=afford)
     found = asyncio.run(twin.run(1.0))
@@ -68,3 +70,23 @@ def test_a_check_spans_at_most_its_span_and_never_fewer_requests_than_a_probe():
     assert whole.check_size(0.2) == 12
     # what the budget reserves for it: its arrivals' span and a tail
     assert capped.check_s(0.5) > 9 / 0.5 and whole.check_s(0.5) > capped.check_s(0.5) and capped.check_s(None) == 0
+
+
+def test_a_check_after_the_first_runs_where_its_trace_loses_requests_and_a_right_twin_stays_trusted():
+    n, found = search(2, lambda seconds: True)
+    first, second = found.checks
+    assert second.rate_rps > first.rate_rps == found.twin.capacity_rps
+    assert max(second.predicted_counts) < second.n_requests      # the twin's draws lose requests there
+    assert verdict(found.checks)[0]
+
+
+def test_a_pessimistic_twin_passes_a_check_at_its_capacity_and_is_refused_by_the_one_above():
+    # the twin prices the controller's template and tokenizer at 400 ms a request, which the box does in no time:
+    # its steps are priced right (no drift to see), its capacity is too low
+    slow = one_worker(CONFIG, fixed_cost(60.0, 1.5, 5.0), prepare_ms=400.0)
+    _, alone = search(1, lambda seconds: True, box=CAL, cal=slow)
+    assert verdict(alone.checks)[0]          # at the capacity the box meets every request, as the twin says
+    _, found = search(2, lambda seconds: True, box=CAL, cal=slow)
+    second = found.checks[1]
+    assert second.rate_rps > found.twin.capacity_rps and second.measured_met > max(second.predicted_counts)
+    assert not verdict(found.checks)[0]

@@ -1,8 +1,10 @@
 """A candidate's capacity from its twin, checked against measurement on its own engine.
 
 The order, for one candidate on one mix (``TwinSearch.run``): the twin simulates the candidate on ``N_SEEDS``
-seeds of the mix's seeded trace (``homepd.twin.capacity``); then measured probes at the capacity it found (where
-the answer is decided: the 90 % crossing), each simulated as it ran and compared (``TwinCheck``); then the verdict
+seeds of the mix's seeded trace (``homepd.twin.capacity``); then measured probes, each simulated as it ran and
+compared (``TwinCheck``): the first at the capacity it found (where the answer is decided: the 90 % crossing), any
+after it a little above, where the twin says the check's own short trace loses requests (``telling_rate``: at the
+capacity a short check meets them all whether the twin is right or pessimistic); then the verdict
 (``homepd.twin.check``).  Trusted, the answer is the twin's capacity and its interval; not trusted, the measured
 probes' own curve, and the evidence says why.  The measured probes' records are the evidence's figures at the
 capacity, as a measured search's are.
@@ -30,8 +32,8 @@ from homepd.measure.trace import Trace
 from homepd.measure.trace.model import tagged
 from homepd.twin.calibration import Calibration, step_speed
 from homepd.twin.capacity import (FINE_STEPS_PER_OCTAVE, N_REQUESTS, N_SEEDS, TARGET_HALF_WIDTH, predict,
-                                  twin_capacity)
-from homepd.twin.check import verdict
+                                  predict_at, twin_capacity)
+from homepd.twin.check import chance, met_band, verdict
 from homepd.twin.records import TwinCapacity, TwinCheck
 from homepd.twin.traces import TWIN_TAG, TraceRequests, of_trace
 
@@ -40,6 +42,7 @@ MIN_CHECK_REQUESTS = 16        # a check probe's requests at least (one request:
 # what a check takes past its arrivals (the last requests' answers, the twin's prediction of the trace), as the
 # budget reserves it: 1-5 s measured here (12 requests at 1.09 req/s took 14.5 s, at 0.37 req/s 31 s)
 CHECK_TAIL_S = 5.0
+TELLING_STEPS = (0.25, 0.5, 0.75, 1.0)   # octaves above the capacity where a check after the first may run
 TWIN_SOURCE = "twin"
 
 
@@ -110,16 +113,20 @@ class TwinSearch:
                 break
             t0 = time.monotonic()
             check_seed = CHECK_SEED_BASE + seed * 10 + i
-            n = self.check_size(rate)
-            trace = self.make(rate, n, check_seed)
-            trace, record, steps = await self.run_probe(trace, rate, check_seed)
+            # why the first at the capacity: its record is the evidence's figures there, which the rule reads (a
+            # disaggregated candidate's TTFT and per-token shares); the next where a check can refuse either way
+            at = rate if i == 0 or twin.capacity_rps is None else \
+                await asyncio.to_thread(self.telling_rate, rate, check_seed)
+            n = self.check_size(at)
+            trace = self.make(at, n, check_seed)
+            trace, record, steps = await self.run_probe(trace, at, check_seed)
             ids = [tuple(self.tokenize(r)) for r in trace]
             predicted = await asyncio.to_thread(predict, self.config, self.cal, of_trace(trace, ids), self.slo,
-                                                self.speeds, rate, pool=self.pool)
-            probe = probe_of(record, rate, check_seed, self.slo, self.speeds, n_planned=n)
+                                                self.speeds, at, pool=self.pool)
+            probe = probe_of(record, at, check_seed, self.slo, self.speeds, n_planned=n)
             checks.append(check_of(record, probe, predicted, self.mix, step_speed(self.cal, steps)))
             probes.append(probe)
-            records[rate] = record
+            records[at] = record
             last_s = time.monotonic() - t0
         trusted, _, _ = verdict(tuple(checks))
         if trusted and twin.capacity_rps is not None:
@@ -130,6 +137,23 @@ class TwinSearch:
         else:
             curve = curve_at_rates(self.cal.candidate, self.mix, probes, self.search.target_share)
         return TwinOutcome(SearchOutcome(curve, records.get(rate), records), twin, tuple(checks))
+
+    def telling_rate(self, capacity_rps: float, check_seed: int) -> float:
+        """Where a check after the first runs: the lowest rate of ``TELLING_STEPS`` above the capacity at which the
+        twin's band for that check's own trace (``met_band``) leaves out every request met, so that the check can
+        refuse a twin that is pessimistic as well as one that is optimistic; the capacity where none does.
+        # why: at the capacity a short check meets nearly every request whatever the twin's error (three quick runs'
+        twins said 0.55, 0.90 and 0.81 req/s, and each one's check met 12 of 12 inside its band)"""
+        traces = []
+        for k in TELLING_STEPS:
+            rate = capacity_rps * 2 ** k
+            trace = self.make(rate, self.check_size(rate), check_seed)
+            traces.append((rate, of_trace(trace, [tuple(self.tokenize(r)) for r in trace])))
+        predictions = predict_at(self.config, self.cal, traces, self.slo, self.speeds, pool=self.pool)
+        for (rate, requests), p in zip(traces, predictions):
+            if met_band([chance(c, p.n_draws) for c in p.chances], [p.counts])[1] < len(requests):
+                return rate
+        return capacity_rps
 
     def check_size(self, rate_rps: float) -> int:
         """A check's requests at ``rate_rps``: ``check_requests``, fewer where their arrivals would span more than
@@ -158,4 +182,5 @@ def check_of(record: RunRecord, probe: Probe, predicted, mix: str = "", speed: f
                      measured_ttft_ms_p90=percentile(ttft, 90), measured_gap_ms_p90=percentile(gaps, 90),
                      predicted_attainment=predicted.attainment, predicted_ttft_ms_p50=predicted.ttft_ms_p50,
                      predicted_ttft_ms_p90=predicted.ttft_ms_p90, predicted_gap_ms_p90=predicted.gap_ms_p90,
-                     mix=mix, predicted_chances=predicted.chances, n_draws=predicted.n_draws, step_speed=speed)
+                     mix=mix, predicted_chances=predicted.chances, n_draws=predicted.n_draws, step_speed=speed,
+                     predicted_counts=predicted.counts)
