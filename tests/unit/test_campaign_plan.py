@@ -80,11 +80,17 @@ def test_the_refinement_takes_each_architectures_best_on_each_mix_and_never_an_u
     for name in ("colocated-chunk-256", "colocated-adaptive", "colocated-unchunked"):
         campaign.capacity[(name, "long")] = curve(name, "long", None)
     assert "long" in campaign._contenders(cands, evidence)["colocated-adaptive"]
-    # with the twin, a mix it can simulate was answered on many seeds and checked: nothing left to refine there
+    # with the twin, a mix it answered on many seeds and its checks confirmed is not refined
     twinned = Campaign(BASE, AdviseSettings())
-    twinned.capacity = campaign.capacity
-    got = twinned._contenders(cands, evidence)
-    assert "mixed" not in {m for mixes in got.values() for m in mixes}
+    twinned.capacity = {key: replace(c, source="twin") for key, c in campaign.capacity.items()}
+    assert twinned._contenders(cands, evidence) == {}
+    # where a twin was not confirmed, its curve is its checks' own: refined where it leaves room above its
+    # architecture's best answer (nothing passed: the room reaches its lowest failing rate, here none)
+    twinned.capacity[("disaggregated", "mixed")] = curve("disaggregated", "mixed", None)
+    twinned.capacity[("colocated-chunk-256", "mixed")] = curve("colocated-chunk-256", "mixed", 0.5)   # to 0.7
+    assert twinned._contenders(cands, evidence) == {"disaggregated": ("mixed",)}
+    twinned.capacity[("colocated-chunk-256", "mixed")] = curve("colocated-chunk-256", "mixed", 0.6)   # to 0.8
+    assert twinned._contenders(cands, evidence) == {"colocated-chunk-256": ("mixed",), "disaggregated": ("mixed",)}
 
 
 def lifecycle(i: int, arrived: float, ended: float, klass: str = "interactive", n_prompt: int = 40) -> Lifecycle:
