@@ -81,3 +81,15 @@ def test_draws_that_move_their_requests_together_widen_the_band_to_their_own_cou
     assert not verdict((alone,))[0]           # all 16 met lies past the independent band
     assert verdict((together,))[0]            # a draw the twin itself gave
     assert not verdict((replace(together, measured_attainment=4 / 16),))[0]   # under every draw's count: refused
+
+
+def test_pooled_checks_add_their_counts_up_so_one_far_off_check_is_not_hidden_by_the_others():
+    # three checks as the twin saw them, and a fourth (27 requests) that met 20 where every draw met 3-8: the
+    # draws' extremes added up (24 + 3 to 48 + 8) would hold the total of 56; the counts added up do not
+    counts = (16,) * 8 + (8,) * 8
+    usual = [replace(check(16, 12, (0.75,) * 16), predicted_counts=counts) for _ in range(3)]
+    far = replace(check(27, 20, (0.2,) * 27), predicted_counts=(3, 4, 5, 5, 6, 6, 6, 7, 7, 7, 8, 8, 5, 4, 6, 7))
+    total = sum(c.measured_met for c in (*usual, far))
+    assert sum(min(c.predicted_counts) for c in (*usual, far)) <= total <= \
+        sum(max(c.predicted_counts) for c in (*usual, far))
+    assert verdict(tuple(usual))[0] and not verdict((*usual, far))[0]

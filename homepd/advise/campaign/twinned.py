@@ -151,7 +151,8 @@ class TwinSearch:
             traces.append((rate, of_trace(trace, [tuple(self.tokenize(r)) for r in trace])))
         predictions = predict_at(self.config, self.cal, traces, self.slo, self.speeds, pool=self.pool)
         for (rate, requests), p in zip(traces, predictions):
-            if met_band([chance(c, p.n_draws) for c in p.chances], [p.counts])[1] < len(requests):
+            n = len(requests)
+            if met_band([chance(c, p.n_draws) for c in p.chances], [p.counts], [n])[1] < n:
                 return rate
         return capacity_rps
 
