@@ -117,3 +117,14 @@ def test_a_calibration_of_an_older_kv_count_is_named_in_the_projection(run):
         other = dataclasses.replace(run, advice=dataclasses.replace(run.advice, twins=(again,)))
         text = render(other, WhatIf(rate_scale=3.0), [triple])
         assert ("older count of the KV cells" in text) is named and "colocated-chunk-64" in text
+
+
+def test_the_best_under_a_change_is_a_trusted_twins_and_a_higher_untrusted_one_is_named(run):
+    (triple,) = project(run, WhatIf(rate_scale=3.0), tokenize, n_seeds=N_SEEDS, n_requests=N_REQUESTS, processes=1)
+    doubted = dataclasses.replace(triple, candidate="replicas-2", trusted=False, projected=dataclasses.replace(
+        triple.projected, capacity_rps=triple.projected.capacity_rps * 2))
+    text = render(run, WhatIf(rate_scale=3.0), [triple, doubted])
+    assert f"best under this change: {triple.candidate}" in text
+    assert "replicas-2 project higher, but the run's checks did not trust their twins" in text
+    alone = render(run, WhatIf(rate_scale=3.0), [doubted])
+    assert "best under this change: replicas-2" in alone and "no twin of the run was trusted" in alone
