@@ -7,8 +7,9 @@ asks is whether the measured count of requests within their SLO is one the twin 
 
 **The band.**  Each request's chance of meeting its SLO is its share of the draws in which it did, with half a
 draw's count added either way (Jeffreys: a request the twin never saw miss in 16 draws is at 97 %, not certain).
-The number met is then a sum of independent Bernoulli trials (Poisson-binomial); the twin is not trusted when the
-measured count lies in either tail beyond ``ALPHA`` / 2.  Probes are pooled: more checks, a narrower band.  A short
+The number met is then a sum of independent Bernoulli trials (Poisson-binomial), and where the checks kept their
+draws' own counts, each check's count is half that and half its draws' (``met_band``: a slow draw slows all its
+requests); the twin is not trusted when the measured count lies in either tail beyond ``ALPHA`` / 2.  Probes are pooled: more checks, a narrower band.  A short
 probe's own noise is in the band, so that it neither condemns a good twin (2 misses in 12 requests is 17 points,
 and a 90 % share has a binomial deviation of 9 points at 12) nor passes a bad one on a large probe; a fixed bound
 of 15 points did the first on this box, in one quick run in three, and flipped the answer with it.
