@@ -200,3 +200,23 @@ def test_a_twin_is_drawn_as_its_curve_band_interval_and_checks(tmp_path):
     assert {"twin:colocated-chunk-16:mixed", "twin-band:colocated-chunk-16:mixed",
             "twin-interval:colocated-chunk-16:mixed", "check:colocated-chunk-16:mixed"} <= ids
     assert "capacity:colocated-chunk-16:mixed" not in ids   # its probes are the twin's checks
+
+
+def test_the_twins_report_says_per_mix_whose_capacity_the_answer_is():
+    import types
+
+    from homepd.advise.report.render import render_twins
+    from homepd.measure.curve import CapacityCurve
+    from homepd.twin.records import TwinEvidence
+    from homepd.store.records import decode_advice
+
+    data = twin("colocated-adaptive", 1.3)
+    evidence = decode_advice({"twins": [data]}).twins[0]
+    assert isinstance(evidence, TwinEvidence)
+    for source, says in (("twin", "the answer on this mix: the twin's (its checks here confirmed it)"),
+                         ("measured", "the answer on this mix: the measured probes' (its checks here did not "
+                                      "confirm the twin)")):
+        curve = CapacityCurve("colocated-adaptive", "mixed", 0.9, 0.1, (), 1.3, None, "x", source=source)
+        result = types.SimpleNamespace(twins={"colocated-adaptive": evidence},
+                                       capacity={("colocated-adaptive", "mixed"): curve})
+        assert says in render_twins(result)

@@ -6,6 +6,7 @@ import statistics
 from homepd.advise.campaign.run import AdviseResult
 from homepd.advise.campaign.exercised import not_exercised_reason, splits_by_run
 from homepd.advise.campaign.recommend import Recommendation
+from homepd.advise.campaign.twinned import TWIN_SOURCE
 from homepd.advise.report.pictures import run_projections
 from homepd.advise.report.twobox import render_projection
 from homepd.core.records import to_plain
@@ -206,7 +207,8 @@ def render_twins(result: AdviseResult) -> str:
                          f"{fmt(seeds[0] if seeds else None, '.2f')}-{fmt(seeds[-1] if seeds else None, '.2f')}"
                          f"{f' ({none} with no rate passed where searched)' if none else ''}; "
                          f"{cap.n_seeds} seeds x {cap.n_requests} requests, {cap.virtual_s:.0f} s simulated in "
-                         f"{cap.wall_s:.1f} s ({cap.speedup:.0f}x real time a process)")
+                         f"{cap.wall_s:.1f} s ({cap.speedup:.0f}x real time a process)"
+                         + _answered_by(result, name, cap.mix))
             if cap.attainment_at_half is not None:
                 lines.append(f"    at half the capacity: {cap.attainment_at_half:.0%} meet the SLO" + (
                     " — its misses are the box's noise against the budget more than load: a flat curve, whose "
@@ -219,6 +221,18 @@ def render_twins(result: AdviseResult) -> str:
                          f"{fmt(c.measured_gap_ms_p90)}/{fmt(c.predicted_gap_ms_p90)} ms"
                          + (f"; its steps ran {c.step_speed:.2f}x their calibrated time" if c.step_speed else ""))
     return "\n".join(lines)
+
+
+def _answered_by(result: AdviseResult, name: str, mix: str) -> str:
+    """Whose capacity the answer on ``mix`` is: the twin's where the checks on that mix confirmed it, else the
+    measured probes'.  # why: the verdict above pools every mix's checks, and a full campaign's report read "not
+    trusted" over a twin whose mixed capacity the rule used (its mixed checks had confirmed it)"""
+    curve = result.capacity.get((name, mix))
+    if curve is None:
+        return ""
+    if curve.source == TWIN_SOURCE:
+        return "; the answer on this mix: the twin's (its checks here confirmed it)"
+    return "; the answer on this mix: the measured probes' (its checks here did not confirm the twin)"
 
 
 def _interval(interval) -> str:
