@@ -9,8 +9,8 @@ asks is whether the measured count of requests within their SLO is one the twin 
 draw's count added either way (Jeffreys: a request the twin never saw miss in 16 draws is at 97 %, not certain).
 The number met is then a sum of independent Bernoulli trials (Poisson-binomial), and where the checks kept their
 draws' own counts, each check's count is half that and half its draws' (``met_band``: a slow draw slows all its
-requests); the twin is not trusted when the measured count lies in either tail beyond ``ALPHA`` / 2.  Probes are pooled: more checks, a narrower band.  A short
-probe's own noise is in the band, so that it neither condemns a good twin (2 misses in 12 requests is 17 points,
+requests); the twin is not trusted when the measured count lies in either tail beyond ``ALPHA`` / 2.  Probes are
+pooled: more checks, a narrower band.  A short probe's own noise is in the band, so that it neither condemns a good twin (2 misses in 12 requests is 17 points,
 and a 90 % share has a binomial deviation of 9 points at 12) nor passes a bad one on a large probe; a fixed bound
 of 15 points did the first on this box, in one quick run in three, and flipped the answer with it.
 
@@ -50,9 +50,9 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     detail = f"attainment off by {error:.0f} points over {len(checks)} probe(s)"
     latency = f"; {', '.join(far)}" if far else ""
     if all(c.predicted_chances and len(c.predicted_chances) == c.n_requests for c in checks):
-        chances = [chance(p, c.n_draws) for c in checks for p in c.predicted_chances]
-        met, n = sum(c.measured_met for c in checks), len(chances)
-        low, high = met_band(chances, [c.predicted_counts for c in checks], [c.n_requests for c in checks])
+        chances = [[chance(p, c.n_draws) for p in c.predicted_chances] for c in checks]
+        met, n = sum(c.measured_met for c in checks), sum(map(len, chances))
+        low, high = met_band([(mine, c.predicted_counts) for mine, c in zip(chances, checks)])
         trusted = low <= met <= high
         detail += f" ({met} of {n} met, the twin's {1 - ALPHA:.0%} band {low}-{high})"
     else:
@@ -62,10 +62,10 @@ def verdict(checks: tuple[TwinCheck, ...]) -> tuple[bool, str, float | None]:
     # a check at the capacity that box gives does not confirm the capacity of the one that served it (a burst at
     # 1/0.70 of the check's speed put colocated at 0.21 req/s, its check met 8 of 10 inside the band, and the
     # runs around it gave 0.8-1.3)
-    speed = checks_speed(checks)
-    if speed is not None and abs(speed - 1.0) > DRIFTED:
-        return False, (f"not trusted: its checks ran their steps {speed:.2f}x their calibrated time (the box "
+    if (drifted := drift(checks)) is not None:
+        return False, (f"not trusted: its checks ran their steps {drifted:.2f}x their calibrated time (the box "
                        f"changed since its burst); {detail}{latency}"), error
+    speed = checks_speed(checks)
     leans = ""
     if speed is not None and abs(speed - 1.0) > LEANS:
         leans = (f"; its checks ran their steps {speed:.2f}x their calibrated time, so the box served "
@@ -104,27 +104,24 @@ def met_pmf(chances: list[float]) -> list[float]:
     return pmf
 
 
-def met_band(chances: list[float], counts: list[tuple[int, ...]], sizes: list[int] | None = None
-             ) -> tuple[int, int]:
-    """The counts of requests met that a twin allows on its checks, at ``ALPHA``: the Poisson-binomial band of
-    ``chances`` (each request's, ``chance``, every check's in order) where no check kept its draws' ``counts``;
-    where every check did (``sizes``: each check's requests), the band of the checks' counts added up, each
-    check's count drawn half from its independent chances and half from its draws' own counts.
+def met_band(checks: list[tuple[list[float], tuple[int, ...]]]) -> tuple[int, int]:
+    """The counts of requests met that a twin allows on its checks, at ``ALPHA``, from each check's (chances,
+    counts): each request's chance (``chance``) and each draw's count of requests met.  Where every check kept its
+    draws' counts, the checks' counts added up, each check's drawn half from its independent chances and half from
+    its draws' own counts; else the Poisson-binomial band of every chance.
     # why the draws: a draw's noise moves its requests together (a slow draw slows them all), which independent
     chances do not hold; at a check's capacity that is nothing (every chance is near 1), but a check where the
     trace loses requests needs it, or it refuses a good twin.  Why not each check's lowest and highest draw added
     up: over four checks of a full campaign that allowed 32-62 of 75, a band that passed a twin whose check met
     20 of 27 where its every draw met far fewer"""
-    if not counts or not all(counts) or sizes is None:
-        return band(met_pmf(chances), ALPHA)
-    pmf, at = [1.0], 0
-    for size, drawn in zip(sizes, counts):
-        independent = met_pmf(chances[at:at + size])
-        at += size
-        own = [0.0] * (size + 1)
-        for c in drawn:
-            own[c] += 1 / len(drawn)
-        pmf = _convolve(pmf, [(a + b) / 2 for a, b in zip(independent, own)])
+    if not all(counts for _, counts in checks):
+        return band(met_pmf([p for chances, _ in checks for p in chances]), ALPHA)
+    pmf = [1.0]
+    for chances, counts in checks:
+        own = [0.0] * (len(chances) + 1)
+        for c in counts:
+            own[c] += 1 / len(counts)
+        pmf = _convolve(pmf, [(a + b) / 2 for a, b in zip(met_pmf(chances), own)])
     return band(pmf, ALPHA)
 
 

@@ -578,8 +578,9 @@ class Campaign:
                 continue
             mode = by_name[name].mode
             best[mode] = max(best.get(mode, 0.0), curve.capacity_rps or 0.0)
-            if curve.source != TWIN_SOURCE and answer_interval(curve)[1] > room.get(mode, (0.0, ""))[0]:
-                room[mode] = (answer_interval(curve)[1], name)
+            top = answer_interval(curve)[1]
+            if curve.source != TWIN_SOURCE and top > room.get(mode, (0.0, ""))[0]:
+                room[mode] = (top, name)
         return [name for mode, (top, name) in room.items() if top > best[mode]]
 
     async def _probe(self, engine, cand: Candidate, mix: str, repeat: int, rate_rps: float, n_requests: int,

@@ -152,7 +152,7 @@ class TwinSearch:
         predictions = predict_at(self.config, self.cal, traces, self.slo, self.speeds, pool=self.pool)
         for (rate, requests), p in zip(traces, predictions):
             n = len(requests)
-            if met_band([chance(c, p.n_draws) for c in p.chances], [p.counts], [n])[1] < n:
+            if met_band([([chance(c, p.n_draws) for c in p.chances], p.counts)])[1] < n:
                 return rate
         return capacity_rps
 
